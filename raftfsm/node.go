@@ -1,0 +1,395 @@
+package raftfsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+// Errors a proposal can end with. Each says whether the command may have
+// been applied: only ErrOutcomeUnknown leaves that open.
+var (
+	// ErrNotLeader: this node is not the leader; nothing was proposed.
+	ErrNotLeader = errors.New("not the raft leader")
+	// ErrOutcomeUnknown: leadership was lost after the command entered the
+	// log; it may or may not commit.
+	ErrOutcomeUnknown = errors.New("proposal outcome unknown")
+	// ErrShutdown: the node is closing; nothing was proposed.
+	ErrShutdown = errors.New("raft node shut down")
+	// ErrBusy: the proposal could not be queued in time; nothing was proposed.
+	ErrBusy = errors.New("raft proposal queue full")
+)
+
+const (
+	raftLogFileName     = "raft.db"
+	snapshotsRetained   = 2
+	logCacheEntries     = 512
+	transportPoolConns  = 3
+	transportIOTimeout  = 10 * time.Second
+	applyEnqueueTimeout = 2 * time.Second
+)
+
+// Peer is one voter of the initial cluster.
+type Peer struct {
+	ID   string
+	Addr string // raft transport address
+}
+
+// Config describes one raft node. DefaultConfig gives a single node on
+// loopback with timeouts that suit a LAN.
+type Config struct {
+	NodeID    string
+	Dir       string
+	RaftBind  string
+	Advertise string // address peers dial; defaults to the bound address
+	Peers     []Peer // initial cluster, identical on every node; empty: a single node
+	Logger    *slog.Logger
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	SnapshotThreshold  uint64
+	SnapshotInterval   time.Duration
+	TrailingLogs       uint64
+
+	// Transport replaces the TCP transport (in-memory clusters in tests).
+	Transport raft.Transport
+}
+
+// DefaultConfig returns a single node with its data in ./data.
+func DefaultConfig() Config {
+	return Config{
+		NodeID:             "n1",
+		Dir:                "./data",
+		RaftBind:           "127.0.0.1:7000",
+		HeartbeatTimeout:   1000 * time.Millisecond,
+		ElectionTimeout:    1000 * time.Millisecond,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
+		CommitTimeout:      50 * time.Millisecond,
+		SnapshotThreshold:  8192,
+		SnapshotInterval:   2 * time.Minute,
+		TrailingLogs:       10240,
+	}
+}
+
+// Validate reports the first setting that cannot work, naming its value.
+func (c *Config) Validate() error {
+	switch {
+	case c.NodeID == "":
+		return errors.New("raft: node id is empty")
+	case c.Dir == "":
+		return errors.New("raft: data dir is empty")
+	case c.Transport == nil && c.RaftBind == "":
+		return errors.New("raft: bind address is empty")
+	case c.LeaderLeaseTimeout > c.HeartbeatTimeout:
+		return fmt.Errorf("raft: leader lease timeout %s exceeds heartbeat timeout %s", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if len(c.Peers) > 0 {
+		self := false
+		for _, p := range c.Peers {
+			if p.ID == "" || p.Addr == "" {
+				return fmt.Errorf("raft: peer %q at %q needs an id and an address", p.ID, p.Addr)
+			}
+			self = self || p.ID == c.NodeID
+		}
+		if !self {
+			return fmt.Errorf("raft: node id %q is not among the peers", c.NodeID)
+		}
+	}
+	return nil
+}
+
+// Node is one raft member with the ledger as its state machine. Its methods
+// may be called from any goroutine.
+type Node struct {
+	cfg       Config
+	raft      *raft.Raft
+	ledger    *Ledger
+	logStore  *raftboltdb.BoltStore
+	transport raft.Transport
+	logger    *slog.Logger
+}
+
+// StartNode starts raft over an open ledger: it bootstraps the cluster when
+// the data dir holds no raft state and rejoins it otherwise. The ledger's
+// observer should be set before this call.
+func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger = logger.With("component", "raft", "node", cfg.NodeID)
+	hlog := newHclogAdapter(logger)
+
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create raft dir %s: %w", cfg.Dir, err)
+	}
+	logStore, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, raftLogFileName)})
+	if err != nil {
+		return nil, fmt.Errorf("open raft log in %s: %w", cfg.Dir, err)
+	}
+	cleanup := []func(){func() { logStore.Close() }}
+	fail := func(err error) (*Node, error) {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+		return nil, err
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, snapshotsRetained, hlog)
+	if err != nil {
+		return fail(fmt.Errorf("open snapshot store in %s: %w", cfg.Dir, err))
+	}
+	if err := catchUpFromSnapshot(ledger, snaps, logger); err != nil {
+		return fail(err)
+	}
+
+	transport := cfg.Transport
+	if transport == nil {
+		var advertise net.Addr
+		if cfg.Advertise != "" {
+			if advertise, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
+				return fail(fmt.Errorf("resolve raft advertise address %q: %w", cfg.Advertise, err))
+			}
+		}
+		tcp, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, advertise, transportPoolConns, transportIOTimeout, hlog)
+		if err != nil {
+			return fail(fmt.Errorf("listen for raft on %s: %w", cfg.RaftBind, err))
+		}
+		transport = tcp
+		cleanup = append(cleanup, func() { tcp.Close() })
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = hlog
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.BatchApplyCh = true
+	// The ledger persists its own state and applied index, so raft need not
+	// restore the last snapshot at start; it replays only the entries after
+	// it, and the ledger skips those it already holds.
+	rc.NoSnapshotRestoreOnStart = true
+
+	cached, err := raft.NewLogCache(logCacheEntries, logStore)
+	if err != nil {
+		return fail(fmt.Errorf("raft log cache: %w", err))
+	}
+	existing, err := raft.HasExistingState(cached, logStore, snaps)
+	if err != nil {
+		return fail(fmt.Errorf("inspect raft state in %s: %w", cfg.Dir, err))
+	}
+	if !existing {
+		servers := []raft.Server{{ID: rc.LocalID, Address: transport.LocalAddr()}}
+		if len(cfg.Peers) > 0 {
+			servers = servers[:0]
+			for _, p := range cfg.Peers {
+				servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+			}
+		}
+		err := raft.BootstrapCluster(rc, cached, logStore, snaps, transport, raft.Configuration{Servers: servers})
+		if err != nil {
+			return fail(fmt.Errorf("bootstrap raft cluster: %w", err))
+		}
+		logger.Info("bootstrapped new cluster", "voters", len(servers))
+	}
+	r, err := raft.NewRaft(rc, ledger, cached, logStore, snaps, transport)
+	if err != nil {
+		return fail(fmt.Errorf("start raft: %w", err))
+	}
+	return &Node{cfg: cfg, raft: r, ledger: ledger, logStore: logStore, transport: transport, logger: logger}, nil
+}
+
+// catchUpFromSnapshot restores the ledger from the newest snapshot when the
+// ledger file is older than it (lost or copied from a backup): raft will not
+// restore at start, and the log before the snapshot may be gone.
+func catchUpFromSnapshot(ledger *Ledger, snaps *raft.FileSnapshotStore, logger *slog.Logger) error {
+	list, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("list snapshots: %w", err)
+	}
+	if len(list) == 0 || list[0].Index <= ledger.AppliedIndex() {
+		return nil
+	}
+	logger.Warn("ledger is behind the newest snapshot; restoring it",
+		"ledger_index", ledger.AppliedIndex(), "snapshot_index", list[0].Index)
+	_, rc, err := snaps.Open(list[0].ID)
+	if err != nil {
+		return fmt.Errorf("open snapshot %s: %w", list[0].ID, err)
+	}
+	return ledger.Restore(rc)
+}
+
+// Ledger returns the node's state machine.
+func (n *Node) Ledger() *Ledger { return n.ledger }
+
+// ID returns the node id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// Propose replicates one command and returns the ledger's result once it is
+// committed and applied on this node. Errors are the sentinels above, or a
+// wrapped encoding error.
+func (n *Node) Propose(c *Command) (*Result, error) {
+	b, err := c.Encode()
+	if err != nil {
+		return nil, err
+	}
+	f := n.raft.Apply(b, applyEnqueueTimeout)
+	if err := f.Error(); err != nil {
+		return nil, translateRaftError(err)
+	}
+	res, ok := f.Response().(*Result)
+	if !ok || res == nil {
+		return nil, fmt.Errorf("BUG: %s command returned %T", c.Op, f.Response())
+	}
+	return res, nil
+}
+
+func translateRaftError(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader):
+		return ErrNotLeader
+	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrShutdown
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return ErrBusy
+	}
+	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+}
+
+// IsLeader reports whether this node is the leader now.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Leader returns the leader's id and raft address, empty when unknown.
+func (n *Node) Leader() (id, addr string) {
+	a, i := n.raft.LeaderWithID()
+	return string(i), string(a)
+}
+
+// WaitLeader blocks until the cluster has a leader and this node has applied
+// everything committed before the call, or ctx ends.
+func (n *Node) WaitLeader(ctx context.Context) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if id, _ := n.Leader(); id != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a raft leader: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Barrier waits until every entry committed before it is applied on this
+// node (leader only).
+func (n *Node) Barrier(timeout time.Duration) error {
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		return translateRaftError(err)
+	}
+	return nil
+}
+
+// Status is a node's view of raft for /v1/cluster and /readyz.
+type Status struct {
+	ID           string
+	State        string
+	LeaderID     string
+	LeaderAddr   string
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64 // the ledger's, which is what reads reflect
+	LastContact  time.Time
+	Voters       []Peer
+}
+
+// Status reports the node's raft state.
+func (n *Node) Status() Status {
+	id, addr := n.Leader()
+	st := Status{
+		ID: n.cfg.NodeID, State: n.raft.State().String(), LeaderID: id, LeaderAddr: addr,
+		Term: n.raft.CurrentTerm(), CommitIndex: n.raft.CommitIndex(),
+		AppliedIndex: n.ledger.AppliedIndex(), LastContact: n.raft.LastContact(),
+	}
+	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			st.Voters = append(st.Voters, Peer{ID: string(s.ID), Addr: string(s.Address)})
+		}
+	}
+	return st
+}
+
+// Snapshot asks raft for a snapshot now (tests and operators).
+func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+
+// Close stops raft and closes the raft log and transport. The ledger stays
+// open: its owner closes it.
+func (n *Node) Close() error {
+	err := n.raft.Shutdown().Error()
+	if c, ok := n.transport.(interface{ Close() error }); ok {
+		if cerr := c.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
+	if cerr := n.logStore.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("close raft node %s: %w", n.cfg.NodeID, err)
+	}
+	return nil
+}
+
+// newHclogAdapter routes raft's hclog output into slog, keeping its level.
+func newHclogAdapter(logger *slog.Logger) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name:        "raft",
+		Level:       hclog.Info,
+		Output:      &slogWriter{logger: logger},
+		DisableTime: true,
+	})
+}
+
+type slogWriter struct{ logger *slog.Logger }
+
+var hclogLevels = []struct {
+	tag   string
+	level slog.Level
+}{{"[ERROR]", slog.LevelError}, {"[WARN]", slog.LevelWarn}, {"[DEBUG]", slog.LevelDebug}, {"[TRACE]", slog.LevelDebug}}
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	line := strings.TrimRight(string(p), "\r\n")
+	level := slog.LevelInfo
+	for _, l := range hclogLevels {
+		if strings.HasPrefix(line, l.tag) {
+			level = l.level
+			line = strings.TrimSpace(line[len(l.tag):])
+			break
+		}
+	}
+	line = strings.TrimPrefix(strings.TrimPrefix(line, "[INFO]"), " ")
+	w.logger.Log(context.Background(), level, strings.TrimSpace(line))
+	return len(p), nil
+}
