@@ -92,7 +92,8 @@ type EventKind uint8
 
 // Events the ledger reports to its Observer after a batch commits.
 const (
-	EventLeaseGranted EventKind = iota + 1 // Qty units of SKU leased to Node
+	EventSaleCreated   EventKind = iota + 1 // a new sale of Qty units
+	EventLeaseGranted                       // Qty units of SKU leased to Node
 	EventLeaseReturned                      // Qty units of SKU returned by Node
 	EventReclaimed                          // all of Node's leases went back to available
 	EventStockChanged                       // Available of SKU rose (restock, release)
@@ -513,7 +514,7 @@ func (a *applier) createSale(c *Command) *Result {
 	}
 	s := &SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: *c.Sale, CreatedAtUnixNano: c.AtUnixNano}
 	a.touched[c.SKU] = s
-	a.event(Event{Kind: EventStockChanged, SKU: c.SKU, Qty: s.Total})
+	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})
 	return &Result{Outcome: OutcomeOK}
 }
 

@@ -1,0 +1,281 @@
+package engine
+
+import (
+	"sync"
+	"time"
+
+	"stockd/raftfsm"
+)
+
+// Status is the outcome of a deduct, one per HTTP answer of DESIGN.md.
+type Status uint8
+
+// Deduct outcomes.
+const (
+	StatusOK             Status = iota + 1 // committed (wait=commit), or the first answer of a repeated request id
+	StatusAccepted                         // won in the buckets, commit pending (wait=none)
+	StatusSoldOut                          // no unit left to win
+	StatusUserLimit                        // the buyer reached the sale's per_user limit
+	StatusNotStarted                       // before start_at
+	StatusUnknownSKU                       // no such sale
+	StatusBadRequest                       // qty or ids out of range
+	StatusUnavailable                      // no lease could be had or the ledger cannot commit
+	StatusOutcomeUnknown                   // the commit did not finish in time; retry with the same request id
+	StatusRateLimited                      // refused by admission control
+)
+
+var statusNames = [...]string{
+	StatusOK: "ok", StatusAccepted: "accepted", StatusSoldOut: "sold_out", StatusUserLimit: "user_limit",
+	StatusNotStarted: "not_started", StatusUnknownSKU: "unknown_sku", StatusBadRequest: "bad_request",
+	StatusUnavailable: "unavailable", StatusOutcomeUnknown: "outcome_unknown", StatusRateLimited: "rate_limited",
+}
+
+func (s Status) String() string {
+	if int(s) < len(statusNames) && statusNames[s] != "" {
+		return statusNames[s]
+	}
+	return "unknown"
+}
+
+// Won reports whether the buyer holds an order.
+func (s Status) Won() bool { return s == StatusOK || s == StatusAccepted }
+
+// statusCount sizes per-status counters.
+const statusCount = int(StatusRateLimited) + 1
+
+// DeductRequest is one buyer's attempt. The byte slices are only read during
+// Deduct and may be reused by the caller afterwards.
+type DeductRequest struct {
+	SKU       []byte
+	User      []byte
+	RequestID []byte // optional; makes the deduct idempotent
+	Qty       int64
+	// NoWait answers as soon as the unit is won (wait=none).
+	NoWait bool
+	// Hint picks the starting bucket; pass something sticky and free, such
+	// as a connection id.
+	Hint uint32
+}
+
+// DeductResult is a deduct's answer, filled in by Deduct.
+type DeductResult struct {
+	Status Status
+	Order  raftfsm.Order // set when Status.Won()
+	// StartAt is set with StatusNotStarted.
+	StartAt time.Time
+	Detail  string
+}
+
+// Deduct tries to sell req.Qty units to req.User. It is the hot path: for a
+// loser it reads a few atomics and probes two maps; a winner's unit is taken
+// with a CAS and joins the next Take batch. Safe for concurrent use.
+func (e *Engine) Deduct(req *DeductRequest, res *DeductResult) {
+	*res = DeductResult{}
+	e.deduct(req, res)
+	e.metrics.countDeduct(res.Status, req.Hint)
+}
+
+func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
+	if req.Qty <= 0 || req.Qty > MaxQtyPerDeduct || len(req.User) == 0 {
+		res.Status = StatusBadRequest
+		return
+	}
+	s := e.lookupSale(req.SKU)
+	if s == nil {
+		res.Status = StatusUnknownSKU
+		return
+	}
+	if e.closing.Load() {
+		res.Status, res.Detail = StatusUnavailable, "node is shutting down"
+		return
+	}
+	if s.startAtUnixNano != 0 && e.cfg.Now().UnixNano() < s.startAtUnixNano {
+		res.Status, res.StartAt = StatusNotStarted, time.Unix(0, s.startAtUnixNano)
+		return
+	}
+	// A repeated request id gets its first answer, sold out or not.
+	if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+		return
+	}
+	if s.soldOut.Load() {
+		res.Status = StatusSoldOut
+		return
+	}
+	if !s.buckets.Take(req.Hint, req.Qty) && !e.takeSlow(s, req, res) {
+		return
+	}
+	e.won(s, req, res)
+}
+
+// answerRepeat fills res with the first answer of req's request id, if this
+// node or the ledger knows it.
+func (e *Engine) answerRepeat(req *DeductRequest, res *DeductResult) bool {
+	if p, ok := e.pendingReq.getBytes(req.RequestID); ok {
+		e.awaitPending(p, req.NoWait, res)
+		return true
+	}
+	id, ok := e.ledger.OrderIDForRequest(string(req.RequestID))
+	if !ok {
+		return false
+	}
+	o, found, err := e.ledger.Order(id)
+	if err != nil || !found {
+		res.Status, res.Detail = StatusUnavailable, "order of a repeated request id is unreadable"
+		return true
+	}
+	res.Status, res.Order = StatusOK, o
+	return true
+}
+
+// takeSlow runs when the buckets could not cover the take: it asks for a
+// lease and waits for units, or decides the sale is sold out.
+func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
+	deadline := time.NewTimer(e.cfg.LeaseWait)
+	defer deadline.Stop()
+	for {
+		changed := s.stockChanged.wait()
+		if s.buckets.Take(req.Hint, req.Qty) {
+			return true
+		}
+		row, _, ok := e.ledger.SKU(s.sku)
+		if !ok {
+			res.Status = StatusUnknownSKU
+			return false
+		}
+		if row.Available <= 0 && !s.refillQueued.Load() {
+			// Nothing left to lease. Units may still come back from takes
+			// in flight (a rejected take returns its unit), but a buyer is
+			// not kept waiting on that chance.
+			e.updateSoldOut(s, row.Available)
+			res.Status = StatusSoldOut
+			return false
+		}
+		e.requestRefill(s)
+		select {
+		case <-changed:
+		case <-deadline.C:
+			res.Status, res.Detail = StatusUnavailable, "no lease of stock could be had in time"
+			return false
+		case <-e.stop:
+			res.Status, res.Detail = StatusUnavailable, "node is shutting down"
+			return false
+		}
+	}
+}
+
+// pendingTake is a unit won in the buckets and not yet answered by the
+// ledger.
+type pendingTake struct {
+	sale     *sale
+	hint     uint32
+	entry    raftfsm.TakeEntry
+	created  time.Time
+	attempts int
+
+	once   sync.Once
+	done   chan struct{}
+	mu     sync.Mutex
+	result DeductResult
+}
+
+func (p *pendingTake) resolve(r DeductResult) {
+	p.once.Do(func() {
+		p.mu.Lock()
+		p.result = r
+		p.mu.Unlock()
+		close(p.done)
+	})
+}
+
+func (p *pendingTake) outcome() (DeductResult, bool) {
+	select {
+	case <-p.done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.result, true
+	default:
+		return DeductResult{}, false
+	}
+}
+
+func (p *pendingTake) pendingOrder() raftfsm.Order {
+	return raftfsm.Order{
+		ID: p.entry.OrderID, SKU: p.entry.SKU, User: p.entry.User, Qty: p.entry.Qty,
+		State: raftfsm.OrderPending, RequestID: p.entry.RequestID, CreatedAtUnixNano: p.created.UnixNano(),
+	}
+}
+
+// won turns a unit taken from the buckets into a pending take and, with
+// wait=commit, waits for the ledger's answer.
+func (e *Engine) won(s *sale, req *DeductRequest, res *DeductResult) {
+	now := e.cfg.Now()
+	p := &pendingTake{
+		sale: s, hint: req.Hint, created: now, done: make(chan struct{}),
+		entry: raftfsm.TakeEntry{
+			SKU: s.sku, Qty: req.Qty, User: string(req.User), RequestID: string(req.RequestID),
+			OrderID: e.nextOrderID(),
+		},
+	}
+	if p.entry.RequestID != "" {
+		if other, mine := e.pendingReq.putIfAbsent(p.entry.RequestID, p); !mine {
+			// A concurrent duplicate won first: give the unit back and
+			// share its answer.
+			e.putBack(s, req.Hint, req.Qty)
+			e.awaitPending(other, req.NoWait, res)
+			return
+		}
+	}
+	s.takesInFlight.Add(req.Qty)
+	e.pendingOrd.putIfAbsent(p.entry.OrderID, p)
+	if units := s.buckets.Units(); units < s.lowWatermark.Load() {
+		e.requestRefill(s)
+	}
+	select {
+	case e.takeQueue <- p:
+	default:
+		e.forget(p)
+		s.takesInFlight.Add(-req.Qty)
+		e.putBack(s, req.Hint, req.Qty)
+		res.Status, res.Detail = StatusUnavailable, "commit queue is full"
+		return
+	}
+	e.awaitPending(p, req.NoWait, res)
+}
+
+// awaitPending answers from a pending take: at once with wait=none, else
+// when the ledger has answered or CommitWait has passed.
+func (e *Engine) awaitPending(p *pendingTake, noWait bool, res *DeductResult) {
+	if r, done := p.outcome(); done {
+		*res = r
+		return
+	}
+	if noWait {
+		res.Status, res.Order = StatusAccepted, p.pendingOrder()
+		return
+	}
+	t := time.NewTimer(e.cfg.CommitWait)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		r, _ := p.outcome()
+		*res = r
+	case <-t.C:
+		res.Status, res.Detail = StatusOutcomeUnknown, "commit did not finish in time; retry with the same request_id"
+		res.Order = p.pendingOrder()
+	}
+}
+
+// putBack returns units to the buckets (a take the ledger turned down for a
+// reason other than stock) and clears the sold-out flag.
+func (e *Engine) putBack(s *sale, hint uint32, qty int64) {
+	s.buckets.Put(hint, qty)
+	s.soldOut.Store(false)
+	s.stockChanged.broadcast()
+}
+
+func (e *Engine) forget(p *pendingTake) {
+	e.pendingOrd.delete(p.entry.OrderID)
+	if p.entry.RequestID != "" {
+		e.pendingReq.delete(p.entry.RequestID)
+	}
+}

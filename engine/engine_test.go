@@ -1,0 +1,267 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"stockd/raftfsm"
+)
+
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) { w.tb.Log(string(p)); return len(p), nil }
+
+// testNode is an engine over a real single-node raft ledger in a temp dir.
+type testNode struct {
+	t      *testing.T
+	dir    string
+	ledger *raftfsm.Ledger
+	node   *raftfsm.Node
+	engine *Engine
+}
+
+func startTestNode(t *testing.T, dir string, tune func(*Config)) *testNode {
+	t.Helper()
+	logger := slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ledger, err := raftfsm.OpenLedger(dir, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Logger = logger
+	if tune != nil {
+		tune(&cfg)
+	}
+	e, err := New(cfg, ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := raftfsm.DefaultConfig()
+	rc.Dir, rc.RaftBind, rc.Logger = dir, "127.0.0.1:0", logger
+	rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+	node, err := raftfsm.StartNode(rc, ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := node.WaitLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Barrier(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.Start(node)
+	tn := &testNode{t: t, dir: dir, ledger: ledger, node: node, engine: e}
+	t.Cleanup(tn.stop)
+	return tn
+}
+
+func (tn *testNode) stop() {
+	if tn.engine == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tn.engine.Close(ctx); err != nil {
+		tn.t.Errorf("close engine: %v", err)
+	}
+	if err := tn.node.Close(); err != nil {
+		tn.t.Errorf("close node: %v", err)
+	}
+	if err := tn.ledger.Close(); err != nil {
+		tn.t.Errorf("close ledger: %v", err)
+	}
+	tn.engine = nil
+}
+
+func (tn *testNode) deduct(sku, user, requestID string, qty int64, noWait bool) DeductResult {
+	req := DeductRequest{SKU: []byte(sku), User: []byte(user), RequestID: []byte(requestID), Qty: qty, NoWait: noWait}
+	var res DeductResult
+	tn.engine.Deduct(&req, &res)
+	return res
+}
+
+// checkLedger asserts the conservation law and the order recount, and
+// returns the audit.
+func (tn *testNode) checkLedger(sku string) raftfsm.Audit {
+	tn.t.Helper()
+	a, _, ok, err := tn.engine.Audit(sku)
+	if err != nil || !ok || !a.OK {
+		tn.t.Fatalf("audit %s: ok=%v err=%v audit=%+v", sku, ok, err, a)
+	}
+	return a
+}
+
+func TestEngine_ConcurrentBuyersNeverOversell(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), nil)
+	const units, buyers, workers = 300, 3000, 64
+	if _, err := tn.engine.CreateSale("hot", SaleSpec{Total: units}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	orders := map[string]string{}
+	counts := map[Status]int{}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for b := w; b < buyers; b += workers {
+				res := tn.deduct("hot", fmt.Sprintf("u%d", b), fmt.Sprintf("r%d", b), 1, false)
+				mu.Lock()
+				counts[res.Status]++
+				if res.Status == StatusOK {
+					if prev, dup := orders[res.Order.ID]; dup {
+						t.Errorf("order %s given to %s and %s", res.Order.ID, prev, res.Order.User)
+					}
+					orders[res.Order.ID] = res.Order.User
+				}
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	if counts[StatusOK] != units || counts[StatusSoldOut] != buyers-units {
+		t.Fatalf("outcomes %v, want %d ok and %d sold_out", counts, units, buyers-units)
+	}
+	a := tn.checkLedger("hot")
+	if a.Row.Sold != units || a.Orders != units {
+		t.Fatalf("ledger sold %d in %d orders, want %d", a.Row.Sold, a.Orders, units)
+	}
+	if res := tn.deduct("hot", "late", "", 1, false); res.Status != StatusSoldOut {
+		t.Fatalf("deduct after sell-out: %s", res.Status)
+	}
+}
+
+func TestEngine_RequestIDAnswersTheSameTwice(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), nil)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 10}); err != nil {
+		t.Fatal(err)
+	}
+	first := tn.deduct("a", "u1", "req-1", 1, false)
+	again := tn.deduct("a", "u1", "req-1", 1, false)
+	if first.Status != StatusOK || again.Status != StatusOK || first.Order.ID != again.Order.ID {
+		t.Fatalf("first %s %q, again %s %q", first.Status, first.Order.ID, again.Status, again.Order.ID)
+	}
+	// Concurrent duplicates collapse into one order too.
+	var wg sync.WaitGroup
+	ids := make([]string, 20)
+	for i := range ids {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			ids[i] = tn.deduct("a", "u2", "req-2", 1, false).Order.ID
+		}(i)
+	}
+	wg.Wait()
+	for _, id := range ids {
+		if id == "" || id != ids[0] {
+			t.Fatalf("concurrent duplicates got orders %v", ids)
+		}
+	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 2 {
+		t.Fatalf("sold %d, want 2", a.Row.Sold)
+	}
+}
+
+func TestEngine_WaitNoneOrderBecomesSold(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), nil)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 5}); err != nil {
+		t.Fatal(err)
+	}
+	res := tn.deduct("a", "u1", "r1", 2, true)
+	if res.Status != StatusAccepted || res.Order.ID == "" {
+		t.Fatalf("wait=none deduct: %+v", res)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		o, ok, err := tn.engine.Order(res.Order.ID)
+		if err != nil || !ok {
+			t.Fatalf("order %s: ok=%v err=%v", res.Order.ID, ok, err)
+		}
+		if o.State == raftfsm.OrderSold {
+			break
+		}
+		if o.State != raftfsm.OrderPending || time.Now().After(deadline) {
+			t.Fatalf("order state %s", o.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 2 {
+		t.Fatalf("sold %d, want 2", a.Row.Sold)
+	}
+}
+
+func TestEngine_Gates(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), nil)
+	start := time.Now().Add(time.Hour)
+	if _, err := tn.engine.CreateSale("later", SaleSpec{Total: 5, StartAt: start}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tn.engine.CreateSale("limited", SaleSpec{Total: 5, PerUser: 1}); err != nil {
+		t.Fatal(err)
+	}
+	f := func(sku, user string, qty int64, want Status) {
+		t.Helper()
+		if got := tn.deduct(sku, user, "", qty, false); got.Status != want {
+			t.Fatalf("deduct %s qty %d: %s (%s), want %s", sku, qty, got.Status, got.Detail, want)
+		}
+	}
+	f("later", "u1", 1, StatusNotStarted)
+	f("nope", "u1", 1, StatusUnknownSKU)
+	f("limited", "u1", 0, StatusBadRequest)
+	f("limited", "u1", MaxQtyPerDeduct+1, StatusBadRequest)
+	f("limited", "u1", 1, StatusOK)
+	f("limited", "u1", 1, StatusUserLimit)
+	f("limited", "u2", 1, StatusOK)
+	a := tn.checkLedger("limited")
+	if a.Row.Sold != 2 {
+		t.Fatalf("sold %d, want 2", a.Row.Sold)
+	}
+	// The unit the ledger turned down went back to this node's buckets.
+	_, local, _, _ := tn.engine.Audit("limited")
+	if !local.OK {
+		t.Fatalf("local law broken: %+v", local)
+	}
+}
+
+func TestEngine_RestartKeepsSalesAndLeases(t *testing.T) {
+	dir := t.TempDir()
+	tn := startTestNode(t, dir, nil)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 40}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		if r := tn.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false); r.Status != StatusOK {
+			t.Fatalf("deduct %d: %s", i, r.Status)
+		}
+	}
+	tn.stop()
+
+	tn2 := startTestNode(t, dir, nil)
+	if r := tn2.deduct("a", "u0", "r0", 1, false); r.Status != StatusOK {
+		t.Fatalf("repeat after restart: %s", r.Status)
+	}
+	n := 0
+	for i := 10; ; i++ {
+		r := tn2.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false)
+		if r.Status == StatusSoldOut {
+			break
+		}
+		if r.Status != StatusOK || i > 100 {
+			t.Fatalf("deduct %d after restart: %s %s", i, r.Status, r.Detail)
+		}
+		n++
+	}
+	if n != 30 {
+		t.Fatalf("sold %d after restart, want the 30 left", n)
+	}
+	if a := tn2.checkLedger("a"); a.Row.Sold != 40 || a.Row.Available != 0 || a.Row.LeasedTotal() != 0 {
+		t.Fatalf("row %+v", a.Row)
+	}
+}

@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"sync/atomic"
+)
+
+// counterShards spreads hot counters over cache lines by the deduct's hint,
+// so that counting does not bring back the shared cache line the buckets
+// avoid.
+const counterShards = 8
+
+type paddedUint64 struct {
+	v atomic.Uint64
+	_ [120]byte
+}
+
+// Metrics are the engine's counters. Reads may run concurrently with the
+// engine; each figure is read atomically, not the set as a whole.
+type Metrics struct {
+	deducts [statusCount][counterShards]paddedUint64
+
+	takeBatches      atomic.Uint64
+	takeBatchEntries atomic.Uint64
+	takeRetries      atomic.Uint64
+	leaseGranted     atomic.Uint64
+	leaseErrors      atomic.Uint64
+	leaseShort       atomic.Uint64
+}
+
+func newMetrics() *Metrics { return &Metrics{} }
+
+func (m *Metrics) countDeduct(s Status, hint uint32) {
+	m.deducts[s][hint%counterShards].v.Add(1)
+}
+
+// Deducts returns the number of deducts that ended with status s.
+func (m *Metrics) Deducts(s Status) uint64 {
+	var n uint64
+	for i := range m.deducts[s] {
+		n += m.deducts[s][i].v.Load()
+	}
+	return n
+}
+
+// Snapshot is a copy of the counters for exposition.
+type Snapshot struct {
+	DeductsByStatus  map[string]uint64
+	TakeBatches      uint64
+	TakeBatchEntries uint64
+	TakeRetries      uint64
+	LeaseGranted     uint64
+	LeaseErrors      uint64
+	LeaseShort       uint64
+}
+
+// Snapshot copies the counters.
+func (m *Metrics) Snapshot() Snapshot {
+	s := Snapshot{
+		DeductsByStatus:  make(map[string]uint64, statusCount),
+		TakeBatches:      m.takeBatches.Load(),
+		TakeBatchEntries: m.takeBatchEntries.Load(),
+		TakeRetries:      m.takeRetries.Load(),
+		LeaseGranted:     m.leaseGranted.Load(),
+		LeaseErrors:      m.leaseErrors.Load(),
+		LeaseShort:       m.leaseShort.Load(),
+	}
+	for st := Status(1); int(st) < statusCount; st++ {
+		s.DeductsByStatus[st.String()] = m.Deducts(st)
+	}
+	return s
+}
