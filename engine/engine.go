@@ -26,6 +26,11 @@ var (
 	ErrExpired      = errors.New("hold expired")
 	ErrInvalidState = errors.New("order state does not allow this")
 	ErrTooManySKUs  = errors.New("too many skus")
+	// ErrUnavailable: the ledger could not take the command (no leader, no
+	// quorum, shutting down); nothing was applied.
+	ErrUnavailable = errors.New("ledger unavailable")
+	// ErrOutcomeUnknown: the command may or may not have been applied.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
 )
 
 // Limits, each with its reason.
@@ -358,7 +363,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 	case raftfsm.OutcomeSame:
 		return false, nil
 	case raftfsm.OutcomeConflict:
-		return false, fmt.Errorf("%w: %s", ErrConflict, res.Detail)
+		return false, fmt.Errorf("%w: sku %q", ErrConflict, sku)
 	}
 	return false, fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
 }
@@ -383,7 +388,15 @@ func (e *Engine) Restock(sku string, qty int64) error {
 
 func (e *Engine) propose(c *raftfsm.Command) (*raftfsm.Result, error) {
 	c.AtUnixNano = e.cfg.Now().UnixNano()
-	return e.proposer.Propose(c)
+	res, err := e.proposer.Propose(c)
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op, err)
+	default:
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.Op, err)
+	}
 }
 
 // SKUView is a sale as GET /v1/skus/{sku} shows it.
@@ -535,3 +548,11 @@ func (e *Engine) Close(ctx context.Context) error {
 	e.wg.Wait()
 	return nil
 }
+
+// Ledger types the engine's callers see, so that they need not import
+// raftfsm.
+type (
+	Order  = raftfsm.Order
+	Audit  = raftfsm.Audit
+	SKURow = raftfsm.SKU
+)

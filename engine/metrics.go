@@ -51,10 +51,26 @@ type Snapshot struct {
 	LeaseGranted     uint64
 	LeaseErrors      uint64
 	LeaseShort       uint64
+
+	ProposalsInFlight int
+	TakeQueueLength   int
+	BucketUnits       map[string]int64 // units in this node's buckets, per sku
 }
 
-// Snapshot copies the counters.
-func (m *Metrics) Snapshot() Snapshot {
+// MetricsSnapshot copies the counters and reads the engine's gauges.
+func (e *Engine) MetricsSnapshot() Snapshot {
+	s := e.metrics.snapshot()
+	s.ProposalsInFlight = len(e.inFlight)
+	s.TakeQueueLength = len(e.takeQueue)
+	sales := *e.sales.Load()
+	s.BucketUnits = make(map[string]int64, len(sales))
+	for sku, sl := range sales {
+		s.BucketUnits[sku] = sl.buckets.Units()
+	}
+	return s
+}
+
+func (m *Metrics) snapshot() Snapshot {
 	s := Snapshot{
 		DeductsByStatus:  make(map[string]uint64, statusCount),
 		TakeBatches:      m.takeBatches.Load(),

@@ -320,7 +320,8 @@ type Status struct {
 	LeaderAddr   string
 	Term         uint64
 	CommitIndex  uint64
-	AppliedIndex uint64 // the ledger's, which is what reads reflect
+	AppliedIndex uint64 // raft's: entries handed to the FSM, noops included
+	LedgerIndex  uint64 // the last entry the ledger holds, which is what reads reflect
 	LastContact  time.Time
 	Voters       []Peer
 }
@@ -331,7 +332,7 @@ func (n *Node) Status() Status {
 	st := Status{
 		ID: n.cfg.NodeID, State: n.raft.State().String(), LeaderID: id, LeaderAddr: addr,
 		Term: n.raft.CurrentTerm(), CommitIndex: n.raft.CommitIndex(),
-		AppliedIndex: n.ledger.AppliedIndex(), LastContact: n.raft.LastContact(),
+		AppliedIndex: n.raft.AppliedIndex(), LedgerIndex: n.ledger.AppliedIndex(), LastContact: n.raft.LastContact(),
 	}
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		for _, s := range f.Configuration().Servers {

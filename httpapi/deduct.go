@@ -1,0 +1,171 @@
+package httpapi
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+
+	"stockd/engine"
+)
+
+// Precomputed answers for the common losing outcomes.
+var (
+	bodySoldOut     = precomputedError("sold_out", "no units left")
+	bodyUserLimit   = precomputedError("user_limit", "this user has bought the most units the sale allows")
+	bodyUnknownSKU  = precomputedError("unknown_sku", "no sale with this sku")
+	bodyRateLimited = precomputedError("rate_limited", "too many requests; retry after the given seconds")
+	bodyBadJSON     = precomputedError("bad_request", `body must be a JSON object {"user": string, "qty": integer, "request_id": string}`)
+	bodyBadUser     = precomputedError("bad_request", "user must be a non-empty string of at most 128 bytes")
+	bodyBadQty      = precomputedError("bad_request", "qty must be an integer from 1 to "+strconv.Itoa(engine.MaxQtyPerDeduct))
+	bodyBadReqID    = precomputedError("bad_request", "request_id must be a string of at most 128 bytes")
+	bodyBadSKU      = precomputedError("bad_request", "sku must be 1 to 128 letters, digits or . _ - :")
+	bodyBadWait     = precomputedError("bad_request", "wait must be commit or none")
+)
+
+var (
+	keyUser      = "user"
+	keyQty       = "qty"
+	keyRequestID = "request_id"
+	argWait      = []byte("wait")
+)
+
+// deductScratch is one request's engine call state, pooled so the call
+// through the Engine interface does not allocate.
+type deductScratch struct {
+	req engine.DeductRequest
+	res engine.DeductResult
+	buf []byte
+}
+
+var (
+	deductScratchPool sync.Pool
+	deductParsers     fastjson.ParserPool
+)
+
+func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
+	start := time.Now()
+	defer s.latency.observe(start)
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	noWait := false
+	if w := ctx.QueryArgs().PeekBytes(argWait); len(w) > 0 {
+		switch string(w) {
+		case "none":
+			noWait = true
+		case "commit":
+		default:
+			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadWait)
+			return
+		}
+	}
+
+	p := deductParsers.Get()
+	defer deductParsers.Put(p)
+	v, err := p.ParseBytes(ctx.PostBody())
+	if err != nil || v.Type() != fastjson.TypeObject {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadJSON)
+		return
+	}
+	user, ok := stringField(v, keyUser, true)
+	if !ok || len(user) > maxIDBytes {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadUser)
+		return
+	}
+	requestID, ok := stringField(v, keyRequestID, false)
+	if !ok || len(requestID) > maxIDBytes {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadReqID)
+		return
+	}
+	qty := int64(1) // absent qty means one unit
+	if q := v.Get(keyQty); q != nil {
+		n, err := q.Int64()
+		if err != nil || q.Type() != fastjson.TypeNumber || n < 1 || n > engine.MaxQtyPerDeduct {
+			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadQty)
+			return
+		}
+		qty = n
+	}
+
+	sc, _ := deductScratchPool.Get().(*deductScratch)
+	if sc == nil {
+		sc = &deductScratch{buf: make([]byte, 0, 256)}
+	}
+	defer deductScratchPool.Put(sc)
+	sc.req = engine.DeductRequest{SKU: sku, User: user, RequestID: requestID, Qty: qty, NoWait: noWait, Hint: uint32(ctx.ConnID())}
+	s.engine.Deduct(&sc.req, &sc.res)
+	sc.req = engine.DeductRequest{} // keep no view into the request past the handler
+	s.writeDeductResult(ctx, sc)
+}
+
+// stringField reads key as a string. A missing key is ok unless required;
+// a key of another type is not.
+func stringField(v *fastjson.Value, key string, required bool) ([]byte, bool) {
+	f := v.Get(key)
+	if f == nil {
+		return nil, !required
+	}
+	b, err := f.StringBytes()
+	if err != nil || (required && len(b) == 0) {
+		return nil, false
+	}
+	return b, true
+}
+
+func (s *Server) writeDeductResult(ctx *fasthttp.RequestCtx, sc *deductScratch) {
+	res := &sc.res
+	switch res.Status {
+	case engine.StatusOK, engine.StatusAccepted:
+		code := fasthttp.StatusOK
+		if res.Status == engine.StatusAccepted {
+			code = fasthttp.StatusAccepted
+		}
+		b := sc.buf[:0]
+		b = append(b, `{"order_id":`...)
+		b = appendJSONString(b, res.Order.ID)
+		b = append(b, `,"state":`...)
+		b = appendJSONString(b, string(res.Order.State))
+		b = append(b, `,"sku":`...)
+		b = appendJSONString(b, res.Order.SKU)
+		b = append(b, `,"qty":`...)
+		b = appendInt(b, res.Order.Qty)
+		if res.Order.ExpiresAtUnixNano != 0 {
+			b = append(b, `,"expires_at":`...)
+			b = appendJSONString(b, time.Unix(0, res.Order.ExpiresAtUnixNano).UTC().Format(time.RFC3339Nano))
+		}
+		b = append(b, "}\n"...)
+		sc.buf = b
+		ctx.SetStatusCode(code)
+		ctx.SetContentType(contentTypeJSON)
+		ctx.SetBody(b)
+	case engine.StatusSoldOut:
+		writeRaw(ctx, fasthttp.StatusConflict, bodySoldOut)
+	case engine.StatusUserLimit:
+		writeRaw(ctx, fasthttp.StatusConflict, bodyUserLimit)
+	case engine.StatusUnknownSKU:
+		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+	case engine.StatusNotStarted:
+		left := time.Until(res.StartAt)
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(int64(left.Seconds())+1, 10))
+		writeJSON(ctx, statusTooEarly, map[string]any{
+			"error": "not_started", "detail": "the sale opens at start_at",
+			"start_at": res.StartAt.UTC().Format(time.RFC3339Nano), "starts_in_ms": left.Milliseconds(),
+		})
+	case engine.StatusRateLimited:
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeRaw(ctx, fasthttp.StatusTooManyRequests, bodyRateLimited)
+	case engine.StatusBadRequest:
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadQty)
+	case engine.StatusOutcomeUnknown:
+		writeError(ctx, fasthttp.StatusGatewayTimeout, "outcome_unknown", res.Detail)
+	default:
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", res.Detail)
+	}
+}
+
+// statusTooEarly is 425, which fasthttp names no constant for.
+const statusTooEarly = 425

@@ -1,0 +1,288 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/engine"
+)
+
+// saleRequest is the body of PUT /v1/skus/{sku}.
+type saleRequest struct {
+	Total   *int64 `json:"total"`
+	StartAt string `json:"start_at,omitempty"`
+	PerUser int64  `json:"per_user,omitempty"`
+	HoldTTL string `json:"hold_ttl,omitempty"`
+}
+
+// skuResponse is GET /v1/skus/{sku}.
+type skuResponse struct {
+	SKU       string `json:"sku"`
+	Total     int64  `json:"total"`
+	Remaining int64  `json:"remaining"`
+	Available int64  `json:"available"`
+	Leased    int64  `json:"leased"`
+	Held      int64  `json:"held"`
+	Sold      int64  `json:"sold"`
+	State     string `json:"state"`
+	StartAt   string `json:"start_at,omitempty"`
+	StartsIn  int64  `json:"starts_in_ms,omitempty"`
+	PerUser   int64  `json:"per_user,omitempty"`
+	HoldTTL   string `json:"hold_ttl,omitempty"`
+}
+
+func skuJSON(v engine.SKUView) skuResponse {
+	r := v.Row
+	out := skuResponse{
+		SKU: r.SKU, Total: r.Total, Remaining: r.Remaining(), Available: r.Available, Leased: r.LeasedTotal(),
+		Held: r.Held, Sold: r.Sold, State: v.State, PerUser: r.Config.PerUser,
+	}
+	if r.Config.StartAtUnixNano != 0 {
+		at := time.Unix(0, r.Config.StartAtUnixNano)
+		out.StartAt = at.UTC().Format(time.RFC3339Nano)
+		if v.State == engine.StateUpcoming {
+			out.StartsIn = max(time.Until(at).Milliseconds(), 1)
+		}
+	}
+	if r.Config.HoldTTLNanos != 0 {
+		out.HoldTTL = time.Duration(r.Config.HoldTTLNanos).String()
+	}
+	return out
+}
+
+// orderResponse is GET /v1/orders/{id}.
+type orderResponse struct {
+	OrderID   string `json:"order_id"`
+	SKU       string `json:"sku"`
+	User      string `json:"user"`
+	Qty       int64  `json:"qty"`
+	State     string `json:"state"`
+	RequestID string `json:"request_id,omitempty"`
+	CreatedAt string `json:"created_at,omitempty"`
+	ExpiresAt string `json:"expires_at,omitempty"`
+	Released  string `json:"release_reason,omitempty"`
+}
+
+func orderJSON(o engine.Order) orderResponse {
+	out := orderResponse{OrderID: o.ID, SKU: o.SKU, User: o.User, Qty: o.Qty, State: string(o.State),
+		RequestID: o.RequestID, Released: o.ReleaseReason}
+	if o.CreatedAtUnixNano != 0 {
+		out.CreatedAt = time.Unix(0, o.CreatedAtUnixNano).UTC().Format(time.RFC3339Nano)
+	}
+	if o.ExpiresAtUnixNano != 0 {
+		out.ExpiresAt = time.Unix(0, o.ExpiresAtUnixNano).UTC().Format(time.RFC3339Nano)
+	}
+	return out
+}
+
+// decodeBody parses a small JSON body strictly: unknown fields are errors,
+// so a typo in a sale config is not silently ignored.
+func decodeBody(ctx *fasthttp.RequestCtx, v any) bool {
+	dec := json.NewDecoder(bytesReader(ctx.PostBody()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed JSON body: "+err.Error())
+		return false
+	}
+	if dec.More() {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "body holds more than one JSON value")
+		return false
+	}
+	return true
+}
+
+// writeEngineError maps control-plane errors onto the contract's codes.
+func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
+	f := func(code int, errCode string) { writeError(ctx, code, errCode, err.Error()) }
+	switch {
+	case errors.Is(err, engine.ErrUnknownSKU):
+		f(fasthttp.StatusNotFound, "unknown_sku")
+	case errors.Is(err, engine.ErrNotFound):
+		f(fasthttp.StatusNotFound, "not_found")
+	case errors.Is(err, engine.ErrConflict), errors.Is(err, engine.ErrTooManySKUs):
+		f(fasthttp.StatusConflict, "conflict")
+	case errors.Is(err, engine.ErrExpired):
+		f(fasthttp.StatusConflict, "expired")
+	case errors.Is(err, engine.ErrInvalidState):
+		f(fasthttp.StatusConflict, "invalid_state")
+	case errors.Is(err, engine.ErrInvalid):
+		f(fasthttp.StatusBadRequest, "bad_request")
+	case errors.Is(err, engine.ErrOutcomeUnknown):
+		f(fasthttp.StatusGatewayTimeout, "outcome_unknown")
+	default:
+		f(fasthttp.StatusServiceUnavailable, "unavailable")
+	}
+}
+
+func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	var req saleRequest
+	if !decodeBody(ctx, &req) {
+		return
+	}
+	spec := engine.SaleSpec{PerUser: req.PerUser}
+	switch {
+	case req.Total == nil:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "total is required")
+		return
+	case *req.Total < 0 || *req.Total > maxSaleUnits:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("total must be from 0 to %d", int64(maxSaleUnits)))
+		return
+	case req.PerUser < 0:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "per_user must be >= 0 (0: no limit)")
+		return
+	}
+	spec.Total = *req.Total
+	if req.StartAt != "" {
+		at, err := time.Parse(time.RFC3339Nano, req.StartAt)
+		if err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "start_at must be RFC 3339, like 2026-11-30T12:00:00Z")
+			return
+		}
+		spec.StartAt = at
+	}
+	if req.HoldTTL != "" {
+		ttl, err := time.ParseDuration(req.HoldTTL)
+		if err != nil || ttl < 0 {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "hold_ttl must be a duration like 90s or 15m")
+			return
+		}
+		spec.HoldTTL = ttl
+	}
+	created, err := s.engine.CreateSale(string(sku), spec)
+	if err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	v, ok := s.engine.SKU(string(sku))
+	if !ok {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "sale created but not yet readable")
+		return
+	}
+	code := fasthttp.StatusOK
+	if created {
+		code = fasthttp.StatusCreated
+	}
+	writeJSON(ctx, code, skuJSON(v))
+}
+
+func (s *Server) handleRestock(ctx *fasthttp.RequestCtx, sku []byte) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	var req struct {
+		Qty int64 `json:"qty"`
+	}
+	if !decodeBody(ctx, &req) {
+		return
+	}
+	if req.Qty < 1 || req.Qty > maxSaleUnits {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("qty must be from 1 to %d", int64(maxSaleUnits)))
+		return
+	}
+	if err := s.engine.Restock(string(sku), req.Qty); err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	v, _ := s.engine.SKU(string(sku))
+	writeJSON(ctx, fasthttp.StatusOK, skuJSON(v))
+}
+
+func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
+	v, ok := s.engine.SKU(string(sku))
+	if !ok {
+		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+		return
+	}
+	// Remaining stock changes every instant of a sale; a second of caching
+	// lets a CDN absorb the refresh storm.
+	ctx.Response.Header.Set("Cache-Control", "public, max-age=1")
+	writeJSON(ctx, fasthttp.StatusOK, skuJSON(v))
+}
+
+func (s *Server) handleAudit(ctx *fasthttp.RequestCtx, sku []byte) {
+	a, local, ok, err := s.engine.Audit(string(sku))
+	if err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	if !ok {
+		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+		return
+	}
+	leased := map[string]int64{}
+	for n, v := range a.Row.Leased {
+		leased[n] = v
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{
+		"ok": a.OK, "problem": a.Problem, "sku": a.Row.SKU, "total": a.Row.Total, "available": a.Row.Available,
+		"leased": leased, "held": a.Row.Held, "sold": a.Row.Sold, "orders": a.Orders,
+		"orders_held_units": a.OrdersHeld, "orders_sold_units": a.OrdersSold, "applied_index": a.AppliedIndex,
+		"local": local,
+	})
+}
+
+func (s *Server) handleGetOrder(ctx *fasthttp.RequestCtx, id []byte) {
+	if !validID(id) {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "order id must be 1 to 128 letters, digits or . _ - :")
+		return
+	}
+	o, ok, err := s.engine.Order(string(id))
+	if err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no order with this id")
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, orderJSON(o))
+}
+
+func (s *Server) handleOrderCommand(ctx *fasthttp.RequestCtx, id []byte, run func(string) (engine.Order, error)) {
+	if !validID(id) {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "order id must be 1 to 128 letters, digits or . _ - :")
+		return
+	}
+	o, err := run(string(id))
+	if err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, orderJSON(o))
+}
+
+func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
+	if s.cluster == nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "no cluster status")
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, s.cluster.Status())
+}
+
+// handleReady is 200 once the node has a leader and has applied what it
+// knows to be committed.
+func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
+	if s.cluster == nil {
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true})
+		return
+	}
+	st := s.cluster.Status()
+	switch {
+	case st.Leader == "":
+		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "no raft leader"})
+	case st.AppliedIndex < st.CommitIndex:
+		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false,
+			"reason": fmt.Sprintf("applied index %d behind commit index %d", st.AppliedIndex, st.CommitIndex)})
+	default:
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true, "leader": st.Leader})
+	}
+}

@@ -1,0 +1,313 @@
+// Package httpapi serves stockd's v1 HTTP contract (DESIGN.md) with
+// fasthttp: routing, the JSON wire format, admin auth, metrics and health.
+//
+// The deduct handler is the hot path: it parses the body with a pooled
+// fastjson parser, calls the engine with byte slices that point into the
+// request, and writes a precomputed or appended body, so a rejected buyer
+// costs no allocation. Everything else uses encoding/json.
+package httpapi
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/engine"
+)
+
+// Limits of the wire format, each with its reason.
+const (
+	// MaxBodyBytes bounds a request body: the largest valid body (a sale
+	// config) is well under 1 KiB.
+	MaxBodyBytes = 16 << 10
+	// maxIDBytes bounds SKUs, users, request ids and order ids: ids, not
+	// documents.
+	maxIDBytes = 128
+	// maxSaleUnits bounds total and restock so sums stay far from overflow.
+	maxSaleUnits = 1 << 40
+)
+
+// Engine is what the HTTP layer needs from the engine. *engine.Engine
+// implements it; handler tests use fakes.
+type Engine interface {
+	Deduct(req *engine.DeductRequest, res *engine.DeductResult)
+	CreateSale(sku string, spec engine.SaleSpec) (bool, error)
+	Restock(sku string, qty int64) error
+	SKU(sku string) (engine.SKUView, bool)
+	Order(id string) (engine.Order, bool, error)
+	Confirm(id string) (engine.Order, error)
+	Cancel(id string) (engine.Order, error)
+	Audit(sku string) (engine.Audit, engine.LocalAudit, bool, error)
+	MetricsSnapshot() engine.Snapshot
+}
+
+// ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
+type ClusterStatus struct {
+	NodeID       string       `json:"node_id"`
+	State        string       `json:"state"`
+	Leader       string       `json:"leader"`
+	Term         uint64       `json:"term"`
+	CommitIndex  uint64       `json:"commit_index"`
+	AppliedIndex uint64       `json:"applied_index"`
+	LedgerIndex  uint64       `json:"ledger_index"`
+	LastContact  string       `json:"last_contact,omitempty"`
+	Nodes        []NodeStatus `json:"nodes"`
+}
+
+// NodeStatus is one member of the cluster.
+type NodeStatus struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+}
+
+// Cluster reports raft state. It may be nil (tests).
+type Cluster interface {
+	Status() ClusterStatus
+}
+
+// Config holds the server's knobs.
+type Config struct {
+	Addr         string
+	AdminToken   string // empty: admin calls only from loopback clients
+	Logger       *slog.Logger
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	IdleTimeout  time.Duration
+	// MaxConns bounds concurrent client connections.
+	MaxConns int
+}
+
+// DefaultConfig listens on 127.0.0.1:8080.
+func DefaultConfig() Config {
+	return Config{
+		Addr:         "127.0.0.1:8080",
+		ReadTimeout:  10 * time.Second,
+		WriteTimeout: 10 * time.Second,
+		IdleTimeout:  60 * time.Second,
+		MaxConns:     65536,
+	}
+}
+
+// Validate names the first setting that cannot work.
+func (c *Config) Validate() error {
+	if c.Addr == "" {
+		return errors.New("http: listen address is empty")
+	}
+	if c.ReadTimeout <= 0 || c.WriteTimeout <= 0 || c.IdleTimeout <= 0 {
+		return fmt.Errorf("http: timeouts must be > 0 (read %s, write %s, idle %s)", c.ReadTimeout, c.WriteTimeout, c.IdleTimeout)
+	}
+	if c.MaxConns < 1 {
+		return fmt.Errorf("http: max conns %d < 1", c.MaxConns)
+	}
+	return nil
+}
+
+// Server is the HTTP front of one node.
+type Server struct {
+	cfg     Config
+	engine  Engine
+	cluster Cluster
+	logger  *slog.Logger
+	fast    *fasthttp.Server
+	ln      net.Listener
+	latency *latencyHistogram
+	version string
+}
+
+// New builds a server; Serve or Start runs it.
+func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg: cfg, engine: eng, cluster: cluster, version: version,
+		logger:  logger.With("component", "http"),
+		latency: newLatencyHistogram(),
+	}
+	s.fast = &fasthttp.Server{
+		Handler:              s.handle,
+		ErrorHandler:         s.handleTransportError,
+		Name:                 "stockd",
+		MaxRequestBodySize:   MaxBodyBytes,
+		ReadTimeout:          cfg.ReadTimeout,
+		WriteTimeout:         cfg.WriteTimeout,
+		IdleTimeout:          cfg.IdleTimeout,
+		Concurrency:          cfg.MaxConns,
+		NoDefaultDate:        true,
+		NoDefaultContentType: true,
+		CloseOnShutdown:      true,
+	}
+	return s, nil
+}
+
+// Start listens on the configured address and serves in a goroutine. It
+// returns the bound address (useful with port 0).
+func (s *Server) Start() (net.Addr, error) {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for http on %s: %w", s.cfg.Addr, err)
+	}
+	s.ln = ln
+	go func() {
+		if err := s.fast.Serve(ln); err != nil {
+			s.logger.Error("http server stopped", "err", err)
+		}
+	}()
+	s.logger.Info("serving http", "addr", ln.Addr().String())
+	return ln.Addr(), nil
+}
+
+// Shutdown stops accepting connections and waits for in-flight requests.
+func (s *Server) Shutdown() error {
+	if err := s.fast.Shutdown(); err != nil {
+		return fmt.Errorf("shut down http server: %w", err)
+	}
+	return nil
+}
+
+var (
+	pathV1SKUs    = []byte("/v1/skus/")
+	pathV1Orders  = []byte("/v1/orders/")
+	suffixDeduct  = []byte("/deduct")
+	suffixRestock = []byte("/restock")
+	suffixAudit   = []byte("/audit")
+	suffixConfirm = []byte("/confirm")
+	suffixCancel  = []byte("/cancel")
+)
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger.Error("handler panic", "path", string(ctx.Path()), "panic", fmt.Sprint(r))
+			ctx.Response.Reset()
+			writeError(ctx, fasthttp.StatusInternalServerError, "internal", "internal error")
+		}
+	}()
+	path := ctx.Path()
+	method := ctx.Method()
+	switch {
+	case bytes.HasPrefix(path, pathV1SKUs):
+		rest := path[len(pathV1SKUs):]
+		switch {
+		case bytes.HasSuffix(rest, suffixDeduct):
+			if !s.allow(ctx, method, fasthttp.MethodPost) {
+				return
+			}
+			s.handleDeduct(ctx, rest[:len(rest)-len(suffixDeduct)])
+		case bytes.HasSuffix(rest, suffixRestock):
+			if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) {
+				s.handleRestock(ctx, rest[:len(rest)-len(suffixRestock)])
+			}
+		case bytes.HasSuffix(rest, suffixAudit):
+			if s.allow(ctx, method, fasthttp.MethodGet) {
+				s.handleAudit(ctx, rest[:len(rest)-len(suffixAudit)])
+			}
+		case string(method) == fasthttp.MethodPut:
+			if s.admin(ctx) {
+				s.handleCreateSale(ctx, rest)
+			}
+		default:
+			if s.allow(ctx, method, fasthttp.MethodGet) {
+				s.handleGetSKU(ctx, rest)
+			}
+		}
+	case bytes.HasPrefix(path, pathV1Orders):
+		rest := path[len(pathV1Orders):]
+		switch {
+		case bytes.HasSuffix(rest, suffixConfirm):
+			if s.allow(ctx, method, fasthttp.MethodPost) {
+				s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixConfirm)], s.engine.Confirm)
+			}
+		case bytes.HasSuffix(rest, suffixCancel):
+			if s.allow(ctx, method, fasthttp.MethodPost) {
+				s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixCancel)], s.engine.Cancel)
+			}
+		default:
+			if s.allow(ctx, method, fasthttp.MethodGet) {
+				s.handleGetOrder(ctx, rest)
+			}
+		}
+	case string(path) == "/v1/cluster":
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleCluster(ctx)
+		}
+	case string(path) == "/healthz":
+		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ok": true, "version": s.version})
+	case string(path) == "/readyz":
+		s.handleReady(ctx)
+	case string(path) == "/metrics":
+		s.handleMetrics(ctx)
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no such route")
+	}
+}
+
+// allow answers 405 unless the method is want.
+func (s *Server) allow(ctx *fasthttp.RequestCtx, method []byte, want string) bool {
+	if string(method) == want {
+		return true
+	}
+	ctx.Response.Header.Set("Allow", want)
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", "use "+want)
+	return false
+}
+
+// admin checks the admin token, or without one, that the client is local.
+func (s *Server) admin(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.AdminToken == "" {
+		if ctx.RemoteIP().IsLoopback() {
+			return true
+		}
+		writeError(ctx, fasthttp.StatusForbidden, "forbidden", "admin calls need an admin token, or a loopback client when none is configured")
+		return false
+	}
+	auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	token, ok := bytes.CutPrefix(auth, []byte("Bearer "))
+	if ok && subtle.ConstantTimeCompare(token, []byte(s.cfg.AdminToken)) == 1 {
+		return true
+	}
+	writeError(ctx, fasthttp.StatusUnauthorized, "unauthorized", "admin calls need Authorization: Bearer <admin token>")
+	return false
+}
+
+func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", MaxBodyBytes))
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed http request")
+}
+
+// validID reports whether b is a usable id: 1..maxIDBytes of letters,
+// digits and . _ - : (no slashes, so ids cannot confuse routing).
+func validID(b []byte) bool {
+	if len(b) == 0 || len(b) > maxIDBytes {
+		return false
+	}
+	for _, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// fasthttpLogger sends fasthttp's connection errors (client resets, bodies
+// over the limit) to the debug level: they are about clients, not us.
+type fasthttpLogger struct{ logger *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.logger.Debug(fmt.Sprintf(format, args...))
+}
