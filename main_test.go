@@ -16,7 +16,10 @@ import (
 
 type tbWriter struct{ tb testing.TB }
 
-func (w tbWriter) Write(p []byte) (int, error) { w.tb.Log(string(bytes.TrimSpace(p))); return len(p), nil }
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(string(bytes.TrimSpace(p)))
+	return len(p), nil
+}
 
 // startTestNode runs a real node on loopback ports and dir.
 func startTestNode(t *testing.T, dir string) *runningNode {
