@@ -16,7 +16,10 @@ run: build
 	$(BIN) serve
 
 # The whole suite with the race detector, vet first.
+# Allocation tests run without -race first (the race detector changes
+# allocation counts), then everything with it.
 test: vet
+	$(GO) test -count=1 -run Allocate ./httpapi/ ./engine/ ./shard/
 	$(GO) test -race -count=1 ./...
 
 vet:

@@ -114,7 +114,7 @@ func (e *Engine) answerRepeat(req *DeductRequest, res *DeductResult) bool {
 		e.awaitPending(p, req.NoWait, res)
 		return true
 	}
-	id, ok := e.ledger.OrderIDForRequest(string(req.RequestID))
+	id, ok := e.ledger.OrderIDForRequestBytes(req.RequestID)
 	if !ok {
 		return false
 	}
@@ -148,7 +148,16 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			// not kept waiting on that chance.
 			e.updateSoldOut(s, row.Available)
 			res.Status = StatusSoldOut
+			if req.Qty > 1 && s.buckets.Units() > 0 {
+				res.Detail = "fewer units left than requested"
+			}
 			return false
+		}
+		for {
+			at := s.leaseAtLeast.Load()
+			if at >= req.Qty || s.leaseAtLeast.CompareAndSwap(at, req.Qty) {
+				break
+			}
 		}
 		e.requestRefill(s)
 		select {

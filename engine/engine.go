@@ -135,6 +135,7 @@ type sale struct {
 	refillQueued  atomic.Bool  // a lease request is queued or in flight
 	lowWatermark  atomic.Int64 // refill when the buckets hold fewer units
 	takesInFlight atomic.Int64 // units taken from buckets, not yet resolved by the ledger
+	leaseAtLeast  atomic.Int64 // the largest qty a waiting deduct needs; the next lease covers it
 	stockChanged  signal
 }
 

@@ -265,3 +265,24 @@ func TestEngine_RestartKeepsSalesAndLeases(t *testing.T) {
 		t.Fatalf("row %+v", a.Row)
 	}
 }
+
+func TestEngine_SoldOutDeductDoesNotAllocate(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), nil)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if r := tn.deduct("a", "first", "r-first", 1, false); r.Status != StatusOK {
+		t.Fatalf("first deduct: %s", r.Status)
+	}
+	req := DeductRequest{SKU: []byte("a"), User: []byte("u-loser"), RequestID: []byte("request-id-longer-than-32-bytes-0001"), Qty: 1, Hint: 3}
+	var res DeductResult
+	tn.engine.Deduct(&req, &res) // sets the sold-out flag
+	allocs := testing.AllocsPerRun(1000, func() { tn.engine.Deduct(&req, &res) })
+	if res.Status != StatusSoldOut {
+		t.Fatalf("status %s", res.Status)
+	}
+	if allocs > 0 && !raceEnabled {
+		t.Fatalf("sold-out deduct allocates %.1f times", allocs)
+	}
+	tn.checkLedger("a")
+}

@@ -67,7 +67,7 @@ func (e *Engine) lease(s *sale) {
 	if !ok || row.Available <= 0 {
 		return
 	}
-	want := e.leaseChunk(row.Available)
+	want := min(max(e.leaseChunk(row.Available), s.leaseAtLeast.Swap(0)), row.Available)
 	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpLease, Node: e.cfg.NodeID, SKU: s.sku, Qty: want})
 	if err != nil {
 		e.metrics.leaseErrors.Add(1)

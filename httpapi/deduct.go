@@ -143,6 +143,10 @@ func (s *Server) writeDeductResult(ctx *fasthttp.RequestCtx, sc *deductScratch) 
 		ctx.SetContentType(contentTypeJSON)
 		ctx.SetBody(b)
 	case engine.StatusSoldOut:
+		if res.Detail != "" {
+			writeError(ctx, fasthttp.StatusConflict, "sold_out", res.Detail)
+			return
+		}
 		writeRaw(ctx, fasthttp.StatusConflict, bodySoldOut)
 	case engine.StatusUserLimit:
 		writeRaw(ctx, fasthttp.StatusConflict, bodyUserLimit)

@@ -267,6 +267,15 @@ func (l *Ledger) OrderIDForRequest(requestID string) (string, bool) {
 	return id, ok
 }
 
+// OrderIDForRequestBytes is OrderIDForRequest for a request id the caller
+// holds as bytes; it does not allocate.
+func (l *Ledger) OrderIDForRequestBytes(requestID []byte) (string, bool) {
+	l.mu.RLock()
+	id, ok := l.requests[string(requestID)]
+	l.mu.RUnlock()
+	return id, ok
+}
+
 // Order reads one order.
 func (l *Ledger) Order(id string) (Order, bool, error) {
 	l.mu.RLock()

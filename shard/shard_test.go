@@ -98,7 +98,7 @@ func TestBuckets_LoadSpreadsEvenly(t *testing.T) {
 	f(16, 1000)
 }
 
-func TestBuckets_TakeZeroAllocs(t *testing.T) {
+func TestBuckets_TakeDoesNotAllocate(t *testing.T) {
 	b := New(8)
 	b.Load(1 << 20)
 	allocs := testing.AllocsPerRun(1000, func() { b.Take(3, 1) })
