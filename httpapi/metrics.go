@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -57,8 +59,8 @@ func (h *latencyHistogram) write(w io.Writer, name string) {
 func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	var w bytes.Buffer
 	m := s.engine.MetricsSnapshot()
-	for status, n := range m.DeductsByStatus {
-		metrics.WriteCounterUint64(&w, fmt.Sprintf(`stockd_deducts_total{outcome=%q}`, status), n)
+	for _, status := range slices.Sorted(maps.Keys(m.DeductsByStatus)) {
+		metrics.WriteCounterUint64(&w, fmt.Sprintf(`stockd_deducts_total{outcome=%q}`, status), m.DeductsByStatus[status])
 	}
 	metrics.WriteCounterUint64(&w, "stockd_take_batches_total", m.TakeBatches)
 	metrics.WriteCounterUint64(&w, "stockd_take_batch_entries_total", m.TakeBatchEntries)
@@ -68,8 +70,8 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteCounterUint64(&w, "stockd_lease_short_takes_total", m.LeaseShort)
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
-	for sku, units := range m.BucketUnits {
-		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_bucket_units{sku=%q}`, sku), uint64(max(units, 0)))
+	for _, sku := range slices.Sorted(maps.Keys(m.BucketUnits)) {
+		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_bucket_units{sku=%q}`, sku), uint64(max(m.BucketUnits[sku], 0)))
 	}
 	s.latency.write(&w, "stockd_deduct_duration_seconds")
 	if s.cluster != nil {
