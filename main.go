@@ -11,16 +11,18 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -75,17 +77,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // nodeConfig is everything a node needs, gathered from flags and env.
 type nodeConfig struct {
-	ID          string
-	HTTPAddr    string
-	RaftAddr    string
-	DataDir     string
-	Peers       string
-	Join        string
-	AdminToken  string
-	LogLevel    string
-	Buckets     int
-	Logger      *slog.Logger
-	raftTimeout time.Duration // heartbeat/election; tests shorten it
+	ID              string
+	HTTPAddr        string
+	AdvertiseHTTP   string
+	RaftAddr        string
+	DataDir         string
+	Peers           string
+	Join            string
+	AdminToken      string
+	ClusterSecret   string
+	LogLevel        string
+	Buckets         int
+	LeaseIdleReturn time.Duration
+	ReclaimAfter    time.Duration
+	Logger          *slog.Logger
+
+	// Test hooks: shorter raft timeouts, and links between nodes that a
+	// test can cut.
+	raftTimeout time.Duration
+	streamLayer raftfsm.StreamLayer
+	peerDial    httpapi.DialFunc
+	raftAddrFor func(id string) string // -peers entries resolved late (port 0 in tests)
 }
 
 func parseServeFlags(args []string, stderr io.Writer) (nodeConfig, error) {
@@ -99,6 +111,10 @@ func parseServeFlags(args []string, stderr io.Writer) (nodeConfig, error) {
 	fs.StringVar(&cfg.Peers, "peers", "", "initial cluster id=raftaddr,...; omitted: a single-node cluster")
 	fs.StringVar(&cfg.Join, "join", "", "join an existing cluster through this node's HTTP URL")
 	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token required for admin calls (none: admin calls only from loopback)")
+	fs.StringVar(&cfg.ClusterSecret, "cluster-secret", "", "shared secret for node-to-node calls (none: accepted only from cluster members' addresses)")
+	fs.StringVar(&cfg.AdvertiseHTTP, "advertise-http", "", "HTTP address peers use to reach this node (default: the -http address)")
+	fs.DurationVar(&cfg.LeaseIdleReturn, "lease-idle-return", time.Second, "return a sale's unused lease after this long without a sale on this node")
+	fs.DurationVar(&cfg.ReclaimAfter, "reclaim-after", 10*time.Second, "the leader reclaims the leases of a node unreachable this long")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&cfg.Buckets, "buckets", runtime.GOMAXPROCS(0), "per-core stock buckets per SKU")
 	fs.Usage = func() {
@@ -192,6 +208,9 @@ type runningNode struct {
 	engine   *engine.Engine
 	http     *httpapi.Server
 	httpAddr string
+
+	stopOnce sync.Once
+	stopErr  error
 }
 
 // startNode opens the ledger, wires the engine to it, starts raft and the
@@ -201,67 +220,142 @@ func startNode(cfg nodeConfig) (*runningNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(peers) > 1 || cfg.Join != "" {
-		return nil, errors.New("multi-node clusters (-peers with several nodes, -join) are not supported by this version yet; run one node")
+	if len(peers) > 0 && cfg.Join != "" {
+		return nil, errors.New("-peers and -join exclude each other: -peers forms a new cluster, -join enters a running one")
 	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	ledger, err := raftfsm.OpenLedger(filepath.Join(cfg.DataDir), logger)
+	// Bind HTTP first: with port 0 (tests) the address is known only now,
+	// and the engine registers it in the ledger for forwarding.
+	hcfg := httpapi.DefaultConfig()
+	hcfg.Addr, hcfg.AdminToken, hcfg.ClusterSecret, hcfg.Logger, hcfg.PeerDial = cfg.HTTPAddr, cfg.AdminToken, cfg.ClusterSecret, logger, cfg.peerDial
+	httpLn, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
+		return nil, fmt.Errorf("listen for http on %s: %w", cfg.HTTPAddr, err)
+	}
+	advertiseHTTP := cfg.AdvertiseHTTP
+	if advertiseHTTP == "" {
+		advertiseHTTP = httpLn.Addr().String()
+		if host, port, _ := net.SplitHostPort(advertiseHTTP); net.ParseIP(host).IsUnspecified() {
+			raftHost, _, _ := net.SplitHostPort(cfg.RaftAddr)
+			advertiseHTTP = net.JoinHostPort(raftHost, port)
+		}
+	}
+
+	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
+	if err != nil {
+		httpLn.Close()
 		return nil, err
 	}
-	ecfg := engine.DefaultConfig()
-	ecfg.NodeID, ecfg.Logger, ecfg.BucketsPerSKU = cfg.ID, logger, cfg.Buckets
-	eng, err := engine.New(ecfg, ledger)
-	if err != nil {
-		ledger.Close()
+	n := &runningNode{logger: logger, ledger: ledger}
+	fail := func(err error) (*runningNode, error) {
+		httpLn.Close()
+		n.stop(context.Background())
 		return nil, err
 	}
 	rcfg := raftfsm.DefaultConfig()
 	rcfg.NodeID, rcfg.Dir, rcfg.RaftBind, rcfg.Peers, rcfg.Logger = cfg.ID, cfg.DataDir, cfg.RaftAddr, peers, logger
+	rcfg.StreamLayer, rcfg.NoBootstrap = cfg.streamLayer, cfg.Join != ""
+	for _, p := range peers {
+		if p.ID == cfg.ID {
+			rcfg.Advertise = p.Addr
+		}
+	}
 	if cfg.raftTimeout > 0 {
 		rcfg.HeartbeatTimeout, rcfg.ElectionTimeout, rcfg.LeaderLeaseTimeout = cfg.raftTimeout, cfg.raftTimeout, cfg.raftTimeout/2
 	}
-	rn, err := raftfsm.StartNode(rcfg, ledger)
-	if err != nil {
-		eng.Close(context.Background())
-		ledger.Close()
-		return nil, err
+	cluster := &clusterAdapter{}
+	ecfg := engine.DefaultConfig()
+	ecfg.NodeID, ecfg.Logger, ecfg.BucketsPerSKU, ecfg.AdvertiseHTTP, ecfg.Cluster = cfg.ID, logger, cfg.Buckets, advertiseHTTP, cluster
+	if cfg.LeaseIdleReturn > 0 {
+		ecfg.LeaseIdleReturn = cfg.LeaseIdleReturn
 	}
-	eng.Start(rn)
-	hcfg := httpapi.DefaultConfig()
-	hcfg.Addr, hcfg.AdminToken, hcfg.Logger = cfg.HTTPAddr, cfg.AdminToken, logger
-	srv, err := httpapi.New(hcfg, eng, clusterStatus{rn}, version)
-	n := &runningNode{logger: logger, ledger: ledger, raft: rn, engine: eng, http: srv}
-	if err == nil {
-		var addr fmt.Stringer
-		addr, err = srv.Start()
-		if err == nil {
-			n.httpAddr = addr.String()
-			return n, nil
+	if cfg.ReclaimAfter > 0 {
+		ecfg.ReclaimAfter = cfg.ReclaimAfter
+	}
+	if n.engine, err = engine.New(ecfg, ledger); err != nil {
+		return fail(err)
+	}
+	if n.raft, err = raftfsm.StartNode(rcfg, ledger); err != nil {
+		return fail(err)
+	}
+	cluster.node = n.raft
+	if n.http, err = httpapi.New(hcfg, n.engine, cluster, version); err != nil {
+		return fail(err)
+	}
+	n.engine.Start(n.http.Forwarder())
+	n.http.Serve(httpLn)
+	n.httpAddr = httpLn.Addr().String()
+	if cfg.Join != "" {
+		if err := joinCluster(cfg, n.raft.Status().Voters, logger); err != nil {
+			return fail(err)
 		}
 	}
-	n.http = nil
-	n.stop(context.Background())
-	return nil, err
+	return n, nil
+}
+
+// joinAttemptsTimeout bounds how long -join keeps asking the cluster.
+const joinAttemptsTimeout = time.Minute
+
+// joinCluster asks a running cluster (through any member's HTTP URL) to
+// add this node as a voter, unless it already is one.
+func joinCluster(cfg nodeConfig, voters []raftfsm.Peer, logger *slog.Logger) error {
+	for _, v := range voters {
+		if v.ID == cfg.ID {
+			return nil // restarted on its data dir: already a member
+		}
+	}
+	body, _ := json.Marshal(map[string]string{"id": cfg.ID, "raft_addr": cfg.RaftAddr})
+	headers := map[string]string{}
+	if cfg.AdminToken != "" {
+		headers["Authorization"] = "Bearer " + cfg.AdminToken
+	}
+	if cfg.ClusterSecret != "" {
+		headers["X-Stockd-Cluster-Secret"] = cfg.ClusterSecret
+	}
+	deadline := time.Now().Add(joinAttemptsTimeout)
+	for {
+		code, answer, err := httpapi.PostJSON(strings.TrimRight(cfg.Join, "/")+"/v1/cluster/join", body, headers, 10*time.Second)
+		if err == nil && code == 200 {
+			logger.Info("joined cluster", "via", cfg.Join)
+			return nil
+		}
+		if err == nil && code >= 400 && code < 500 {
+			return fmt.Errorf("join through %s: %d %s", cfg.Join, code, answer)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("join through %s: gave up after %s (last: %d %s %v)", cfg.Join, joinAttemptsTimeout, code, answer, err)
+		}
+		logger.Warn("join not accepted yet; retrying", "via", cfg.Join, "code", code, "err", err)
+		time.Sleep(time.Second)
+	}
 }
 
 // stop drains HTTP, then the engine (queued takes, unused leases), then
 // raft and the ledger.
 func (n *runningNode) stop(ctx context.Context) error {
+	n.stopOnce.Do(func() { n.stopErr = n.stopAll(ctx) })
+	return n.stopErr
+}
+
+func (n *runningNode) stopAll(ctx context.Context) error {
 	var errs []error
 	if n.http != nil {
 		if err := n.http.Shutdown(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := n.engine.Close(ctx); err != nil {
-		errs = append(errs, err)
+	if n.engine != nil {
+		if err := n.engine.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if err := n.raft.Close(); err != nil {
-		errs = append(errs, err)
+	if n.raft != nil {
+		if err := n.raft.Close(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := n.ledger.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close ledger: %w", err))
@@ -272,10 +366,43 @@ func (n *runningNode) stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// clusterStatus adapts raft's status to the HTTP layer's view.
-type clusterStatus struct{ node *raftfsm.Node }
+// clusterAdapter gives the engine and the HTTP layer their views of raft.
+// node is set once raft runs, before either uses it.
+type clusterAdapter struct{ node *raftfsm.Node }
 
-func (c clusterStatus) Status() httpapi.ClusterStatus {
+func (c *clusterAdapter) IsLeader() bool                     { return c.node.IsLeader() }
+func (c *clusterAdapter) CommitHealthy() bool                { return c.node.CommitHealthy() }
+func (c *clusterAdapter) Unreachable() map[string]time.Time  { return c.node.Unreachable() }
+func (c *clusterAdapter) AddVoter(id, raftAddr string) error { return c.node.AddVoter(id, raftAddr) }
+func (c *clusterAdapter) RemoveServer(id string) error       { return c.node.RemoveServer(id) }
+
+func (c *clusterAdapter) MemberIDs() ([]string, error) {
+	members, err := c.node.Members()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(members))
+	for i, m := range members {
+		ids[i] = m.ID
+	}
+	return ids, nil
+}
+
+// ProposeLocal proposes on this node's raft and maps raft's sentinels onto
+// the engine's.
+func (c *clusterAdapter) ProposeLocal(cmd *engine.Command) (*engine.Result, error) {
+	res, err := c.node.Propose(cmd)
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+		return nil, fmt.Errorf("%w: %w", engine.ErrOutcomeUnknown, err)
+	default:
+		return nil, fmt.Errorf("%w: %w", engine.ErrUnavailable, err)
+	}
+}
+
+func (c *clusterAdapter) Status() httpapi.ClusterStatus {
 	st := c.node.Status()
 	out := httpapi.ClusterStatus{
 		NodeID: st.ID, State: st.State, Leader: st.LeaderID, Term: st.Term,

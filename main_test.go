@@ -114,6 +114,9 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 			for b := w; b < buyers; b += conns {
 				code, body := call(t, c, "POST", "/v1/skus/phone/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b))
 				key := fmt.Sprintf("%d %v", code, body["error"])
+				if code == 503 {
+					key += fmt.Sprint(" ", body["detail"])
+				}
 				mu.Lock()
 				outcomes[key]++
 				if code == 200 {

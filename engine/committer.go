@@ -66,9 +66,11 @@ func (e *Engine) proposeTakes(batch []*pendingTake) {
 		err = raftfsm.ErrOutcomeUnknown
 	}
 	if err != nil {
+		e.noteCommitFailure()
 		e.retryTakes(batch, err)
 		return
 	}
+	e.consecutiveFailures.Store(0)
 	for i, p := range batch {
 		e.settle(p, res.Takes[i])
 	}

@@ -101,6 +101,10 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		res.Status = StatusSoldOut
 		return
 	}
+	if !req.NoWait && e.commitBlocked.Load() {
+		res.Status, res.Detail = StatusUnavailable, "the ledger cannot commit now (no quorum or no leader); retry shortly"
+		return
+	}
 	if !s.buckets.Take(req.Hint, req.Qty) && !e.takeSlow(s, req, res) {
 		return
 	}
@@ -218,6 +222,7 @@ func (p *pendingTake) pendingOrder() raftfsm.Order {
 // wait=commit, waits for the ledger's answer.
 func (e *Engine) won(s *sale, req *DeductRequest, res *DeductResult) {
 	now := e.cfg.Now()
+	s.lastUseNanos.Store(now.UnixNano())
 	p := &pendingTake{
 		sale: s, hint: req.Hint, created: now, done: make(chan struct{}),
 		entry: raftfsm.TakeEntry{

@@ -80,8 +80,36 @@ type Config struct {
 	ProposalsInFlightMax int
 	// TakeQueueMax bounds won takes waiting for a proposal slot.
 	TakeQueueMax int
+	// LeaseIdleReturn: a sale's unused lease goes back to the ledger when
+	// no unit was taken from this node's buckets for this long, so stock
+	// never sits stranded here while another node turns buyers away.
+	LeaseIdleReturn time.Duration
+	// ReclaimAfter: the leader reclaims the leases of a peer it has not
+	// reached for this long (and at once of a node no longer a member).
+	ReclaimAfter time.Duration
+	// AdvertiseHTTP is this node's HTTP address as peers reach it; the
+	// engine registers it in the ledger so followers can forward to it.
+	AdvertiseHTTP string
+	// Cluster tells the engine about raft; nil for a node without peers
+	// in tests (always healthy, never leader duties).
+	Cluster Cluster
 	// Now is the clock; tests replace it.
 	Now func() time.Time
+}
+
+// Cluster is the engine's view of raft. Its methods may be called from any
+// goroutine and must return quickly.
+type Cluster interface {
+	// IsLeader reports whether this node leads now.
+	IsLeader() bool
+	// CommitHealthy reports whether a proposal could commit now: a leader
+	// is known and this node is in contact with it.
+	CommitHealthy() bool
+	// Unreachable returns, on the leader, peers it cannot heartbeat, with
+	// their last contact.
+	Unreachable() map[string]time.Time
+	// MemberIDs returns the voters' ids.
+	MemberIDs() ([]string, error)
 }
 
 // DefaultConfig returns the knobs for node id n1.
@@ -95,6 +123,8 @@ func DefaultConfig() Config {
 		CommitWait:           5 * time.Second,
 		ProposalsInFlightMax: 4,
 		TakeQueueMax:         1 << 16,
+		LeaseIdleReturn:      time.Second,
+		ReclaimAfter:         10 * time.Second,
 		Now:                  time.Now,
 	}
 }
@@ -118,6 +148,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("engine: take queue max %d < 1", c.TakeQueueMax)
 	case c.Now == nil:
 		return errors.New("engine: clock is nil")
+	case c.LeaseIdleReturn <= 0 || c.ReclaimAfter <= 0:
+		return fmt.Errorf("engine: lease idle return %s and reclaim after %s must be > 0", c.LeaseIdleReturn, c.ReclaimAfter)
 	}
 	return nil
 }
@@ -136,6 +168,7 @@ type sale struct {
 	lowWatermark  atomic.Int64 // refill when the buckets hold fewer units
 	takesInFlight atomic.Int64 // units taken from buckets, not yet resolved by the ledger
 	leaseAtLeast  atomic.Int64 // the largest qty a waiting deduct needs; the next lease covers it
+	lastUseNanos  atomic.Int64 // last take or lease grant here; idle leases go back after LeaseIdleReturn
 	stockChanged  signal
 }
 
@@ -158,6 +191,12 @@ type Engine struct {
 	refills   chan *sale
 
 	ignoreEventsUpTo atomic.Uint64 // events at or below this index are already in the buckets
+
+	// commitBlocked opens the breaker: wait=commit deducts answer 503 at
+	// once instead of queueing while no proposal can commit.
+	commitBlocked       atomic.Bool
+	consecutiveFailures atomic.Int64
+	failOpenUntilNanos  atomic.Int64
 
 	closing atomic.Bool
 	stop    chan struct{}
@@ -205,9 +244,10 @@ func New(cfg Config, ledger *raftfsm.Ledger) (*Engine, error) {
 // Call it once, before Close.
 func (e *Engine) Start(proposer Proposer) {
 	e.proposer = proposer
-	e.wg.Add(2)
+	e.wg.Add(3)
 	go e.runCommitter()
 	go e.runLeaser()
+	go e.runJanitor()
 }
 
 // rebuild makes the buckets agree with the ledger: every sale's buckets hold
@@ -292,7 +332,7 @@ func (e *Engine) Applied(events []raftfsm.Event) {
 			continue
 		}
 		switch ev.Kind {
-		case raftfsm.EventSaleCreated, raftfsm.EventStockChanged:
+		case raftfsm.EventSaleCreated, raftfsm.EventStockChanged, raftfsm.EventLeaseReturned:
 			row, _, ok := e.ledger.SKU(ev.SKU)
 			if !ok {
 				continue
@@ -316,11 +356,18 @@ func (e *Engine) Applied(events []raftfsm.Event) {
 			s, _ := e.saleFor(&row)
 			s.buckets.Load(ev.Qty)
 			s.lowWatermark.Store(max(1, ev.Qty/2))
+			s.lastUseNanos.Store(e.cfg.Now().UnixNano())
 			s.soldOut.Store(false)
 			s.stockChanged.broadcast()
 			e.metrics.leaseGranted.Add(uint64(ev.Qty))
 		case raftfsm.EventReclaimed:
+			e.metrics.leaseReclaimed.Add(uint64(ev.Qty))
 			if ev.Node != e.cfg.NodeID {
+				// Stock came back to available: deducts here may win again.
+				for _, s := range *e.sales.Load() {
+					s.soldOut.Store(false)
+					s.stockChanged.broadcast()
+				}
 				continue
 			}
 			e.logger.Warn("the ledger reclaimed this node's leases; rebuilding buckets", "units", ev.Qty)
@@ -393,7 +440,7 @@ func (e *Engine) propose(c *raftfsm.Command) (*raftfsm.Result, error) {
 	switch {
 	case err == nil:
 		return res, nil
-	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown), errors.Is(err, ErrOutcomeUnknown):
 		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op, err)
 	default:
 		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.Op, err)
@@ -557,3 +604,23 @@ type (
 	Audit  = raftfsm.Audit
 	SKURow = raftfsm.SKU
 )
+
+// Ledger command types, for callers that forward proposals.
+type (
+	Command = raftfsm.Command
+	Result  = raftfsm.Result
+)
+
+// NodeAddrs returns the HTTP addresses nodes registered in the ledger.
+func (e *Engine) NodeAddrs() map[string]string { return e.ledger.NodeAddrs() }
+
+// WaitApplied blocks until this node's ledger holds log index or ctx ends.
+func (e *Engine) WaitApplied(ctx context.Context, index uint64) error {
+	return e.ledger.WaitApplied(ctx, index)
+}
+
+// CommitBlocked reports whether the breaker refuses wait=commit deducts.
+func (e *Engine) CommitBlocked() bool { return e.commitBlocked.Load() }
+
+// OpReclaim is re-exported for callers that propose a reclaim directly.
+const OpReclaim = raftfsm.OpReclaim

@@ -25,6 +25,8 @@ type Metrics struct {
 	leaseGranted     atomic.Uint64
 	leaseErrors      atomic.Uint64
 	leaseShort       atomic.Uint64
+	leaseReturned    atomic.Uint64
+	leaseReclaimed   atomic.Uint64
 }
 
 func newMetrics() *Metrics { return &Metrics{} }
@@ -51,6 +53,9 @@ type Snapshot struct {
 	LeaseGranted     uint64
 	LeaseErrors      uint64
 	LeaseShort       uint64
+	LeaseReturned    uint64
+	LeaseReclaimed   uint64
+	CommitBlocked    bool
 
 	ProposalsInFlight int
 	TakeQueueLength   int
@@ -62,6 +67,7 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s := e.metrics.snapshot()
 	s.ProposalsInFlight = len(e.inFlight)
 	s.TakeQueueLength = len(e.takeQueue)
+	s.CommitBlocked = e.commitBlocked.Load()
 	sales := *e.sales.Load()
 	s.BucketUnits = make(map[string]int64, len(sales))
 	for sku, sl := range sales {
@@ -79,6 +85,8 @@ func (m *Metrics) snapshot() Snapshot {
 		LeaseGranted:     m.leaseGranted.Load(),
 		LeaseErrors:      m.leaseErrors.Load(),
 		LeaseShort:       m.leaseShort.Load(),
+		LeaseReturned:    m.leaseReturned.Load(),
+		LeaseReclaimed:   m.leaseReclaimed.Load(),
 	}
 	for st := Status(1); int(st) < statusCount; st++ {
 		s.DeductsByStatus[st.String()] = m.Deducts(st)

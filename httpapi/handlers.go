@@ -260,14 +260,6 @@ func (s *Server) handleOrderCommand(ctx *fasthttp.RequestCtx, id []byte, run fun
 	writeJSON(ctx, fasthttp.StatusOK, orderJSON(o))
 }
 
-func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
-	if s.cluster == nil {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "no cluster status")
-		return
-	}
-	writeJSON(ctx, fasthttp.StatusOK, s.cluster.Status())
-}
-
 // handleReady is 200 once the node has a leader and has applied what it
 // knows to be committed.
 func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
@@ -279,6 +271,8 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	switch {
 	case st.Leader == "":
 		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "no raft leader"})
+	case s.engine.CommitBlocked():
+		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "commit breaker open: the ledger cannot commit now"})
 	case st.AppliedIndex < st.CommitIndex:
 		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false,
 			"reason": fmt.Sprintf("applied index %d behind commit index %d", st.AppliedIndex, st.CommitIndex)})

@@ -9,6 +9,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -45,6 +46,9 @@ type Engine interface {
 	Cancel(id string) (engine.Order, error)
 	Audit(sku string) (engine.Audit, engine.LocalAudit, bool, error)
 	MetricsSnapshot() engine.Snapshot
+	NodeAddrs() map[string]string
+	CommitBlocked() bool
+	WaitApplied(ctx context.Context, index uint64) error
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
@@ -62,13 +66,26 @@ type ClusterStatus struct {
 
 // NodeStatus is one member of the cluster.
 type NodeStatus struct {
-	ID       string `json:"id"`
-	RaftAddr string `json:"raft_addr"`
+	ID           string `json:"id"`
+	RaftAddr     string `json:"raft_addr"`
+	HTTPAddr     string `json:"http_addr,omitempty"`
+	Reachable    bool   `json:"reachable"`
+	State        string `json:"state,omitempty"`
+	Term         uint64 `json:"term,omitempty"`
+	CommitIndex  uint64 `json:"commit_index,omitempty"`
+	AppliedIndex uint64 `json:"applied_index,omitempty"`
 }
 
 // Cluster reports raft state. It may be nil (tests).
 type Cluster interface {
+	// Status is this node's own view; Nodes lists the voters' ids and raft
+	// addresses.
 	Status() ClusterStatus
+	IsLeader() bool
+	// ProposeLocal proposes on this node's raft; it fails unless leader.
+	ProposeLocal(c *engine.Command) (*engine.Result, error)
+	AddVoter(id, raftAddr string) error
+	RemoveServer(id string) error
 }
 
 // Config holds the server's knobs.
@@ -81,6 +98,13 @@ type Config struct {
 	IdleTimeout  time.Duration
 	// MaxConns bounds concurrent client connections.
 	MaxConns int
+	// ClusterSecret, when set, authenticates the internal routes nodes use
+	// among themselves; when empty those routes accept only the cluster
+	// members' addresses and loopback.
+	ClusterSecret string
+	// PeerDial, when set, dials other nodes for forwarding (tests cut links
+	// with it).
+	PeerDial fasthttp.DialFunc
 }
 
 // DefaultConfig listens on 127.0.0.1:8080.
@@ -118,6 +142,7 @@ type Server struct {
 	ln      net.Listener
 	latency *latencyHistogram
 	version string
+	fwd     *Forwarder
 }
 
 // New builds a server; Serve or Start runs it.
@@ -134,6 +159,7 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 		logger:  logger.With("component", "http"),
 		latency: newLatencyHistogram(),
 	}
+	s.fwd = newForwarder(cfg, cluster, eng, s.logger)
 	s.fast = &fasthttp.Server{
 		Handler:              s.handle,
 		ErrorHandler:         s.handleTransportError,
@@ -157,13 +183,7 @@ func (s *Server) Start() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for http on %s: %w", s.cfg.Addr, err)
 	}
-	s.ln = ln
-	go func() {
-		if err := s.fast.Serve(ln); err != nil {
-			s.logger.Error("http server stopped", "err", err)
-		}
-	}()
-	s.logger.Info("serving http", "addr", ln.Addr().String())
+	s.Serve(ln)
 	return ln.Addr(), nil
 }
 
@@ -176,13 +196,15 @@ func (s *Server) Shutdown() error {
 }
 
 var (
-	pathV1SKUs    = []byte("/v1/skus/")
-	pathV1Orders  = []byte("/v1/orders/")
-	suffixDeduct  = []byte("/deduct")
-	suffixRestock = []byte("/restock")
-	suffixAudit   = []byte("/audit")
-	suffixConfirm = []byte("/confirm")
-	suffixCancel  = []byte("/cancel")
+	pathV1SKUs         = []byte("/v1/skus/")
+	pathV1Orders       = []byte("/v1/orders/")
+	pathV1ClusterNodes = []byte("/v1/cluster/nodes/")
+	pathInternal       = []byte("/internal/v1/")
+	suffixDeduct       = []byte("/deduct")
+	suffixRestock      = []byte("/restock")
+	suffixAudit        = []byte("/audit")
+	suffixConfirm      = []byte("/confirm")
+	suffixCancel       = []byte("/cancel")
 )
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
@@ -240,6 +262,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case string(path) == "/v1/cluster":
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleCluster(ctx)
+		}
+	case string(path) == "/v1/cluster/join":
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.adminOrPeer(ctx) {
+			s.handleJoin(ctx)
+		}
+	case bytes.HasPrefix(path, pathV1ClusterNodes):
+		if s.allow(ctx, method, fasthttp.MethodDelete) && s.admin(ctx) {
+			s.handleRemoveNode(ctx, path[len(pathV1ClusterNodes):])
+		}
+	case bytes.HasPrefix(path, pathInternal):
+		if s.peer(ctx) {
+			s.handleInternal(ctx, path[len(pathInternal):])
 		}
 	case string(path) == "/healthz":
 		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ok": true, "version": s.version})
@@ -310,4 +344,34 @@ type fasthttpLogger struct{ logger *slog.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.logger.Debug(fmt.Sprintf(format, args...))
+}
+
+// Serve serves on a listener the caller opened.
+func (s *Server) Serve(ln net.Listener) {
+	s.ln = ln
+	go func() {
+		if err := s.fast.Serve(ln); err != nil {
+			s.logger.Error("http server stopped", "err", err)
+		}
+	}()
+	s.logger.Info("serving http", "addr", ln.Addr().String())
+}
+
+// PostJSON posts body to url and returns the status and answer; main uses
+// it to join a cluster.
+func PostJSON(url string, body []byte, headers map[string]string, timeout time.Duration) (int, string, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetContentType(contentTypeJSON)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	req.SetBody(body)
+	if err := fasthttp.DoTimeout(req, resp, timeout); err != nil {
+		return 0, "", err
+	}
+	return resp.StatusCode(), string(bytes.TrimSpace(resp.Body())), nil
 }

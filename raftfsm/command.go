@@ -19,6 +19,7 @@ const (
 	OpConfirm
 	OpRelease
 	OpReclaim
+	OpRegister
 )
 
 func (o Op) String() string {
@@ -39,6 +40,8 @@ func (o Op) String() string {
 		return "release"
 	case OpReclaim:
 		return "reclaim"
+	case OpRegister:
+		return "register"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -56,6 +59,7 @@ type Command struct {
 	Takes      []TakeEntry `json:"takes,omitempty"`
 	OrderID    string      `json:"order,omitempty"`
 	Reason     string      `json:"reason,omitempty"`
+	Addr       string      `json:"addr,omitempty"` // Register: the node's HTTP address
 }
 
 // SaleConfig is what an operator sets when creating a sale.
@@ -147,18 +151,22 @@ func (o Outcome) String() string {
 // result per entry in order; Qty is the units granted by a Lease, returned by
 // a Return or Reclaim.
 type Result struct {
-	Outcome Outcome
-	Qty     int64
-	Order   *Order
-	Takes   []TakeResult
-	Detail  string
+	Outcome Outcome      `json:"outcome"`
+	Qty     int64        `json:"qty,omitempty"`
+	Order   *Order       `json:"order,omitempty"`
+	Takes   []TakeResult `json:"takes,omitempty"`
+	Detail  string       `json:"detail,omitempty"`
+	// Index is the log index the command was applied at, set by the
+	// proposing node; a follower that forwarded the command waits until it
+	// has applied this index itself before it answers.
+	Index uint64 `json:"index"`
 }
 
 // TakeResult is the verdict on one TakeEntry. Order is set for OutcomeOK and
 // OutcomeSame (the order the entry's order id or request id already names).
 type TakeResult struct {
-	Outcome Outcome
-	Order   Order
+	Outcome Outcome `json:"outcome"`
+	Order   Order   `json:"order"`
 }
 
 // OrderState is the life cycle of an order.

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,7 @@ var (
 	bucketOrders   = []byte("orders")
 	bucketRequests = []byte("requests")
 	bucketBuyers   = []byte("buyers")
+	bucketNodes    = []byte("nodes")
 
 	keyApplied = []byte("applied_index")
 )
@@ -92,12 +94,13 @@ type EventKind uint8
 
 // Events the ledger reports to its Observer after a batch commits.
 const (
-	EventSaleCreated   EventKind = iota + 1 // a new sale of Qty units
-	EventLeaseGranted                       // Qty units of SKU leased to Node
-	EventLeaseReturned                      // Qty units of SKU returned by Node
-	EventReclaimed                          // all of Node's leases went back to available
-	EventStockChanged                       // Available of SKU rose (restock, release)
-	EventReplaced                           // the whole state was replaced by a snapshot restore
+	EventSaleCreated    EventKind = iota + 1 // a new sale of Qty units
+	EventLeaseGranted                        // Qty units of SKU leased to Node
+	EventLeaseReturned                       // Qty units of SKU returned by Node
+	EventReclaimed                           // all of Node's leases went back to available
+	EventStockChanged                        // Available of SKU rose (restock, release)
+	EventReplaced                            // the whole state was replaced by a snapshot restore
+	EventNodeRegistered                      // Node registered (or changed) its HTTP address
 )
 
 // Event is a state change an engine must react to, with the log index that
@@ -132,6 +135,10 @@ type Ledger struct {
 	applied  uint64
 	skus     map[string]*SKU
 	requests map[string]string // request id -> order id
+	nodes    map[string]string // node id -> HTTP address
+
+	appliedMu sync.Mutex
+	appliedCh chan struct{} // closed and replaced whenever applied advances
 }
 
 // ErrLedgerClosed is returned by reads after Close.
@@ -158,7 +165,7 @@ func (l *Ledger) open() error {
 		return fmt.Errorf("open ledger %s: %w", l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketRequests, bucketBuyers} {
+		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketRequests, bucketBuyers, bucketNodes} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -179,6 +186,7 @@ func (l *Ledger) open() error {
 func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	skus := make(map[string]*SKU)
 	requests := make(map[string]string)
+	nodes := make(map[string]string)
 	var applied uint64
 	err := db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
@@ -195,6 +203,13 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
+		err = tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+			nodes[string(k)] = string(v)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 		return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
 			requests[string(k)] = string(v)
 			return nil
@@ -203,7 +218,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	if err != nil {
 		return err
 	}
-	l.applied, l.skus, l.requests = applied, skus, requests
+	l.applied, l.skus, l.requests, l.nodes = applied, skus, requests, nodes
 	return nil
 }
 
@@ -225,6 +240,42 @@ func (l *Ledger) Close() error {
 	err := l.db.Close()
 	l.db = nil
 	return err
+}
+
+// NodeAddrs returns the HTTP address every registered node gave.
+func (l *Ledger) NodeAddrs() map[string]string {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return maps.Clone(l.nodes)
+}
+
+// WaitApplied blocks until the ledger holds log index or ctx ends.
+func (l *Ledger) WaitApplied(ctx context.Context, index uint64) error {
+	for {
+		l.appliedMu.Lock()
+		if l.appliedCh == nil {
+			l.appliedCh = make(chan struct{})
+		}
+		ch := l.appliedCh
+		l.appliedMu.Unlock()
+		if l.AppliedIndex() >= index {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for log index %d (ledger at %d): %w", index, l.AppliedIndex(), ctx.Err())
+		}
+	}
+}
+
+func (l *Ledger) notifyApplied() {
+	l.appliedMu.Lock()
+	if l.appliedCh != nil {
+		close(l.appliedCh)
+		l.appliedCh = nil
+	}
+	l.appliedMu.Unlock()
 }
 
 // AppliedIndex is the last log index whose effects are in the ledger.
@@ -440,8 +491,12 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	for req, order := range a.newRequests {
 		l.requests[req] = order
 	}
+	for node, addr := range a.newNodes {
+		l.nodes[node] = addr
+	}
 	l.applied = last
 	l.mu.Unlock()
+	l.notifyApplied()
 
 	if len(a.events) > 0 {
 		l.obsMu.RLock()
@@ -462,6 +517,7 @@ type applier struct {
 	index       uint64
 	touched     map[string]*SKU
 	newRequests map[string]string
+	newNodes    map[string]string
 	events      []Event
 }
 
@@ -503,6 +559,8 @@ func (a *applier) apply(c *Command) (*Result, error) {
 		return a.release(c)
 	case OpReclaim:
 		return a.reclaim(c), nil
+	case OpRegister:
+		return a.register(c)
 	}
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown op %d", c.Op)}, nil
 }
@@ -609,6 +667,24 @@ func (a *applier) reclaim(c *Command) *Result {
 	}
 	a.event(Event{Kind: EventReclaimed, Node: c.Node, Qty: total})
 	return &Result{Outcome: OutcomeOK, Qty: total}
+}
+
+func (a *applier) register(c *Command) (*Result, error) {
+	if c.Node == "" || c.Addr == "" {
+		return invalid("register needs a node and an address"), nil
+	}
+	if old := a.tx.Bucket(bucketNodes).Get([]byte(c.Node)); string(old) == c.Addr {
+		return &Result{Outcome: OutcomeSame}, nil
+	}
+	if err := a.tx.Bucket(bucketNodes).Put([]byte(c.Node), []byte(c.Addr)); err != nil {
+		return nil, err
+	}
+	if a.newNodes == nil {
+		a.newNodes = make(map[string]string)
+	}
+	a.newNodes[c.Node] = c.Addr
+	a.event(Event{Kind: EventNodeRegistered, Node: c.Node})
+	return &Result{Outcome: OutcomeOK}, nil
 }
 
 func (a *applier) getOrder(id string) (*Order, error) {
@@ -884,6 +960,7 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
+	l.notifyApplied()
 	l.logger.Info("ledger restored from snapshot", "applied_index", applied)
 
 	l.obsMu.RLock()

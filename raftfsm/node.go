@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -65,6 +67,12 @@ type Config struct {
 
 	// Transport replaces the TCP transport (in-memory clusters in tests).
 	Transport raft.Transport
+	// StreamLayer, when set, carries the network transport instead of plain
+	// TCP (tests use it to cut links between nodes).
+	StreamLayer raft.StreamLayer
+	// NoBootstrap leaves a new data dir without a cluster: the node waits
+	// to be added to an existing one (stockd serve -join).
+	NoBootstrap bool
 }
 
 // DefaultConfig returns a single node with its data in ./data.
@@ -90,7 +98,7 @@ func (c *Config) Validate() error {
 		return errors.New("raft: node id is empty")
 	case c.Dir == "":
 		return errors.New("raft: data dir is empty")
-	case c.Transport == nil && c.RaftBind == "":
+	case c.Transport == nil && c.StreamLayer == nil && c.RaftBind == "":
 		return errors.New("raft: bind address is empty")
 	case c.LeaderLeaseTimeout > c.HeartbeatTimeout:
 		return fmt.Errorf("raft: leader lease timeout %s exceeds heartbeat timeout %s", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
@@ -119,6 +127,15 @@ type Node struct {
 	logStore  *raftboltdb.BoltStore
 	transport raft.Transport
 	logger    *slog.Logger
+
+	observations chan raft.Observation
+	observer     *raft.Observer
+	stopObserve  chan struct{}
+	observeDone  chan struct{}
+
+	closeOnce   sync.Once
+	contactMu   sync.Mutex
+	unreachable map[string]time.Time // peer id -> last contact, while heartbeats to it fail (leader only)
 }
 
 // StartNode starts raft over an open ledger: it bootstraps the cluster when
@@ -158,6 +175,13 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	}
 
 	transport := cfg.Transport
+	if transport == nil && cfg.StreamLayer != nil {
+		nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream: cfg.StreamLayer, MaxPool: transportPoolConns, Timeout: transportIOTimeout, Logger: hlog,
+		})
+		transport = nt
+		cleanup = append(cleanup, func() { nt.Close() })
+	}
 	if transport == nil {
 		var advertise net.Addr
 		if cfg.Advertise != "" {
@@ -197,7 +221,7 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	if err != nil {
 		return fail(fmt.Errorf("inspect raft state in %s: %w", cfg.Dir, err))
 	}
-	if !existing {
+	if !existing && !cfg.NoBootstrap {
 		servers := []raft.Server{{ID: rc.LocalID, Address: transport.LocalAddr()}}
 		if len(cfg.Peers) > 0 {
 			servers = servers[:0]
@@ -215,7 +239,98 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	if err != nil {
 		return fail(fmt.Errorf("start raft: %w", err))
 	}
-	return &Node{cfg: cfg, raft: r, ledger: ledger, logStore: logStore, transport: transport, logger: logger}, nil
+	n := &Node{
+		cfg: cfg, raft: r, ledger: ledger, logStore: logStore, transport: transport, logger: logger,
+		observations: make(chan raft.Observation, 64),
+		stopObserve:  make(chan struct{}),
+		observeDone:  make(chan struct{}),
+		unreachable:  make(map[string]time.Time),
+	}
+	n.observer = raft.NewObserver(n.observations, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
+			return true
+		}
+		return false
+	})
+	r.RegisterObserver(n.observer)
+	go n.observe()
+	return n, nil
+}
+
+// observe keeps track of peers the leader cannot reach and logs leader
+// changes.
+func (n *Node) observe() {
+	defer close(n.observeDone)
+	for {
+		select {
+		case <-n.stopObserve:
+			return
+		case o := <-n.observations:
+			switch d := o.Data.(type) {
+			case raft.FailedHeartbeatObservation:
+				n.contactMu.Lock()
+				if _, ok := n.unreachable[string(d.PeerID)]; !ok {
+					n.logger.Warn("peer unreachable", "peer", d.PeerID, "last_contact", d.LastContact)
+				}
+				n.unreachable[string(d.PeerID)] = d.LastContact
+				n.contactMu.Unlock()
+			case raft.ResumedHeartbeatObservation:
+				n.contactMu.Lock()
+				delete(n.unreachable, string(d.PeerID))
+				n.contactMu.Unlock()
+				n.logger.Info("peer reachable again", "peer", d.PeerID)
+			case raft.LeaderObservation:
+				n.contactMu.Lock()
+				clear(n.unreachable) // a new leader starts with a clean slate
+				n.contactMu.Unlock()
+				n.logger.Info("leader changed", "leader", d.LeaderID, "leader_addr", d.LeaderAddr)
+			}
+		}
+	}
+}
+
+// Unreachable returns, on the leader, the peers it has failed to heartbeat
+// with their last contact. Empty on followers.
+func (n *Node) Unreachable() map[string]time.Time {
+	if !n.IsLeader() {
+		return nil
+	}
+	n.contactMu.Lock()
+	defer n.contactMu.Unlock()
+	return maps.Clone(n.unreachable)
+}
+
+// Members returns the voters of the current configuration.
+func (n *Node) Members() ([]Peer, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, translateRaftError(err)
+	}
+	var out []Peer
+	for _, s := range f.Configuration().Servers {
+		out = append(out, Peer{ID: string(s.ID), Addr: string(s.Address)})
+	}
+	return out, nil
+}
+
+// AddVoter adds a node to the cluster (leader only). Adding a member that is
+// already a voter at the same address is a no-op.
+func (n *Node) AddVoter(id, addr string) error {
+	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, applyEnqueueTimeout).Error(); err != nil {
+		return translateRaftError(err)
+	}
+	n.logger.Info("added voter", "peer", id, "addr", addr)
+	return nil
+}
+
+// RemoveServer removes a node from the cluster (leader only).
+func (n *Node) RemoveServer(id string) error {
+	if err := n.raft.RemoveServer(raft.ServerID(id), 0, applyEnqueueTimeout).Error(); err != nil {
+		return translateRaftError(err)
+	}
+	n.logger.Info("removed server", "peer", id)
+	return nil
 }
 
 // catchUpFromSnapshot restores the ledger from the newest snapshot when the
@@ -260,6 +375,7 @@ func (n *Node) Propose(c *Command) (*Result, error) {
 	if !ok || res == nil {
 		return nil, fmt.Errorf("BUG: %s command returned %T", c.Op, f.Response())
 	}
+	res.Index = f.Index()
 	return res, nil
 }
 
@@ -275,6 +391,20 @@ func translateRaftError(err error) error {
 		return ErrBusy
 	}
 	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+}
+
+// CommitHealthy reports whether a proposal from this node could commit now:
+// it leads (a leader that loses its quorum steps down within the lease
+// timeout), or it follows a known leader it heard from within a heartbeat
+// timeout.
+func (n *Node) CommitHealthy() bool {
+	if n.IsLeader() {
+		return true
+	}
+	if id, _ := n.Leader(); id == "" {
+		return false
+	}
+	return time.Since(n.raft.LastContact()) <= n.cfg.HeartbeatTimeout
 }
 
 // IsLeader reports whether this node is the leader now.
@@ -349,6 +479,9 @@ func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 // open: its owner closes it.
 func (n *Node) Close() error {
 	err := n.raft.Shutdown().Error()
+	n.raft.DeregisterObserver(n.observer)
+	n.closeOnce.Do(func() { close(n.stopObserve) })
+	<-n.observeDone
 	if c, ok := n.transport.(interface{ Close() error }); ok {
 		if cerr := c.Close(); cerr != nil && err == nil {
 			err = cerr
@@ -394,3 +527,7 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 	w.logger.Log(context.Background(), level, strings.TrimSpace(line))
 	return len(p), nil
 }
+
+// StreamLayer is raft's network stream abstraction, re-exported so callers
+// can pass one without importing raft.
+type StreamLayer = raft.StreamLayer

@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"errors"
+	"time"
+
+	"stockd/raftfsm"
+)
+
+const (
+	// janitorTick paces the background checks: the commit breaker, idle
+	// leases, reclaims and registration. Short enough that the breaker
+	// follows an election within a tick.
+	janitorTick = 50 * time.Millisecond
+	// breakerFailures consecutive failed Take proposals open the breaker
+	// for breakerCooldown; the next proposal after it tries again.
+	breakerFailures = 3
+	breakerCooldown = time.Second
+)
+
+// runJanitor runs the engine's periodic duties until Close.
+func (e *Engine) runJanitor() {
+	defer e.wg.Done()
+	t := time.NewTicker(janitorTick)
+	defer t.Stop()
+	var lastSlow time.Time
+	reclaimTried := map[string]time.Time{}
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		e.updateBreaker()
+		now := e.cfg.Now()
+		// Lease and membership duties need proposals; pace them slower.
+		if now.Sub(lastSlow) < min(e.cfg.LeaseIdleReturn/4, 250*time.Millisecond) {
+			continue
+		}
+		lastSlow = now
+		e.registerSelf()
+		e.returnIdleLeases(now)
+		e.reclaimLostNodes(now, reclaimTried)
+	}
+}
+
+func (e *Engine) noteCommitFailure() {
+	if e.consecutiveFailures.Add(1) >= breakerFailures {
+		e.failOpenUntilNanos.Store(e.cfg.Now().Add(breakerCooldown).UnixNano())
+	}
+}
+
+// updateBreaker blocks wait=commit deducts while raft cannot commit (no
+// leader, or no contact with it) or after repeated failed proposals.
+func (e *Engine) updateBreaker() {
+	healthy := e.cfg.Cluster == nil || e.cfg.Cluster.CommitHealthy()
+	failing := e.cfg.Now().UnixNano() < e.failOpenUntilNanos.Load()
+	blocked := !healthy || failing
+	if e.commitBlocked.Swap(blocked) != blocked {
+		if blocked {
+			e.logger.Warn("commit breaker open: wait=commit deducts answer 503", "raft_healthy", healthy, "failing_proposals", failing)
+		} else {
+			e.logger.Info("commit breaker closed")
+		}
+	}
+}
+
+// registerSelf records this node's HTTP address in the ledger, so that
+// followers can forward to it when it leads.
+func (e *Engine) registerSelf() {
+	if e.cfg.AdvertiseHTTP == "" || e.commitBlocked.Load() {
+		return
+	}
+	if e.ledger.NodeAddrs()[e.cfg.NodeID] == e.cfg.AdvertiseHTTP {
+		return
+	}
+	_, err := e.propose(&raftfsm.Command{Op: raftfsm.OpRegister, Node: e.cfg.NodeID, Addr: e.cfg.AdvertiseHTTP})
+	if err != nil {
+		e.logger.Debug("register http address", "err", err)
+		return
+	}
+	e.logger.Info("registered http address", "addr", e.cfg.AdvertiseHTTP)
+}
+
+// returnIdleLeases gives back the units of sales this node has not sold
+// from for LeaseIdleReturn.
+func (e *Engine) returnIdleLeases(now time.Time) {
+	if e.commitBlocked.Load() {
+		return
+	}
+	for _, s := range *e.sales.Load() {
+		if s.buckets.Units() == 0 || now.UnixNano()-s.lastUseNanos.Load() < int64(e.cfg.LeaseIdleReturn) {
+			continue
+		}
+		units := s.buckets.Drain()
+		if units <= 0 {
+			continue
+		}
+		res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpReturn, Node: e.cfg.NodeID, SKU: s.sku, Qty: units})
+		switch {
+		case err == nil:
+			e.metrics.leaseReturned.Add(uint64(res.Qty))
+			e.logger.Debug("returned idle lease", "sku", s.sku, "units", res.Qty)
+			if back := units - res.Qty; back > 0 {
+				// The ledger held less for us than the buckets did: the
+				// buckets were ahead of it; keep the ledger's word.
+				e.logger.Warn("buckets held more than the lease", "sku", s.sku, "excess", back)
+			}
+		case errors.Is(err, ErrOutcomeUnknown):
+			// The Return may have applied: rebuild from the ledger later
+			// rather than guess.
+			e.logger.Warn("lease return outcome unknown; rebuilding buckets from the ledger", "sku", s.sku, "err", err)
+			e.rebuildSale(s)
+		default:
+			// Nothing applied: the units are still ours.
+			s.buckets.Load(units)
+			s.stockChanged.broadcast()
+		}
+	}
+}
+
+// rebuildSale reloads one sale's buckets from leased[me] less the takes in
+// flight.
+func (e *Engine) rebuildSale(s *sale) {
+	row, _, ok := e.ledger.SKU(s.sku)
+	if !ok {
+		return
+	}
+	s.buckets.Drain()
+	if units := row.Leased[e.cfg.NodeID] - s.takesInFlight.Load(); units > 0 {
+		s.buckets.Load(units)
+	}
+	s.stockChanged.broadcast()
+}
+
+// reclaimLostNodes runs on the leader: it returns to available the leases
+// of nodes that left the cluster, or that it has not reached for
+// ReclaimAfter. Their later takes fail in the ledger, so nothing oversells.
+func (e *Engine) reclaimLostNodes(now time.Time, tried map[string]time.Time) {
+	c := e.cfg.Cluster
+	if c == nil || !c.IsLeader() {
+		return
+	}
+	holders := map[string]bool{}
+	rows, _ := e.ledger.SKUs()
+	for i := range rows {
+		for node, units := range rows[i].Leased {
+			if units > 0 && node != e.cfg.NodeID {
+				holders[node] = true
+			}
+		}
+	}
+	if len(holders) == 0 {
+		return
+	}
+	members, err := c.MemberIDs()
+	if err != nil {
+		return
+	}
+	isMember := map[string]bool{}
+	for _, m := range members {
+		isMember[m] = true
+	}
+	unreachable := c.Unreachable()
+	for node := range holders {
+		why := ""
+		if !isMember[node] {
+			why = "not a cluster member"
+		} else if last, ok := unreachable[node]; ok && now.Sub(last) >= e.cfg.ReclaimAfter {
+			why = "unreachable since " + last.UTC().Format(time.RFC3339)
+		}
+		if why == "" || now.Sub(tried[node]) < e.cfg.ReclaimAfter/2 {
+			continue
+		}
+		tried[node] = now
+		res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpReclaim, Node: node})
+		if err != nil {
+			e.logger.Warn("reclaim failed", "node", node, "err", err)
+			continue
+		}
+		e.logger.Warn("reclaimed leases", "node", node, "units", res.Qty, "reason", why)
+	}
+}
