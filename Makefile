@@ -6,7 +6,7 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build run test vet bench bench-go clean
+.PHONY: build run test vet bench bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -38,3 +38,11 @@ bench-go:
 
 clean:
 	rm -rf bin
+
+# Three local nodes on 127.0.0.1:8081-8083 (raft 7001-7003), data under
+# ./data/cluster/; cluster-stop stops them by their PID files.
+cluster: build
+	scripts/cluster.sh start $(BIN)
+
+cluster-stop:
+	scripts/cluster.sh stop

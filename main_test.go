@@ -279,3 +279,5 @@ func newTestFlagSet(id, token, addr *string) *flag.FlagSet {
 	fs.StringVar(addr, "http", "127.0.0.1:8080", "")
 	return fs
 }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -260,23 +260,50 @@ func (s *Server) handleOrderCommand(ctx *fasthttp.RequestCtx, id []byte, run fun
 	writeJSON(ctx, fasthttp.StatusOK, orderJSON(o))
 }
 
-// handleReady is 200 once the node has a leader and has applied what it
-// knows to be committed.
+// readyCatchUpWait bounds how long /readyz waits for this node to apply
+// what the leader has committed.
+const readyCatchUpWait = time.Second
+
+// handleReady is 200 once the node has a leader, can commit, and has
+// applied everything the leader had committed when the probe arrived. A
+// follower asks the leader for its commit index: its own is only learned
+// from replication, so after a restart it can look caught up while it is
+// not.
 func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	if s.cluster == nil {
 		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true})
 		return
 	}
-	st := s.cluster.Status()
-	switch {
-	case st.Leader == "":
-		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "no raft leader"})
-	case s.engine.CommitBlocked():
-		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "commit breaker open: the ledger cannot commit now"})
-	case st.AppliedIndex < st.CommitIndex:
-		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false,
-			"reason": fmt.Sprintf("applied index %d behind commit index %d", st.AppliedIndex, st.CommitIndex)})
-	default:
-		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true, "leader": st.Leader})
+	notReady := func(reason string) {
+		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": reason})
 	}
+	st := s.cluster.Status()
+	if st.Leader == "" {
+		notReady("no raft leader")
+		return
+	}
+	if s.engine.CommitBlocked() {
+		notReady("commit breaker open: the ledger cannot commit now")
+		return
+	}
+	target := st.CommitIndex
+	if st.Leader != st.NodeID {
+		addr := s.engine.NodeAddrs()[st.Leader]
+		var leader ClusterStatus
+		if addr == "" || s.fwd.getJSON(addr, "/internal/v1/status", peerStatusTimeout, &leader) != nil {
+			notReady("leader " + st.Leader + " not reachable over http")
+			return
+		}
+		target = leader.CommitIndex
+	}
+	deadline := time.Now().Add(readyCatchUpWait)
+	for st.AppliedIndex < target {
+		if time.Now().After(deadline) {
+			notReady(fmt.Sprintf("applied index %d behind the leader's commit index %d", st.AppliedIndex, target))
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+		st = s.cluster.Status()
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true, "leader": st.Leader, "applied_index": st.AppliedIndex})
 }

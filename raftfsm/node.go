@@ -531,3 +531,7 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 // StreamLayer is raft's network stream abstraction, re-exported so callers
 // can pass one without importing raft.
 type StreamLayer = raft.StreamLayer
+
+// ServerAddress is raft's peer address type, re-exported for StreamLayer
+// implementations.
+type ServerAddress = raft.ServerAddress

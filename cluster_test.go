@@ -1,0 +1,397 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// testCluster is three real nodes in this process: real raft over loopback
+// TCP (through faultNet), real HTTP servers, a data dir each.
+type testCluster struct {
+	t        *testing.T
+	net      *faultNet
+	ids      []string
+	dirs     map[string]string
+	raftAddr map[string]string
+	peers    string
+
+	mu      sync.Mutex
+	nodes   map[string]*runningNode        // nil while stopped
+	clients map[string]*fasthttp.HostClient // one pool per running node
+}
+
+const (
+	clusterRaftTimeout     = 500 * time.Millisecond
+	clusterLeaseIdleReturn = 300 * time.Millisecond
+	clusterReclaimAfter    = 2 * time.Second
+)
+
+func startTestCluster(t *testing.T) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, net: newFaultNet(), ids: []string{"n1", "n2", "n3"},
+		dirs: map[string]string{}, raftAddr: map[string]string{}, nodes: map[string]*runningNode{},
+		clients: map[string]*fasthttp.HostClient{}}
+	var peers []string
+	lns := map[string]net.Listener{}
+	for _, id := range c.ids {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[id] = ln
+		c.dirs[id] = t.TempDir()
+		c.raftAddr[id] = ln.Addr().String()
+		c.net.own(c.raftAddr[id], id)
+		peers = append(peers, id+"="+c.raftAddr[id])
+	}
+	c.peers = strings.Join(peers, ",")
+	for _, id := range c.ids {
+		c.start(id, lns[id])
+	}
+	t.Cleanup(func() {
+		for _, id := range c.ids {
+			if n := c.node(id); n != nil {
+				n.stop(context.Background())
+			}
+		}
+	})
+	c.waitReady()
+	return c
+}
+
+// start runs node id; ln is its raft listener (nil: listen again on the
+// address it had).
+func (c *testCluster) start(id string, ln net.Listener) {
+	c.t.Helper()
+	if ln == nil {
+		var err error
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if ln, err = net.Listen("tcp", c.raftAddr[id]); err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			c.t.Fatalf("listen again on %s: %v", c.raftAddr[id], err)
+		}
+	}
+	cfg := nodeConfig{
+		ID: id, HTTPAddr: "127.0.0.1:0", RaftAddr: c.raftAddr[id], DataDir: c.dirs[id], Peers: c.peers, Buckets: 2,
+		LeaseIdleReturn: clusterLeaseIdleReturn, ReclaimAfter: clusterReclaimAfter,
+		Logger:      slog.New(slog.NewTextHandler(tbWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id),
+		raftTimeout: clusterRaftTimeout,
+		streamLayer: &faultLayer{Listener: ln, net: c.net, self: id},
+		peerDial:    c.net.httpDialer(id),
+	}
+	n, err := startNode(cfg)
+	if err != nil {
+		c.t.Fatalf("start %s: %v", id, err)
+	}
+	c.net.own(n.httpAddr, id)
+	c.mu.Lock()
+	c.nodes[id] = n
+	c.clients[id] = n.client(32)
+	c.mu.Unlock()
+}
+
+func (c *testCluster) node(id string) *runningNode {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id]
+}
+
+// crash stops a node without draining: no lease is returned, queued takes
+// are dropped, as when the process dies.
+func (c *testCluster) crash(id string) {
+	n := c.node(id)
+	c.mu.Lock()
+	c.nodes[id], c.clients[id] = nil, nil
+	c.mu.Unlock()
+	n.raft.Close()
+	n.http.Shutdown()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	n.engine.Close(ctx)
+	n.ledger.Close()
+}
+
+func (c *testCluster) client(id string) *fasthttp.HostClient {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.clients[id]
+}
+
+func (c *testCluster) leader() string {
+	for _, id := range c.ids {
+		if n := c.node(id); n != nil && n.raft.IsLeader() {
+			return id
+		}
+	}
+	return ""
+}
+
+func (c *testCluster) waitReady() {
+	c.t.Helper()
+	waitFor(c.t, 20*time.Second, "every running node ready", func() bool {
+		for _, id := range c.ids {
+			if cl := c.client(id); cl != nil {
+				if code, _ := call(c.t, cl, "GET", "/readyz", ""); code != 200 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
+// buyerResult is the last answer a buyer got.
+type buyerResult struct {
+	code    int
+	errCode string
+	order   string
+}
+
+// buyWave sends one deduct per buyer in [from, to), spread over the nodes,
+// from workers goroutines. A buyer whose answer is not final (no node
+// reachable, 503, 504) retries with the same request_id on the next node,
+// a bounded number of times.
+func (c *testCluster) buyWave(sku string, from, to, workers int, acked *atomic.Int64) map[int]buyerResult {
+	var mu sync.Mutex
+	results := map[int]buyerResult{}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for b := from + w; b < to; b += workers {
+				body := fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)
+				var res buyerResult
+				for attempt := 0; attempt < 60; attempt++ {
+					cl := c.client(c.ids[(b+attempt)%len(c.ids)])
+					if cl == nil {
+						continue
+					}
+					code, out := callQuiet(cl, "POST", "/v1/skus/"+sku+"/deduct", body)
+					res = buyerResult{code: code}
+					if out != nil {
+						res.errCode, _ = out["error"].(string)
+						res.order, _ = out["order_id"].(string)
+					}
+					if code == 200 || (code == 409 && res.errCode == "sold_out") {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if res.code == 200 && acked != nil {
+					acked.Add(1)
+				}
+				mu.Lock()
+				results[b] = res
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	return results
+}
+
+// callQuiet is call without failing the test on transport errors, which
+// are expected while nodes crash.
+func callQuiet(c *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + path)
+	req.Header.SetMethod(method)
+	req.SetBodyString(body)
+	if err := c.DoTimeout(req, resp, 15*time.Second); err != nil {
+		return 0, nil
+	}
+	var out map[string]any
+	_ = jsonUnmarshal(resp.Body(), &out)
+	return resp.StatusCode(), out
+}
+
+// checkClusterLedgers waits until every node has applied the same index,
+// then asserts that their ledgers are identical, obey the conservation law,
+// and hold every acknowledged order; it returns the common audit.
+func (c *testCluster) checkClusterLedgers(sku string, acked map[string]bool) map[string]any {
+	c.t.Helper()
+	var audits map[string]map[string]any
+	waitFor(c.t, 20*time.Second, "all nodes at the same applied index", func() bool {
+		audits = map[string]map[string]any{}
+		var index float64 = -1
+		for _, id := range c.ids {
+			code, a := call(c.t, c.client(id), "GET", "/v1/skus/"+sku+"/audit", "")
+			if code != 200 {
+				return false
+			}
+			audits[id] = a
+			if index >= 0 && a["applied_index"].(float64) != index {
+				return false
+			}
+			index = a["applied_index"].(float64)
+		}
+		return true
+	})
+	ref := audits[c.ids[0]]
+	for _, id := range c.ids {
+		a := audits[id]
+		if a["ok"] != true {
+			c.t.Fatalf("%s: audit failed: %v", id, a)
+		}
+		checkLedger(c.t, c.client(id), sku) // conservation law, recomputed here
+		for _, k := range []string{"total", "available", "held", "sold", "orders"} {
+			if a[k] != ref[k] {
+				c.t.Fatalf("ledgers differ on %s: %s has %v, %s has %v", k, id, a[k], c.ids[0], ref[k])
+			}
+		}
+		if fmt.Sprint(a["leased"]) != fmt.Sprint(ref["leased"]) {
+			c.t.Fatalf("ledgers differ on leased: %s %v, %s %v", id, a["leased"], c.ids[0], ref["leased"])
+		}
+		for order := range acked {
+			code, o := call(c.t, c.client(id), "GET", "/v1/orders/"+order, "")
+			if code != 200 || (o["state"] != "sold" && o["state"] != "held") {
+				c.t.Fatalf("acknowledged order %s on %s: %d %v", order, id, code, o)
+			}
+		}
+	}
+	return ref
+}
+
+// ackedOrders collects the orders buyers were told they won, failing on a
+// buyer with two orders or an order given to two buyers.
+func ackedOrders(t *testing.T, waves ...map[int]buyerResult) map[string]bool {
+	t.Helper()
+	byBuyer := map[int]string{}
+	orders := map[string]int{}
+	for _, wave := range waves {
+		for b, r := range wave {
+			if r.code != 200 {
+				continue
+			}
+			if prev, ok := byBuyer[b]; ok && prev != r.order {
+				t.Fatalf("buyer %d acknowledged twice: %s and %s", b, prev, r.order)
+			}
+			if other, ok := orders[r.order]; ok && other != b {
+				t.Fatalf("order %s acknowledged to buyers %d and %d", r.order, other, b)
+			}
+			byBuyer[b], orders[r.order] = r.order, b
+		}
+	}
+	acked := map[string]bool{}
+	for o := range orders {
+		acked[o] = true
+	}
+	return acked
+}
+
+// sellOut runs the cluster's sale to its end: once leases left idle have
+// come back, buyers on every node take what is left, so nothing can stay
+// stranded on one node.
+func (c *testCluster) sellOut(sku string, units, firstBuyer int) map[int]buyerResult {
+	c.t.Helper()
+	all := map[int]buyerResult{}
+	next := firstBuyer
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, a := call(c.t, c.client(c.ids[0]), "GET", "/v1/skus/"+sku+"/audit", "")
+		if a["sold"].(float64)+a["held"].(float64) >= float64(units) {
+			return all
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("stock still unsold after the idle period: %v", a)
+		}
+		for b, r := range c.buyWave(sku, next, next+300, 6, nil) {
+			all[b] = r
+		}
+		next += 300
+	}
+}
+
+func testClusterSale(t *testing.T, fault func(c *testCluster, acked *atomic.Int64)) {
+	const units, buyers = 5000, 8000
+	c := startTestCluster(t)
+	leader := c.leader()
+	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale through %s (leader %s): %d %v", c.ids[0], leader, code, body)
+	}
+	// The first buyers arrive in a calm cluster; the fault strikes while
+	// the rest are mid-request.
+	var ackCount atomic.Int64
+	const calm = 1500
+	first := c.buyWave("tv", 0, calm, 24, &ackCount)
+	waveDone := make(chan map[int]buyerResult)
+	go func() { waveDone <- c.buyWave("tv", calm, buyers, 24, &ackCount) }()
+	fault(c, &ackCount)
+	second := <-waveDone
+	for b, r := range second {
+		first[b] = r
+	}
+	c.waitReady()
+	rest := c.sellOut("tv", units, buyers)
+
+	acked := ackedOrders(t, first, rest)
+	if len(acked) > units {
+		t.Fatalf("oversold: %d orders acknowledged for %d units", len(acked), units)
+	}
+	a := c.checkClusterLedgers("tv", acked)
+	if a["sold"].(float64)+a["held"].(float64) != units || a["orders"].(float64) != units {
+		t.Fatalf("after sell-out: %v", a)
+	}
+	t.Logf("acknowledged %d of %d units in the first wave, %d after", len(ackedOrders(t, first)), units, len(acked)-len(ackedOrders(t, first)))
+}
+
+func TestCluster_LeaderStoppedAndRestartedMidSale(t *testing.T) {
+	testClusterSale(t, func(c *testCluster, acked *atomic.Int64) {
+		leader := c.leader()
+		if leader == "" {
+			t.Error("no leader mid-sale")
+			return
+		}
+		c.crash(leader)
+		t.Logf("crashed leader %s after %d acknowledgements", leader, acked.Load())
+		at := acked.Load()
+		waitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+300 })
+		c.start(leader, nil)
+		t.Logf("restarted %s after %d acknowledgements", leader, acked.Load())
+	})
+}
+
+func TestCluster_FollowerPartitionedAndHealedMidSale(t *testing.T) {
+	testClusterSale(t, func(c *testCluster, acked *atomic.Int64) {
+		leader := c.leader()
+		var follower string
+		for _, id := range c.ids {
+			if id != leader {
+				follower = id
+				break
+			}
+		}
+		c.net.isolate(follower)
+		t.Logf("isolated follower %s after %d acknowledgements", follower, acked.Load())
+		// Stay cut off past the reclaim deadline, so the leader takes the
+		// follower's leases back while the others keep selling.
+		waitFor(t, 30*time.Second, "the leader reclaims the follower's leases", func() bool {
+			l := c.leader()
+			if l == "" {
+				return false
+			}
+			_, a := call(t, c.client(l), "GET", "/v1/skus/tv/audit", "")
+			leased, _ := a["leased"].(map[string]any)
+			return leased[follower] == nil
+		})
+		c.net.heal(follower)
+		t.Logf("healed %s after %d acknowledgements", follower, acked.Load())
+	})
+}
