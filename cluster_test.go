@@ -64,7 +64,7 @@ func startTestCluster(t *testing.T) *testCluster {
 			}
 		}
 	})
-	c.waitReady()
+	waitReady(t, c)
 	return c
 }
 
@@ -89,7 +89,7 @@ func (c *testCluster) start(id string, ln net.Listener) {
 		ID: id, HTTPAddr: "127.0.0.1:0", RaftAddr: c.raftAddr[id], DataDir: c.dirs[id], Peers: c.peers, Buckets: 2,
 		LeaseIdleReturn: clusterLeaseIdleReturn, ReclaimAfter: clusterReclaimAfter,
 		Logger:      slog.New(slog.NewTextHandler(tbWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id),
-		raftTimeout: clusterRaftTimeout,
+		RaftTimeout: clusterRaftTimeout,
 		streamLayer: &faultLayer{Listener: ln, net: c.net, self: id},
 		peerDial:    c.net.httpDialer(id),
 	}
@@ -140,12 +140,22 @@ func (c *testCluster) leader() string {
 	return ""
 }
 
-func (c *testCluster) waitReady() {
-	c.t.Helper()
-	waitFor(c.t, 20*time.Second, "every running node ready", func() bool {
-		for _, id := range c.ids {
-			if cl := c.client(id); cl != nil {
-				if code, _ := call(c.t, cl, "GET", "/readyz", ""); code != 200 {
+// salesCluster is what the sale helpers need of a cluster, in-process or
+// made of processes.
+type salesCluster interface {
+	nodeIDs() []string
+	// client is a connection pool to a running node, nil while it is down.
+	client(id string) *fasthttp.HostClient
+}
+
+func (c *testCluster) nodeIDs() []string { return c.ids }
+
+func waitReady(t *testing.T, sc salesCluster) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "every running node ready", func() bool {
+		for _, id := range sc.nodeIDs() {
+			if cl := sc.client(id); cl != nil {
+				if code, _ := callQuiet(cl, "GET", "/readyz", ""); code != 200 {
 					return false
 				}
 			}
@@ -165,7 +175,8 @@ type buyerResult struct {
 // from workers goroutines. A buyer whose answer is not final (no node
 // reachable, 503, 504) retries with the same request_id on the next node,
 // a bounded number of times.
-func (c *testCluster) buyWave(sku string, from, to, workers int, acked *atomic.Int64) map[int]buyerResult {
+func buyWave(sc salesCluster, sku string, from, to, workers int, acked *atomic.Int64) map[int]buyerResult {
+	ids := sc.nodeIDs()
 	var mu sync.Mutex
 	results := map[int]buyerResult{}
 	var wg sync.WaitGroup
@@ -177,7 +188,7 @@ func (c *testCluster) buyWave(sku string, from, to, workers int, acked *atomic.I
 				body := fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)
 				var res buyerResult
 				for attempt := 0; attempt < 60; attempt++ {
-					cl := c.client(c.ids[(b+attempt)%len(c.ids)])
+					cl := sc.client(ids[(b+attempt)%len(ids)])
 					if cl == nil {
 						continue
 					}
@@ -225,14 +236,15 @@ func callQuiet(c *fasthttp.HostClient, method, path, body string) (int, map[stri
 // checkClusterLedgers waits until every node has applied the same index,
 // then asserts that their ledgers are identical, obey the conservation law,
 // and hold every acknowledged order; it returns the common audit.
-func (c *testCluster) checkClusterLedgers(sku string, acked map[string]bool) map[string]any {
-	c.t.Helper()
+func checkClusterLedgers(t *testing.T, sc salesCluster, sku string, acked map[string]bool) map[string]any {
+	t.Helper()
+	ids := sc.nodeIDs()
 	var audits map[string]map[string]any
-	waitFor(c.t, 20*time.Second, "all nodes at the same applied index", func() bool {
+	waitFor(t, 20*time.Second, "all nodes at the same applied index", func() bool {
 		audits = map[string]map[string]any{}
 		var index float64 = -1
-		for _, id := range c.ids {
-			code, a := call(c.t, c.client(id), "GET", "/v1/skus/"+sku+"/audit", "")
+		for _, id := range ids {
+			code, a := call(t, sc.client(id), "GET", "/v1/skus/"+sku+"/audit", "")
 			if code != 200 {
 				return false
 			}
@@ -244,25 +256,25 @@ func (c *testCluster) checkClusterLedgers(sku string, acked map[string]bool) map
 		}
 		return true
 	})
-	ref := audits[c.ids[0]]
-	for _, id := range c.ids {
+	ref := audits[ids[0]]
+	for _, id := range ids {
 		a := audits[id]
 		if a["ok"] != true {
-			c.t.Fatalf("%s: audit failed: %v", id, a)
+			t.Fatalf("%s: audit failed: %v", id, a)
 		}
-		checkLedger(c.t, c.client(id), sku) // conservation law, recomputed here
+		checkLedger(t, sc.client(id), sku) // conservation law, recomputed here
 		for _, k := range []string{"total", "available", "held", "sold", "orders"} {
 			if a[k] != ref[k] {
-				c.t.Fatalf("ledgers differ on %s: %s has %v, %s has %v", k, id, a[k], c.ids[0], ref[k])
+				t.Fatalf("ledgers differ on %s: %s has %v, %s has %v", k, id, a[k], ids[0], ref[k])
 			}
 		}
 		if fmt.Sprint(a["leased"]) != fmt.Sprint(ref["leased"]) {
-			c.t.Fatalf("ledgers differ on leased: %s %v, %s %v", id, a["leased"], c.ids[0], ref["leased"])
+			t.Fatalf("ledgers differ on leased: %s %v, %s %v", id, a["leased"], ids[0], ref["leased"])
 		}
 		for order := range acked {
-			code, o := call(c.t, c.client(id), "GET", "/v1/orders/"+order, "")
+			code, o := call(t, sc.client(id), "GET", "/v1/orders/"+order, "")
 			if code != 200 || (o["state"] != "sold" && o["state"] != "held") {
-				c.t.Fatalf("acknowledged order %s on %s: %d %v", order, id, code, o)
+				t.Fatalf("acknowledged order %s on %s: %d %v", order, id, code, o)
 			}
 		}
 	}
@@ -299,20 +311,20 @@ func ackedOrders(t *testing.T, waves ...map[int]buyerResult) map[string]bool {
 // sellOut runs the cluster's sale to its end: once leases left idle have
 // come back, buyers on every node take what is left, so nothing can stay
 // stranded on one node.
-func (c *testCluster) sellOut(sku string, units, firstBuyer int) map[int]buyerResult {
-	c.t.Helper()
+func sellOut(t *testing.T, sc salesCluster, sku string, units, firstBuyer int) map[int]buyerResult {
+	t.Helper()
 	all := map[int]buyerResult{}
 	next := firstBuyer
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, a := call(c.t, c.client(c.ids[0]), "GET", "/v1/skus/"+sku+"/audit", "")
+		_, a := call(t, sc.client(sc.nodeIDs()[0]), "GET", "/v1/skus/"+sku+"/audit", "")
 		if a["sold"].(float64)+a["held"].(float64) >= float64(units) {
 			return all
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("stock still unsold after the idle period: %v", a)
+			t.Fatalf("stock still unsold after the idle period: %v", a)
 		}
-		for b, r := range c.buyWave(sku, next, next+300, 6, nil) {
+		for b, r := range buyWave(sc, sku, next, next+300, 6, nil) {
 			all[b] = r
 		}
 		next += 300
@@ -330,22 +342,22 @@ func testClusterSale(t *testing.T, fault func(c *testCluster, acked *atomic.Int6
 	// the rest are mid-request.
 	var ackCount atomic.Int64
 	const calm = 1500
-	first := c.buyWave("tv", 0, calm, 24, &ackCount)
+	first := buyWave(c, "tv", 0, calm, 24, &ackCount)
 	waveDone := make(chan map[int]buyerResult)
-	go func() { waveDone <- c.buyWave("tv", calm, buyers, 24, &ackCount) }()
+	go func() { waveDone <- buyWave(c, "tv", calm, buyers, 24, &ackCount) }()
 	fault(c, &ackCount)
 	second := <-waveDone
 	for b, r := range second {
 		first[b] = r
 	}
-	c.waitReady()
-	rest := c.sellOut("tv", units, buyers)
+	waitReady(t, c)
+	rest := sellOut(t, c, "tv", units, buyers)
 
 	acked := ackedOrders(t, first, rest)
 	if len(acked) > units {
 		t.Fatalf("oversold: %d orders acknowledged for %d units", len(acked), units)
 	}
-	a := c.checkClusterLedgers("tv", acked)
+	a := checkClusterLedgers(t, c, "tv", acked)
 	if a["sold"].(float64)+a["held"].(float64) != units || a["orders"].(float64) != units {
 		t.Fatalf("after sell-out: %v", a)
 	}

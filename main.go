@@ -94,7 +94,7 @@ type nodeConfig struct {
 
 	// Test hooks: shorter raft timeouts, and links between nodes that a
 	// test can cut.
-	raftTimeout time.Duration
+	RaftTimeout time.Duration
 	streamLayer raftfsm.StreamLayer
 	peerDial    httpapi.DialFunc
 	raftAddrFor func(id string) string // -peers entries resolved late (port 0 in tests)
@@ -117,6 +117,7 @@ func parseServeFlags(args []string, stderr io.Writer) (nodeConfig, error) {
 	fs.DurationVar(&cfg.ReclaimAfter, "reclaim-after", 10*time.Second, "the leader reclaims the leases of a node unreachable this long")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&cfg.Buckets, "buckets", runtime.GOMAXPROCS(0), "per-core stock buckets per SKU")
+	fs.DurationVar(&cfg.RaftTimeout, "raft-timeout", 500*time.Millisecond, "raft heartbeat and election timeout (leader lease: half); failover takes about two to three of these")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: stockd [serve] [flags]\n\nEvery flag can also be set as STOCKD_<FLAG> (for -admin-token: STOCKD_ADMIN_TOKEN).")
 		fs.PrintDefaults()
@@ -263,8 +264,8 @@ func startNode(cfg nodeConfig) (*runningNode, error) {
 			rcfg.Advertise = p.Addr
 		}
 	}
-	if cfg.raftTimeout > 0 {
-		rcfg.HeartbeatTimeout, rcfg.ElectionTimeout, rcfg.LeaderLeaseTimeout = cfg.raftTimeout, cfg.raftTimeout, cfg.raftTimeout/2
+	if cfg.RaftTimeout > 0 {
+		rcfg.HeartbeatTimeout, rcfg.ElectionTimeout, rcfg.LeaderLeaseTimeout = cfg.RaftTimeout, cfg.RaftTimeout, cfg.RaftTimeout/2
 	}
 	cluster := &clusterAdapter{}
 	ecfg := engine.DefaultConfig()

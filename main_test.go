@@ -27,7 +27,7 @@ func startTestNode(t *testing.T, dir string) *runningNode {
 	cfg := nodeConfig{
 		ID: "n1", HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", DataDir: dir, Buckets: 2,
 		Logger:      slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		raftTimeout: 200 * time.Millisecond,
+		RaftTimeout: 200 * time.Millisecond,
 	}
 	n, err := startNode(cfg)
 	if err != nil {
@@ -231,7 +231,7 @@ func TestServer_BadInputGetsClear4xx(t *testing.T) {
 
 func TestServer_AdminTokenGuardsAdminCalls(t *testing.T) {
 	cfg := nodeConfig{ID: "n1", HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", DataDir: t.TempDir(), Buckets: 1,
-		AdminToken: "s3cret", raftTimeout: 200 * time.Millisecond}
+		AdminToken: "s3cret", RaftTimeout: 200 * time.Millisecond}
 	n, err := startNode(cfg)
 	if err != nil {
 		t.Fatal(err)

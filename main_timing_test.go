@@ -51,7 +51,7 @@ func benchNoop(b *testing.B) {
 
 func benchDeduct(b *testing.B, units int64, query string) {
 	n, err := startNode(nodeConfig{ID: "n1", HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", DataDir: b.TempDir(),
-		Buckets: 16, raftTimeout: 200 * time.Millisecond})
+		Buckets: 16, RaftTimeout: 200 * time.Millisecond})
 	if err != nil {
 		b.Fatal(err)
 	}

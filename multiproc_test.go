@@ -1,0 +1,219 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The multi-process test runs the real binary as three processes. It is
+// slower than the in-process tests and runs on its own target:
+//
+//	make test-multiproc   (STOCKD_MULTIPROC=1 go test -run MultiProcess .)
+
+// procCluster is three stockd processes on loopback, each stopped through
+// its own process handle.
+type procCluster struct {
+	t        *testing.T
+	bin      string
+	ids      []string
+	httpAddr map[string]string
+	raftAddr map[string]string
+	dataDir  map[string]string
+	peers    string
+
+	mu      sync.Mutex
+	procs   map[string]*exec.Cmd
+	exited  map[string]chan error
+	clients map[string]*fasthttp.HostClient
+}
+
+func (p *procCluster) nodeIDs() []string { return p.ids }
+
+func (p *procCluster) client(id string) *fasthttp.HostClient {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.clients[id]
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func startProcCluster(t *testing.T) *procCluster {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "stockd")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build stockd: %v\n%s", err, out)
+	}
+	p := &procCluster{t: t, bin: bin, ids: []string{"n1", "n2", "n3"},
+		httpAddr: map[string]string{}, raftAddr: map[string]string{}, dataDir: map[string]string{},
+		procs: map[string]*exec.Cmd{}, exited: map[string]chan error{}, clients: map[string]*fasthttp.HostClient{}}
+	var peers []string
+	for _, id := range p.ids {
+		p.httpAddr[id], p.raftAddr[id] = freePort(t), freePort(t)
+		p.dataDir[id] = filepath.Join(dir, id)
+		peers = append(peers, id+"="+p.raftAddr[id])
+	}
+	p.peers = strings.Join(peers, ",")
+	t.Cleanup(p.stopAll)
+	for _, id := range p.ids {
+		p.start(id)
+	}
+	waitReady(t, p)
+	return p
+}
+
+func (p *procCluster) start(id string) {
+	p.t.Helper()
+	logFile, err := os.OpenFile(p.dataDir[id]+".log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := exec.Command(p.bin, "serve", "-id", id, "-http", p.httpAddr[id], "-raft", p.raftAddr[id],
+		"-data", p.dataDir[id], "-peers", p.peers, "-lease-idle-return", "300ms", "-reclaim-after", "3s", "-log-level", "warn")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		p.t.Fatalf("start %s: %v", id, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait(); logFile.Close() }()
+	p.mu.Lock()
+	p.procs[id], p.exited[id] = cmd, exited
+	p.clients[id] = &fasthttp.HostClient{Addr: p.httpAddr[id], MaxConns: 32, ReadTimeout: 15 * time.Second}
+	p.mu.Unlock()
+}
+
+// kill sends SIGKILL to one node through its process handle.
+func (p *procCluster) kill(id string) {
+	p.mu.Lock()
+	cmd, exited := p.procs[id], p.exited[id]
+	p.procs[id], p.clients[id] = nil, nil
+	p.mu.Unlock()
+	cmd.Process.Kill()
+	<-exited
+}
+
+// stopAll sends SIGTERM to every running node and waits, killing a node
+// that does not stop in time.
+func (p *procCluster) stopAll() {
+	for _, id := range p.ids {
+		p.mu.Lock()
+		cmd, exited := p.procs[id], p.exited[id]
+		p.procs[id] = nil
+		p.mu.Unlock()
+		if cmd == nil {
+			continue
+		}
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			var exit *exec.ExitError
+			if err != nil && !errors.As(err, &exit) {
+				p.t.Errorf("%s: %v", id, err)
+			}
+		case <-time.After(20 * time.Second):
+			p.t.Errorf("%s did not stop on SIGTERM within 20s; killing it", id)
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+}
+
+func (p *procCluster) leader() string {
+	for _, id := range p.ids {
+		if c := p.client(id); c != nil {
+			if code, st := callQuiet(c, "GET", "/v1/cluster", ""); code == 200 {
+				if l, _ := st["leader"].(string); l != "" {
+					return l
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
+	if os.Getenv("STOCKD_MULTIPROC") == "" {
+		t.Skip("set STOCKD_MULTIPROC=1 (make test-multiproc) to run three stockd processes")
+	}
+	const units, buyers, calm = 3000, 6000, 1000
+	p := startProcCluster(t)
+	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/probe", `{"total":1000000}`); code != 201 {
+		t.Fatalf("create probe sale: %d %v", code, body)
+	}
+	var acked atomic.Int64
+	first := buyWave(p, "tv", 0, calm, 16, &acked)
+	waveDone := make(chan map[int]buyerResult)
+	go func() { waveDone <- buyWave(p, "tv", calm, buyers, 16, &acked) }()
+
+	leader := p.leader()
+	if leader == "" {
+		t.Fatal("no leader mid-sale")
+	}
+	var survivor string
+	for _, id := range p.ids {
+		if id != leader {
+			survivor = id
+			break
+		}
+	}
+	killedAt := time.Now()
+	p.kill(leader)
+	// Failover: from the kill to the first deduct committed through a
+	// surviving node (which needs a new leader).
+	var failover time.Duration
+	waitFor(t, 30*time.Second, "a deduct committed after the kill", func() bool {
+		code, _ := callQuiet(p.client(survivor), "POST", "/v1/skus/probe/deduct",
+			fmt.Sprintf(`{"user":"probe","request_id":"probe-%d"}`, time.Now().UnixNano()))
+		if code == 200 {
+			failover = time.Since(killedAt)
+			return true
+		}
+		return false
+	})
+	t.Logf("killed leader %s after %d acknowledgements; failover (kill to first committed deduct) %s", leader, acked.Load(), failover.Round(time.Millisecond))
+	at := acked.Load()
+	waitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+200 })
+	p.start(leader)
+	second := <-waveDone
+	for b, r := range second {
+		first[b] = r
+	}
+	waitReady(t, p)
+	restStart := time.Now()
+	rest := sellOut(t, p, "tv", units, buyers)
+	t.Logf("after the first wave: %d acknowledged; sell-out of the rest took %s", len(ackedOrders(t, first)), time.Since(restStart).Round(time.Millisecond))
+
+	all := ackedOrders(t, first, rest)
+	if len(all) > units {
+		t.Fatalf("oversold: %d orders acknowledged for %d units", len(all), units)
+	}
+	a := checkClusterLedgers(t, p, "tv", all)
+	if a["sold"].(float64)+a["held"].(float64) != units {
+		t.Fatalf("after sell-out: %v", a)
+	}
+	checkClusterLedgers(t, p, "probe", nil)
+}
