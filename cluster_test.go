@@ -25,7 +25,7 @@ type testCluster struct {
 	peers    string
 
 	mu      sync.Mutex
-	nodes   map[string]*runningNode        // nil while stopped
+	nodes   map[string]*runningNode         // nil while stopped
 	clients map[string]*fasthttp.HostClient // one pool per running node
 }
 
