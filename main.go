@@ -90,14 +90,12 @@ type nodeConfig struct {
 	Buckets         int
 	LeaseIdleReturn time.Duration
 	ReclaimAfter    time.Duration
+	RaftTimeout     time.Duration // raft heartbeat and election timeout
 	Logger          *slog.Logger
 
-	// Test hooks: shorter raft timeouts, and links between nodes that a
-	// test can cut.
-	RaftTimeout time.Duration
+	// Test hooks: links between nodes that a test can cut.
 	streamLayer raftfsm.StreamLayer
 	peerDial    httpapi.DialFunc
-	raftAddrFor func(id string) string // -peers entries resolved late (port 0 in tests)
 }
 
 func parseServeFlags(args []string, stderr io.Writer) (nodeConfig, error) {
