@@ -407,3 +407,80 @@ func TestCluster_FollowerPartitionedAndHealedMidSale(t *testing.T) {
 		t.Logf("healed %s after %d acknowledgements", follower, acked.Load())
 	})
 }
+
+// TestCluster_StrandedStockComesBack leaves units leased to a node no buyer
+// visits and checks that buyers on the other nodes get them once the idle
+// period has passed.
+func TestCluster_StrandedStockComesBack(t *testing.T) {
+	c := startTestCluster(t)
+	const units = 200
+	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/lamp", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitFor(t, 10*time.Second, "the sale visible on n3", func() bool {
+		code, _ := call(t, c.client("n3"), "GET", "/v1/skus/lamp", "")
+		return code == 200
+	})
+	// One purchase on n3 makes it lease a chunk; nobody buys there again.
+	if code, body := call(t, c.client("n3"), "POST", "/v1/skus/lamp/deduct", `{"user":"early","request_id":"early"}`); code != 200 {
+		t.Fatalf("deduct on n3: %d %v", code, body)
+	}
+	leasedAt := time.Now()
+	var returnedAfter atomic.Int64
+	go func() {
+		for time.Since(leasedAt) < 20*time.Second {
+			code, a := callQuiet(c.client("n1"), "GET", "/v1/skus/lamp/audit", "")
+			if leased, _ := a["leased"].(map[string]any); code == 200 && leased["n3"] == nil {
+				returnedAfter.Store(int64(time.Since(leasedAt)))
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	// Buyers on n1 and n2 only, many at once, each retrying at a buyer's
+	// pace while it is told sold_out, a bounded number of times.
+	var sold atomic.Int64
+	sold.Add(1)
+	var longestSoldOutRun atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			var soldOutSince time.Time
+			for try := 0; try < 500 && sold.Load() < units; try++ {
+				b := w*1000 + try
+				node := []string{"n1", "n2"}[b%2]
+				code, body := callQuiet(c.client(node), "POST", "/v1/skus/lamp/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"s%d"}`, b, b))
+				switch {
+				case code == 200:
+					sold.Add(1)
+					if !soldOutSince.IsZero() {
+						d := int64(time.Since(soldOutSince))
+						for old := longestSoldOutRun.Load(); d > old && !longestSoldOutRun.CompareAndSwap(old, d); old = longestSoldOutRun.Load() {
+						}
+					}
+					soldOutSince = time.Time{}
+				case code == 409 && body["error"] == "sold_out":
+					if soldOutSince.IsZero() {
+						soldOutSince = time.Now()
+					}
+					time.Sleep(20 * time.Millisecond)
+				default:
+					t.Errorf("deduct on %s: %d %v", node, code, body)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if sold.Load() != units {
+		t.Fatalf("sold %d of %d: stock stayed stranded", sold.Load(), units)
+	}
+	a := checkClusterLedgers(t, c, "lamp", nil)
+	if a["sold"].(float64) != units {
+		t.Fatalf("ledger: %v", a)
+	}
+	t.Logf("n3's idle lease went back after %s; longest run of sold_out answers a buyer saw before winning: %s (lease idle return %s)",
+		time.Duration(returnedAfter.Load()).Round(time.Millisecond), time.Duration(longestSoldOutRun.Load()).Round(time.Millisecond), clusterLeaseIdleReturn)
+}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,7 +28,7 @@ const (
 // Options is one run's configuration.
 type Options struct {
 	Targets    []string // node base URLs; empty with Launch > 0
-	Launch     int      // nodes to launch locally (only 1 so far)
+	Launches   []int    // launch a local cluster of each size in turn (1, 3)
 	Units      int64
 	Buyers     int
 	Conns      int
@@ -42,11 +41,11 @@ type Options struct {
 
 func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	var o Options
-	var targets, wait string
+	var targets, wait, launch string
 	fs := flag.NewFlagSet("stockd bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&targets, "target", "", "comma-separated node URLs to load, e.g. http://127.0.0.1:8080 (requests are spread over them)")
-	fs.IntVar(&o.Launch, "launch", 0, "launch this many local nodes in a temp dir instead of -target (1 for now), and stop them afterwards")
+	fs.StringVar(&launch, "launch", "", "launch local nodes in a temp dir instead of -target and stop them afterwards: 1, 3, or 1,3 to run the same load against one node and then a three-node cluster and compare")
 	fs.Int64Var(&o.Units, "units", 1000, "units put on sale")
 	fs.IntVar(&o.Buyers, "buyers", 100_000, "distinct buyers, one deduct request each")
 	fs.IntVar(&o.Conns, "conns", 64, "concurrent connections (one worker goroutine each, no pipelining)")
@@ -72,6 +71,15 @@ oversell check (oversold must be 0).`)
 			o.Targets = append(o.Targets, strings.TrimRight(strings.TrimSpace(t), "/"))
 		}
 	}
+	if launch != "" {
+		for _, part := range strings.Split(launch, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(part))
+			if err != nil || (n != 1 && n != 3) {
+				return o, fmt.Errorf("-launch %q: each entry must be 1 or 3", launch)
+			}
+			o.Launches = append(o.Launches, n)
+		}
+	}
 	switch wait {
 	case "commit":
 	case "none":
@@ -87,12 +95,10 @@ oversell check (oversold must be 0).`)
 
 func (o *Options) validate() error {
 	switch {
-	case len(o.Targets) == 0 && o.Launch == 0:
-		return errors.New("give -target URL,... or -launch 1")
-	case len(o.Targets) > 0 && o.Launch > 0:
+	case len(o.Targets) == 0 && len(o.Launches) == 0:
+		return errors.New("give -target URL,... or -launch 1|3|1,3")
+	case len(o.Targets) > 0 && len(o.Launches) > 0:
 		return errors.New("-target and -launch exclude each other")
-	case o.Launch < 0 || o.Launch > 1:
-		return fmt.Errorf("-launch %d: only 1 node can be launched in this version", o.Launch)
 	case o.Units < 0:
 		return fmt.Errorf("-units %d < 0", o.Units)
 	case o.Buyers < 1 || o.Buyers > maxBuyers:
@@ -116,34 +122,8 @@ func Main(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if o.Launch > 0 {
-		bin := o.Binary
-		if bin == "" {
-			if bin, err = os.Executable(); err != nil {
-				return fmt.Errorf("find this executable: %w", err)
-			}
-		}
-		dir, err := os.MkdirTemp("", "stockd-bench-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		logPath := filepath.Join(dir, "n1.log")
-		logFile, err := os.Create(logPath)
-		if err != nil {
-			return err
-		}
-		defer logFile.Close()
-		node, err := launchNode(bin, dir, logFile)
-		if err != nil {
-			return fmt.Errorf("%w\n%s", err, tail(logPath, 20))
-		}
-		defer func() {
-			if err := node.stop(); err != nil {
-				fmt.Fprintln(stderr, "stop launched node:", err)
-			}
-		}()
-		o.Targets = []string{node.url}
+	if len(o.Launches) > 0 {
+		return runLaunched(o, stdout)
 	}
 	r, err := Run(o)
 	if err != nil {
@@ -191,6 +171,13 @@ func Run(o Options) (*Report, error) {
 	}
 	if err := createSale(clients[0], o); err != nil {
 		return nil, err
+	}
+	// Followers learn of the sale when they apply it; start the clock once
+	// every target knows it.
+	for _, c := range clients {
+		if err := waitForSale(c, o.SKU); err != nil {
+			return nil, err
+		}
 	}
 
 	path := "/v1/skus/" + o.SKU + "/deduct"
@@ -336,6 +323,20 @@ func createSale(c *fasthttp.HostClient, o Options) error {
 	return nil
 }
 
+func waitForSale(c *fasthttp.HostClient, sku string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body, err := adminRequest(c, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
+		if err == nil && code == fasthttp.StatusOK {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sale %s not visible on %s after 10s: %d %s %v", sku, c.Addr, code, body, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func audit(c *fasthttp.HostClient, sku, token string) (LedgerCounts, error) {
 	var counts LedgerCounts
 	// wait=none answers before commit: give the ledger a bounded while to
@@ -375,8 +376,7 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "stockd bench: flash sale of %d units, %d buyers, %d connections, wait=%s, targets %s\n",
 		o.Units, o.Buyers, o.Conns, wait, strings.Join(o.Targets, ","))
-	rate := float64(r.Sent) / r.Elapsed.Seconds()
-	fmt.Fprintf(w, "requests   %d in %s (%.0f req/s)\n", r.Sent, r.Elapsed.Round(time.Millisecond), rate)
+	fmt.Fprintf(w, "requests   %d in %s (%.0f req/s)\n", r.Sent, r.Elapsed.Round(time.Millisecond), r.Rate())
 	l := r.Latency
 	fmt.Fprintf(w, "latency    p50 %s  p99 %s  p99.9 %s  max %s\n", fmtDur(l.P50), fmtDur(l.P99), fmtDur(l.P999), fmtDur(l.Max))
 	keys := make([]string, 0, len(r.Outcomes))
@@ -421,3 +421,64 @@ func tail(path string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// runLaunched runs the load once per launch size, each against a fresh
+// local cluster, with the same client settings, and compares throughput.
+func runLaunched(o Options, stdout io.Writer) error {
+	bin := o.Binary
+	if bin == "" {
+		var err error
+		if bin, err = os.Executable(); err != nil {
+			return fmt.Errorf("find this executable: %w", err)
+		}
+	}
+	var reports []*Report
+	for _, n := range o.Launches {
+		r, err := runOnFreshCluster(o, bin, n)
+		if err != nil {
+			return err
+		}
+		r.Print(stdout)
+		fmt.Fprintln(stdout)
+		reports = append(reports, r)
+		if r.Oversold != 0 {
+			return fmt.Errorf("oversold %d units against %d node(s)", r.Oversold, n)
+		}
+	}
+	if len(reports) > 1 {
+		base := reports[0]
+		fmt.Fprintln(stdout, "comparison (same client, same run):")
+		for i, r := range reports {
+			fmt.Fprintf(stdout, "  %d node(s): %.0f req/s  p99 %s  x%.2f of the %d-node rate\n",
+				o.Launches[i], r.Rate(), fmtDur(r.Latency.P99), r.Rate()/base.Rate(), o.Launches[0])
+		}
+	}
+	return nil
+}
+
+func runOnFreshCluster(o Options, bin string, n int) (*Report, error) {
+	dir, err := os.MkdirTemp("", "stockd-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	nodes, err := launchCluster(bin, dir, n)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, l := range nodes {
+			if err := l.stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "stop launched node:", err)
+			}
+		}
+	}()
+	o.Targets = nil
+	for _, l := range nodes {
+		o.Targets = append(o.Targets, l.url)
+	}
+	return Run(o)
+}
+
+// Rate is requests per second over the run.
+func (r *Report) Rate() float64 { return float64(r.Sent) / r.Elapsed.Seconds() }

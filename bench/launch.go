@@ -1,10 +1,10 @@
 package bench
 
 import (
+	"strings"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +25,7 @@ type launched struct {
 	cmd     *exec.Cmd
 	url     string
 	dataDir string
+	log     string
 	exited  chan error
 }
 
@@ -39,45 +40,74 @@ func freeLoopbackPort() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// launchNode starts `stockd serve` (this very binary) on free loopback
-// ports with its data under dir, and waits until /readyz answers 200.
-func launchNode(binary, dir string, logTo io.Writer) (*launched, error) {
-	httpAddr, err := freeLoopbackPort()
-	if err != nil {
-		return nil, fmt.Errorf("find a free http port: %w", err)
+// launchCluster starts `stockd serve` (this very binary) n times on free
+// loopback ports, as one cluster (-peers) when n > 1, with data and logs
+// under dir, and waits until every node's /readyz answers 200.
+func launchCluster(binary, dir string, n int) ([]*launched, error) {
+	type addrs struct{ http, raft string }
+	nodes := make([]addrs, n)
+	var peers []string
+	for i := range nodes {
+		var err error
+		if nodes[i].http, err = freeLoopbackPort(); err != nil {
+			return nil, fmt.Errorf("find a free http port: %w", err)
+		}
+		if nodes[i].raft, err = freeLoopbackPort(); err != nil {
+			return nil, fmt.Errorf("find a free raft port: %w", err)
+		}
+		peers = append(peers, fmt.Sprintf("n%d=%s", i+1, nodes[i].raft))
 	}
-	raftAddr, err := freeLoopbackPort()
-	if err != nil {
-		return nil, fmt.Errorf("find a free raft port: %w", err)
+	var out []*launched
+	stopAll := func() {
+		for _, l := range out {
+			l.stop()
+		}
 	}
-	data := filepath.Join(dir, "n1")
-	cmd := exec.Command(binary, "serve", "-id", "n1", "-http", httpAddr, "-raft", raftAddr, "-data", data, "-log-level", "warn")
-	cmd.Stdout, cmd.Stderr = logTo, logTo
-	cmd.Env = cleanEnv()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", binary, err)
+	for i, a := range nodes {
+		id := fmt.Sprintf("n%d", i+1)
+		args := []string{"serve", "-id", id, "-http", a.http, "-raft", a.raft, "-data", filepath.Join(dir, id), "-log-level", "warn"}
+		if n > 1 {
+			args = append(args, "-peers", strings.Join(peers, ","))
+		}
+		logFile, err := os.Create(filepath.Join(dir, id+".log"))
+		if err != nil {
+			stopAll()
+			return nil, err
+		}
+		cmd := exec.Command(binary, args...)
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		cmd.Env = cleanEnv()
+		if err := cmd.Start(); err != nil {
+			logFile.Close()
+			stopAll()
+			return nil, fmt.Errorf("start %s: %w", binary, err)
+		}
+		l := &launched{cmd: cmd, url: "http://" + a.http, dataDir: filepath.Join(dir, id), log: logFile.Name(), exited: make(chan error, 1)}
+		go func() { l.exited <- cmd.Wait(); logFile.Close() }()
+		out = append(out, l)
 	}
-	l := &launched{cmd: cmd, url: "http://" + httpAddr, dataDir: data, exited: make(chan error, 1)}
-	go func() { l.exited <- cmd.Wait() }()
-
 	client := &fasthttp.Client{}
 	deadline := time.Now().Add(launchReadyTimeout)
-	for {
-		code, _, err := client.GetTimeout(nil, l.url+"/readyz", time.Second)
-		if err == nil && code == fasthttp.StatusOK {
-			return l, nil
+	for _, l := range out {
+		for {
+			code, _, err := client.GetTimeout(nil, l.url+"/readyz", time.Second)
+			if err == nil && code == fasthttp.StatusOK {
+				break
+			}
+			select {
+			case err := <-l.exited:
+				stopAll()
+				return nil, fmt.Errorf("stockd at %s exited before it was ready: %v\n%s", l.url, err, tail(l.log, 20))
+			default:
+			}
+			if time.Now().After(deadline) {
+				stopAll()
+				return nil, fmt.Errorf("stockd at %s not ready after %s\n%s", l.url, launchReadyTimeout, tail(l.log, 20))
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		select {
-		case err := <-l.exited:
-			return nil, fmt.Errorf("stockd exited before it was ready: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			l.stop()
-			return nil, fmt.Errorf("stockd at %s not ready after %s", l.url, launchReadyTimeout)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	return out, nil
 }
 
 // cleanEnv drops STOCKD_* variables so the launched node runs on the flags
@@ -102,6 +132,7 @@ func (l *launched) stop() error {
 	defer cancel()
 	select {
 	case err := <-l.exited:
+		l.exited <- err // a second stop sees the exit too
 		var exit *exec.ExitError
 		if err != nil && !errors.As(err, &exit) {
 			return err

@@ -84,7 +84,7 @@ func DefaultConfig() Config {
 		HeartbeatTimeout:   500 * time.Millisecond,
 		ElectionTimeout:    500 * time.Millisecond,
 		LeaderLeaseTimeout: 250 * time.Millisecond,
-		CommitTimeout:      50 * time.Millisecond,
+		CommitTimeout:      5 * time.Millisecond, // followers learn commits this fast when idle: forwarded writes wait for it
 		SnapshotThreshold:  8192,
 		SnapshotInterval:   2 * time.Minute,
 		TrailingLogs:       10240,
