@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -58,8 +59,11 @@ func startTestCluster(t *testing.T) *testCluster {
 		c.start(id, lns[id])
 	}
 	t.Cleanup(func() {
-		for _, id := range c.ids {
-			if n := c.node(id); n != nil {
+		c.mu.Lock()
+		nodes := maps.Clone(c.nodes)
+		c.mu.Unlock()
+		for _, n := range nodes {
+			if n != nil {
 				n.stop(context.Background())
 			}
 		}
@@ -70,7 +74,9 @@ func startTestCluster(t *testing.T) *testCluster {
 
 // start runs node id; ln is its raft listener (nil: listen again on the
 // address it had).
-func (c *testCluster) start(id string, ln net.Listener) {
+func (c *testCluster) start(id string, ln net.Listener) { c.startWith(id, ln, nil) }
+
+func (c *testCluster) startWith(id string, ln net.Listener, tune func(*nodeConfig)) {
 	c.t.Helper()
 	if ln == nil {
 		var err error
@@ -92,6 +98,9 @@ func (c *testCluster) start(id string, ln net.Listener) {
 		RaftTimeout: clusterRaftTimeout,
 		streamLayer: &faultLayer{Listener: ln, net: c.net, self: id},
 		peerDial:    c.net.httpDialer(id),
+	}
+	if tune != nil {
+		tune(&cfg)
 	}
 	n, err := startNode(cfg)
 	if err != nil {
@@ -483,4 +492,66 @@ func TestCluster_StrandedStockComesBack(t *testing.T) {
 	}
 	t.Logf("n3's idle lease went back after %s; longest run of sold_out answers a buyer saw before winning: %s (lease idle return %s)",
 		time.Duration(returnedAfter.Load()).Round(time.Millisecond), time.Duration(longestSoldOutRun.Load()).Round(time.Millisecond), clusterLeaseIdleReturn)
+}
+
+// TestCluster_RemoveAndJoin removes a follower that holds a lease (its
+// units go back to available at once) and adds a new node with -join.
+func TestCluster_RemoveAndJoin(t *testing.T) {
+	c := startTestCluster(t)
+	leader := c.leader()
+	var followers []string
+	for _, id := range c.ids {
+		if id != leader {
+			followers = append(followers, id)
+		}
+	}
+	victim, via := followers[0], followers[1]
+	if code, body := call(t, c.client(via), "PUT", "/v1/skus/desk", `{"total":100}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitFor(t, 10*time.Second, "the sale visible on "+victim, func() bool {
+		code, _ := call(t, c.client(victim), "GET", "/v1/skus/desk", "")
+		return code == 200
+	})
+	if code, body := call(t, c.client(victim), "POST", "/v1/skus/desk/deduct", `{"user":"a","request_id":"a"}`); code != 200 {
+		t.Fatalf("deduct on %s: %d %v", victim, code, body)
+	}
+	// Remove the victim through the other follower: the call is relayed
+	// to the leader.
+	code, body := call(t, c.client(via), "DELETE", "/v1/cluster/nodes/"+victim, "")
+	if code != 200 {
+		t.Fatalf("remove %s via %s: %d %v", victim, via, code, body)
+	}
+	_, a := call(t, c.client(leader), "GET", "/v1/skus/desk/audit", "")
+	if leased, _ := a["leased"].(map[string]any); leased[victim] != nil {
+		t.Fatalf("%s still holds a lease after removal: %v", victim, a)
+	}
+	c.crash(victim)
+
+	// A new node joins through a member's URL.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ids = []string{leader, via, "n4"}
+	c.dirs["n4"], c.raftAddr["n4"] = t.TempDir(), ln.Addr().String()
+	c.net.own(c.raftAddr["n4"], "n4")
+	joinVia := "http://" + c.node(via).httpAddr
+	c.startWith("n4", ln, func(cfg *nodeConfig) { cfg.Peers, cfg.Join = "", joinVia })
+	waitReady(t, c)
+	_, st := call(t, c.client("n4"), "GET", "/v1/cluster", "")
+	members := map[string]bool{}
+	for _, n := range st["nodes"].([]any) {
+		members[n.(map[string]any)["id"].(string)] = true
+	}
+	if len(members) != 3 || !members[leader] || !members[via] || !members["n4"] {
+		t.Fatalf("members after remove and join: %v", members)
+	}
+	if code, body := call(t, c.client("n4"), "POST", "/v1/skus/desk/deduct", `{"user":"b","request_id":"b"}`); code != 200 {
+		t.Fatalf("deduct on the joined node: %d %v", code, body)
+	}
+	a = checkClusterLedgers(t, c, "desk", nil)
+	if a["sold"].(float64) != 2 {
+		t.Fatalf("ledger: %v", a)
+	}
 }
