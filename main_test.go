@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -137,6 +138,18 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 	a := checkLedger(t, c, "phone")
 	if a["sold"].(float64)+a["held"].(float64) != units || a["orders"].(float64) != units {
 		t.Fatalf("ledger after sale: %v", a)
+	}
+	metricsText := getRaw(t, c, "/metrics")
+	for _, want := range []string{
+		fmt.Sprintf(`stockd_deducts_total{outcome="sold_out"} %d`, buyers-units),
+		fmt.Sprintf(`stockd_deducts_total{outcome="ok"} %d`, units),
+		fmt.Sprintf(`stockd_deduct_duration_seconds_count %d`, buyers),
+		fmt.Sprintf(`stockd_lease_granted_units_total %d`, units),
+		`stockd_raft_state{state="Leader"} 1`,
+	} {
+		if !strings.Contains(metricsText, want+"\n") {
+			t.Fatalf("/metrics lacks %q:\n%s", want, metricsText)
+		}
 	}
 	// A winner retrying gets the same order, once.
 	var winner, winnerOrder = -1, ""
@@ -281,3 +294,12 @@ func newTestFlagSet(id, token, addr *string) *flag.FlagSet {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+func getRaw(t *testing.T, c *fasthttp.HostClient, path string) string {
+	t.Helper()
+	code, body, err := c.Get(nil, "http://"+c.Addr+path)
+	if err != nil || code != 200 {
+		t.Fatalf("GET %s: %d %v", path, code, err)
+	}
+	return string(body)
+}

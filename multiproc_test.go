@@ -166,7 +166,7 @@ func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
 	}
 	var acked atomic.Int64
 	first := buyWave(p, "tv", 0, calm, 16, &acked)
-	waveDone := make(chan map[int]buyerResult)
+	waveDone := make(chan map[int]buyerResult, 1)
 	go func() { waveDone <- buyWave(p, "tv", calm, buyers, 16, &acked) }()
 
 	leader := p.leader()

@@ -57,8 +57,7 @@ func (e *Engine) proposeTakes(batch []*pendingTake) {
 	for i, p := range batch {
 		entries[i] = p.entry
 	}
-	e.metrics.takeBatches.Add(1)
-	e.metrics.takeBatchEntries.Add(uint64(len(batch)))
+	e.metrics.countBatch(len(batch))
 	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpTake, Node: e.cfg.NodeID, Takes: entries})
 	<-e.inFlight
 	if err == nil && len(res.Takes) != len(batch) {

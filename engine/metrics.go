@@ -19,6 +19,7 @@ type paddedUint64 struct {
 type Metrics struct {
 	deducts [statusCount][counterShards]paddedUint64
 
+	takeBatchSizes   [len(batchSizeBounds) + 1]atomic.Uint64
 	takeBatches      atomic.Uint64
 	takeBatchEntries atomic.Uint64
 	takeRetries      atomic.Uint64
@@ -30,6 +31,19 @@ type Metrics struct {
 }
 
 func newMetrics() *Metrics { return &Metrics{} }
+
+// batchSizeBounds are the upper bounds of the Take batch size histogram.
+var batchSizeBounds = [...]float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+
+func (m *Metrics) countBatch(entries int) {
+	m.takeBatches.Add(1)
+	m.takeBatchEntries.Add(uint64(entries))
+	i := 0
+	for i < len(batchSizeBounds) && float64(entries) > batchSizeBounds[i] {
+		i++
+	}
+	m.takeBatchSizes[i].Add(1)
+}
 
 func (m *Metrics) countDeduct(s Status, hint uint32) {
 	m.deducts[s][hint%counterShards].v.Add(1)
@@ -56,6 +70,8 @@ type Snapshot struct {
 	LeaseReturned    uint64
 	LeaseReclaimed   uint64
 	CommitBlocked    bool
+	BatchSizeBounds  []float64
+	BatchSizeCounts  []uint64 // per bucket of BatchSizeBounds, then +Inf
 
 	ProposalsInFlight int
 	TakeQueueLength   int
@@ -87,6 +103,11 @@ func (m *Metrics) snapshot() Snapshot {
 		LeaseShort:       m.leaseShort.Load(),
 		LeaseReturned:    m.leaseReturned.Load(),
 		LeaseReclaimed:   m.leaseReclaimed.Load(),
+		BatchSizeBounds:  batchSizeBounds[:],
+		BatchSizeCounts:  make([]uint64, len(m.takeBatchSizes)),
+	}
+	for i := range m.takeBatchSizes {
+		s.BatchSizeCounts[i] = m.takeBatchSizes[i].Load()
 	}
 	for st := Status(1); int(st) < statusCount; st++ {
 		s.DeductsByStatus[st.String()] = m.Deducts(st)

@@ -33,6 +33,9 @@ type skuResponse struct {
 	StartsIn  int64  `json:"starts_in_ms,omitempty"`
 	PerUser   int64  `json:"per_user,omitempty"`
 	HoldTTL   string `json:"hold_ttl,omitempty"`
+	// Stale: this node cannot reach a leader now; the figures are its last
+	// applied state.
+	Stale bool `json:"stale,omitempty"`
 }
 
 func skuJSON(v engine.SKUView) skuResponse {
@@ -205,7 +208,9 @@ func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
 	// Remaining stock changes every instant of a sale; a second of caching
 	// lets a CDN absorb the refresh storm.
 	ctx.Response.Header.Set("Cache-Control", "public, max-age=1")
-	writeJSON(ctx, fasthttp.StatusOK, skuJSON(v))
+	out := skuJSON(v)
+	out.Stale = s.engine.CommitBlocked()
+	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
 func (s *Server) handleAudit(ctx *fasthttp.RequestCtx, sku []byte) {

@@ -44,16 +44,11 @@ func (h *latencyHistogram) observe(start time.Time) {
 }
 
 func (h *latencyHistogram) write(w io.Writer, name string) {
-	fmt.Fprintf(w, "# TYPE %s histogram\n", name)
-	var cum uint64
-	for i, ub := range latencyBucketsSeconds {
-		cum += h.counts[i].Load()
-		fmt.Fprintf(w, "%s_bucket{le=\"%g\"} %d\n", name, ub, cum)
+	counts := make([]uint64, len(h.counts))
+	for i := range h.counts {
+		counts[i] = h.counts[i].Load()
 	}
-	cum += h.counts[len(latencyBucketsSeconds)].Load()
-	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n", name, cum)
-	fmt.Fprintf(w, "%s_sum %g\n", name, float64(h.sumNanos.Load())/1e9)
-	fmt.Fprintf(w, "%s_count %d\n", name, cum)
+	writeHistogram(w, name, latencyBucketsSeconds, counts, float64(h.sumNanos.Load())/1e9)
 }
 
 func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
@@ -68,21 +63,55 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteCounterUint64(&w, "stockd_lease_granted_units_total", m.LeaseGranted)
 	metrics.WriteCounterUint64(&w, "stockd_lease_errors_total", m.LeaseErrors)
 	metrics.WriteCounterUint64(&w, "stockd_lease_short_takes_total", m.LeaseShort)
+	metrics.WriteCounterUint64(&w, "stockd_lease_returned_units_total", m.LeaseReturned)
+	metrics.WriteCounterUint64(&w, "stockd_lease_reclaimed_units_total", m.LeaseReclaimed)
+	metrics.WriteGaugeUint64(&w, "stockd_commit_breaker_open", boolGauge(m.CommitBlocked))
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
 	for _, sku := range slices.Sorted(maps.Keys(m.BucketUnits)) {
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_bucket_units{sku=%q}`, sku), uint64(max(m.BucketUnits[sku], 0)))
 	}
 	s.latency.write(&w, "stockd_deduct_duration_seconds")
+	writeHistogram(&w, "stockd_take_batch_entries", m.BatchSizeBounds, m.BatchSizeCounts, float64(m.TakeBatchEntries))
 	if s.cluster != nil {
 		st := s.cluster.Status()
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_raft_state{state=%q}`, st.State), 1)
 		metrics.WriteGaugeUint64(&w, "stockd_raft_term", st.Term)
 		metrics.WriteGaugeUint64(&w, "stockd_raft_commit_index", st.CommitIndex)
 		metrics.WriteGaugeUint64(&w, "stockd_raft_applied_index", st.AppliedIndex)
+		if st.State != "Leader" && st.LastContact != "" {
+			if at, err := time.Parse(time.RFC3339Nano, st.LastContact); err == nil {
+				metrics.WriteGaugeFloat64(&w, "stockd_raft_last_contact_seconds", time.Since(at).Seconds())
+			}
+		}
 	}
 	metrics.WriteProcessMetrics(&w)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/plain; version=0.0.4")
 	ctx.SetBody(w.Bytes())
+}
+
+func boolGauge(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// writeHistogram writes a Prometheus histogram from per-bucket counts
+// (len(counts) == len(bounds)+1, the last being +Inf).
+func writeHistogram(w io.Writer, name string, bounds []float64, counts []uint64, sum float64) {
+	if len(counts) != len(bounds)+1 {
+		return
+	}
+	fmt.Fprintf(w, "# TYPE %s histogram\n", name)
+	var cum uint64
+	for i, ub := range bounds {
+		cum += counts[i]
+		fmt.Fprintf(w, "%s_bucket{le=\"%g\"} %d\n", name, ub, cum)
+	}
+	cum += counts[len(bounds)]
+	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n", name, cum)
+	fmt.Fprintf(w, "%s_sum %g\n", name, sum)
+	fmt.Fprintf(w, "%s_count %d\n", name, cum)
 }
