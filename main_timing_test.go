@@ -59,6 +59,15 @@ func benchDeduct(b *testing.B, units int64, query string) {
 	c := n.client(2)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
+		if code, _ := callQuiet(c, "GET", "/readyz", ""); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("node not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
 		code, _ := call(b, c, "PUT", "/v1/skus/bench", fmt.Sprintf(`{"total":%d}`, units))
 		if code == 201 {
 			break

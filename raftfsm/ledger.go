@@ -364,20 +364,30 @@ type Audit struct {
 
 // AuditSKU recounts the orders of one SKU and checks them and the
 // conservation law against the row. ok is false when the SKU is unknown.
+// Row, orders and applied index are read in one bbolt transaction, so the
+// audit sees one consistent state while Apply goes on.
 func (l *Ledger) AuditSKU(sku string) (Audit, bool, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.db == nil {
 		return Audit{}, false, ErrLedgerClosed
 	}
-	s, ok := l.skus[sku]
-	if !ok {
-		return Audit{}, false, nil
-	}
-	a := Audit{AppliedIndex: l.applied, Row: *s.clone()}
+	var a Audit
+	found := false
 	// Orders are keyed by id, not by SKU: a full scan. Audits are rare and
 	// the order count is bounded by the stock ever sold.
 	err := l.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketSKUs).Get([]byte(sku))
+		if v == nil {
+			return nil
+		}
+		found = true
+		if err := json.Unmarshal(v, &a.Row); err != nil {
+			return fmt.Errorf("decode sku %q: %w", sku, err)
+		}
+		if idx := tx.Bucket(bucketMeta).Get(keyApplied); len(idx) == 8 {
+			a.AppliedIndex = binary.BigEndian.Uint64(idx)
+		}
 		return tx.Bucket(bucketOrders).ForEach(func(_, v []byte) error {
 			var o Order
 			if err := json.Unmarshal(v, &o); err != nil {
@@ -398,6 +408,9 @@ func (l *Ledger) AuditSKU(sku string) (Audit, bool, error) {
 	})
 	if err != nil {
 		return Audit{}, true, fmt.Errorf("audit sku %q: %w", sku, err)
+	}
+	if !found {
+		return Audit{}, false, nil
 	}
 	var problems []error
 	if err := a.Row.CheckLaw(); err != nil {
