@@ -286,33 +286,3 @@ func TestEngine_SoldOutDeductDoesNotAllocate(t *testing.T) {
 	}
 	tn.checkLedger("a")
 }
-
-// TestEngine_AuditIsConsistentUnderLoad audits while takes are applied: the
-// row and the order recount must come from one state.
-func TestEngine_AuditIsConsistentUnderLoad(t *testing.T) {
-	tn := startTestNode(t, t.TempDir(), nil)
-	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 1 << 30}); err != nil {
-		t.Fatal(err)
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			for i := 0; i < 2000; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				tn.deduct("a", fmt.Sprintf("u%d-%d", w, i), "", 1, true)
-			}
-		}(w)
-	}
-	for i := 0; i < 30; i++ {
-		tn.checkLedger("a")
-	}
-	close(stop)
-	wg.Wait()
-}

@@ -139,6 +139,10 @@ type Ledger struct {
 
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
+
+	// testHookAfterCommit runs between a batch's bbolt commit and the
+	// mirrors' update: tests use it to read in that window.
+	testHookAfterCommit func()
 }
 
 // ErrLedgerClosed is returned by reads after Close.
@@ -495,6 +499,9 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	if last == applied {
 		return results
+	}
+	if l.testHookAfterCommit != nil {
+		l.testHookAfterCommit()
 	}
 
 	l.mu.Lock()

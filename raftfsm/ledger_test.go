@@ -316,3 +316,20 @@ func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 		}
 	})
 }
+
+// TestLedger_AuditBetweenCommitAndMirrorUpdate audits in the window where
+// bbolt holds a batch the in-memory mirrors do not show yet.
+func TestLedger_AuditBetweenCommitAndMirrorUpdate(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
+	tl.apply(Command{Op: OpLease, Node: "n1", SKU: "a", Qty: 10})
+	audits := 0
+	tl.l.testHookAfterCommit = func() {
+		audits++
+		checkAudit(t, tl.l, "a")
+	}
+	tl.apply(take("n1", "a", "u1", "o1", 2))
+	if audits != 1 {
+		t.Fatalf("hook ran %d times", audits)
+	}
+}
