@@ -1,0 +1,497 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+
+	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Apply applies one log entry; raft uses ApplyBatch, this is for the FSM
+// interface and for tests.
+func (l *Ledger) Apply(log *raft.Log) interface{} {
+	return l.ApplyBatch([]*raft.Log{log})[0]
+}
+
+// ApplyBatch applies a batch of committed entries in one bbolt transaction,
+// so one fsync covers the batch. Entries at or below the stored applied index
+// are skipped (they were applied before a restart). It panics when the disk
+// fails or an entry would break the conservation law: a node must not go on
+// from a state it cannot trust.
+func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
+	results := make([]interface{}, len(logs))
+	l.mu.RLock()
+	db, applied := l.db, l.applied
+	l.mu.RUnlock()
+	if db == nil {
+		panic("BUG: ApplyBatch on a closed ledger")
+	}
+
+	a := applier{ledger: l, touched: make(map[string]*SKU)}
+	last := applied
+	err := db.Update(func(tx *bolt.Tx) error {
+		a.tx = tx
+		for i, entry := range logs {
+			if entry.Index <= applied {
+				continue // applied before a restart; its result went to a proposer long gone
+			}
+			last = entry.Index
+			if entry.Type != raft.LogCommand {
+				continue
+			}
+			a.index = entry.Index
+			cmd, err := DecodeCommand(entry.Data)
+			if err != nil {
+				results[i] = &Result{Outcome: OutcomeInvalid, Detail: err.Error()}
+				continue
+			}
+			res, err := a.apply(&cmd)
+			if err != nil {
+				return fmt.Errorf("apply %s at index %d: %w", cmd.Op, entry.Index, err)
+			}
+			results[i] = res
+		}
+		if last == applied {
+			return nil
+		}
+		for sku, s := range a.touched {
+			if err := s.CheckLaw(); err != nil {
+				panic(fmt.Sprintf("BUG: after index %d: %v", last, err))
+			}
+			b, err := json.Marshal(s)
+			if err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketSKUs).Put([]byte(sku), b); err != nil {
+				return err
+			}
+		}
+		var idx [8]byte
+		binary.BigEndian.PutUint64(idx[:], last)
+		return tx.Bucket(bucketMeta).Put(keyApplied, idx[:])
+	})
+	if err != nil {
+		panic(fmt.Sprintf("ledger %s: %v", l.path, err))
+	}
+	if last == applied {
+		return results
+	}
+	if l.testHookAfterCommit != nil {
+		l.testHookAfterCommit()
+	}
+
+	l.mu.Lock()
+	for sku, s := range a.touched {
+		l.skus[sku] = s
+	}
+	for req, order := range a.newRequests {
+		l.requests[req] = order
+	}
+	for node, addr := range a.newNodes {
+		l.nodes[node] = addr
+	}
+	l.applied = last
+	l.mu.Unlock()
+	l.notifyApplied()
+
+	if len(a.events) > 0 {
+		l.obsMu.RLock()
+		obs := l.observer
+		l.obsMu.RUnlock()
+		if obs != nil {
+			obs.Applied(a.events)
+		}
+	}
+	return results
+}
+
+// applier carries one batch's transaction and its working copies of the
+// rows it touched.
+type applier struct {
+	ledger      *Ledger
+	tx          *bolt.Tx
+	index       uint64
+	touched     map[string]*SKU
+	newRequests map[string]string
+	newNodes    map[string]string
+	events      []Event
+}
+
+func (a *applier) sku(name string) *SKU {
+	if s, ok := a.touched[name]; ok {
+		return s
+	}
+	a.ledger.mu.RLock()
+	s, ok := a.ledger.skus[name]
+	a.ledger.mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	c := s.clone()
+	a.touched[name] = c
+	return c
+}
+
+func (a *applier) event(e Event) {
+	e.Index = a.index
+	a.events = append(a.events, e)
+}
+
+func (a *applier) apply(c *Command) (*Result, error) {
+	switch c.Op {
+	case OpCreateSale:
+		return a.createSale(c), nil
+	case OpRestock:
+		return a.restock(c), nil
+	case OpLease:
+		return a.lease(c), nil
+	case OpReturn:
+		return a.giveBack(c), nil
+	case OpTake:
+		return a.take(c)
+	case OpConfirm:
+		return a.confirm(c)
+	case OpRelease:
+		return a.release(c)
+	case OpReclaim:
+		return a.reclaim(c), nil
+	case OpRegister:
+		return a.register(c)
+	}
+	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown op %d", c.Op)}, nil
+}
+
+func invalid(format string, args ...any) *Result {
+	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf(format, args...)}
+}
+
+func (a *applier) createSale(c *Command) *Result {
+	if c.SKU == "" || c.Sale == nil || c.Sale.Total < 0 || c.Sale.PerUser < 0 || c.Sale.HoldTTLNanos < 0 {
+		return invalid("create_sale needs a sku and a config with non-negative terms")
+	}
+	if s := a.sku(c.SKU); s != nil {
+		if s.Config == *c.Sale {
+			return &Result{Outcome: OutcomeSame}
+		}
+		return &Result{Outcome: OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
+	}
+	s := &SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: *c.Sale, CreatedAtUnixNano: c.AtUnixNano}
+	a.touched[c.SKU] = s
+	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})
+	return &Result{Outcome: OutcomeOK}
+}
+
+func (a *applier) restock(c *Command) *Result {
+	if c.Qty <= 0 {
+		return invalid("restock qty %d <= 0", c.Qty)
+	}
+	s := a.sku(c.SKU)
+	if s == nil {
+		return &Result{Outcome: OutcomeUnknownSKU}
+	}
+	s.Total += c.Qty
+	s.Available += c.Qty
+	a.event(Event{Kind: EventStockChanged, SKU: c.SKU, Qty: c.Qty})
+	return &Result{Outcome: OutcomeOK, Qty: c.Qty}
+}
+
+func (a *applier) lease(c *Command) *Result {
+	if c.Node == "" || c.Qty <= 0 {
+		return invalid("lease needs a node and qty > 0")
+	}
+	s := a.sku(c.SKU)
+	if s == nil {
+		return &Result{Outcome: OutcomeUnknownSKU}
+	}
+	grant := min(c.Qty, s.Available)
+	if grant > 0 {
+		s.Available -= grant
+		if s.Leased == nil {
+			s.Leased = make(map[string]int64)
+		}
+		s.Leased[c.Node] += grant
+		a.event(Event{Kind: EventLeaseGranted, Node: c.Node, SKU: c.SKU, Qty: grant})
+	}
+	return &Result{Outcome: OutcomeOK, Qty: grant}
+}
+
+func (a *applier) giveBack(c *Command) *Result {
+	if c.Node == "" || c.Qty <= 0 {
+		return invalid("return needs a node and qty > 0")
+	}
+	s := a.sku(c.SKU)
+	if s == nil {
+		return &Result{Outcome: OutcomeUnknownSKU}
+	}
+	back := min(c.Qty, s.Leased[c.Node])
+	if back > 0 {
+		s.Leased[c.Node] -= back
+		if s.Leased[c.Node] == 0 {
+			delete(s.Leased, c.Node)
+		}
+		s.Available += back
+		a.event(Event{Kind: EventLeaseReturned, Node: c.Node, SKU: c.SKU, Qty: back})
+	}
+	return &Result{Outcome: OutcomeOK, Qty: back}
+}
+
+func (a *applier) reclaim(c *Command) *Result {
+	if c.Node == "" {
+		return invalid("reclaim needs a node")
+	}
+	var total int64
+	seen := make(map[string]bool)
+	a.ledger.mu.RLock()
+	for name := range a.ledger.skus {
+		seen[name] = true
+	}
+	a.ledger.mu.RUnlock()
+	for name := range a.touched {
+		seen[name] = true
+	}
+	names := slices.Collect(maps.Keys(seen))
+	sort.Strings(names) // deterministic order of writes
+	for _, name := range names {
+		s := a.sku(name)
+		if s == nil || s.Leased[c.Node] == 0 {
+			continue
+		}
+		n := s.Leased[c.Node]
+		delete(s.Leased, c.Node)
+		s.Available += n
+		total += n
+	}
+	a.event(Event{Kind: EventReclaimed, Node: c.Node, Qty: total})
+	return &Result{Outcome: OutcomeOK, Qty: total}
+}
+
+func (a *applier) register(c *Command) (*Result, error) {
+	if c.Node == "" || c.Addr == "" {
+		return invalid("register needs a node and an address"), nil
+	}
+	if old := a.tx.Bucket(bucketNodes).Get([]byte(c.Node)); string(old) == c.Addr {
+		return &Result{Outcome: OutcomeSame}, nil
+	}
+	if err := a.tx.Bucket(bucketNodes).Put([]byte(c.Node), []byte(c.Addr)); err != nil {
+		return nil, err
+	}
+	if a.newNodes == nil {
+		a.newNodes = make(map[string]string)
+	}
+	a.newNodes[c.Node] = c.Addr
+	a.event(Event{Kind: EventNodeRegistered, Node: c.Node})
+	return &Result{Outcome: OutcomeOK}, nil
+}
+
+func (a *applier) getOrder(id string) (*Order, error) {
+	v := a.tx.Bucket(bucketOrders).Get([]byte(id))
+	if v == nil {
+		return nil, nil
+	}
+	var o Order
+	if err := json.Unmarshal(v, &o); err != nil {
+		return nil, fmt.Errorf("decode order %q: %w", id, err)
+	}
+	return &o, nil
+}
+
+func (a *applier) putOrder(o *Order) error {
+	b, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	return a.tx.Bucket(bucketOrders).Put([]byte(o.ID), b)
+}
+
+func buyerKey(sku, user string) []byte {
+	k := make([]byte, 0, len(sku)+1+len(user))
+	k = append(k, sku...)
+	k = append(k, 0)
+	return append(k, user...)
+}
+
+func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
+	b := a.tx.Bucket(bucketBuyers)
+	k := buyerKey(sku, user)
+	var n int64
+	if v := b.Get(k); len(v) == 8 {
+		n = int64(binary.BigEndian.Uint64(v))
+	}
+	if delta == 0 {
+		return n, nil
+	}
+	n += delta
+	if n < 0 {
+		panic(fmt.Sprintf("BUG: user %q bought %d of sku %q", user, n, sku))
+	}
+	if n == 0 {
+		return 0, b.Delete(k)
+	}
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(n))
+	return n, b.Put(k, v[:])
+}
+
+func (a *applier) requestOrder(requestID string) (string, bool) {
+	if id, ok := a.newRequests[requestID]; ok {
+		return id, true
+	}
+	return a.ledger.OrderIDForRequest(requestID)
+}
+
+func (a *applier) take(c *Command) (*Result, error) {
+	if c.Node == "" {
+		return invalid("take needs a node"), nil
+	}
+	res := &Result{Outcome: OutcomeOK, Takes: make([]TakeResult, len(c.Takes))}
+	for i := range c.Takes {
+		e := &c.Takes[i]
+		r := &res.Takes[i]
+		if e.OrderID == "" || e.Qty <= 0 || e.User == "" {
+			r.Outcome = OutcomeInvalid
+			continue
+		}
+		// The same order id again: a re-proposal after an unknown outcome.
+		prior, err := a.getOrder(e.OrderID)
+		if err != nil {
+			return nil, err
+		}
+		if prior == nil && e.RequestID != "" {
+			if id, ok := a.requestOrder(e.RequestID); ok {
+				if prior, err = a.getOrder(id); err != nil {
+					return nil, err
+				}
+				if prior == nil {
+					panic(fmt.Sprintf("BUG: request %q names missing order %q", e.RequestID, id))
+				}
+			}
+		}
+		if prior != nil {
+			r.Outcome, r.Order = OutcomeSame, *prior
+			continue
+		}
+		s := a.sku(e.SKU)
+		if s == nil {
+			r.Outcome = OutcomeUnknownSKU
+			continue
+		}
+		if s.Leased[c.Node] < e.Qty {
+			r.Outcome = OutcomeLeaseShort
+			continue
+		}
+		if s.Config.PerUser > 0 {
+			bought, err := a.addBought(e.SKU, e.User, 0)
+			if err != nil {
+				return nil, err
+			}
+			if bought+e.Qty > s.Config.PerUser {
+				r.Outcome = OutcomeUserLimit
+				continue
+			}
+		}
+		s.Leased[c.Node] -= e.Qty
+		if s.Leased[c.Node] == 0 {
+			delete(s.Leased, c.Node)
+		}
+		o := Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
+			Node: c.Node, CreatedAtUnixNano: c.AtUnixNano}
+		if ttl := s.Config.HoldTTLNanos; ttl > 0 {
+			o.State, o.ExpiresAtUnixNano = OrderHeld, c.AtUnixNano+ttl
+			s.Held += e.Qty
+		} else {
+			o.State = OrderSold
+			s.Sold += e.Qty
+		}
+		if err := a.putOrder(&o); err != nil {
+			return nil, err
+		}
+		if s.Config.PerUser > 0 {
+			if _, err := a.addBought(e.SKU, e.User, e.Qty); err != nil {
+				return nil, err
+			}
+		}
+		if e.RequestID != "" {
+			if err := a.tx.Bucket(bucketRequests).Put([]byte(e.RequestID), []byte(o.ID)); err != nil {
+				return nil, err
+			}
+			if a.newRequests == nil {
+				a.newRequests = make(map[string]string)
+			}
+			a.newRequests[e.RequestID] = o.ID
+		}
+		r.Outcome, r.Order = OutcomeOK, o
+	}
+	return res, nil
+}
+
+func (a *applier) confirm(c *Command) (*Result, error) {
+	o, err := a.getOrder(c.OrderID)
+	if err != nil || o == nil {
+		return &Result{Outcome: OutcomeNotFound}, err
+	}
+	switch o.State {
+	case OrderSold:
+		return &Result{Outcome: OutcomeSame, Order: o}, nil
+	case OrderReleased:
+		if o.ReleaseReason == ReleaseExpired {
+			return &Result{Outcome: OutcomeExpired, Order: o}, nil
+		}
+		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
+	}
+	if c.AtUnixNano > o.ExpiresAtUnixNano {
+		return &Result{Outcome: OutcomeExpired, Order: o}, nil
+	}
+	s := a.sku(o.SKU)
+	if s == nil {
+		panic(fmt.Sprintf("BUG: order %q names missing sku %q", o.ID, o.SKU))
+	}
+	s.Held -= o.Qty
+	s.Sold += o.Qty
+	o.State = OrderSold
+	return &Result{Outcome: OutcomeOK, Order: o}, a.putOrder(o)
+}
+
+// Release reasons recorded on released orders.
+const (
+	ReleaseCancelled = "cancelled"
+	ReleaseExpired   = "expired"
+)
+
+func (a *applier) release(c *Command) (*Result, error) {
+	if c.Reason != ReleaseCancelled && c.Reason != ReleaseExpired {
+		return invalid("release reason %q", c.Reason), nil
+	}
+	o, err := a.getOrder(c.OrderID)
+	if err != nil || o == nil {
+		return &Result{Outcome: OutcomeNotFound}, err
+	}
+	switch o.State {
+	case OrderReleased:
+		return &Result{Outcome: OutcomeSame, Order: o}, nil
+	case OrderSold:
+		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
+	}
+	if c.Reason == ReleaseExpired && c.AtUnixNano < o.ExpiresAtUnixNano {
+		return &Result{Outcome: OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
+	}
+	s := a.sku(o.SKU)
+	if s == nil {
+		panic(fmt.Sprintf("BUG: order %q names missing sku %q", o.ID, o.SKU))
+	}
+	s.Held -= o.Qty
+	s.Available += o.Qty
+	o.State, o.ReleaseReason = OrderReleased, c.Reason
+	if s.Config.PerUser > 0 {
+		if _, err := a.addBought(o.SKU, o.User, -o.Qty); err != nil {
+			return nil, err
+		}
+	}
+	a.event(Event{Kind: EventStockChanged, SKU: o.SKU, Qty: o.Qty})
+	return &Result{Outcome: OutcomeOK, Order: o}, a.putOrder(o)
+}
+
