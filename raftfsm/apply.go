@@ -32,7 +32,9 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic("BUG: ApplyBatch on a closed ledger")
 	}
 
-	a := applier{ledger: l, touched: make(map[string]*SKU)}
+	a := applier{ledger: l, touched: make(map[string]*SKU),
+		requestChanges: map[string]string{}, holdChanges: map[string]int64{},
+		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
 	last := applied
 	err := db.Update(func(tx *bolt.Tx) error {
 		a.tx = tx
@@ -89,12 +91,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	for sku, s := range a.touched {
 		l.skus[sku] = s
 	}
-	for req, order := range a.newRequests {
-		l.requests[req] = order
-	}
-	for node, addr := range a.newNodes {
-		l.nodes[node] = addr
-	}
+	a.updateMirrors()
 	l.applied = last
 	l.mu.Unlock()
 	l.notifyApplied()
@@ -111,15 +108,68 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 }
 
 // applier carries one batch's transaction and its working copies of the
-// rows it touched.
+// rows it touched; the *Changes maps hold what the in-memory mirrors must
+// take on once the transaction has committed.
 type applier struct {
-	ledger      *Ledger
-	tx          *bolt.Tx
-	index       uint64
-	touched     map[string]*SKU
-	newRequests map[string]string
-	newNodes    map[string]string
-	events      []Event
+	ledger  *Ledger
+	tx      *bolt.Tx
+	index   uint64
+	touched map[string]*SKU
+	events  []Event
+
+	requestChanges map[string]string // request id -> order id; "" deletes
+	holdChanges    map[string]int64  // held order id -> expires at; -1 deletes
+	boughtChanges  map[string]int64  // buyer key -> units; 0 deletes
+	nodeChanges    map[string]string // node id -> HTTP address
+}
+
+// requestCount is the number of request ids the ledger holds, this
+// batch's changes included.
+func (a *applier) requestCount() int64 {
+	l := a.ledger
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := int64(len(l.requests))
+	for req, order := range a.requestChanges {
+		_, had := l.requests[req]
+		switch {
+		case order != "" && !had:
+			n++
+		case order == "" && had:
+			n--
+		}
+	}
+	return n
+}
+
+// updateMirrors applies a committed batch's changes to the mirrors. The
+// caller holds l.mu.
+func (a *applier) updateMirrors() {
+	l := a.ledger
+	for req, order := range a.requestChanges {
+		if order == "" {
+			delete(l.requests, req)
+		} else {
+			l.requests[req] = order
+		}
+	}
+	for id, at := range a.holdChanges {
+		if at < 0 {
+			delete(l.holds, id)
+		} else {
+			l.holds[id] = at
+		}
+	}
+	for key, n := range a.boughtChanges {
+		if n == 0 {
+			delete(l.bought, key)
+		} else {
+			l.bought[key] = n
+		}
+	}
+	for node, addr := range a.nodeChanges {
+		l.nodes[node] = addr
+	}
 }
 
 func (a *applier) sku(name string) *SKU {
@@ -162,6 +212,10 @@ func (a *applier) apply(c *Command) (*Result, error) {
 		return a.reclaim(c), nil
 	case OpRegister:
 		return a.register(c)
+	case OpExpire:
+		return a.expire(c)
+	case OpPruneRequests:
+		return a.pruneRequests(c)
 	}
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown op %d", c.Op)}, nil
 }
@@ -280,10 +334,7 @@ func (a *applier) register(c *Command) (*Result, error) {
 	if err := a.tx.Bucket(bucketNodes).Put([]byte(c.Node), []byte(c.Addr)); err != nil {
 		return nil, err
 	}
-	if a.newNodes == nil {
-		a.newNodes = make(map[string]string)
-	}
-	a.newNodes[c.Node] = c.Addr
+	a.nodeChanges[c.Node] = c.Addr
 	a.event(Event{Kind: EventNodeRegistered, Node: c.Node})
 	return &Result{Outcome: OutcomeOK}, nil
 }
@@ -308,16 +359,20 @@ func (a *applier) putOrder(o *Order) error {
 	return a.tx.Bucket(bucketOrders).Put([]byte(o.ID), b)
 }
 
-func buyerKey(sku, user string) []byte {
-	k := make([]byte, 0, len(sku)+1+len(user))
-	k = append(k, sku...)
-	k = append(k, 0)
-	return append(k, user...)
+// maxKeyBytes bounds the SKU and user parts of a buyer key; longer ids are
+// refused at the HTTP boundary well before this.
+const maxKeyBytes = 256
+
+// appendBuyerKey appends the buyers-bucket key of (sku, user).
+func appendBuyerKey[T ~string | ~[]byte](dst []byte, sku, user T) []byte {
+	dst = append(dst, sku...)
+	dst = append(dst, 0)
+	return append(dst, user...)
 }
 
 func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
 	b := a.tx.Bucket(bucketBuyers)
-	k := buyerKey(sku, user)
+	k := appendBuyerKey(nil, sku, user)
 	var n int64
 	if v := b.Get(k); len(v) == 8 {
 		n = int64(binary.BigEndian.Uint64(v))
@@ -329,6 +384,7 @@ func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
 	if n < 0 {
 		panic(fmt.Sprintf("BUG: user %q bought %d of sku %q", user, n, sku))
 	}
+	a.boughtChanges[string(k)] = n
 	if n == 0 {
 		return 0, b.Delete(k)
 	}
@@ -338,10 +394,59 @@ func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
 }
 
 func (a *applier) requestOrder(requestID string) (string, bool) {
-	if id, ok := a.newRequests[requestID]; ok {
-		return id, true
+	if id, ok := a.requestChanges[requestID]; ok {
+		return id, id != ""
 	}
 	return a.ledger.OrderIDForRequest(requestID)
+}
+
+func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
+	k := make([]byte, 8, 8+len(requestID))
+	binary.BigEndian.PutUint64(k, uint64(createdAtUnixNano))
+	return append(k, requestID...)
+}
+
+func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano int64) error {
+	if err := a.tx.Bucket(bucketRequests).Put([]byte(requestID), []byte(orderID)); err != nil {
+		return err
+	}
+	if err := a.tx.Bucket(bucketRequestsByTime).Put(requestTimeKey(createdAtUnixNano, requestID), nil); err != nil {
+		return err
+	}
+	a.requestChanges[requestID] = orderID
+	return nil
+}
+
+// pruneRequests forgets request ids whose order was created before the
+// command's cutoff, then the oldest ones beyond MaxKeep. The orders stay;
+// a retry of a forgotten request id is judged as a new deduct.
+func (a *applier) pruneRequests(c *Command) (*Result, error) {
+	if c.MaxKeep < 0 {
+		return invalid("prune_requests max_keep %d < 0", c.MaxKeep), nil
+	}
+	byTime := a.tx.Bucket(bucketRequestsByTime)
+	count := a.requestCount()
+	var doomed [][]byte
+	cur := byTime.Cursor()
+	for k, _ := cur.First(); k != nil && len(k) >= 8; k, _ = cur.Next() {
+		created := int64(binary.BigEndian.Uint64(k[:8]))
+		overCount := c.MaxKeep > 0 && count-int64(len(doomed)) > c.MaxKeep
+		if created >= c.BeforeUnixNano && !overCount {
+			break
+		}
+		doomed = append(doomed, slices.Clone(k))
+	}
+	for _, k := range doomed {
+		if err := byTime.Delete(k); err != nil {
+			return nil, err
+		}
+		req := string(k[8:])
+		if err := a.tx.Bucket(bucketRequests).Delete([]byte(req)); err != nil {
+			return nil, err
+		}
+		a.requestChanges[req] = ""
+	}
+	return &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}, nil
 }
 
 func (a *applier) take(c *Command) (*Result, error) {
@@ -416,13 +521,12 @@ func (a *applier) take(c *Command) (*Result, error) {
 			}
 		}
 		if e.RequestID != "" {
-			if err := a.tx.Bucket(bucketRequests).Put([]byte(e.RequestID), []byte(o.ID)); err != nil {
+			if err := a.rememberRequest(e.RequestID, o.ID, o.CreatedAtUnixNano); err != nil {
 				return nil, err
 			}
-			if a.newRequests == nil {
-				a.newRequests = make(map[string]string)
-			}
-			a.newRequests[e.RequestID] = o.ID
+		}
+		if o.State == OrderHeld {
+			a.holdChanges[o.ID] = o.ExpiresAtUnixNano
 		}
 		r.Outcome, r.Order = OutcomeOK, o
 	}
@@ -444,6 +548,12 @@ func (a *applier) confirm(c *Command) (*Result, error) {
 		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
 	}
 	if c.AtUnixNano > o.ExpiresAtUnixNano {
+		// Too late: the hold is over whether or not the leader has
+		// proposed its expiry yet. Release it now, so the answer and the
+		// order's state agree.
+		if err := a.releaseHeld(o, ReleaseExpired); err != nil {
+			return nil, err
+		}
 		return &Result{Outcome: OutcomeExpired, Order: o}, nil
 	}
 	s := a.sku(o.SKU)
@@ -453,6 +563,7 @@ func (a *applier) confirm(c *Command) (*Result, error) {
 	s.Held -= o.Qty
 	s.Sold += o.Qty
 	o.State = OrderSold
+	a.holdChanges[o.ID] = -1
 	return &Result{Outcome: OutcomeOK, Order: o}, a.putOrder(o)
 }
 
@@ -479,19 +590,51 @@ func (a *applier) release(c *Command) (*Result, error) {
 	if c.Reason == ReleaseExpired && c.AtUnixNano < o.ExpiresAtUnixNano {
 		return &Result{Outcome: OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
 	}
+	if err := a.releaseHeld(o, c.Reason); err != nil {
+		return nil, err
+	}
+	return &Result{Outcome: OutcomeOK, Order: o}, nil
+}
+
+// releaseHeld turns a held order released: its units go back to available
+// and, for a per_user sale, the buyer may buy them again.
+func (a *applier) releaseHeld(o *Order, reason string) error {
+	if o.State != OrderHeld {
+		panic(fmt.Sprintf("BUG: release of order %q in state %s", o.ID, o.State))
+	}
 	s := a.sku(o.SKU)
 	if s == nil {
 		panic(fmt.Sprintf("BUG: order %q names missing sku %q", o.ID, o.SKU))
 	}
 	s.Held -= o.Qty
 	s.Available += o.Qty
-	o.State, o.ReleaseReason = OrderReleased, c.Reason
+	o.State, o.ReleaseReason = OrderReleased, reason
 	if s.Config.PerUser > 0 {
 		if _, err := a.addBought(o.SKU, o.User, -o.Qty); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	a.holdChanges[o.ID] = -1
 	a.event(Event{Kind: EventStockChanged, SKU: o.SKU, Qty: o.Qty})
-	return &Result{Outcome: OutcomeOK, Order: o}, a.putOrder(o)
+	return a.putOrder(o)
 }
 
+// expire releases the listed holds whose deadline has passed at the
+// command's time; others (confirmed, cancelled, not yet due) are skipped.
+func (a *applier) expire(c *Command) (*Result, error) {
+	var units int64
+	for _, id := range c.OrderIDs {
+		o, err := a.getOrder(id)
+		if err != nil {
+			return nil, err
+		}
+		if o == nil || o.State != OrderHeld || c.AtUnixNano < o.ExpiresAtUnixNano {
+			continue
+		}
+		if err := a.releaseHeld(o, ReleaseExpired); err != nil {
+			return nil, err
+		}
+		units += o.Qty
+	}
+	return &Result{Outcome: OutcomeOK, Qty: units}, nil
+}

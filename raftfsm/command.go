@@ -20,6 +20,8 @@ const (
 	OpRelease
 	OpReclaim
 	OpRegister
+	OpExpire
+	OpPruneRequests
 )
 
 func (o Op) String() string {
@@ -42,6 +44,10 @@ func (o Op) String() string {
 		return "reclaim"
 	case OpRegister:
 		return "register"
+	case OpExpire:
+		return "expire"
+	case OpPruneRequests:
+		return "prune_requests"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -60,6 +66,13 @@ type Command struct {
 	OrderID    string      `json:"order,omitempty"`
 	Reason     string      `json:"reason,omitempty"`
 	Addr       string      `json:"addr,omitempty"` // Register: the node's HTTP address
+	// Expire: the held orders to release if their deadline has passed at
+	// AtUnixNano.
+	OrderIDs []string `json:"orders,omitempty"`
+	// PruneRequests: forget request ids whose order was created before
+	// BeforeUnixNano, and the oldest beyond MaxKeep.
+	BeforeUnixNano int64 `json:"before,omitempty"`
+	MaxKeep        int64 `json:"max_keep,omitempty"`
 }
 
 // SaleConfig is what an operator sets when creating a sale.

@@ -25,6 +25,10 @@ var (
 	bucketRequests = []byte("requests")
 	bucketBuyers   = []byte("buyers")
 	bucketNodes    = []byte("nodes")
+	// requests_by_time orders request ids by their order's creation time
+	// (key: 8-byte big-endian unix nanos, then the request id), so pruning
+	// picks the same ids on every node.
+	bucketRequestsByTime = []byte("requests_by_time")
 
 	keyApplied = []byte("applied_index")
 )
@@ -133,6 +137,8 @@ type Ledger struct {
 	skus     map[string]*SKU
 	requests map[string]string // request id -> order id
 	nodes    map[string]string // node id -> HTTP address
+	holds    map[string]int64  // held order id -> expires at (unix nanos)
+	bought   map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
 
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
@@ -166,7 +172,7 @@ func (l *Ledger) open() error {
 		return fmt.Errorf("open ledger %s: %w", l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketRequests, bucketBuyers, bucketNodes} {
+		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketRequests, bucketBuyers, bucketNodes, bucketRequestsByTime} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -188,6 +194,8 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	skus := make(map[string]*SKU)
 	requests := make(map[string]string)
 	nodes := make(map[string]string)
+	holds := make(map[string]int64)
+	bought := make(map[string]int64)
 	var applied uint64
 	err := db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
@@ -211,6 +219,28 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
+		err = tx.Bucket(bucketBuyers).ForEach(func(k, v []byte) error {
+			if len(v) == 8 {
+				bought[string(k)] = int64(binary.BigEndian.Uint64(v))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		err = tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
+			var o Order
+			if err := json.Unmarshal(v, &o); err != nil {
+				return fmt.Errorf("decode order %q: %w", k, err)
+			}
+			if o.State == OrderHeld {
+				holds[o.ID] = o.ExpiresAtUnixNano
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 		return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
 			requests[string(k)] = string(v)
 			return nil
@@ -219,7 +249,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	if err != nil {
 		return err
 	}
-	l.applied, l.skus, l.requests, l.nodes = applied, skus, requests, nodes
+	l.applied, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, skus, requests, nodes, holds, bought
 	return nil
 }
 
@@ -328,6 +358,59 @@ func (l *Ledger) OrderIDForRequestBytes(requestID []byte) (string, bool) {
 	return id, ok
 }
 
+// BoughtBytes is the units user holds or bought of a per_user sale, as
+// committed. It does not allocate.
+func (l *Ledger) BoughtBytes(sku, user []byte) int64 {
+	var buf [2*maxKeyBytes + 1]byte
+	key := appendBuyerKey(buf[:0], sku, user)
+	l.mu.RLock()
+	n := l.bought[string(key)]
+	l.mu.RUnlock()
+	return n
+}
+
+// ExpiredHolds returns up to limit held orders whose deadline is at or
+// before nowUnixNano, earliest first.
+func (l *Ledger) ExpiredHolds(nowUnixNano int64, limit int) []string {
+	type hold struct {
+		id string
+		at int64
+	}
+	var due []hold
+	l.mu.RLock()
+	for id, at := range l.holds {
+		if at <= nowUnixNano {
+			due = append(due, hold{id, at})
+		}
+	}
+	l.mu.RUnlock()
+	sort.Slice(due, func(i, j int) bool {
+		if due[i].at != due[j].at {
+			return due[i].at < due[j].at
+		}
+		return due[i].id < due[j].id
+	})
+	ids := make([]string, 0, min(len(due), limit))
+	for i := 0; i < len(due) && i < limit; i++ {
+		ids = append(ids, due[i].id)
+	}
+	return ids
+}
+
+// HeldOrders is the number of held orders.
+func (l *Ledger) HeldOrders() int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return len(l.holds)
+}
+
+// RequestIDs is the number of request ids the ledger remembers.
+func (l *Ledger) RequestIDs() int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return len(l.requests)
+}
+
 // Order reads one order.
 func (l *Ledger) Order(id string) (Order, bool, error) {
 	l.mu.RLock()
@@ -427,4 +510,3 @@ func (l *Ledger) AuditSKU(sku string) (Audit, bool, error) {
 	}
 	return a, true, nil
 }
-

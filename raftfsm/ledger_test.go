@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"reflect"
@@ -59,7 +60,10 @@ func (t *testLedger) row(sku string) SKU {
 }
 
 // checkAudit asserts the conservation law and that orders recount to the row.
-func checkAudit(tb testing.TB, l *Ledger, sku string) Audit {
+func checkAudit(tb interface {
+	Helper()
+	Fatalf(string, ...any)
+}, l *Ledger, sku string) Audit {
 	tb.Helper()
 	a, ok, err := l.AuditSKU(sku)
 	if err != nil || !ok {
@@ -261,60 +265,196 @@ func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
 	}
 }
 
-// TestLedger_RandomCommandsKeepTheLaw drives random command sequences; the
-// ledger panics with BUG: on a broken law, and the audit recounts orders.
+// ledgerMachine drives random command sequences through a real ledger with
+// a controllable clock (rapid state machine). After every step the
+// conservation law holds and the orders recount to the rows.
+type ledgerMachine struct {
+	tl     *testLedger
+	clock  int64
+	nodes  []string
+	skus   []string
+	orders []string
+	next   int
+}
+
+func (m *ledgerMachine) at(c Command) *Result {
+	c.AtUnixNano = m.clock
+	return m.tl.apply(c)
+}
+
+func (m *ledgerMachine) Tick(t *rapid.T) {
+	m.clock += rapid.Int64Range(1, 60).Draw(t, "tick")
+}
+
+func (m *ledgerMachine) Restock(t *rapid.T) {
+	m.at(Command{Op: OpRestock, SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 5).Draw(t, "qty")})
+}
+
+func (m *ledgerMachine) Lease(t *rapid.T) {
+	m.at(Command{Op: OpLease, Node: rapid.SampledFrom(m.nodes).Draw(t, "node"), SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 8).Draw(t, "qty")})
+}
+
+func (m *ledgerMachine) Return(t *rapid.T) {
+	m.at(Command{Op: OpReturn, Node: rapid.SampledFrom(m.nodes).Draw(t, "node"), SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 8).Draw(t, "qty")})
+}
+
+func (m *ledgerMachine) Take(t *rapid.T) {
+	n := rapid.IntRange(1, 4).Draw(t, "entries")
+	c := Command{Op: OpTake, Node: rapid.SampledFrom(m.nodes).Draw(t, "node")}
+	for i := 0; i < n; i++ {
+		m.next++
+		id := fmt.Sprintf("o%d", m.next)
+		req := fmt.Sprintf("r%d", m.next)
+		if len(m.orders) > 0 && rapid.IntRange(0, 9).Draw(t, "dup") == 0 {
+			req = "r" + rapid.SampledFrom(m.orders).Draw(t, "dup_of")[1:] // a repeated request id
+		}
+		c.Takes = append(c.Takes, TakeEntry{SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 2).Draw(t, "qty"),
+			User: rapid.SampledFrom([]string{"u1", "u2", "u3"}).Draw(t, "user"), RequestID: req, OrderID: id})
+		m.orders = append(m.orders, id)
+	}
+	m.at(c)
+}
+
+func (m *ledgerMachine) Confirm(t *rapid.T) {
+	if len(m.orders) == 0 {
+		t.Skip("no orders")
+	}
+	id := rapid.SampledFrom(m.orders).Draw(t, "order")
+	before, exists, _ := m.tl.l.Order(id)
+	res := m.at(Command{Op: OpConfirm, OrderID: id})
+	after, _, _ := m.tl.l.Order(id)
+	want, wantState := OutcomeNotFound, OrderState("")
+	switch {
+	case !exists:
+	case before.State == OrderSold:
+		want, wantState = OutcomeSame, OrderSold
+	case before.State == OrderReleased && before.ReleaseReason == ReleaseExpired:
+		want, wantState = OutcomeExpired, OrderReleased
+	case before.State == OrderReleased:
+		want, wantState = OutcomeInvalidState, OrderReleased
+	case m.clock > before.ExpiresAtUnixNano:
+		want, wantState = OutcomeExpired, OrderReleased
+	default:
+		want, wantState = OutcomeOK, OrderSold
+	}
+	if res.Outcome != want || after.State != wantState {
+		t.Fatalf("confirm %s (%s, expires %d, now %d): %s -> %s, want %s -> %s",
+			id, before.State, before.ExpiresAtUnixNano, m.clock, res.Outcome, after.State, want, wantState)
+	}
+}
+
+func (m *ledgerMachine) Cancel(t *rapid.T) {
+	if len(m.orders) == 0 {
+		t.Skip("no orders")
+	}
+	id := rapid.SampledFrom(m.orders).Draw(t, "order")
+	before, exists, _ := m.tl.l.Order(id)
+	res := m.at(Command{Op: OpRelease, OrderID: id, Reason: ReleaseCancelled})
+	after, _, _ := m.tl.l.Order(id)
+	want, wantState := OutcomeNotFound, OrderState("")
+	switch {
+	case !exists:
+	case before.State == OrderSold:
+		want, wantState = OutcomeInvalidState, OrderSold
+	case before.State == OrderReleased:
+		want, wantState = OutcomeSame, OrderReleased
+	default:
+		want, wantState = OutcomeOK, OrderReleased
+	}
+	if res.Outcome != want || after.State != wantState {
+		t.Fatalf("cancel %s (%s): %s -> %s, want %s -> %s", id, before.State, res.Outcome, after.State, want, wantState)
+	}
+}
+
+func (m *ledgerMachine) Expire(t *rapid.T) {
+	due := m.tl.l.ExpiredHolds(m.clock, rapid.IntRange(1, 5).Draw(t, "limit"))
+	before := m.tl.l.HeldOrders()
+	res := m.at(Command{Op: OpExpire, OrderIDs: due})
+	if got := m.tl.l.HeldOrders(); got != before-len(due) {
+		t.Fatalf("expire of %d due holds left %d of %d held (released %d units)", len(due), got, before, res.Qty)
+	}
+	if len(m.tl.l.ExpiredHolds(m.clock, 1000)) > 0 && len(due) == 0 {
+		t.Fatalf("ExpiredHolds returned nothing while holds are due")
+	}
+}
+
+func (m *ledgerMachine) Reclaim(t *rapid.T) {
+	m.at(Command{Op: OpReclaim, Node: rapid.SampledFrom(m.nodes).Draw(t, "node")})
+}
+
+func (m *ledgerMachine) Prune(t *rapid.T) {
+	maxKeep := rapid.Int64Range(0, 6).Draw(t, "max_keep")
+	m.at(Command{Op: OpPruneRequests, BeforeUnixNano: m.clock - rapid.Int64Range(0, 200).Draw(t, "age"), MaxKeep: maxKeep})
+	if maxKeep > 0 && int64(m.tl.l.RequestIDs()) > maxKeep {
+		t.Fatalf("%d request ids kept, max %d", m.tl.l.RequestIDs(), maxKeep)
+	}
+}
+
+func (m *ledgerMachine) Check(t *rapid.T) {
+	for _, sku := range m.skus {
+		checkAudit(t, m.tl.l, sku)
+	}
+	// Held orders in the mirror are exactly the held order records.
+	var held int64
+	for _, sku := range m.skus {
+		a, _, _ := m.tl.l.AuditSKU(sku)
+		held += a.Row.Held
+	}
+	var mirrorHeld int64
+	for _, id := range m.tl.l.ExpiredHolds(1<<62, 1<<30) {
+		o, ok, err := m.tl.l.Order(id)
+		if err != nil || !ok || o.State != OrderHeld {
+			t.Fatalf("hold index names order %s in state %s (ok %v err %v)", id, o.State, ok, err)
+		}
+		mirrorHeld += o.Qty
+	}
+	if mirrorHeld != held {
+		t.Fatalf("hold index covers %d units, rows hold %d", mirrorHeld, held)
+	}
+}
+
 func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		tl := newTestLedger(t)
-		nodes := []string{"n1", "n2", "n3"}
-		skus := []string{"a", "b"}
-		var orders []string
-		for _, sku := range skus {
-			tl.apply(Command{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
-				Total:        rapid.Int64Range(0, 50).Draw(rt, "total"),
+		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}}
+		for _, sku := range m.skus {
+			m.at(Command{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
+				Total:        rapid.Int64Range(0, 40).Draw(rt, "total"),
 				PerUser:      rapid.Int64Range(0, 3).Draw(rt, "per_user"),
 				HoldTTLNanos: rapid.SampledFrom([]int64{0, 100}).Draw(rt, "hold_ttl"),
 			}})
 		}
-		clock := int64(0)
-		steps := rapid.IntRange(1, 60).Draw(rt, "steps")
-		for i := 0; i < steps; i++ {
-			clock += rapid.Int64Range(0, 40).Draw(rt, "tick")
-			node := rapid.SampledFrom(nodes).Draw(rt, "node")
-			sku := rapid.SampledFrom(skus).Draw(rt, "sku")
-			qty := rapid.Int64Range(1, 6).Draw(rt, "qty")
-			var c Command
-			switch rapid.IntRange(0, 7).Draw(rt, "op") {
-			case 0:
-				c = Command{Op: OpRestock, SKU: sku, Qty: qty}
-			case 1, 2:
-				c = Command{Op: OpLease, Node: node, SKU: sku, Qty: qty}
-			case 3:
-				c = Command{Op: OpReturn, Node: node, SKU: sku, Qty: qty}
-			case 4, 5:
-				id := fmt.Sprintf("o%d", i)
-				orders = append(orders, id)
-				user := rapid.SampledFrom([]string{"u1", "u2"}).Draw(rt, "user")
-				c = take(node, sku, user, id, rapid.Int64Range(1, 2).Draw(rt, "take_qty"))
-			case 6:
-				if len(orders) == 0 {
-					continue
-				}
-				c = Command{Op: OpConfirm, OrderID: rapid.SampledFrom(orders).Draw(rt, "order")}
-			case 7:
-				if len(orders) == 0 {
-					continue
-				}
-				reason := rapid.SampledFrom([]string{ReleaseCancelled, ReleaseExpired}).Draw(rt, "reason")
-				c = Command{Op: OpRelease, OrderID: rapid.SampledFrom(orders).Draw(rt, "order"), Reason: reason}
-			}
-			c.AtUnixNano = clock
-			tl.apply(c)
-			for _, s := range skus {
-				checkAudit(t, tl.l, s)
-			}
+		rt.Repeat(rapid.StateMachineActions(m))
+
+		// The mirrors rebuilt from disk equal the ones kept while applying.
+		before := mirrorsOf(m.tl.l)
+		if err := m.tl.l.Close(); err != nil {
+			rt.Fatal(err)
+		}
+		l2, err := OpenLedger(m.tl.dir, nil)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer l2.Close()
+		// Compared as JSON: an emptied map and a nil one are the same state.
+		b1, _ := json.Marshal(before)
+		b2, _ := json.Marshal(mirrorsOf(l2))
+		if !bytes.Equal(b1, b2) {
+			rt.Fatalf("mirrors differ after reopen:\nbefore %s\nafter  %s", b1, b2)
 		}
 	})
+}
+
+type mirrors struct {
+	SKUs     map[string]*SKU
+	Requests map[string]string
+	Holds    map[string]int64
+	Bought   map[string]int64
+}
+
+func mirrorsOf(l *Ledger) mirrors {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return mirrors{SKUs: l.skus, Requests: l.requests, Holds: l.holds, Bought: l.bought}
 }
 
 // TestLedger_AuditBetweenCommitAndMirrorUpdate audits in the window where
