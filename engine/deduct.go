@@ -101,6 +101,13 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		res.Status = StatusSoldOut
 		return
 	}
+	// A repeat buyer of a per_user sale is turned away here once the ledger
+	// has committed their purchases; the ledger stays the final word for
+	// concurrent attempts.
+	if s.perUser > 0 && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser {
+		res.Status = StatusUserLimit
+		return
+	}
 	if !req.NoWait && e.commitBlocked.Load() {
 		res.Status, res.Detail = StatusUnavailable, "the ledger cannot commit now (no quorum or no leader); retry shortly"
 		return

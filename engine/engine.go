@@ -87,6 +87,13 @@ type Config struct {
 	// ReclaimAfter: the leader reclaims the leases of a peer it has not
 	// reached for this long (and at once of a node no longer a member).
 	ReclaimAfter time.Duration
+	// RequestRetention and RequestMaxKeep bound the request ids the ledger
+	// remembers for idempotency: the leader prunes ids older than the
+	// retention, and the oldest beyond the count.
+	RequestRetention time.Duration
+	RequestMaxKeep   int64
+	// AuditInterval paces the periodic self-audit of every sale.
+	AuditInterval time.Duration
 	// AdvertiseHTTP is this node's HTTP address as peers reach it; the
 	// engine registers it in the ledger so followers can forward to it.
 	AdvertiseHTTP string
@@ -125,6 +132,9 @@ func DefaultConfig() Config {
 		TakeQueueMax:         1 << 16,
 		LeaseIdleReturn:      time.Second,
 		ReclaimAfter:         10 * time.Second,
+		RequestRetention:     24 * time.Hour,
+		RequestMaxKeep:       1_000_000,
+		AuditInterval:        30 * time.Second,
 		Now:                  time.Now,
 	}
 }
@@ -150,6 +160,10 @@ func (c *Config) Validate() error {
 		return errors.New("engine: clock is nil")
 	case c.LeaseIdleReturn <= 0 || c.ReclaimAfter <= 0:
 		return fmt.Errorf("engine: lease idle return %s and reclaim after %s must be > 0", c.LeaseIdleReturn, c.ReclaimAfter)
+	case c.RequestRetention <= 0 || c.RequestMaxKeep < 1:
+		return fmt.Errorf("engine: request retention %s must be > 0 and request max keep %d >= 1", c.RequestRetention, c.RequestMaxKeep)
+	case c.AuditInterval <= 0:
+		return fmt.Errorf("engine: audit interval %s must be > 0", c.AuditInterval)
 	}
 	return nil
 }

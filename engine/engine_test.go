@@ -2,9 +2,11 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,4 +287,78 @@ func TestEngine_SoldOutDeductDoesNotAllocate(t *testing.T) {
 		t.Fatalf("sold-out deduct allocates %.1f times", allocs)
 	}
 	tn.checkLedger("a")
+}
+
+// fakeClock is a clock tests move by hand.
+type fakeClock struct{ offset atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *fakeClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+func TestEngine_HoldsConfirmCancelAndExpire(t *testing.T) {
+	var clock fakeClock
+	tn := startTestNode(t, t.TempDir(), func(c *Config) { c.Now = clock.now })
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 3, HoldTTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	var held []DeductResult
+	for i := 0; i < 3; i++ {
+		r := tn.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false)
+		if r.Status != StatusOK || r.Order.State != raftfsm.OrderHeld {
+			t.Fatalf("deduct %d: %s %s", i, r.Status, r.Order.State)
+		}
+		held = append(held, r)
+	}
+	if r := tn.deduct("a", "late", "r-late", 1, false); r.Status != StatusSoldOut {
+		t.Fatalf("deduct with every unit held: %s", r.Status)
+	}
+	// u0 pays, u1 cancels, u2 never pays.
+	paid, err := tn.engine.Confirm(held[0].Order.ID)
+	if err != nil || paid.State != raftfsm.OrderSold {
+		t.Fatalf("confirm: %v %s", err, paid.State)
+	}
+	if again, err := tn.engine.Confirm(held[0].Order.ID); err != nil || again != paid {
+		t.Fatalf("confirm twice: %v %+v", err, again)
+	}
+	if _, err := tn.engine.Cancel(held[0].Order.ID); !errors.Is(err, ErrInvalidState) {
+		t.Fatalf("cancel after confirm: %v", err)
+	}
+	if o, err := tn.engine.Cancel(held[1].Order.ID); err != nil || o.State != raftfsm.OrderReleased {
+		t.Fatalf("cancel: %v %s", err, o.State)
+	}
+	// The cancelled unit is back on sale.
+	late := tn.deduct("a", "late", "r-late-2", 1, false)
+	if late.Status != StatusOK {
+		t.Fatalf("deduct after a cancel: %s", late.Status)
+	}
+	clock.advance(11 * time.Second)
+	waitUntil(t, "the leader expires u2's hold", func() bool {
+		o, _, _ := tn.engine.Order(held[2].Order.ID)
+		return o.State == raftfsm.OrderReleased
+	})
+	if _, err := tn.engine.Confirm(held[2].Order.ID); !errors.Is(err, ErrExpired) {
+		t.Fatalf("confirm after expiry: %v", err)
+	}
+	// late's hold, taken before the clock moved, is over too.
+	if o, _, _ := tn.engine.Order(late.Order.ID); o.State != raftfsm.OrderReleased || o.ReleaseReason != raftfsm.ReleaseExpired {
+		t.Fatalf("late's order: %s %s", o.State, o.ReleaseReason)
+	}
+	if r := tn.deduct("a", "later", "r-later", 1, false); r.Status != StatusOK {
+		t.Fatalf("deduct after an expiry: %s", r.Status)
+	}
+	a := tn.checkLedger("a")
+	if a.Row.Sold != 1 || a.Row.Held != 1 || a.Row.Available+a.Row.LeasedTotal() != 1 {
+		t.Fatalf("row %+v", a.Row)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

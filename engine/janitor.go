@@ -8,6 +8,10 @@ import (
 )
 
 const (
+	// expireBatchMax bounds one Expire command (each id ~20 bytes).
+	expireBatchMax = 512
+	// pruneInterval paces the leader's request-id pruning.
+	pruneInterval = 10 * time.Second
 	// janitorTick paces the background checks: the commit breaker, idle
 	// leases, reclaims and registration. Short enough that the breaker
 	// follows an election within a tick.
@@ -23,7 +27,7 @@ func (e *Engine) runJanitor() {
 	defer e.wg.Done()
 	t := time.NewTicker(janitorTick)
 	defer t.Stop()
-	var lastSlow time.Time
+	var lastSlow, lastPrune, lastAudit time.Time
 	reclaimTried := map[string]time.Time{}
 	for {
 		select {
@@ -33,6 +37,15 @@ func (e *Engine) runJanitor() {
 		}
 		e.updateBreaker()
 		now := e.cfg.Now()
+		e.expireHolds(now)
+		if now.Sub(lastAudit) >= e.cfg.AuditInterval {
+			lastAudit = now
+			e.auditAll()
+		}
+		if now.Sub(lastPrune) >= pruneInterval {
+			lastPrune = now
+			e.pruneRequests(now)
+		}
 		// Lease and membership duties need proposals; pace them slower.
 		if now.Sub(lastSlow) < min(e.cfg.LeaseIdleReturn/4, 250*time.Millisecond) {
 			continue
@@ -180,4 +193,66 @@ func (e *Engine) reclaimLostNodes(now time.Time, tried map[string]time.Time) {
 		}
 		e.logger.Warn("reclaimed leases", "node", node, "units", res.Qty, "reason", why)
 	}
+}
+
+func (e *Engine) isLeader() bool { return e.cfg.Cluster == nil || e.cfg.Cluster.IsLeader() }
+
+// expireHolds runs on the leader: it proposes the release of holds past
+// their deadline, a bounded batch per tick. Followers never expire on their
+// own clocks; a new leader finds the same holds in its ledger.
+func (e *Engine) expireHolds(now time.Time) {
+	if !e.isLeader() || e.commitBlocked.Load() {
+		return
+	}
+	due := e.ledger.ExpiredHolds(now.UnixNano(), expireBatchMax)
+	if len(due) == 0 {
+		return
+	}
+	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpExpire, OrderIDs: due})
+	if err != nil {
+		e.logger.Warn("expire holds", "orders", len(due), "err", err)
+		return
+	}
+	e.metrics.holdsExpired.Add(uint64(res.Qty))
+	e.logger.Debug("expired holds", "orders", len(due), "units", res.Qty)
+}
+
+// pruneRequests runs on the leader: it bounds the request ids kept for
+// idempotency by age and count.
+func (e *Engine) pruneRequests(now time.Time) {
+	if !e.isLeader() || e.commitBlocked.Load() {
+		return
+	}
+	before := now.Add(-e.cfg.RequestRetention).UnixNano()
+	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpPruneRequests, BeforeUnixNano: before, MaxKeep: e.cfg.RequestMaxKeep})
+	if err != nil {
+		e.logger.Warn("prune request ids", "err", err)
+		return
+	}
+	if res.Qty > 0 {
+		e.logger.Info("pruned request ids", "count", res.Qty)
+	}
+}
+
+// auditAll checks every sale in the local ledger and records the drift.
+func (e *Engine) auditAll() {
+	for sku := range *e.sales.Load() {
+		a, ok, err := e.ledger.AuditSKU(sku)
+		if err != nil || !ok {
+			continue
+		}
+		drift := auditDrift(&a)
+		e.metrics.setDrift(sku, drift)
+		if drift != 0 {
+			e.logger.Error("audit found drift", "sku", sku, "drift_units", drift, "problem", a.Problem)
+		}
+	}
+}
+
+// auditDrift is how far an audit is from clean, in units: the conservation
+// law's residual plus the gaps between the rows and the order recount.
+func auditDrift(a *raftfsm.Audit) int64 {
+	r := &a.Row
+	abs := func(v int64) int64 { return max(v, -v) }
+	return abs(r.Total-r.Available-r.LeasedTotal()-r.Held-r.Sold) + abs(a.OrdersHeld-r.Held) + abs(a.OrdersSold-r.Sold)
 }

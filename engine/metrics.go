@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"maps"
+	"sync"
 	"sync/atomic"
 )
 
@@ -28,6 +30,19 @@ type Metrics struct {
 	leaseShort       atomic.Uint64
 	leaseReturned    atomic.Uint64
 	leaseReclaimed   atomic.Uint64
+	holdsExpired     atomic.Uint64
+
+	driftMu sync.Mutex
+	drift   map[string]int64 // sku -> units of drift found by the last audit
+}
+
+func (m *Metrics) setDrift(sku string, units int64) {
+	m.driftMu.Lock()
+	if m.drift == nil {
+		m.drift = map[string]int64{}
+	}
+	m.drift[sku] = units
+	m.driftMu.Unlock()
 }
 
 func newMetrics() *Metrics { return &Metrics{} }
@@ -70,6 +85,8 @@ type Snapshot struct {
 	LeaseReturned    uint64
 	LeaseReclaimed   uint64
 	CommitBlocked    bool
+	HoldsExpired     uint64
+	AuditDrift       map[string]int64 // units, per sku, from the last periodic audit
 	BatchSizeBounds  []float64
 	BatchSizeCounts  []uint64 // per bucket of BatchSizeBounds, then +Inf
 
@@ -103,9 +120,13 @@ func (m *Metrics) snapshot() Snapshot {
 		LeaseShort:       m.leaseShort.Load(),
 		LeaseReturned:    m.leaseReturned.Load(),
 		LeaseReclaimed:   m.leaseReclaimed.Load(),
+		HoldsExpired:     m.holdsExpired.Load(),
 		BatchSizeBounds:  batchSizeBounds[:],
 		BatchSizeCounts:  make([]uint64, len(m.takeBatchSizes)),
 	}
+	m.driftMu.Lock()
+	s.AuditDrift = maps.Clone(m.drift)
+	m.driftMu.Unlock()
 	for i := range m.takeBatchSizes {
 		s.BatchSizeCounts[i] = m.takeBatchSizes[i].Load()
 	}

@@ -66,6 +66,10 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteCounterUint64(&w, "stockd_lease_returned_units_total", m.LeaseReturned)
 	metrics.WriteCounterUint64(&w, "stockd_lease_reclaimed_units_total", m.LeaseReclaimed)
 	metrics.WriteGaugeUint64(&w, "stockd_commit_breaker_open", boolGauge(m.CommitBlocked))
+	metrics.WriteCounterUint64(&w, "stockd_holds_expired_units_total", m.HoldsExpired)
+	for _, sku := range slices.Sorted(maps.Keys(m.AuditDrift)) {
+		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_audit_drift_units{sku=%q}`, sku), uint64(m.AuditDrift[sku]))
+	}
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
 	for _, sku := range slices.Sorted(maps.Keys(m.BucketUnits)) {
