@@ -570,3 +570,164 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 		t.Fatalf("ledger: %v", a)
 	}
 }
+
+// TestCluster_PerUserLimitUnderARace sends one user's concurrent deducts,
+// with distinct request ids, to all three nodes: the limit holds exactly.
+func TestCluster_PerUserLimitUnderARace(t *testing.T) {
+	c := startTestCluster(t)
+	for _, limit := range []int{1, 2} {
+		sku := fmt.Sprintf("limited-%d", limit)
+		if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":100,"per_user":%d}`, limit)); code != 201 {
+			t.Fatalf("create %s: %d %v", sku, code, body)
+		}
+		waitForSaleEverywhere(t, c, sku)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		outcomes := map[string]int{}
+		for i := 0; i < 50; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				node := c.ids[i%len(c.ids)]
+				code, body := call(t, c.client(node), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"alice","request_id":"%s-%d"}`, sku, i))
+				mu.Lock()
+				outcomes[fmt.Sprintf("%d %v", code, body["error"])]++
+				mu.Unlock()
+			}(i)
+		}
+		wg.Wait()
+		if outcomes["200 <nil>"] != limit || outcomes["409 user_limit"] != 50-limit {
+			t.Fatalf("per_user=%d: outcomes %v, want %d × 200 and the rest 409 user_limit", limit, outcomes, limit)
+		}
+		a := checkClusterLedgers(t, c, sku, nil)
+		if a["sold"].(float64) != float64(limit) {
+			t.Fatalf("per_user=%d: ledger %v", limit, a)
+		}
+	}
+}
+
+func waitForSaleEverywhere(t *testing.T, c *testCluster, sku string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "sale "+sku+" on every node", func() bool {
+		for _, id := range c.ids {
+			if code, _ := call(t, c.client(id), "GET", "/v1/skus/"+sku, ""); code != 200 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestCluster_HoldsExpireThroughALeaderCrash runs a sale with a 2 s hold:
+// half the first winners pay, the others never do; their units expire and
+// go to later buyers, who pay at once. The leader is killed just as the
+// first holds expire. At the end every unit is sold to a buyer who paid.
+func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
+	const units, holdTTL = 200, 2 * time.Second
+	c := startTestCluster(t)
+	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/shoe", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitForSaleEverywhere(t, c, "shoe")
+	start := time.Now()
+	first := buyWave(c, "shoe", 0, 300, 12, nil)
+	var confirmed atomic.Int64
+	confirm := func(order string, node string) {
+		for attempt := 0; attempt < 40; attempt++ {
+			cl := c.client(c.ids[(attempt+int(node[1]))%len(c.ids)])
+			if cl == nil {
+				continue
+			}
+			code, body := callQuiet(cl, "POST", "/v1/orders/"+order+"/confirm", "")
+			switch {
+			case code == 200 && body["state"] == "sold":
+				confirmed.Add(1)
+				return
+			case code == 409:
+				return // expired: the buyer was too slow
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Errorf("confirm %s: no final answer", order)
+	}
+	n := 0
+	for _, r := range first {
+		if r.code == 200 {
+			n++
+			if n%2 == 0 {
+				confirm(r.order, "n1")
+			}
+		}
+	}
+	if n != units {
+		t.Fatalf("first wave held %d units, want all %d", n, units)
+	}
+	// Kill the leader just as the first holds come due, and bring it back.
+	time.Sleep(time.Until(start.Add(holdTTL - 100*time.Millisecond)))
+	leader := c.leader()
+	c.crash(leader)
+	waitFor(t, 10*time.Second, "a new leader", func() bool { return c.leader() != "" })
+	c.start(leader, nil)
+	waitReady(t, c)
+
+	// Later buyers take the expired units and pay at once.
+	next := 1000
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, a := call(t, c.client("n1"), "GET", "/v1/skus/shoe/audit", "")
+		if a["sold"].(float64) == units {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not every unit sold: %v", a)
+		}
+		for _, r := range buyWave(c, "shoe", next, next+100, 8, nil) {
+			if r.code == 200 {
+				confirm(r.order, "n2")
+			}
+		}
+		next += 100
+	}
+	a := checkClusterLedgers(t, c, "shoe", nil)
+	leased := 0.0
+	for _, v := range a["leased"].(map[string]any) {
+		leased += v.(float64)
+	}
+	if a["sold"].(float64) != float64(confirmed.Load()) || a["held"].(float64) != 0 || a["available"].(float64)+leased+a["sold"].(float64) != units {
+		t.Fatalf("confirmed %d; ledger %v", confirmed.Load(), a)
+	}
+}
+
+// TestCluster_RequestIDReplayedAfterFailover buys through a follower, kills
+// the leader, and replays the same request id on every node.
+func TestCluster_RequestIDReplayedAfterFailover(t *testing.T) {
+	c := startTestCluster(t)
+	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/cup", `{"total":10}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitForSaleEverywhere(t, c, "cup")
+	leader := c.leader()
+	var follower string
+	for _, id := range c.ids {
+		if id != leader {
+			follower = id
+		}
+	}
+	code, first := call(t, c.client(follower), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
+	if code != 200 {
+		t.Fatalf("deduct: %d %v", code, first)
+	}
+	c.crash(leader)
+	waitFor(t, 10*time.Second, "a new leader", func() bool { return c.leader() != "" })
+	c.start(leader, nil)
+	waitReady(t, c)
+	for _, id := range c.ids {
+		code, again := call(t, c.client(id), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
+		if code != 200 || again["order_id"] != first["order_id"] {
+			t.Fatalf("replay on %s: %d %v, want the original order %v", id, code, again, first["order_id"])
+		}
+	}
+	if a := checkClusterLedgers(t, c, "cup", nil); a["sold"].(float64) != 1 {
+		t.Fatalf("ledger: %v", a)
+	}
+}
