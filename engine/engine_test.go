@@ -138,6 +138,21 @@ func TestEngine_ConcurrentBuyersNeverOversell(t *testing.T) {
 	if res := tn.deduct("hot", "late", "", 1, false); res.Status != StatusSoldOut {
 		t.Fatalf("deduct after sell-out: %s", res.Status)
 	}
+	// A restock after the sell-out clears the flag and sells again.
+	if err := tn.engine.Restock("hot", 5); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		if res := tn.deduct("hot", fmt.Sprintf("again-%d", i), "", 1, false); res.Status != StatusOK {
+			t.Fatalf("deduct %d after restock: %s %s", i, res.Status, res.Detail)
+		}
+	}
+	if res := tn.deduct("hot", "late", "", 1, false); res.Status != StatusSoldOut {
+		t.Fatalf("deduct after the restock sold out: %s", res.Status)
+	}
+	if a := tn.checkLedger("hot"); a.Row.Sold != units+5 || a.Row.Total != units+5 {
+		t.Fatalf("after restock: %+v", a.Row)
+	}
 }
 
 func TestEngine_RequestIDAnswersTheSameTwice(t *testing.T) {
