@@ -64,6 +64,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	case "noop-server":
+		// The bench's HTTP floor: a fasthttp server that answers every
+		// request with a fixed body. Not for users; stockd bench starts it.
+		fs := flag.NewFlagSet("stockd noop-server", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		addr := fs.String("http", "127.0.0.1:0", "listen address")
+		if err := fs.Parse(args); err != nil {
+			return 2
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := bench.ServeNoop(ctx, *addr); err != nil {
+			fmt.Fprintln(stderr, "stockd noop-server:", err)
+			return 1
+		}
+		return 0
 	case "version":
 		fmt.Fprintf(stdout, "stockd %s %s\n", version, runtime.Version())
 		return 0

@@ -69,6 +69,10 @@ func launchCluster(binary, dir string, n int) ([]*launched, error) {
 		if n > 1 {
 			args = append(args, "-peers", strings.Join(peers, ","))
 		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			stopAll()
+			return nil, err
+		}
 		logFile, err := os.Create(filepath.Join(dir, id+".log"))
 		if err != nil {
 			stopAll()
@@ -142,5 +146,40 @@ func (l *launched) stop() error {
 		l.cmd.Process.Kill()
 		<-l.exited
 		return fmt.Errorf("stockd did not stop within %s; killed", launchStopTimeout)
+	}
+}
+
+// launchNoop starts `stockd noop-server` on a free loopback port.
+func launchNoop(binary, dir string) (*launched, error) {
+	addr, err := freeLoopbackPort()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(filepath.Join(dir, "noop.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(binary, "noop-server", "-http", addr)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s noop-server: %w", binary, err)
+	}
+	l := &launched{cmd: cmd, url: "http://" + addr, log: logFile.Name(), exited: make(chan error, 1)}
+	go func() { l.exited <- cmd.Wait(); logFile.Close() }()
+	client := &fasthttp.Client{}
+	deadline := time.Now().Add(launchReadyTimeout)
+	for {
+		if _, _, err := client.GetTimeout(nil, l.url+"/", time.Second); err == nil {
+			return l, nil
+		}
+		if time.Now().After(deadline) {
+			l.stop()
+			return nil, fmt.Errorf("noop server at %s not answering after %s\n%s", l.url, launchReadyTimeout, tail(l.log, 10))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -1,0 +1,162 @@
+package bench
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Limits that keep a run bounded on a small machine.
+const (
+	maxRequests    = 10_000_000 // latency samples are kept in memory: 80 MB at most
+	maxConns       = 4096
+	maxRunDuration = 10 * time.Minute
+	requestTimeout = 30 * time.Second
+)
+
+// Options is one bench run's configuration.
+type Options struct {
+	Targets    []string // stockd node base URLs; empty with Launches
+	Launches   []int    // launch a local stockd cluster of each size in turn (1, 3)
+	Scenarios  []string
+	Strategies []string // empty: all
+	Units      int64    // flash, retry-storm, holds: units on sale; hot-cold: per SKU
+	Requests   int      // deduct attempts per scenario and strategy
+	Conns      int
+	Duration   time.Duration // stop sending after this long even if requests remain
+	SKUs       int           // hot-cold: number of SKUs
+	ZipfS      float64       // hot-cold: Zipf exponent
+	RetryShare float64       // retry-storm: share of requests that re-send an earlier request id
+	HoldTTL    time.Duration // holds: hold time
+	Redis      string        // Redis address for the redis-lua strategy
+	Postgres   string        // PostgreSQL DSN for the pg-* strategies
+	AdminToken string
+	Binary     string // stockd binary for Launches; default: this executable
+	JSONPath   string
+	HTMLPath   string
+	Progress   bool // draw a progress bar on stderr
+}
+
+func parseFlags(args []string, stderr io.Writer) (Options, error) {
+	var o Options
+	var targets, launch, scenarios, strategies string
+	fs := flag.NewFlagSet("stockd bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&targets, "target", "", "comma-separated stockd node URLs to load, e.g. http://127.0.0.1:8080 (requests are spread over them)")
+	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load)")
+	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", "))
+	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
+	fs.Int64Var(&o.Units, "units", 1000, "units on sale (hot-cold: per SKU; plentiful: ignored, stock is twice the requests)")
+	fs.IntVar(&o.Requests, "requests", 100_000, "deduct attempts per scenario and strategy (distinct buyers, but retry-storm re-sends)")
+	fs.IntVar(&o.Conns, "conns", 64, "concurrent connections, one worker each, no pipelining")
+	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "stop sending after this long per scenario and strategy, even if requests remain")
+	fs.IntVar(&o.SKUs, "skus", 100, "hot-cold: number of SKUs")
+	fs.Float64Var(&o.ZipfS, "zipf", 1.1, "hot-cold: Zipf exponent s (> 1) of SKU popularity")
+	fs.Float64Var(&o.RetryShare, "retry-share", 0.3, "retry-storm: share of requests that re-send an earlier request_id")
+	fs.DurationVar(&o.HoldTTL, "hold-ttl", 2*time.Second, "holds: hold time; winners confirm half, cancel a quarter, let a quarter expire")
+	fs.StringVar(&o.Redis, "redis", "", "Redis address (host:port) for the redis-lua strategy; absent: skipped")
+	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL DSN for pg-optimistic and pg-pessimistic; absent: skipped")
+	fs.StringVar(&o.AdminToken, "admin-token", os.Getenv("STOCKD_ADMIN_TOKEN"), "admin token of the target nodes (default $STOCKD_ADMIN_TOKEN)")
+	fs.StringVar(&o.Binary, "binary", "", "stockd binary for -launch (default: this executable)")
+	fs.StringVar(&o.JSONPath, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&o.HTMLPath, "html", "", "also write a self-contained HTML report with charts to this file")
+	fs.BoolVar(&o.Progress, "progress", isTerminal(os.Stderr), "draw a progress bar on stderr (default: when stderr is a terminal)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, `usage: stockd bench [-launch 1|3|1,3 | -target URL,...] [flags]
+
+Measures flash-sale strategies with the same client, the same concurrency
+and the same scenario, and checks every strategy's final count for
+overselling (oversold must be 0). Strategies: stockd over HTTP (wait=commit
+and wait=none), a no-op fasthttp server (the HTTP floor of this machine),
+in-process counters (mutex, one atomic, per-core buckets), Redis + Lua
+(-redis), PostgreSQL optimistic and pessimistic (-postgres). A strategy
+whose server is not given is skipped with a reason.
+
+Scenarios: flash (few units, many buyers), plentiful (stock above demand),
+hot-cold (Zipf over many SKUs), retry-storm (re-sent request ids), holds
+(stockd only: confirm, cancel or let expire).`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, t := range splitList(targets) {
+		o.Targets = append(o.Targets, strings.TrimRight(t, "/"))
+	}
+	for _, part := range splitList(launch) {
+		n, err := strconv.Atoi(part)
+		if err != nil || (n != 1 && n != 3) {
+			return o, fmt.Errorf("-launch %q: each entry must be 1 or 3", launch)
+		}
+		o.Launches = append(o.Launches, n)
+	}
+	o.Scenarios = splitList(scenarios)
+	if len(o.Scenarios) == 1 && o.Scenarios[0] == "all" {
+		o.Scenarios = scenarioNames
+	}
+	o.Strategies = splitList(strategies)
+	return o, o.validate()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func (o *Options) validate() error {
+	switch {
+	case len(o.Targets) > 0 && len(o.Launches) > 0:
+		return errors.New("-target and -launch exclude each other")
+	case o.Units < 1:
+		return fmt.Errorf("-units %d < 1", o.Units)
+	case o.Requests < 1 || o.Requests > maxRequests:
+		return fmt.Errorf("-requests %d outside 1..%d", o.Requests, maxRequests)
+	case o.Conns < 1 || o.Conns > maxConns:
+		return fmt.Errorf("-conns %d outside 1..%d", o.Conns, maxConns)
+	case o.Duration <= 0 || o.Duration > maxRunDuration:
+		return fmt.Errorf("-duration %s outside (0, %s]", o.Duration, maxRunDuration)
+	case o.SKUs < 1 || o.SKUs > 100_000:
+		return fmt.Errorf("-skus %d outside 1..100000", o.SKUs)
+	case o.ZipfS <= 1:
+		return fmt.Errorf("-zipf %g must be > 1", o.ZipfS)
+	case o.RetryShare < 0 || o.RetryShare >= 1:
+		return fmt.Errorf("-retry-share %g outside [0, 1)", o.RetryShare)
+	case o.HoldTTL <= 0:
+		return fmt.Errorf("-hold-ttl %s must be > 0", o.HoldTTL)
+	}
+	for _, t := range o.Targets {
+		if !strings.HasPrefix(t, "http://") {
+			return fmt.Errorf("-target %q: want http://host:port", t)
+		}
+	}
+	for _, s := range o.Scenarios {
+		if !slices.Contains(scenarioNames, s) {
+			return fmt.Errorf("-scenario %q: want one of %s or all", s, strings.Join(scenarioNames, ", "))
+		}
+	}
+	for _, s := range o.Strategies {
+		if !slices.Contains(strategyNames, s) {
+			return fmt.Errorf("-strategy %q: want some of %s", s, strings.Join(strategyNames, ", "))
+		}
+	}
+	return nil
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

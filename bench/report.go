@@ -1,0 +1,274 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report is every run of one bench invocation.
+type Report struct {
+	Date    string `json:"date"`
+	Command string `json:"command"`
+	Machine string `json:"machine"`
+	Runs    []*Run `json:"runs"`
+}
+
+// Failed reports the runs whose check failed: oversold units or a store
+// whose own count does not add up.
+func (r *Report) Failed() []string {
+	var bad []string
+	for _, run := range r.Runs {
+		if run.Skipped != "" {
+			continue
+		}
+		if run.Oversold != 0 || !run.Final.Valid {
+			bad = append(bad, fmt.Sprintf("%s/%s: oversold %d, own count valid %v %s", run.Scenario, run.Strategy, run.Oversold, run.Final.Valid, run.Final.Detail))
+		}
+	}
+	return bad
+}
+
+// setRatios fills VsStockd: each row's rate over the first stockd-commit
+// row of its scenario.
+func (r *Report) setRatios() {
+	base := map[string]float64{}
+	for _, run := range r.Runs {
+		if run.Skipped == "" && strings.HasPrefix(run.Strategy, "stockd-commit") {
+			if _, ok := base[run.Scenario]; !ok {
+				base[run.Scenario] = run.Rate
+			}
+		}
+	}
+	for _, run := range r.Runs {
+		if b := base[run.Scenario]; b > 0 && run.Skipped == "" {
+			run.VsStockd = run.Rate / b
+		}
+	}
+}
+
+// PrintTables writes one table per scenario.
+func (r *Report) PrintTables(w io.Writer) {
+	var scenario string
+	for _, run := range r.Runs {
+		if run.Scenario != scenario {
+			scenario = run.Scenario
+			fmt.Fprintf(w, "\nscenario %s (%d units on sale)\n", scenario, run.Total)
+			fmt.Fprintf(w, "%-24s %-38s %10s %9s %9s %9s %8s %-28s %6s %8s %8s\n",
+				"strategy", "durability", "req/s", "p50", "p99", "p99.9", "wins", "losses", "errors", "oversold", "x stockd")
+		}
+		if run.Skipped != "" {
+			fmt.Fprintf(w, "%-24s skipped: %s\n", run.Strategy, run.Skipped)
+			continue
+		}
+		oversold := fmt.Sprint(run.Oversold)
+		if !run.Final.Valid {
+			oversold += " (count FAILED: " + run.Final.Detail + ")"
+		}
+		ratio := "-"
+		if run.VsStockd > 0 {
+			ratio = fmt.Sprintf("%.2f", run.VsStockd)
+		}
+		fmt.Fprintf(w, "%-24s %-38s %10.0f %9s %9s %9s %8d %-28s %6d %8s %8s\n",
+			run.Strategy, trunc(run.Durability, 38), run.Rate, fmtDur(run.Latency.P50), fmtDur(run.Latency.P99), fmtDur(run.Latency.P999),
+			run.Wins, lossText(run.Losses), run.Errors, oversold, ratio)
+		for _, n := range run.ErrorNotes {
+			fmt.Fprintf(w, "%-24s   error: %s\n", "", trunc(n, 120))
+		}
+	}
+	fmt.Fprintln(w)
+	for _, run := range r.Runs {
+		if run.Skipped == "" {
+			fmt.Fprintf(w, "oversold: %d  (%s, %s)\n", run.Oversold, run.Scenario, run.Strategy)
+		}
+	}
+}
+
+func lossText(losses map[string]int) string {
+	keys := make([]string, 0, len(losses))
+	for k := range losses {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s:%d", k, losses[k]))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " ")
+}
+
+func trunc(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d >= time.Microsecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	}
+	return fmt.Sprintf("%dns", d.Nanoseconds())
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// chart is one SVG line chart of the HTML report.
+type chart struct {
+	Title  string
+	YLabel string
+	Lines  []chartLine
+	MaxX   float64
+	MaxY   float64
+}
+
+type chartLine struct {
+	Name   string
+	Color  string
+	Points string // SVG polyline points in chart coordinates
+}
+
+const chartW, chartH = 640.0, 240.0
+
+var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22"}
+
+func buildChart(title, ylabel string, runs []*Run, pick func(*Run) [][2]float64) chart {
+	c := chart{Title: title, YLabel: ylabel}
+	series := make([][][2]float64, len(runs))
+	for i, run := range runs {
+		series[i] = pick(run)
+		for _, p := range series[i] {
+			c.MaxX, c.MaxY = max(c.MaxX, p[0]), max(c.MaxY, p[1])
+		}
+	}
+	if c.MaxX == 0 {
+		c.MaxX = 1
+	}
+	if c.MaxY == 0 {
+		c.MaxY = 1
+	}
+	for i, run := range runs {
+		var pts []string
+		for _, p := range series[i] {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", p[0]/c.MaxX*chartW, chartH-p[1]/c.MaxY*chartH))
+		}
+		c.Lines = append(c.Lines, chartLine{Name: run.Strategy, Color: palette[i%len(palette)], Points: strings.Join(pts, " ")})
+	}
+	return c
+}
+
+var htmlReport = template.Must(template.New("report").Funcs(template.FuncMap{
+	"dur":  func(d time.Duration) string { return fmtDur(d) },
+	"f0":   func(v float64) string { return fmt.Sprintf("%.0f", v) },
+	"f2":   func(v float64) string { return fmt.Sprintf("%.2f", v) },
+	"g":    func(v float64) string { return fmt.Sprintf("%.3g", v) },
+	"loss": lossText,
+}).Parse(`<!doctype html>
+<html><head><meta charset="utf-8"><title>stockd bench {{.Report.Date}}</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+td:first-child,td:nth-child(2),th{text-align:left}.bad{color:#c00;font-weight:bold}
+svg{background:#fafafa;border:1px solid #ddd;margin:0.5em 1em 0.5em 0}.legend span{margin-right:1em}
+</style></head><body>
+<h1>stockd bench</h1>
+<p>{{.Report.Date}} · <code>{{.Report.Command}}</code> · {{.Report.Machine}}</p>
+{{range .Scenarios}}
+<h2>scenario {{.Name}} ({{.Units}} units)</h2>
+<table><tr><th>strategy</th><th>durability</th><th>req/s</th><th>p50</th><th>p99</th><th>p99.9</th><th>wins</th><th>losses</th><th>errors</th><th>oversold</th><th>x stockd</th></tr>
+{{range .Runs}}{{if .Skipped}}<tr><td>{{.Strategy}}</td><td colspan="10" style="text-align:left">skipped: {{.Skipped}}</td></tr>
+{{else}}<tr><td>{{.Strategy}}</td><td>{{.Durability}}</td><td>{{f0 .Rate}}</td><td>{{dur .Latency.P50}}</td><td>{{dur .Latency.P99}}</td><td>{{dur .Latency.P999}}</td><td>{{.Wins}}</td><td>{{loss .Losses}}</td><td>{{.Errors}}</td><td{{if or .Oversold (not .Final.Valid)}} class="bad"{{end}}>{{.Oversold}}{{if not .Final.Valid}} (count failed){{end}}</td><td>{{if .VsStockd}}{{f2 .VsStockd}}{{else}}-{{end}}</td></tr>
+{{end}}{{end}}</table>
+{{range .Charts}}<svg width="700" height="290" viewBox="-50 -30 700 290">
+<text x="0" y="-12" font-size="14">{{.Title}}</text>
+<line x1="0" y1="240" x2="640" y2="240" stroke="#999"/><line x1="0" y1="0" x2="0" y2="240" stroke="#999"/>
+<text x="-6" y="4" font-size="10" text-anchor="end">{{g .MaxY}}</text><text x="-6" y="244" font-size="10" text-anchor="end">0</text>
+<text x="640" y="255" font-size="10" text-anchor="end">{{g .MaxX}} s</text><text x="4" y="12" font-size="10">{{.YLabel}}</text>
+{{range .Lines}}<polyline fill="none" stroke="{{.Color}}" stroke-width="1.5" points="{{.Points}}"/>{{end}}
+</svg>
+<div class="legend">{{range .Lines}}<span style="color:{{.Color}}">■ {{.Name}}</span>{{end}}</div>
+{{end}}{{end}}
+</body></html>
+`))
+
+// WriteHTML writes a self-contained report: the tables and, per scenario,
+// throughput, latency and remaining stock over time as inline SVG.
+func (r *Report) WriteHTML(path string) error {
+	type scenarioView struct {
+		Name   string
+		Units  int64
+		Runs   []*Run
+		Charts []chart
+	}
+	var views []*scenarioView
+	index := map[string]*scenarioView{}
+	for _, run := range r.Runs {
+		v, ok := index[run.Scenario]
+		if !ok {
+			v = &scenarioView{Name: run.Scenario, Units: run.Total}
+			index[run.Scenario] = v
+			views = append(views, v)
+		}
+		v.Runs = append(v.Runs, run)
+	}
+	for _, v := range views {
+		var ran []*Run
+		for _, run := range v.Runs {
+			if run.Skipped == "" {
+				ran = append(ran, run)
+			}
+		}
+		v.Charts = []chart{
+			buildChart("throughput", "requests/s", ran, func(run *Run) [][2]float64 {
+				var pts [][2]float64
+				for _, s := range run.Timeline {
+					pts = append(pts, [2]float64{s.AtSec, float64(s.Requests) / slotWidth.Seconds()})
+				}
+				return pts
+			}),
+			buildChart("mean latency", "ms", ran, func(run *Run) [][2]float64 {
+				var pts [][2]float64
+				for _, s := range run.Timeline {
+					pts = append(pts, [2]float64{s.AtSec, s.MeanLatency})
+				}
+				return pts
+			}),
+			buildChart("stock remaining", "units", ran, func(run *Run) [][2]float64 {
+				var pts [][2]float64
+				for _, s := range run.Stock {
+					pts = append(pts, [2]float64{s.AtSec, float64(s.Remaining)})
+				}
+				return pts
+			}),
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := htmlReport.Execute(f, map[string]any{"Report": r, "Scenarios": views}); err != nil {
+		return fmt.Errorf("render %s: %w", path, err)
+	}
+	return f.Close()
+}

@@ -1,0 +1,233 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+)
+
+// slotWidth is the resolution of the over-time charts.
+const slotWidth = 250 * time.Millisecond
+
+// Run is one strategy's result on one scenario.
+type Run struct {
+	Scenario   string         `json:"scenario"`
+	Strategy   string         `json:"strategy"`
+	Durability string         `json:"durability"`
+	Skipped    string         `json:"skipped,omitempty"`
+	Sent       int            `json:"requests"`
+	ElapsedSec float64        `json:"elapsed_seconds"`
+	Rate       float64        `json:"requests_per_second"`
+	Latency    Summary        `json:"latency"`
+	Wins       int            `json:"wins"`      // distinct orders won
+	Kept       int            `json:"kept_wins"` // wins not cancelled or left to expire (holds)
+	Losses     map[string]int `json:"losses"`    // by reason
+	Errors     int            `json:"errors"`    // transport or server errors
+	ErrorNotes []string       `json:"error_notes,omitempty"`
+	Total      int64          `json:"units"`     // stock put on sale
+	Final      Final          `json:"final"`     // the strategy's own count
+	Oversold   int64          `json:"oversold"`  // must be 0
+	VsStockd   float64        `json:"vs_stockd"` // requests/s over the stockd-commit row's
+	Timeline   []Slot         `json:"timeline"`  // throughput and latency over time
+	Stock      []StockSample  `json:"stock"`     // remaining stock over time
+}
+
+// Slot is one slotWidth of the run.
+type Slot struct {
+	AtSec       float64 `json:"at_seconds"`
+	Requests    int     `json:"requests"`
+	MeanLatency float64 `json:"mean_latency_ms"`
+	MaxLatency  float64 `json:"max_latency_ms"`
+}
+
+// StockSample is the remaining stock at a moment of the run.
+type StockSample struct {
+	AtSec     float64 `json:"at_seconds"`
+	Remaining int64   `json:"remaining"`
+}
+
+// Oversold is how many units were sold beyond the stock: kept wins beyond
+// the units on sale, or a final count of sold units beyond them.
+func Oversold(keptWins, total, finalSold int64) int64 {
+	return max(keptWins-total, finalSold-total, 0)
+}
+
+type workerStats struct {
+	lat      *Latencies
+	losses   map[string]int
+	errors   int
+	notes    []string
+	won      map[string]bool
+	released int // wins cancelled or left to expire
+	slots    []slotStats
+}
+
+type slotStats struct {
+	n        int
+	sumNanos int64
+	maxNanos int64
+}
+
+// runOne drives a strategy through a scenario: o.Conns workers take
+// requests in order until all are sent or o.Duration has passed.
+func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress io.Writer) (*Run, error) {
+	run := &Run{Scenario: sc.Name, Strategy: st.Name(), Durability: st.Durability(), Total: sc.TotalUnits(), Losses: map[string]int{}}
+	if why := st.Supports(sc); why != "" {
+		run.Skipped = st.Name() + " " + why
+		return run, nil
+	}
+	if err := st.Setup(ctx, sc); err != nil {
+		return nil, fmt.Errorf("%s on %s: setup: %w", st.Name(), sc.Name, err)
+	}
+
+	var next atomic.Int64
+	start := time.Now()
+	stopAt := start.Add(o.Duration)
+	slotsMax := int(o.Duration/slotWidth) + 2
+
+	// The stock-over-time sampler and the progress bar read, never write,
+	// what the workers do.
+	samplerDone := make(chan struct{})
+	var samplerWG sync.WaitGroup
+	samplerWG.Add(1)
+	go func() {
+		defer samplerWG.Done()
+		var bar *progressbar.ProgressBar
+		if progress != nil {
+			bar = progressbar.NewOptions(sc.Requests, progressbar.OptionSetWriter(progress),
+				progressbar.OptionSetDescription(fmt.Sprintf("%-12s %-18s", sc.Name, st.Name())),
+				progressbar.OptionShowCount(), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
+			defer bar.Finish()
+		}
+		t := time.NewTicker(slotWidth)
+		defer t.Stop()
+		sample := func() {
+			if left, err := st.Remaining(ctx); err == nil {
+				run.Stock = append(run.Stock, StockSample{AtSec: time.Since(start).Seconds(), Remaining: left})
+			}
+			if bar != nil {
+				bar.Set(int(min(next.Load(), int64(sc.Requests))))
+			}
+		}
+		sample()
+		for {
+			select {
+			case <-samplerDone:
+				sample()
+				return
+			case <-t.C:
+				sample()
+			}
+		}
+	}()
+
+	stats := make([]*workerStats, o.Conns)
+	var wg sync.WaitGroup
+	for w := 0; w < o.Conns; w++ {
+		ws := &workerStats{lat: NewLatencies(sc.Requests/o.Conns + 1), losses: map[string]int{}, won: map[string]bool{}, slots: make([]slotStats, slotsMax)}
+		stats[w] = ws
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= sc.Requests || time.Now().After(stopAt) || ctx.Err() != nil {
+					return
+				}
+				r := sc.Request(i)
+				t0 := time.Now()
+				out := st.Deduct(ctx, w, &r)
+				d := time.Since(t0)
+				ws.lat.Record(d)
+				slot := &ws.slots[min(int(t0.Sub(start)/slotWidth), slotsMax-1)]
+				slot.n++
+				slot.sumNanos += int64(d)
+				slot.maxNanos = max(slot.maxNanos, int64(d))
+				switch {
+				case out.Err != nil:
+					ws.errors++
+					if len(ws.notes) < 2 {
+						ws.notes = append(ws.notes, out.Err.Error())
+					}
+				case out.Win:
+					if ws.won[out.OrderID] {
+						continue // a re-sent request answered with its first win
+					}
+					ws.won[out.OrderID] = true
+					if sc.HoldTTL > 0 {
+						fate := sc.HoldFate(i)
+						if fate != 0 {
+							ws.released++
+						}
+						if err := st.AfterWin(ctx, w, &r, out.OrderID, fate); err != nil {
+							ws.errors++
+							if len(ws.notes) < 2 {
+								ws.notes = append(ws.notes, err.Error())
+							}
+						}
+					}
+				default:
+					ws.losses[out.Reason]++
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(samplerDone)
+	samplerWG.Wait()
+
+	all := NewLatencies(0)
+	won := map[string]bool{}
+	merged := make([]slotStats, slotsMax)
+	for _, ws := range stats {
+		all.Merge(ws.lat)
+		for k, v := range ws.losses {
+			run.Losses[k] += v
+		}
+		run.Errors += ws.errors
+		for _, n := range ws.notes {
+			if len(run.ErrorNotes) < 3 {
+				run.ErrorNotes = append(run.ErrorNotes, n)
+			}
+		}
+		for id := range ws.won {
+			won[id] = true
+		}
+		run.Kept -= ws.released
+		for i, s := range ws.slots {
+			merged[i].n += s.n
+			merged[i].sumNanos += s.sumNanos
+			merged[i].maxNanos = max(merged[i].maxNanos, s.maxNanos)
+		}
+	}
+	run.Sent = all.Count()
+	run.ElapsedSec = elapsed.Seconds()
+	run.Rate = float64(run.Sent) / elapsed.Seconds()
+	run.Latency = all.Summarize()
+	run.Wins = len(won)
+	run.Kept += run.Wins
+	for i, s := range merged {
+		if s.n == 0 && float64(i)*slotWidth.Seconds() > elapsed.Seconds() {
+			break
+		}
+		sl := Slot{AtSec: float64(i) * slotWidth.Seconds(), Requests: s.n, MaxLatency: float64(s.maxNanos) / 1e6}
+		if s.n > 0 {
+			sl.MeanLatency = float64(s.sumNanos) / float64(s.n) / 1e6
+		}
+		run.Timeline = append(run.Timeline, sl)
+	}
+
+	final, err := st.Final(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s on %s: final count: %w", st.Name(), sc.Name, err)
+	}
+	run.Final = final
+	run.Oversold = Oversold(int64(run.Kept), run.Total, final.Sold)
+	return run, nil
+}

@@ -1,0 +1,295 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// httpClients is one connection pool per target, shared by the HTTP
+// strategies; worker w always uses target w mod n.
+type httpClients []*fasthttp.HostClient
+
+func newHTTPClients(targets []string, conns int) httpClients {
+	out := make(httpClients, len(targets))
+	for i, t := range targets {
+		out[i] = &fasthttp.HostClient{
+			// A few connections beyond the workers' serve the samplers.
+			Addr: strings.TrimPrefix(t, "http://"), MaxConns: conns + 4, MaxConnWaitTimeout: requestTimeout,
+			ReadTimeout: requestTimeout, WriteTimeout: requestTimeout,
+			MaxIdemponentCallAttempts: 1,
+		}
+	}
+	return out
+}
+
+func (c httpClients) do(worker int, method, path, token string, body []byte) (int, []byte, error) {
+	hc := c[worker%len(c)]
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + hc.Addr + path)
+	req.Header.SetMethod(method)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != nil {
+		req.Header.SetContentType("application/json")
+		req.SetBodyRaw(body)
+	}
+	if err := hc.DoTimeout(req, resp, requestTimeout); err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
+}
+
+// stockdStrategy sells through stockd's HTTP API.
+type stockdStrategy struct {
+	name    string
+	noWait  bool
+	nodes   int
+	clients httpClients
+	token   string
+	sc      *Scenario
+}
+
+func newStockd(targets []string, conns int, token string, noWait bool) *stockdStrategy {
+	name := "stockd-commit"
+	if noWait {
+		name = "stockd-none"
+	}
+	return &stockdStrategy{name: name, noWait: noWait, nodes: len(targets), clients: newHTTPClients(targets, conns), token: token}
+}
+
+func (s *stockdStrategy) Name() string {
+	if s.nodes > 1 {
+		return fmt.Sprintf("%s (%d nodes)", s.name, s.nodes)
+	}
+	return s.name
+}
+
+func (s *stockdStrategy) Durability() string {
+	switch {
+	case s.noWait:
+		return "none at answer; raft commit follows"
+	case s.nodes > 1:
+		return fmt.Sprintf("raft quorum of %d, fsync", s.nodes)
+	}
+	return "fsync (raft log + ledger)"
+}
+
+func (s *stockdStrategy) Supports(*Scenario) string { return "" }
+func (s *stockdStrategy) Close() error              { return nil }
+
+func (s *stockdStrategy) Setup(ctx context.Context, sc *Scenario) error {
+	s.sc = sc
+	for k, sku := range sc.SKUs {
+		body := fmt.Sprintf(`{"total":%d}`, sc.Units[k])
+		if sc.HoldTTL > 0 {
+			body = fmt.Sprintf(`{"total":%d,"hold_ttl":%q}`, sc.Units[k], sc.HoldTTL.String())
+		}
+		code, answer, err := s.clients.do(0, fasthttp.MethodPut, "/v1/skus/"+sku, s.token, []byte(body))
+		if err != nil {
+			return fmt.Errorf("create sale %s: %w", sku, err)
+		}
+		if code != fasthttp.StatusCreated && code != fasthttp.StatusOK {
+			return fmt.Errorf("create sale %s: %d %s", sku, code, answer)
+		}
+	}
+	// Followers learn of a sale when they apply it: start once every
+	// target knows every SKU.
+	deadline := time.Now().Add(10 * time.Second)
+	for w := range s.clients {
+		for _, sku := range sc.SKUs {
+			for {
+				code, _, err := s.clients.do(w, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
+				if err == nil && code == fasthttp.StatusOK {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("sale %s not visible on %s after 10s", sku, s.clients[w].Addr)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	return nil
+}
+
+type deductAnswer struct {
+	Error   string `json:"error"`
+	OrderID string `json:"order_id"`
+}
+
+func (s *stockdStrategy) Deduct(_ context.Context, worker int, r *Request) Outcome {
+	path := "/v1/skus/" + s.sc.SKUs[r.SKU] + "/deduct"
+	if s.noWait {
+		path += "?wait=none"
+	}
+	body := fmt.Appendf(nil, `{"user":%q,"qty":%d,"request_id":%q}`, r.User, r.Qty, r.RequestID)
+	code, answer, err := s.clients.do(worker, fasthttp.MethodPost, path, "", body)
+	if err != nil {
+		return Outcome{Err: err}
+	}
+	var a deductAnswer
+	_ = json.Unmarshal(answer, &a)
+	switch {
+	case code == fasthttp.StatusOK || code == fasthttp.StatusAccepted:
+		return Outcome{Win: true, OrderID: a.OrderID}
+	case code == fasthttp.StatusConflict:
+		return Outcome{Reason: a.Error}
+	}
+	return Outcome{Err: fmt.Errorf("%d %s", code, a.Error)}
+}
+
+func (s *stockdStrategy) AfterWin(_ context.Context, worker int, _ *Request, orderID string, fate int) error {
+	var op string
+	switch fate {
+	case 0:
+		op = "confirm"
+	case 1:
+		op = "cancel"
+	default:
+		return nil
+	}
+	code, answer, err := s.clients.do(worker, fasthttp.MethodPost, "/v1/orders/"+orderID+"/"+op, "", nil)
+	if err != nil {
+		return err
+	}
+	if code != fasthttp.StatusOK && code != fasthttp.StatusConflict {
+		return fmt.Errorf("%s %s: %d %s", op, orderID, code, answer)
+	}
+	return nil
+}
+
+func (s *stockdStrategy) Remaining(context.Context) (int64, error) {
+	var n int64
+	for _, sku := range s.sc.SKUs {
+		code, answer, err := s.clients.do(0, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
+		if err != nil || code != fasthttp.StatusOK {
+			return 0, fmt.Errorf("read %s: %d %v", sku, code, err)
+		}
+		var v struct {
+			Remaining int64 `json:"remaining"`
+		}
+		if err := json.Unmarshal(answer, &v); err != nil {
+			return 0, err
+		}
+		n += v.Remaining
+	}
+	return n, nil
+}
+
+// Final audits every SKU on the first node once its takes in flight have
+// settled (wait=none answers before commit).
+func (s *stockdStrategy) Final(context.Context) (Final, error) {
+	f := Final{Valid: true}
+	for _, sku := range s.sc.SKUs {
+		var a struct {
+			OK        bool             `json:"ok"`
+			Problem   string           `json:"problem"`
+			Total     int64            `json:"total"`
+			Available int64            `json:"available"`
+			Leased    map[string]int64 `json:"leased"`
+			Held      int64            `json:"held"`
+			Sold      int64            `json:"sold"`
+			Local     struct {
+				TakesInFlight int64 `json:"takes_in_flight"`
+			} `json:"local"`
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			code, answer, err := s.clients.do(0, fasthttp.MethodGet, "/v1/skus/"+sku+"/audit", s.token, nil)
+			if err != nil || code != fasthttp.StatusOK {
+				return f, fmt.Errorf("audit %s: %d %v", sku, code, err)
+			}
+			if err := json.Unmarshal(answer, &a); err != nil {
+				return f, fmt.Errorf("decode audit of %s: %w", sku, err)
+			}
+			if a.Local.TakesInFlight == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		var leased int64
+		for _, v := range a.Leased {
+			leased += v
+		}
+		f.Sold += a.Sold + a.Held
+		f.Remaining += a.Available + leased
+		if !a.OK {
+			f.Valid = false
+			f.Detail += sku + ": " + a.Problem + "; "
+		}
+	}
+	return f, nil
+}
+
+// noopBody is what the no-op server answers to everything.
+var noopBody = []byte(`{"error":"sold_out","detail":"no units left"}` + "\n")
+
+// ServeNoop serves the no-op handler on addr until ctx ends: the HTTP floor
+// the bench compares stockd against (stockd noop-server, started by the
+// bench as a process of its own, as stockd is).
+func ServeNoop(ctx context.Context, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(fasthttp.StatusConflict)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(noopBody)
+	}}
+	go func() {
+		<-ctx.Done()
+		srv.Shutdown()
+	}()
+	return srv.Serve(ln)
+}
+
+// noopStrategy loads a no-op server process: every request is answered
+// with a fixed sold_out body.
+type noopStrategy struct {
+	noHolds
+	proc    *launched
+	clients httpClients
+}
+
+func newNoop(binary, dir string, conns int) (*noopStrategy, error) {
+	l, err := launchNoop(binary, dir)
+	if err != nil {
+		return nil, err
+	}
+	return &noopStrategy{proc: l, clients: newHTTPClients([]string{l.url}, conns)}, nil
+}
+
+func (n *noopStrategy) Name() string                           { return "noop" }
+func (n *noopStrategy) Durability() string                     { return "n/a (answers sold_out)" }
+func (n *noopStrategy) Supports(s *Scenario) string            { return supportsNoHolds(s) }
+func (n *noopStrategy) Setup(context.Context, *Scenario) error { return nil }
+func (n *noopStrategy) Remaining(context.Context) (int64, error) {
+	return 0, nil
+}
+func (n *noopStrategy) Final(context.Context) (Final, error) { return Final{Valid: true}, nil }
+func (n *noopStrategy) Close() error                         { return n.proc.stop() }
+
+func (n *noopStrategy) Deduct(_ context.Context, worker int, r *Request) Outcome {
+	body := fmt.Appendf(nil, `{"user":%q,"qty":%d,"request_id":%q}`, r.User, r.Qty, r.RequestID)
+	code, answer, err := n.clients.do(worker, fasthttp.MethodPost, "/v1/skus/noop/deduct", "", body)
+	if err != nil {
+		return Outcome{Err: err}
+	}
+	var a deductAnswer
+	_ = json.Unmarshal(answer, &a)
+	if code != fasthttp.StatusConflict {
+		return Outcome{Err: errors.New("noop server answered " + fmt.Sprint(code))}
+	}
+	return Outcome{Reason: a.Error}
+}
