@@ -6,7 +6,7 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build run test test-multiproc vet bench bench-go clean cluster cluster-stop
+.PHONY: build run test test-multiproc vet bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -35,7 +35,12 @@ vet:
 # 100,000 buyers, 64 connections; prints throughput, latency, outcomes and
 # the oversell check.
 bench: build
-	$(BIN) bench -launch 1 -units 1000 -buyers 100000 -conns 64
+	$(BIN) bench -launch 1 -scenario flash -units 1000 -requests 100000 -conns 64
+
+# The full comparison table with Redis + Lua and PostgreSQL rows: installs
+# redis-server and postgresql when missing, runs them on loopback, stops them.
+bench-peers: build
+	scripts/bench-peers.sh $(BIN)
 
 # The Go micro-benchmarks: shard variants and HTTP deduct vs a no-op handler.
 bench-go:

@@ -55,7 +55,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.Int64Var(&o.Units, "units", 1000, "units on sale (hot-cold: per SKU; plentiful: ignored, stock is twice the requests)")
 	fs.IntVar(&o.Requests, "requests", 100_000, "deduct attempts per scenario and strategy (distinct buyers, but retry-storm re-sends)")
 	fs.IntVar(&o.Conns, "conns", 64, "concurrent connections, one worker each, no pipelining")
-	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "stop sending after this long per scenario and strategy, even if requests remain")
+	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "stop sending after this long per scenario and strategy, even if requests remain")
 	fs.IntVar(&o.SKUs, "skus", 100, "hot-cold: number of SKUs")
 	fs.Float64Var(&o.ZipfS, "zipf", 1.1, "hot-cold: Zipf exponent s (> 1) of SKU popularity")
 	fs.Float64Var(&o.RetryShare, "retry-share", 0.3, "retry-storm: share of requests that re-send an earlier request_id")
