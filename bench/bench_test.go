@@ -1,0 +1,134 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// brokenStrategy sells without looking at the stock: every deduct wins.
+type brokenStrategy struct {
+	inprocStrategy
+	total int64
+}
+
+func (b *brokenStrategy) Setup(_ context.Context, s *Scenario) error {
+	b.total = s.TotalUnits()
+	b.sold.Store(0)
+	return nil
+}
+
+func (b *brokenStrategy) Deduct(_ context.Context, _ int, r *Request) Outcome {
+	b.sold.Add(r.Qty)
+	return Outcome{Win: true, OrderID: r.RequestID}
+}
+
+func (b *brokenStrategy) Final(context.Context) (Final, error) {
+	return Final{Sold: b.sold.Load(), Remaining: b.total - b.sold.Load(), Valid: true}, nil
+}
+
+func testOptions() Options {
+	return Options{Units: 50, Requests: 2000, Conns: 8, Duration: 10 * time.Second, SKUs: 10, ZipfS: 1.1, RetryShare: 0.3, HoldTTL: time.Second}
+}
+
+func TestOversold_CatchesABrokenStrategy(t *testing.T) {
+	o := testOptions()
+	sc, err := NewScenario("flash", &o, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := &brokenStrategy{inprocStrategy: inprocStrategy{name: "broken"}}
+	run, err := runOne(context.Background(), broken, sc, &o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Oversold != int64(o.Requests)-o.Units {
+		t.Fatalf("oversold %d, want %d (every request won, %d units)", run.Oversold, int64(o.Requests)-o.Units, o.Units)
+	}
+	report := &Report{Runs: []*Run{run}}
+	if bad := report.Failed(); len(bad) != 1 || !strings.Contains(bad[0], "oversold 1950") {
+		t.Fatalf("report did not fail the broken strategy: %v", bad)
+	}
+}
+
+func TestOversold_Formula(t *testing.T) {
+	f := func(kept, total, sold, want int64) {
+		t.Helper()
+		if got := Oversold(kept, total, sold); got != want {
+			t.Fatalf("Oversold(%d, %d, %d) = %d, want %d", kept, total, sold, got, want)
+		}
+	}
+	f(10, 10, 10, 0)
+	f(9, 10, 9, 0)
+	f(11, 10, 10, 1) // acknowledged more than the stock
+	f(10, 10, 12, 2) // the store sold more than it had
+}
+
+// Every honest strategy that runs in this process ends each scenario with
+// oversold 0 and a count that adds up.
+func TestRun_InprocStrategiesNeverOversell(t *testing.T) {
+	o := testOptions()
+	for _, name := range []string{"flash", "plentiful", "hot-cold", "retry-storm"} {
+		sc, err := NewScenario(name, &o, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range []Strategy{newInprocMutex(), newInprocAtomic(), newInprocBuckets()} {
+			run, err := runOne(context.Background(), st, sc, &o, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantWins := min(int64(o.Requests), sc.TotalUnits())
+			if name == "retry-storm" || name == "hot-cold" {
+				wantWins = -1 // depends on the request mix
+			}
+			if run.Oversold != 0 || !run.Final.Valid || run.Sent != o.Requests || (wantWins >= 0 && int64(run.Wins) != wantWins) {
+				t.Fatalf("%s/%s: %+v", name, st.Name(), run)
+			}
+			if int64(run.Wins) != run.Final.Sold {
+				t.Fatalf("%s/%s: %d wins, store sold %d", name, st.Name(), run.Wins, run.Final.Sold)
+			}
+		}
+	}
+}
+
+func TestScenario_RetryStormResendsEarlierRequests(t *testing.T) {
+	o := testOptions()
+	sc, err := NewScenario("retry-storm", &o, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resent atomic.Int64
+	seen := map[string]bool{}
+	for i := 0; i < sc.Requests; i++ {
+		r := sc.Request(i)
+		if r.Resend {
+			resent.Add(1)
+			if !seen[r.RequestID] {
+				t.Fatalf("request %d re-sends %s, which was never sent", i, r.RequestID)
+			}
+		}
+		seen[r.RequestID] = true
+	}
+	share := float64(resent.Load()) / float64(sc.Requests)
+	if share < 0.25 || share > 0.35 {
+		t.Fatalf("re-sent share %.2f, want about %.2f", share, o.RetryShare)
+	}
+}
+
+func TestScenario_HotColdFavoursTheFirstSKUs(t *testing.T) {
+	o := testOptions()
+	sc, err := NewScenario("hot-cold", &o, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := make([]int, len(sc.SKUs))
+	for i := 0; i < sc.Requests; i++ {
+		counts[sc.Request(i).SKU]++
+	}
+	if counts[0] <= counts[1] || counts[1] <= counts[len(counts)-1] {
+		t.Fatalf("Zipf counts not decreasing: %v", counts)
+	}
+}
