@@ -93,24 +93,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // nodeConfig is everything a node needs, gathered from flags and env.
 type nodeConfig struct {
-	ID               string
-	HTTPAddr         string
-	AdvertiseHTTP    string
-	RaftAddr         string
-	DataDir          string
-	Peers            string
-	Join             string
-	AdminToken       string
-	ClusterSecret    string
-	LogLevel         string
-	Buckets          int
-	LeaseIdleReturn  time.Duration
-	ReclaimAfter     time.Duration
-	RaftTimeout      time.Duration // raft heartbeat and election timeout
-	RequestRetention time.Duration
-	RequestMaxKeep   int64
-	AuditInterval    time.Duration
-	Logger           *slog.Logger
+	ID                string
+	HTTPAddr          string
+	AdvertiseHTTP     string
+	RaftAddr          string
+	DataDir           string
+	Peers             string
+	Join              string
+	AdminToken        string
+	ClusterSecret     string
+	LogLevel          string
+	Buckets           int
+	LeaseIdleReturn   time.Duration
+	ReclaimAfter      time.Duration
+	RaftTimeout       time.Duration // raft heartbeat and election timeout
+	ProposalsInFlight int
+	RequestRetention  time.Duration
+	RequestMaxKeep    int64
+	AuditInterval     time.Duration
+	Logger            *slog.Logger
 
 	// Test hooks: links between nodes that a test can cut.
 	streamLayer raftfsm.StreamLayer
@@ -134,6 +135,7 @@ func parseServeFlags(args []string, stderr io.Writer) (nodeConfig, error) {
 	fs.DurationVar(&cfg.ReclaimAfter, "reclaim-after", 10*time.Second, "the leader reclaims the leases of a node unreachable this long")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&cfg.Buckets, "buckets", runtime.GOMAXPROCS(0), "per-core stock buckets per SKU")
+	fs.IntVar(&cfg.ProposalsInFlight, "proposals-in-flight", 1, "Take batches proposed at once; a new batch gathers every win queued meanwhile")
 	fs.DurationVar(&cfg.RequestRetention, "request-retention", 24*time.Hour, "how long a request_id keeps answering with its first order")
 	fs.Int64Var(&cfg.RequestMaxKeep, "request-max-keep", 1_000_000, "most request_ids remembered; the oldest beyond this are forgotten first")
 	fs.DurationVar(&cfg.AuditInterval, "audit-interval", 30*time.Second, "how often every node audits its ledger (stockd_audit_drift_units)")
@@ -295,6 +297,9 @@ func startNode(cfg nodeConfig) (*runningNode, error) {
 	}
 	if cfg.ReclaimAfter > 0 {
 		ecfg.ReclaimAfter = cfg.ReclaimAfter
+	}
+	if cfg.ProposalsInFlight > 0 {
+		ecfg.ProposalsInFlightMax = cfg.ProposalsInFlight
 	}
 	if cfg.RequestRetention > 0 {
 		ecfg.RequestRetention = cfg.RequestRetention

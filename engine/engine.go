@@ -76,7 +76,9 @@ type Config struct {
 	// applied before it answers outcome_unknown.
 	CommitWait time.Duration
 	// ProposalsInFlightMax bounds Take proposals in flight; takes queue
-	// while all are busy and leave in the next batch.
+	// while all are busy and leave in the next batch. One is fastest on a
+	// 2-core machine (bigger batches, less per-batch CPU); more can help
+	// when the network, not the CPU, is the wait.
 	ProposalsInFlightMax int
 	// TakeQueueMax bounds won takes waiting for a proposal slot.
 	TakeQueueMax int
@@ -128,7 +130,7 @@ func DefaultConfig() Config {
 		LeaseDivisor:         4,
 		LeaseWait:            2 * time.Second,
 		CommitWait:           5 * time.Second,
-		ProposalsInFlightMax: 4,
+		ProposalsInFlightMax: 1,
 		TakeQueueMax:         1 << 16,
 		LeaseIdleReturn:      time.Second,
 		ReclaimAfter:         10 * time.Second,

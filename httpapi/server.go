@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 
 	"stockd/engine"
 )
@@ -200,6 +201,7 @@ var (
 	pathV1Orders       = []byte("/v1/orders/")
 	pathV1ClusterNodes = []byte("/v1/cluster/nodes/")
 	pathInternal       = []byte("/internal/v1/")
+	pathDebugPprof     = []byte("/debug/pprof/")
 	suffixDeduct       = []byte("/deduct")
 	suffixRestock      = []byte("/restock")
 	suffixAudit        = []byte("/audit")
@@ -281,6 +283,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.handleReady(ctx)
 	case string(path) == "/metrics":
 		s.handleMetrics(ctx)
+	case bytes.HasPrefix(path, pathDebugPprof):
+		// Profiles show internals and cost CPU: admin only.
+		if s.admin(ctx) {
+			pprofhandler.PprofHandler(ctx)
+		}
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no such route")
 	}
