@@ -63,7 +63,7 @@ type workerStats struct {
 	errors   int
 	notes    []string
 	won      map[string]bool
-	released int // wins cancelled or left to expire
+	released int // holds cancelled, left to expire, or confirmed too late
 	slots    []slotStats
 }
 
@@ -160,11 +160,11 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 					}
 					ws.won[out.OrderID] = true
 					if sc.HoldTTL > 0 {
-						fate := sc.HoldFate(i)
-						if fate != 0 {
+						kept, err := st.AfterWin(ctx, w, &r, out.OrderID, sc.HoldFate(i))
+						if !kept {
 							ws.released++
 						}
-						if err := st.AfterWin(ctx, w, &r, out.OrderID, fate); err != nil {
+						if err != nil {
 							ws.errors++
 							if len(ws.notes) < 2 {
 								ws.notes = append(ws.notes, err.Error())

@@ -56,7 +56,7 @@ func (s *Scenario) Request(i int) Request {
 	b := int(s.buyer[i])
 	return Request{
 		SKU: int(s.sku[i]), Buyer: b, Qty: 1, Resend: s.resend[i],
-		RequestID: fmt.Sprintf("%s-%d", s.runID, b), User: fmt.Sprintf("u%d", b),
+		RequestID: fmt.Sprintf("%s-%s-%d", s.runID, s.Name, b), User: fmt.Sprintf("u%d", b),
 	}
 }
 

@@ -148,7 +148,11 @@ func (s *stockdStrategy) Deduct(_ context.Context, worker int, r *Request) Outco
 	return Outcome{Err: fmt.Errorf("%d %s", code, a.Error)}
 }
 
-func (s *stockdStrategy) AfterWin(_ context.Context, worker int, _ *Request, orderID string, fate int) error {
+// afterWinPendingWait bounds how long a wait=none winner waits for its
+// order to leave pending before it pays or cancels.
+const afterWinPendingWait = 2 * time.Second
+
+func (s *stockdStrategy) AfterWin(_ context.Context, worker int, _ *Request, orderID string, fate int) (bool, error) {
 	var op string
 	switch fate {
 	case 0:
@@ -156,16 +160,26 @@ func (s *stockdStrategy) AfterWin(_ context.Context, worker int, _ *Request, ord
 	case 1:
 		op = "cancel"
 	default:
-		return nil
+		return false, nil // the buyer walks away; the hold expires
 	}
-	code, answer, err := s.clients.do(worker, fasthttp.MethodPost, "/v1/orders/"+orderID+"/"+op, "", nil)
-	if err != nil {
-		return err
+	deadline := time.Now().Add(afterWinPendingWait)
+	for {
+		code, answer, err := s.clients.do(worker, fasthttp.MethodPost, "/v1/orders/"+orderID+"/"+op, "", nil)
+		switch {
+		case err != nil:
+			return false, err
+		case code == fasthttp.StatusOK:
+			return fate == 0, nil
+		case code == fasthttp.StatusConflict:
+			return false, nil // expired before the buyer paid
+		case code == fasthttp.StatusNotFound && time.Now().Before(deadline):
+			// wait=none: the order is still pending; the ledger has not
+			// committed it yet.
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		return false, fmt.Errorf("%s %s: %d %s", op, orderID, code, answer)
 	}
-	if code != fasthttp.StatusOK && code != fasthttp.StatusConflict {
-		return fmt.Errorf("%s %s: %d %s", op, orderID, code, answer)
-	}
-	return nil
 }
 
 func (s *stockdStrategy) Remaining(context.Context) (int64, error) {

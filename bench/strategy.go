@@ -41,8 +41,9 @@ type Strategy interface {
 	Supports(s *Scenario) string
 	Setup(ctx context.Context, s *Scenario) error
 	Deduct(ctx context.Context, worker int, r *Request) Outcome
-	// AfterWin lets a holds scenario confirm or cancel (fate 0 or 1).
-	AfterWin(ctx context.Context, worker int, r *Request, orderID string, fate int) error
+	// AfterWin lets a holds scenario confirm (fate 0) or cancel (fate 1) a
+	// won hold; kept reports a confirmed sale.
+	AfterWin(ctx context.Context, worker int, r *Request, orderID string, fate int) (kept bool, err error)
 	// Remaining is sampled during the run for the stock-over-time chart.
 	Remaining(ctx context.Context) (int64, error)
 	Final(ctx context.Context) (Final, error)
@@ -52,7 +53,7 @@ type Strategy interface {
 // noHolds is embedded by strategies without holds.
 type noHolds struct{}
 
-func (noHolds) AfterWin(context.Context, int, *Request, string, int) error { return nil }
+func (noHolds) AfterWin(context.Context, int, *Request, string, int) (bool, error) { return true, nil }
 
 func supportsNoHolds(s *Scenario) string {
 	if s.HoldTTL > 0 {
