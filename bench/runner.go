@@ -223,6 +223,20 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		run.Timeline = append(run.Timeline, sl)
 	}
 
+	if v, ok := st.(verifier); ok && sc.HoldTTL == 0 {
+		ids := make([]string, 0, len(won))
+		for id := range won {
+			ids = append(ids, id)
+		}
+		kept, err := v.Verify(ctx, ids)
+		if err != nil {
+			return nil, fmt.Errorf("%s on %s: %w", st.Name(), sc.Name, err)
+		}
+		if lost := run.Kept - kept; lost > 0 {
+			run.ErrorNotes = append(run.ErrorNotes, fmt.Sprintf("%d accepted orders never committed (wait=none qualifications the ledger turned down)", lost))
+		}
+		run.Kept = kept
+	}
 	final, err := st.Final(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s on %s: final count: %w", st.Name(), sc.Name, err)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -306,4 +308,41 @@ func (n *noopStrategy) Deduct(_ context.Context, worker int, r *Request) Outcome
 		return Outcome{Err: errors.New("noop server answered " + fmt.Sprint(code))}
 	}
 	return Outcome{Reason: a.Error}
+}
+
+// Verify reads every order a wait=none buyer was told it won: an order
+// that is sold or held at the end was committed; one that is missing was a
+// qualification the ledger later turned down (or a crash lost).
+func (s *stockdStrategy) Verify(_ context.Context, orderIDs []string) (int, error) {
+	if !s.noWait {
+		return len(orderIDs), nil
+	}
+	var kept atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	workers := min(len(s.clients)*16, 64)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < len(orderIDs); i += workers {
+				code, answer, err := s.clients.do(w, fasthttp.MethodGet, "/v1/orders/"+orderIDs[i], "", nil)
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				var o struct {
+					State string `json:"state"`
+				}
+				if code == fasthttp.StatusOK && json.Unmarshal(answer, &o) == nil && (o.State == "sold" || o.State == "held") {
+					kept.Add(1)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return int(kept.Load()), fmt.Errorf("verify orders: %w", err)
+	}
+	return int(kept.Load()), nil
 }

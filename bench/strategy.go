@@ -50,6 +50,13 @@ type Strategy interface {
 	Close() error
 }
 
+// verifier is implemented by strategies that answer before they commit
+// (stockd wait=none): Verify counts the won orders that exist at the end,
+// which are the wins the oversell check may count.
+type verifier interface {
+	Verify(ctx context.Context, orderIDs []string) (kept int, err error)
+}
+
 // noHolds is embedded by strategies without holds.
 type noHolds struct{}
 

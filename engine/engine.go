@@ -214,6 +214,8 @@ type Engine struct {
 	consecutiveFailures atomic.Int64
 	failOpenUntilNanos  atomic.Int64
 
+	auditing atomic.Bool // a periodic audit is running
+
 	closing atomic.Bool
 	stop    chan struct{}
 	wg      sync.WaitGroup

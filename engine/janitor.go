@@ -38,9 +38,16 @@ func (e *Engine) runJanitor() {
 		e.updateBreaker()
 		now := e.cfg.Now()
 		e.expireHolds(now)
-		if now.Sub(lastAudit) >= e.cfg.AuditInterval {
+		if now.Sub(lastAudit) >= e.cfg.AuditInterval && e.auditing.CompareAndSwap(false, true) {
+			// An audit scans every order: off the janitor's goroutine, one
+			// at a time, so the breaker and expiries keep their pace.
 			lastAudit = now
-			e.auditAll()
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				defer e.auditing.Store(false)
+				e.auditAll()
+			}()
 		}
 		if now.Sub(lastPrune) >= pruneInterval {
 			lastPrune = now
@@ -234,13 +241,15 @@ func (e *Engine) pruneRequests(now time.Time) {
 	}
 }
 
-// auditAll checks every sale in the local ledger and records the drift.
+// auditAll checks every sale in the local ledger, in one pass over the
+// orders, and records the drift.
 func (e *Engine) auditAll() {
-	for sku := range *e.sales.Load() {
-		a, ok, err := e.ledger.AuditSKU(sku)
-		if err != nil || !ok {
-			continue
-		}
+	audits, err := e.ledger.AuditAll()
+	if err != nil {
+		e.logger.Warn("periodic audit", "err", err)
+		return
+	}
+	for sku, a := range audits {
 		drift := auditDrift(&a)
 		e.metrics.setDrift(sku, drift)
 		if drift != 0 {

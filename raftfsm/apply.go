@@ -407,10 +407,7 @@ func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
 }
 
 func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano int64) error {
-	if err := a.tx.Bucket(bucketRequests).Put([]byte(requestID), []byte(orderID)); err != nil {
-		return err
-	}
-	if err := a.tx.Bucket(bucketRequestsByTime).Put(requestTimeKey(createdAtUnixNano, requestID), nil); err != nil {
+	if err := a.tx.Bucket(bucketRequestsByTime).Put(requestTimeKey(createdAtUnixNano, requestID), []byte(orderID)); err != nil {
 		return err
 	}
 	a.requestChanges[requestID] = orderID
@@ -440,11 +437,7 @@ func (a *applier) pruneRequests(c *Command) (*Result, error) {
 		if err := byTime.Delete(k); err != nil {
 			return nil, err
 		}
-		req := string(k[8:])
-		if err := a.tx.Bucket(bucketRequests).Delete([]byte(req)); err != nil {
-			return nil, err
-		}
-		a.requestChanges[req] = ""
+		a.requestChanges[string(k[8:])] = ""
 	}
 	return &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}, nil
 }

@@ -19,15 +19,16 @@ import (
 
 // bbolt buckets of the ledger file.
 var (
-	bucketMeta     = []byte("meta")
-	bucketSKUs     = []byte("skus")
-	bucketOrders   = []byte("orders")
-	bucketRequests = []byte("requests")
-	bucketBuyers   = []byte("buyers")
-	bucketNodes    = []byte("nodes")
-	// requests_by_time orders request ids by their order's creation time
-	// (key: 8-byte big-endian unix nanos, then the request id), so pruning
-	// picks the same ids on every node.
+	bucketMeta   = []byte("meta")
+	bucketSKUs   = []byte("skus")
+	bucketOrders = []byte("orders")
+	bucketBuyers = []byte("buyers")
+	bucketNodes  = []byte("nodes")
+	// requests maps request ids to their order ids. Keys are the order's
+	// creation time (8-byte big-endian unix nanos) then the request id: new
+	// ids append at the end of the B+tree instead of dirtying random pages,
+	// and pruning by age picks the same ids on every node. Lookups by
+	// request id go through the in-memory mirror.
 	bucketRequestsByTime = []byte("requests_by_time")
 
 	keyApplied = []byte("applied_index")
@@ -172,7 +173,7 @@ func (l *Ledger) open() error {
 		return fmt.Errorf("open ledger %s: %w", l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketRequests, bucketBuyers, bucketNodes, bucketRequestsByTime} {
+		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -241,8 +242,10 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
-		return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
-			requests[string(k)] = string(v)
+		return tx.Bucket(bucketRequestsByTime).ForEach(func(k, v []byte) error {
+			if len(k) > 8 {
+				requests[string(k[8:])] = string(v)
+			}
 			return nil
 		})
 	})
@@ -411,16 +414,24 @@ func (l *Ledger) RequestIDs() int {
 	return len(l.requests)
 }
 
+// view runs fn in a bbolt read transaction without holding l.mu, so a long
+// read (an audit) never holds up Apply, which takes l.mu to update the
+// mirrors. A Restore that swaps the file waits for the transaction to end.
+func (l *Ledger) view(fn func(tx *bolt.Tx) error) error {
+	l.mu.RLock()
+	db := l.db
+	l.mu.RUnlock()
+	if db == nil {
+		return ErrLedgerClosed
+	}
+	return db.View(fn)
+}
+
 // Order reads one order.
 func (l *Ledger) Order(id string) (Order, bool, error) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if l.db == nil {
-		return Order{}, false, ErrLedgerClosed
-	}
 	var o Order
 	var found bool
-	err := l.db.View(func(tx *bolt.Tx) error {
+	err := l.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketOrders).Get([]byte(id))
 		if v == nil {
 			return nil
@@ -448,36 +459,58 @@ type Audit struct {
 
 // AuditSKU recounts the orders of one SKU and checks them and the
 // conservation law against the row. ok is false when the SKU is unknown.
-// Row, orders and applied index are read in one bbolt transaction, so the
-// audit sees one consistent state while Apply goes on.
+// It scans every order: audits are rare, and AuditAll does all SKUs in one
+// pass.
 func (l *Ledger) AuditSKU(sku string) (Audit, bool, error) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if l.db == nil {
-		return Audit{}, false, ErrLedgerClosed
+	all, err := l.audit(func(s string) bool { return s == sku })
+	if err != nil {
+		return Audit{}, true, fmt.Errorf("audit sku %q: %w", sku, err)
 	}
-	var a Audit
-	found := false
-	// Orders are keyed by id, not by SKU: a full scan. Audits are rare and
-	// the order count is bounded by the stock ever sold.
-	err := l.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketSKUs).Get([]byte(sku))
-		if v == nil {
-			return nil
-		}
-		found = true
-		if err := json.Unmarshal(v, &a.Row); err != nil {
-			return fmt.Errorf("decode sku %q: %w", sku, err)
-		}
+	a, ok := all[sku]
+	return a, ok, nil
+}
+
+// AuditAll audits every SKU in one pass over the orders.
+func (l *Ledger) AuditAll() (map[string]Audit, error) {
+	return l.audit(func(string) bool { return true })
+}
+
+// audit reads rows, orders and the applied index in one bbolt transaction,
+// so it sees one consistent state while Apply goes on, and checks the SKUs
+// that want accepts.
+func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
+	audits := map[string]*Audit{}
+	err := l.view(func(tx *bolt.Tx) error {
+		var applied uint64
 		if idx := tx.Bucket(bucketMeta).Get(keyApplied); len(idx) == 8 {
-			a.AppliedIndex = binary.BigEndian.Uint64(idx)
+			applied = binary.BigEndian.Uint64(idx)
+		}
+		err := tx.Bucket(bucketSKUs).ForEach(func(k, v []byte) error {
+			if !want(string(k)) {
+				return nil
+			}
+			a := &Audit{AppliedIndex: applied}
+			if err := json.Unmarshal(v, &a.Row); err != nil {
+				return fmt.Errorf("decode sku %q: %w", k, err)
+			}
+			audits[string(k)] = a
+			return nil
+		})
+		if err != nil || len(audits) == 0 {
+			return err
+		}
+		var o struct {
+			SKU   string     `json:"sku"`
+			Qty   int64      `json:"qty"`
+			State OrderState `json:"state"`
 		}
 		return tx.Bucket(bucketOrders).ForEach(func(_, v []byte) error {
-			var o Order
+			o.SKU, o.Qty, o.State = "", 0, ""
 			if err := json.Unmarshal(v, &o); err != nil {
 				return err
 			}
-			if o.SKU != sku {
+			a, ok := audits[o.SKU]
+			if !ok {
 				return nil
 			}
 			a.Orders++
@@ -491,22 +524,23 @@ func (l *Ledger) AuditSKU(sku string) (Audit, bool, error) {
 		})
 	})
 	if err != nil {
-		return Audit{}, true, fmt.Errorf("audit sku %q: %w", sku, err)
+		return nil, err
 	}
-	if !found {
-		return Audit{}, false, nil
+	out := make(map[string]Audit, len(audits))
+	for sku, a := range audits {
+		var problems []error
+		if err := a.Row.CheckLaw(); err != nil {
+			problems = append(problems, err)
+		}
+		if a.OrdersHeld != a.Row.Held || a.OrdersSold != a.Row.Sold {
+			problems = append(problems, fmt.Errorf("orders held %d sold %d, row held %d sold %d",
+				a.OrdersHeld, a.OrdersSold, a.Row.Held, a.Row.Sold))
+		}
+		a.OK = len(problems) == 0
+		if !a.OK {
+			a.Problem = errors.Join(problems...).Error()
+		}
+		out[sku] = *a
 	}
-	var problems []error
-	if err := a.Row.CheckLaw(); err != nil {
-		problems = append(problems, err)
-	}
-	if a.OrdersHeld != a.Row.Held || a.OrdersSold != a.Row.Sold {
-		problems = append(problems, fmt.Errorf("orders held %d sold %d, row held %d sold %d",
-			a.OrdersHeld, a.OrdersSold, a.Row.Held, a.Row.Sold))
-	}
-	a.OK = len(problems) == 0
-	if !a.OK {
-		a.Problem = errors.Join(problems...).Error()
-	}
-	return a, true, nil
+	return out, nil
 }
