@@ -37,6 +37,10 @@ var (
 const (
 	ledgerFileName    = "ledger.db"
 	ledgerOpenTimeout = 5 * time.Second // waiting for another process's file lock
+	// ledgerMmapBytes is mapped up front: bbolt must remap to grow, and a
+	// remap waits for every read transaction (audits, snapshot streams), so
+	// without headroom a long read would stall Apply. Address space only.
+	ledgerMmapBytes = 4 << 30
 )
 
 // SKU is one sale's row of the ledger. The conservation law holds for it
@@ -168,7 +172,7 @@ func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 }
 
 func (l *Ledger) open() error {
-	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout})
+	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
 	if err != nil {
 		return fmt.Errorf("open ledger %s: %w", l.path, err)
 	}

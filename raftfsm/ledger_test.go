@@ -7,8 +7,10 @@ import (
 	"io"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
 	"pgregory.net/rapid"
 )
 
@@ -471,5 +473,40 @@ func TestLedger_AuditBetweenCommitAndMirrorUpdate(t *testing.T) {
 	tl.apply(take("n1", "a", "u1", "o1", 2))
 	if audits != 1 {
 		t.Fatalf("hook ran %d times", audits)
+	}
+}
+
+// TestLedger_LongReadDoesNotBlockApply holds a read transaction open (as a
+// long audit does) while a command is applied: Apply must not wait for it.
+func TestLedger_LongReadDoesNotBlockApply(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 1}})
+	started, release := make(chan struct{}), make(chan struct{})
+	readDone := make(chan error, 1)
+	go func() {
+		readDone <- tl.l.view(func(*bolt.Tx) error {
+			close(started)
+			<-release
+			return nil
+		})
+	}()
+	<-started
+	applied := make(chan struct{})
+	go func() {
+		tl.apply(Command{Op: OpRestock, SKU: "a", Qty: 1})
+		close(applied)
+	}()
+	select {
+	case <-applied:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("apply waited for a read transaction")
+	}
+	close(release)
+	if err := <-readDone; err != nil {
+		t.Fatal(err)
+	}
+	if s := tl.row("a"); s.Total != 2 {
+		t.Fatalf("total %d after restock", s.Total)
 	}
 }
