@@ -6,7 +6,7 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build run test test-multiproc vet bench bench-peers bench-go clean cluster cluster-stop
+.PHONY: build run test test-multiproc vet lint bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -21,6 +21,10 @@ run: build
 test: vet
 	$(GO) test -count=1 -run Allocate ./httpapi/ ./engine/ ./shard/
 	$(GO) test -race -count=1 ./...
+
+# staticcheck, fetched through the module proxy on first use.
+lint:
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Three stockd processes on loopback; the leader is killed with SIGKILL
 # mid-sale and restarted on its data dir.

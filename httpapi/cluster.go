@@ -255,7 +255,6 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 // until this node has applied the command too, so a forwarded write is
 // readable here when the caller gets its answer. Safe for concurrent use.
 type Forwarder struct {
-	nodeID  string
 	cluster Cluster
 	engine  Engine
 	secret  string

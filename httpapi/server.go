@@ -173,6 +173,7 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 		NoDefaultDate:        true,
 		NoDefaultContentType: true,
 		CloseOnShutdown:      true,
+		Logger:               fasthttpLogger{logger.With("component", "http")},
 	}
 	return s, nil
 }

@@ -16,7 +16,6 @@ import (
 type fakeEngine struct {
 	status    engine.Status
 	lastReq   engine.DeductRequest
-	lastUser  string
 	deducts   int
 	createErr error
 }

@@ -425,7 +425,7 @@ func (a *applier) pruneRequests(c *Command) (*Result, error) {
 	count := a.requestCount()
 	var doomed [][]byte
 	cur := byTime.Cursor()
-	for k, _ := cur.First(); k != nil && len(k) >= 8; k, _ = cur.Next() {
+	for k, _ := cur.First(); len(k) >= 8; k, _ = cur.Next() {
 		created := int64(binary.BigEndian.Uint64(k[:8]))
 		overCount := c.MaxKeep > 0 && count-int64(len(doomed)) > c.MaxKeep
 		if created >= c.BeforeUnixNano && !overCount {
