@@ -143,34 +143,16 @@ func newInprocMutex() Strategy {
 	}}
 }
 
-func newInprocAtomic() Strategy {
-	var counters []atomic.Int64
-	p := &inprocStrategy{name: "inproc-atomic"}
-	p.take = func(sku, _ int, qty int64) bool {
-		c := &counters[sku]
-		for {
-			v := c.Load()
-			if v < qty {
-				return false
-			}
-			if c.CompareAndSwap(v, v-qty) {
-				return true
-			}
-		}
-	}
-	p.left = func(sku int) int64 { return counters[sku].Load() }
-	return &setupInproc{inprocStrategy: p, init: func(units []int64) {
-		counters = make([]atomic.Int64, len(units))
-		for k, u := range units {
-			counters[k].Store(u)
-		}
-		p.units = units
-	}}
-}
+// newInprocAtomic is one shared atomic counter per SKU, decremented with
+// CAS: the buckets with a single bucket.
+func newInprocAtomic() Strategy { return newInprocShards("inproc-atomic", 1) }
 
-func newInprocBuckets() Strategy {
+// newInprocBuckets is stockd's per-core buckets with a sticky hint.
+func newInprocBuckets() Strategy { return newInprocShards("inproc-buckets", 16) }
+
+func newInprocShards(name string, shards int) Strategy {
 	var buckets []*shard.Buckets
-	p := &inprocStrategy{name: "inproc-buckets"}
+	p := &inprocStrategy{name: name}
 	p.take = func(sku, worker int, qty int64) bool {
 		if qty < 0 {
 			buckets[sku].Put(uint32(worker), -qty)
@@ -182,7 +164,7 @@ func newInprocBuckets() Strategy {
 	return &setupInproc{inprocStrategy: p, init: func(units []int64) {
 		buckets = make([]*shard.Buckets, len(units))
 		for k, u := range units {
-			buckets[k] = shard.New(16)
+			buckets[k] = shard.New(shards)
 			if u > 0 {
 				buckets[k].Load(u)
 			}
@@ -190,7 +172,6 @@ func newInprocBuckets() Strategy {
 		p.units = units
 	}}
 }
-
 // setupInproc gives an in-process strategy its Setup.
 type setupInproc struct {
 	*inprocStrategy
