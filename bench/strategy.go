@@ -172,6 +172,7 @@ func newInprocShards(name string, shards int) Strategy {
 		p.units = units
 	}}
 }
+
 // setupInproc gives an in-process strategy its Setup.
 type setupInproc struct {
 	*inprocStrategy
