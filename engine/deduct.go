@@ -258,6 +258,7 @@ func (e *Engine) won(s *sale, req *DeductRequest, res *DeductResult) {
 		s.takesInFlight.Add(-req.Qty)
 		e.putBack(s, req.Hint, req.Qty)
 		res.Status, res.Detail = StatusUnavailable, "commit queue is full"
+		p.resolve(*res) // duplicates already waiting on p get the same answer
 		return
 	}
 	e.awaitPending(p, req.NoWait, res)
