@@ -13,6 +13,7 @@ require (
 	github.com/valyala/fasthttp v1.78.0
 	github.com/valyala/fastjson v1.6.10
 	go.etcd.io/bbolt v1.5.0
+	golang.org/x/time v0.16.0
 	pgregory.net/rapid v1.3.0
 )
 

@@ -108,6 +108,9 @@ type nodeConfig struct {
 	ReclaimAfter      time.Duration
 	RaftTimeout       time.Duration // raft heartbeat and election timeout
 	ProposalsInFlight int
+	RateLimit         float64
+	RateBurst         int
+	MaxInFlight       int
 	RequestRetention  time.Duration
 	RequestMaxKeep    int64
 	AuditInterval     time.Duration
@@ -135,6 +138,9 @@ func parseServeFlags(args []string, stderr io.Writer) (nodeConfig, error) {
 	fs.DurationVar(&cfg.ReclaimAfter, "reclaim-after", 10*time.Second, "the leader reclaims the leases of a node unreachable this long")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&cfg.Buckets, "buckets", runtime.GOMAXPROCS(0), "per-core stock buckets per SKU")
+	fs.Float64Var(&cfg.RateLimit, "rate-limit", 0, "deducts per second this node admits (0: no limit); the rest get 429 with Retry-After")
+	fs.IntVar(&cfg.RateBurst, "rate-burst", 1000, "deducts admitted at once above -rate-limit")
+	fs.IntVar(&cfg.MaxInFlight, "max-inflight", 10_000, "deducts served at once on this node (0: no cap); the rest get 429")
 	fs.IntVar(&cfg.ProposalsInFlight, "proposals-in-flight", 1, "Take batches proposed at once; a new batch gathers every win queued meanwhile")
 	fs.DurationVar(&cfg.RequestRetention, "request-retention", 24*time.Hour, "how long a request_id keeps answering with its first order")
 	fs.Int64Var(&cfg.RequestMaxKeep, "request-max-keep", 1_000_000, "most request_ids remembered; the oldest beyond this are forgotten first")
@@ -298,6 +304,7 @@ func startNode(cfg nodeConfig) (*runningNode, error) {
 	if cfg.ReclaimAfter > 0 {
 		ecfg.ReclaimAfter = cfg.ReclaimAfter
 	}
+	ecfg.RateLimit, ecfg.RateBurst, ecfg.MaxInFlight = cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight
 	if cfg.ProposalsInFlight > 0 {
 		ecfg.ProposalsInFlightMax = cfg.ProposalsInFlight
 	}

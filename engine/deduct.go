@@ -63,7 +63,9 @@ type DeductResult struct {
 	Order  raftfsm.Order // set when Status.Won()
 	// StartAt is set with StatusNotStarted.
 	StartAt time.Time
-	Detail  string
+	// RetryAfter is set with StatusRateLimited.
+	RetryAfter time.Duration
+	Detail     string
 }
 
 // Deduct tries to sell req.Qty units to req.User. It is the hot path: for a
@@ -112,6 +114,12 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		res.Status, res.Detail = StatusUnavailable, "the ledger cannot commit now (no quorum or no leader); retry shortly"
 		return
 	}
+	ok, retryAfter := e.admission.admit(req.Hint, e.cfg.Now())
+	if !ok {
+		res.Status, res.RetryAfter = StatusRateLimited, retryAfter
+		return
+	}
+	defer e.admission.done()
 	if !s.buckets.Take(req.Hint, req.Qty) && !e.takeSlow(s, req, res) {
 		return
 	}

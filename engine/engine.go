@@ -96,6 +96,13 @@ type Config struct {
 	RequestMaxKeep   int64
 	// AuditInterval paces the periodic self-audit of every sale.
 	AuditInterval time.Duration
+	// RateLimit caps deducts per second on this node (0: no cap), with
+	// RateBurst of headroom; MaxInFlight caps deducts being served at once
+	// (0: no cap). Both answer 429 with a retry time; sold-out and
+	// not-started answers come before them and are never limited.
+	RateLimit   float64
+	RateBurst   int
+	MaxInFlight int
 	// AdvertiseHTTP is this node's HTTP address as peers reach it; the
 	// engine registers it in the ledger so followers can forward to it.
 	AdvertiseHTTP string
@@ -137,6 +144,8 @@ func DefaultConfig() Config {
 		RequestRetention:     24 * time.Hour,
 		RequestMaxKeep:       1_000_000,
 		AuditInterval:        30 * time.Second,
+		RateBurst:            1000,
+		MaxInFlight:          10_000,
 		Now:                  time.Now,
 	}
 }
@@ -166,6 +175,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("engine: request retention %s must be > 0 and request max keep %d >= 1", c.RequestRetention, c.RequestMaxKeep)
 	case c.AuditInterval <= 0:
 		return fmt.Errorf("engine: audit interval %s must be > 0", c.AuditInterval)
+	case c.RateLimit < 0 || c.MaxInFlight < 0 || (c.RateLimit > 0 && c.RateBurst < 1):
+		return fmt.Errorf("engine: rate limit %g and max in flight %d must be >= 0, rate burst %d >= 1 with a rate", c.RateLimit, c.MaxInFlight, c.RateBurst)
 	}
 	return nil
 }
@@ -220,7 +231,8 @@ type Engine struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 
-	metrics *Metrics
+	metrics   *Metrics
+	admission *admission
 }
 
 // New builds an engine over an open ledger, loads every sale's buckets with
@@ -246,6 +258,7 @@ func New(cfg Config, ledger *raftfsm.Ledger) (*Engine, error) {
 		refills:    make(chan *sale, MaxSKUs),
 		stop:       make(chan struct{}),
 		metrics:    newMetrics(),
+		admission:  newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
 	}
 	// Order ids must never repeat, even across restarts and for pending
 	// orders a crash lost: the sequence starts at the boot time in

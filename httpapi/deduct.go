@@ -160,7 +160,10 @@ func (s *Server) writeDeductResult(ctx *fasthttp.RequestCtx, sc *deductScratch) 
 			"start_at": res.StartAt.UTC().Format(time.RFC3339Nano), "starts_in_ms": left.Milliseconds(),
 		})
 	case engine.StatusRateLimited:
-		ctx.Response.Header.Set("Retry-After", "1")
+		// Retry-After is in whole seconds; round up so a client never
+		// comes back early.
+		secs := max(int64((res.RetryAfter+time.Second-1)/time.Second), 1)
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(secs, 10))
 		writeRaw(ctx, fasthttp.StatusTooManyRequests, bodyRateLimited)
 	case engine.StatusBadRequest:
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadQty)

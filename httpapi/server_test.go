@@ -14,10 +14,11 @@ import (
 
 // fakeEngine answers every deduct with a fixed status and records calls.
 type fakeEngine struct {
-	status    engine.Status
-	lastReq   engine.DeductRequest
-	deducts   int
-	createErr error
+	status     engine.Status
+	retryAfter time.Duration
+	lastReq    engine.DeductRequest
+	deducts    int
+	createErr  error
 }
 
 func (f *fakeEngine) Deduct(req *engine.DeductRequest, res *engine.DeductResult) {
@@ -30,6 +31,7 @@ func (f *fakeEngine) Deduct(req *engine.DeductRequest, res *engine.DeductResult)
 	if res.Status == engine.StatusNotStarted {
 		res.StartAt = time.Now().Add(time.Minute)
 	}
+	res.RetryAfter = f.retryAfter
 }
 func (f *fakeEngine) CreateSale(string, engine.SaleSpec) (bool, error) { return true, f.createErr }
 func (f *fakeEngine) Restock(string, int64) error                      { return engine.ErrUnknownSKU }
@@ -179,4 +181,20 @@ func TestHandler_SoldOutDeductDoesNotAllocate(t *testing.T) {
 	if allocs > 0 {
 		t.Fatalf("sold-out deduct allocates %.1f times per request", allocs)
 	}
+}
+
+func TestHandler_RateLimitedSaysWhenToRetry(t *testing.T) {
+	s, fe := newTestServer(t, "")
+	f := func(retryAfter time.Duration, want string) {
+		t.Helper()
+		fe.status, fe.retryAfter = engine.StatusRateLimited, retryAfter
+		ctx := newCtx("POST", "/v1/skus/a/deduct", `{"user":"u"}`, loopback)
+		s.handle(ctx)
+		if ctx.Response.StatusCode() != 429 || string(ctx.Response.Header.Peek("Retry-After")) != want {
+			t.Fatalf("retry after %s: %d Retry-After %q, want 429 %q", retryAfter, ctx.Response.StatusCode(), ctx.Response.Header.Peek("Retry-After"), want)
+		}
+	}
+	f(0, "1")
+	f(100*time.Millisecond, "1")
+	f(2500*time.Millisecond, "3")
 }
