@@ -22,11 +22,10 @@ const (
 
 // launched is a stockd process the harness started and must stop.
 type launched struct {
-	cmd     *exec.Cmd
-	url     string
-	dataDir string
-	log     string
-	exited  chan error
+	cmd    *exec.Cmd
+	url    string
+	log    string
+	exited chan error
 }
 
 // freeLoopbackPort asks the kernel for a free port. Another process could
@@ -86,7 +85,7 @@ func launchCluster(binary, dir string, n int) ([]*launched, error) {
 			stopAll()
 			return nil, fmt.Errorf("start %s: %w", binary, err)
 		}
-		l := &launched{cmd: cmd, url: "http://" + a.http, dataDir: filepath.Join(dir, id), log: logFile.Name(), exited: make(chan error, 1)}
+		l := &launched{cmd: cmd, url: "http://" + a.http, log: logFile.Name(), exited: make(chan error, 1)}
 		go func() { l.exited <- cmd.Wait(); logFile.Close() }()
 		out = append(out, l)
 	}

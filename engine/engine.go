@@ -583,9 +583,6 @@ type LocalAudit struct {
 	Leased        int64 `json:"leased"`
 }
 
-// Metrics returns the engine's counters.
-func (e *Engine) Metrics() *Metrics { return e.metrics }
-
 // Close stops taking deducts, waits (bounded by ctx) for queued takes to be
 // proposed, returns unused leases where the ledger accepts it, and stops the
 // engine's goroutines.

@@ -178,17 +178,6 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 	return s, nil
 }
 
-// Start listens on the configured address and serves in a goroutine. It
-// returns the bound address (useful with port 0).
-func (s *Server) Start() (net.Addr, error) {
-	ln, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen for http on %s: %w", s.cfg.Addr, err)
-	}
-	s.Serve(ln)
-	return ln.Addr(), nil
-}
-
 // Shutdown stops accepting connections and waits for in-flight requests.
 func (s *Server) Shutdown() error {
 	if err := s.fast.Shutdown(); err != nil {
