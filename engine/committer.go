@@ -142,6 +142,12 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
 		r = DeductResult{Status: StatusUnavailable, Detail: "take rejected as malformed"}
 	}
 	s.takesInFlight.Add(-qty)
+	if !r.Status.Won() {
+		// A wait=none buyer may hold this order id: keep its fate readable.
+		o := p.pendingOrder()
+		o.State, o.ReleaseReason = raftfsm.OrderReleased, "turned_down_"+r.Status.String()
+		e.turnedDown.add(o)
+	}
 	p.resolve(r)
 	e.forget(p)
 }

@@ -212,6 +212,7 @@ type Engine struct {
 	orderSeq   atomic.Uint64
 	pendingReq *stripedMap[*pendingTake] // request id -> take awaiting commit
 	pendingOrd *stripedMap[*pendingTake] // order id -> take awaiting commit
+	turnedDown *turnedDown               // pending orders the ledger did not take
 
 	takeQueue chan *pendingTake
 	inFlight  chan struct{} // semaphore of proposal slots
@@ -253,6 +254,7 @@ func New(cfg Config, ledger *raftfsm.Ledger) (*Engine, error) {
 		ledger:     ledger,
 		pendingReq: newStripedMap[*pendingTake](),
 		pendingOrd: newStripedMap[*pendingTake](),
+		turnedDown: newTurnedDown(),
 		takeQueue:  make(chan *pendingTake, cfg.TakeQueueMax),
 		inFlight:   make(chan struct{}, cfg.ProposalsInFlightMax),
 		refills:    make(chan *sale, MaxSKUs),
@@ -508,7 +510,8 @@ func (e *Engine) SKU(sku string) (SKUView, bool) {
 }
 
 // Order reads an order: from the ledger once committed, else from this
-// node's pending takes (state pending).
+// node's pending takes (state pending), else from the pending orders the
+// ledger turned down (state released, reason turned_down_<why>).
 func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
 	o, ok, err := e.ledger.Order(id)
 	if err != nil || ok {
@@ -519,6 +522,9 @@ func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
 			return r.Order, true, nil
 		}
 		return p.pendingOrder(), true, nil
+	}
+	if o, ok := e.turnedDown.get(id); ok {
+		return o, true, nil
 	}
 	return raftfsm.Order{}, false, nil
 }

@@ -377,3 +377,49 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestEngine_TurnedDownPendingOrderIsReadable: a wait=none take the ledger
+// refuses (here the per-user limit, hit by two concurrent takes) leaves an
+// order the buyer can still read, as released with the reason.
+func TestEngine_TurnedDownPendingOrderIsReadable(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), nil)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 10, PerUser: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	results := make([]DeductResult, 8)
+	for i := range results {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			results[i] = tn.deduct("a", "same-user", fmt.Sprintf("r%d", i), 1, true)
+		}(i)
+	}
+	wg.Wait()
+	sold, turnedDown := 0, 0
+	for _, r := range results {
+		if r.Status != StatusAccepted {
+			continue // refused before the stock by the pre-check
+		}
+		waitUntil(t, "order "+r.Order.ID+" settles", func() bool {
+			o, ok, _ := tn.engine.Order(r.Order.ID)
+			return ok && o.State != raftfsm.OrderPending
+		})
+		o, _, _ := tn.engine.Order(r.Order.ID)
+		switch {
+		case o.State == raftfsm.OrderSold:
+			sold++
+		case o.State == raftfsm.OrderReleased && o.ReleaseReason == "turned_down_user_limit":
+			turnedDown++
+		default:
+			t.Fatalf("order %s: %s %q", o.ID, o.State, o.ReleaseReason)
+		}
+	}
+	if sold != 1 {
+		t.Fatalf("%d sold, %d turned down: want exactly 1 sold", sold, turnedDown)
+	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 1 {
+		t.Fatalf("ledger sold %d", a.Row.Sold)
+	}
+	t.Logf("%d accepted orders turned down by the ledger", turnedDown)
+}

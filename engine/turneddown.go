@@ -1,0 +1,47 @@
+package engine
+
+import (
+	"sync"
+
+	"stockd/raftfsm"
+)
+
+// turnedDownMax bounds the memory of orders a node answered as accepted
+// (wait=none) and the ledger then turned down: enough for a sale's worth
+// of buyers to read their order's fate for a while.
+const turnedDownMax = 100_000
+
+// turnedDown remembers, per node, the pending orders the ledger did not
+// take, so GET /v1/orders/{id} answers "released" with the reason instead
+// of 404. Oldest entries are forgotten first. Safe for concurrent use; only
+// the losing end of a wait=none take touches it.
+type turnedDown struct {
+	mu    sync.Mutex
+	byID  map[string]raftfsm.Order
+	order []string // ring of ids in insertion order
+	next  int
+}
+
+func newTurnedDown() *turnedDown {
+	return &turnedDown{byID: make(map[string]raftfsm.Order)}
+}
+
+func (t *turnedDown) add(o raftfsm.Order) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.order) < turnedDownMax {
+		t.order = append(t.order, o.ID)
+	} else {
+		delete(t.byID, t.order[t.next])
+		t.order[t.next] = o.ID
+		t.next = (t.next + 1) % turnedDownMax
+	}
+	t.byID[o.ID] = o
+}
+
+func (t *turnedDown) get(id string) (raftfsm.Order, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o, ok := t.byID[id]
+	return o, ok
+}
