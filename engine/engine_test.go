@@ -423,3 +423,36 @@ func TestEngine_TurnedDownPendingOrderIsReadable(t *testing.T) {
 	}
 	t.Logf("%d accepted orders turned down by the ledger", turnedDown)
 }
+
+// TestEngine_IdleReturnRepairsTheLocalLaw empties a node's buckets behind
+// the ledger's back (as a lost update would): once the sale is idle the
+// node returns the whole lease, and buyers can have the units again.
+func TestEngine_IdleReturnRepairsTheLocalLaw(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), func(c *Config) { c.LeaseIdleReturn = 100 * time.Millisecond })
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if r := tn.deduct("a", "u0", "r0", 1, false); r.Status != StatusOK {
+		t.Fatalf("deduct: %s", r.Status)
+	}
+	s := tn.engine.lookupSale([]byte("a"))
+	lost := s.buckets.Drain()
+	if lost == 0 {
+		t.Fatal("no units were leased to the node")
+	}
+	waitUntil(t, "the idle lease goes back to the ledger", func() bool {
+		row, _, _ := tn.ledger.SKU("a")
+		return row.LeasedTotal() == 0
+	})
+	if _, local, _, _ := tn.engine.Audit("a"); !local.OK {
+		t.Fatalf("local law still broken: %+v", local)
+	}
+	for i := 1; i < 20; i++ {
+		if r := tn.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false); r.Status != StatusOK {
+			t.Fatalf("deduct %d after the repair: %s %s", i, r.Status, r.Detail)
+		}
+	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 20 {
+		t.Fatalf("sold %d of 20: units stayed stranded", a.Row.Sold)
+	}
+}

@@ -103,25 +103,40 @@ func (e *Engine) registerSelf() {
 }
 
 // returnIdleLeases gives back the units of sales this node has not sold
-// from for LeaseIdleReturn.
+// from for LeaseIdleReturn. It returns what the ledger says is leased here
+// (less takes in flight) when that is more than the buckets held, so an
+// idle sale also repairs a node-local law left broken by a lost update:
+// after the Return the node holds nothing and the ledger agrees.
 func (e *Engine) returnIdleLeases(now time.Time) {
 	if e.commitBlocked.Load() {
 		return
 	}
 	for _, s := range *e.sales.Load() {
-		if s.buckets.Units() == 0 || now.UnixNano()-s.lastUseNanos.Load() < int64(e.cfg.LeaseIdleReturn) {
+		if now.UnixNano()-s.lastUseNanos.Load() < int64(e.cfg.LeaseIdleReturn) {
+			continue
+		}
+		row, _, ok := e.ledger.SKU(s.sku)
+		if !ok {
+			continue
+		}
+		leasedIdle := row.Leased[e.cfg.NodeID] - s.takesInFlight.Load()
+		if s.buckets.Units() == 0 && leasedIdle <= 0 {
 			continue
 		}
 		units := s.buckets.Drain()
-		if units <= 0 {
+		qty := max(units, leasedIdle)
+		if qty <= 0 {
 			continue
 		}
-		res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpReturn, Node: e.cfg.NodeID, SKU: s.sku, Qty: units})
+		if units < leasedIdle {
+			e.logger.Warn("buckets held less than the lease; returning the lease", "sku", s.sku, "buckets", units, "leased", leasedIdle)
+		}
+		res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpReturn, Node: e.cfg.NodeID, SKU: s.sku, Qty: qty})
 		switch {
 		case err == nil:
 			e.metrics.leaseReturned.Add(uint64(res.Qty))
 			e.logger.Debug("returned idle lease", "sku", s.sku, "units", res.Qty)
-			if back := units - res.Qty; back > 0 {
+			if back := qty - res.Qty; back > 0 {
 				// The ledger held less for us than the buckets did: the
 				// buckets were ahead of it; keep the ledger's word.
 				e.logger.Warn("buckets held more than the lease", "sku", s.sku, "excess", back)
@@ -133,7 +148,9 @@ func (e *Engine) returnIdleLeases(now time.Time) {
 			e.rebuildSale(s)
 		default:
 			// Nothing applied: the units are still ours.
-			s.buckets.Load(units)
+			if units > 0 {
+				s.buckets.Load(units)
+			}
 			s.stockChanged.broadcast()
 		}
 	}
