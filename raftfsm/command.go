@@ -24,30 +24,15 @@ const (
 	OpPruneRequests
 )
 
+var opNames = [...]string{
+	OpCreateSale: "create_sale", OpRestock: "restock", OpLease: "lease", OpReturn: "return",
+	OpTake: "take", OpConfirm: "confirm", OpRelease: "release", OpReclaim: "reclaim",
+	OpRegister: "register", OpExpire: "expire", OpPruneRequests: "prune_requests",
+}
+
 func (o Op) String() string {
-	switch o {
-	case OpCreateSale:
-		return "create_sale"
-	case OpRestock:
-		return "restock"
-	case OpLease:
-		return "lease"
-	case OpReturn:
-		return "return"
-	case OpTake:
-		return "take"
-	case OpConfirm:
-		return "confirm"
-	case OpRelease:
-		return "release"
-	case OpReclaim:
-		return "reclaim"
-	case OpRegister:
-		return "register"
-	case OpExpire:
-		return "expire"
-	case OpPruneRequests:
-		return "prune_requests"
+	if int(o) < len(opNames) && opNames[o] != "" {
+		return opNames[o]
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -133,28 +118,15 @@ const (
 	OutcomeInvalid      // the command itself is malformed
 )
 
+var outcomeNames = [...]string{
+	OutcomeOK: "ok", OutcomeSame: "same", OutcomeConflict: "conflict", OutcomeUnknownSKU: "unknown_sku",
+	OutcomeLeaseShort: "lease_short", OutcomeUserLimit: "user_limit", OutcomeNotFound: "not_found",
+	OutcomeExpired: "expired", OutcomeInvalidState: "invalid_state", OutcomeInvalid: "invalid",
+}
+
 func (o Outcome) String() string {
-	switch o {
-	case OutcomeOK:
-		return "ok"
-	case OutcomeSame:
-		return "same"
-	case OutcomeConflict:
-		return "conflict"
-	case OutcomeUnknownSKU:
-		return "unknown_sku"
-	case OutcomeLeaseShort:
-		return "lease_short"
-	case OutcomeUserLimit:
-		return "user_limit"
-	case OutcomeNotFound:
-		return "not_found"
-	case OutcomeExpired:
-		return "expired"
-	case OutcomeInvalidState:
-		return "invalid_state"
-	case OutcomeInvalid:
-		return "invalid"
+	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
 	}
 	return fmt.Sprintf("outcome(%d)", uint8(o))
 }
