@@ -3,14 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"stockd/node"
+	"stockd/raftfsm"
 
 	"github.com/valyala/fasthttp"
 )
@@ -23,10 +24,10 @@ type testCluster struct {
 	ids      []string
 	dirs     map[string]string
 	raftAddr map[string]string
-	peers    string
+	peers    []raftfsm.Peer
 
 	mu      sync.Mutex
-	nodes   map[string]*runningNode         // nil while stopped
+	nodes   map[string]*node.Node           // nil while stopped
 	clients map[string]*fasthttp.HostClient // one pool per running node
 }
 
@@ -39,9 +40,8 @@ const (
 func startTestCluster(t *testing.T) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, net: newFaultNet(), ids: []string{"n1", "n2", "n3"},
-		dirs: map[string]string{}, raftAddr: map[string]string{}, nodes: map[string]*runningNode{},
+		dirs: map[string]string{}, raftAddr: map[string]string{}, nodes: map[string]*node.Node{},
 		clients: map[string]*fasthttp.HostClient{}}
-	var peers []string
 	lns := map[string]net.Listener{}
 	for _, id := range c.ids {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -52,9 +52,8 @@ func startTestCluster(t *testing.T) *testCluster {
 		c.dirs[id] = t.TempDir()
 		c.raftAddr[id] = ln.Addr().String()
 		c.net.own(c.raftAddr[id], id)
-		peers = append(peers, id+"="+c.raftAddr[id])
+		c.peers = append(c.peers, raftfsm.Peer{ID: id, Addr: c.raftAddr[id]})
 	}
-	c.peers = strings.Join(peers, ",")
 	for _, id := range c.ids {
 		c.start(id, lns[id])
 	}
@@ -67,7 +66,7 @@ func startTestCluster(t *testing.T) *testCluster {
 				// Bounded: a node cut off from the quorum cannot drain its
 				// takes.
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				n.stop(ctx)
+				n.Stop(ctx)
 				cancel()
 			}
 		}
@@ -80,7 +79,7 @@ func startTestCluster(t *testing.T) *testCluster {
 // address it had).
 func (c *testCluster) start(id string, ln net.Listener) { c.startWith(id, ln, nil) }
 
-func (c *testCluster) startWith(id string, ln net.Listener, tune func(*nodeConfig)) {
+func (c *testCluster) startWith(id string, ln net.Listener, tune func(*node.Config)) {
 	c.t.Helper()
 	if ln == nil {
 		var err error
@@ -95,29 +94,26 @@ func (c *testCluster) startWith(id string, ln net.Listener, tune func(*nodeConfi
 			c.t.Fatalf("listen again on %s: %v", c.raftAddr[id], err)
 		}
 	}
-	cfg := nodeConfig{
-		ID: id, HTTPAddr: "127.0.0.1:0", RaftAddr: c.raftAddr[id], DataDir: c.dirs[id], Peers: c.peers, Buckets: 2,
-		LeaseIdleReturn: clusterLeaseIdleReturn, ReclaimAfter: clusterReclaimAfter,
-		Logger:      slog.New(slog.NewTextHandler(tbWriter{c.t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id),
-		RaftTimeout: clusterRaftTimeout,
-		streamLayer: &faultLayer{Listener: ln, net: c.net, self: id},
-		peerDial:    c.net.httpDialer(id),
-	}
+	cfg := testNodeConfig(c.t, id, c.dirs[id], clusterRaftTimeout)
+	cfg.Raft.RaftBind, cfg.Peers = c.raftAddr[id], c.peers
+	cfg.Engine.LeaseIdleReturn, cfg.Engine.ReclaimAfter = clusterLeaseIdleReturn, clusterReclaimAfter
+	cfg.StreamLayer = &faultLayer{Listener: ln, net: c.net, self: id}
+	cfg.PeerDial = c.net.httpDialer(id)
 	if tune != nil {
 		tune(&cfg)
 	}
-	n, err := startNode(cfg)
+	n, err := node.Start(cfg)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", id, err)
 	}
-	c.net.own(n.httpAddr, id)
+	c.net.own(n.HTTPAddr(), id)
 	c.mu.Lock()
 	c.nodes[id] = n
-	c.clients[id] = n.client(32)
+	c.clients[id] = clientOf(n, 32)
 	c.mu.Unlock()
 }
 
-func (c *testCluster) node(id string) *runningNode {
+func (c *testCluster) node(id string) *node.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nodes[id]
@@ -130,12 +126,7 @@ func (c *testCluster) crash(id string) {
 	c.mu.Lock()
 	c.nodes[id], c.clients[id] = nil, nil
 	c.mu.Unlock()
-	n.raft.Close()
-	n.http.Shutdown()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	n.engine.Close(ctx)
-	n.ledger.Close()
+	n.Crash()
 }
 
 func (c *testCluster) client(id string) *fasthttp.HostClient {
@@ -146,7 +137,7 @@ func (c *testCluster) client(id string) *fasthttp.HostClient {
 
 func (c *testCluster) leader() string {
 	for _, id := range c.ids {
-		if n := c.node(id); n != nil && n.raft.IsLeader() {
+		if n := c.node(id); n != nil && n.Raft().IsLeader() {
 			return id
 		}
 	}
@@ -551,8 +542,8 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 	c.ids = []string{leader, via, "n4"}
 	c.dirs["n4"], c.raftAddr["n4"] = t.TempDir(), ln.Addr().String()
 	c.net.own(c.raftAddr["n4"], "n4")
-	joinVia := "http://" + c.node(via).httpAddr
-	c.startWith("n4", ln, func(cfg *nodeConfig) { cfg.Peers, cfg.Join = "", joinVia })
+	joinVia := "http://" + c.node(via).HTTPAddr()
+	c.startWith("n4", ln, func(cfg *node.Config) { cfg.Peers, cfg.Join = nil, joinVia })
 	waitReady(t, c)
 	_, st := call(t, c.client("n4"), "GET", "/v1/cluster", "")
 	members := map[string]bool{}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"stockd/node"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -23,27 +25,35 @@ func (w tbWriter) Write(p []byte) (int, error) {
 }
 
 // startTestNode runs a real node on loopback ports and dir.
-func startTestNode(t *testing.T, dir string) *runningNode {
+func startTestNode(t *testing.T, dir string) *node.Node {
 	t.Helper()
-	cfg := nodeConfig{
-		ID: "n1", HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", DataDir: dir, Buckets: 2,
-		Logger:      slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		RaftTimeout: 200 * time.Millisecond,
-	}
-	n, err := startNode(cfg)
+	n, err := node.Start(testNodeConfig(t, "n1", dir, 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { n.stop(context.Background()) })
+	t.Cleanup(func() { n.Stop(context.Background()) })
 	waitFor(t, 10*time.Second, "node ready", func() bool {
-		code, _ := call(t, n.client(1), "GET", "/readyz", "")
+		code, _ := call(t, clientOf(n, 1), "GET", "/readyz", "")
 		return code == 200
 	})
 	return n
 }
 
-func (n *runningNode) client(conns int) *fasthttp.HostClient {
-	return &fasthttp.HostClient{Addr: n.httpAddr, MaxConns: conns, ReadTimeout: 15 * time.Second, WriteTimeout: 5 * time.Second}
+// testNodeConfig is a node on loopback ports with its data in dir, two
+// buckets per SKU and short raft timeouts, logging warnings to the test.
+func testNodeConfig(tb testing.TB, id, dir string, raftTimeout time.Duration) node.Config {
+	cfg := node.DefaultConfig()
+	cfg.ID, cfg.DataDir = id, dir
+	cfg.HTTP.Addr, cfg.Raft.RaftBind = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Engine.BucketsPerSKU = 2
+	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
+	cfg.Logger = slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
+	return cfg
+}
+
+// clientOf is a client of n's HTTP server with up to conns connections.
+func clientOf(n *node.Node, conns int) *fasthttp.HostClient {
+	return &fasthttp.HostClient{Addr: n.HTTPAddr(), MaxConns: conns, ReadTimeout: 15 * time.Second, WriteTimeout: 5 * time.Second}
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
@@ -99,7 +109,7 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 	const units, buyers, conns = 1000, 20000, 200
 	dir := t.TempDir()
 	n := startTestNode(t, dir)
-	c := n.client(conns)
+	c := clientOf(n, conns)
 	if code, body := call(t, c, "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
@@ -165,11 +175,11 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 	// Stop and start again on the same directory.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := n.stop(ctx); err != nil {
+	if err := n.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	n2 := startTestNode(t, dir)
-	c2 := n2.client(4)
+	c2 := clientOf(n2, 4)
 	code, sku := call(t, c2, "GET", "/v1/skus/phone", "")
 	if code != 200 || sku["sold"].(float64) != units || sku["remaining"].(float64) != 0 || sku["state"] != "sold_out" {
 		t.Fatalf("sku after restart: %d %v", code, sku)
@@ -191,7 +201,7 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 
 func TestServer_BadInputGetsClear4xx(t *testing.T) {
 	n := startTestNode(t, t.TempDir())
-	c := n.client(2)
+	c := clientOf(n, 2)
 	if code, _ := call(t, c, "PUT", "/v1/skus/a", `{"total":5}`); code != 201 {
 		t.Fatalf("create: %d", code)
 	}
@@ -243,21 +253,21 @@ func TestServer_BadInputGetsClear4xx(t *testing.T) {
 }
 
 func TestServer_AdminTokenGuardsAdminCalls(t *testing.T) {
-	cfg := nodeConfig{ID: "n1", HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", DataDir: t.TempDir(), Buckets: 1,
-		AdminToken: "s3cret", RaftTimeout: 200 * time.Millisecond}
-	n, err := startNode(cfg)
+	cfg := testNodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg.HTTP.AdminToken = "s3cret"
+	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.stop(context.Background())
-	c := n.client(1)
+	defer n.Stop(context.Background())
+	c := clientOf(n, 1)
 	if code, body := call(t, c, "PUT", "/v1/skus/a", `{"total":1}`); code != 401 || body["error"] != "unauthorized" {
 		t.Fatalf("no token: %d %v", code, body)
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + n.httpAddr + "/v1/skus/a")
+	req.SetRequestURI("http://" + n.HTTPAddr() + "/v1/skus/a")
 	req.Header.SetMethod("PUT")
 	req.Header.Set("Authorization", "Bearer s3cret")
 	req.SetBodyString(`{"total":1}`)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"stockd/node"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -50,13 +52,14 @@ func benchNoop(b *testing.B) {
 }
 
 func benchDeduct(b *testing.B, units int64, query string) {
-	n, err := startNode(nodeConfig{ID: "n1", HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", DataDir: b.TempDir(),
-		Buckets: 16, RaftTimeout: 200 * time.Millisecond})
+	cfg := testNodeConfig(b, "n1", b.TempDir(), 200*time.Millisecond)
+	cfg.Engine.BucketsPerSKU = 16
+	n, err := node.Start(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer n.stop(context.Background())
-	c := n.client(2)
+	defer n.Stop(context.Background())
+	c := clientOf(n, 2)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if code, _ := callQuiet(c, "GET", "/readyz", ""); code == 200 {
@@ -81,7 +84,7 @@ func benchDeduct(b *testing.B, units int64, query string) {
 		// One deduct finds out the sale is sold out and sets the flag.
 		call(b, c, "POST", "/v1/skus/bench/deduct", `{"user":"first"}`)
 	}
-	runHTTPBench(b, n.httpAddr, "/v1/skus/bench/deduct"+query)
+	runHTTPBench(b, n.HTTPAddr(), "/v1/skus/bench/deduct"+query)
 	if base := noopNsPerOp.Load(); base > 0 {
 		b.ReportMetric(float64(base)/(float64(b.Elapsed())/float64(b.N)), "x_noop")
 	}

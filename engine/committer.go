@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"stockd/raftfsm"
@@ -8,37 +10,56 @@ import (
 
 // runCommitter is the group commit of DESIGN.md: it waits for a won take,
 // waits for a free proposal slot, then sends everything queued by then (up
-// to maxTakeBatchEntries) as one Take. There is no timer: an idle node
-// proposes a lone take at once, and a busy one batches whatever piled up
-// while its proposals were in flight.
+// to maxTakeBatchEntries and TakeBatchBytesMax encoded) as one Take. There
+// is no timer: an idle node proposes a lone take at once, and a busy one
+// batches whatever piled up while its proposals were in flight. Slots come
+// from localSlots while this node leads and from forwardSlots while it
+// forwards to a leader elsewhere.
 func (e *Engine) runCommitter() {
 	defer e.wg.Done()
+	var carry *pendingTake // a take that did not fit the last batch
 	for {
-		var first *pendingTake
-		select {
-		case first = <-e.takeQueue:
-		case <-e.stop:
-			return
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-e.takeQueue:
+			case <-e.stop:
+				return
+			}
+		}
+		slots := e.localSlots
+		if !e.isLeader() {
+			slots = e.forwardSlots
 		}
 		select {
-		case e.inFlight <- struct{}{}:
+		case slots <- struct{}{}:
 		case <-e.stop:
 			e.abandon(first)
 			return
 		}
 		batch := make([]*pendingTake, 1, 64)
 		batch[0] = first
+		size := raftfsm.TakeHeaderSize(e.cfg.NodeID) + first.entry.EncodedSize()
 	gather:
 		for len(batch) < maxTakeBatchEntries {
 			select {
 			case p := <-e.takeQueue:
+				if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
+					carry = p
+					break gather
+				}
 				batch = append(batch, p)
 			default:
 				break gather
 			}
 		}
 		e.wg.Add(1)
-		go e.proposeTakes(batch)
+		go func() {
+			defer e.wg.Done()
+			e.commitTakes(batch)
+			<-slots
+		}()
 	}
 }
 
@@ -51,27 +72,48 @@ func (e *Engine) abandon(p *pendingTake) {
 	p.resolve(DeductResult{Status: StatusUnavailable, Detail: "node is shutting down"})
 }
 
-func (e *Engine) proposeTakes(batch []*pendingTake) {
-	defer e.wg.Done()
+// commitTakes proposes one batch and settles its takes. A batch the leader
+// refuses for good (too large, malformed) is never sent again as it is: it
+// is split in halves, down to single takes, and a single take refused for
+// good is answered and its unit put back. Other failures (not sent,
+// outcome unknown) are retried with the same order ids.
+func (e *Engine) commitTakes(batch []*pendingTake) {
 	entries := make([]raftfsm.TakeEntry, len(batch))
 	for i, p := range batch {
 		entries[i] = p.entry
 	}
 	e.metrics.countBatch(len(batch))
-	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpTake, Node: e.cfg.NodeID, Takes: entries})
-	<-e.inFlight
+	res, err := e.propose(&raftfsm.Take{Node: e.cfg.NodeID, Entries: entries})
 	if err == nil && len(res.Takes) != len(batch) {
 		e.logger.Error("BUG: take results do not match the batch", "entries", len(batch), "results", len(res.Takes))
-		err = raftfsm.ErrOutcomeUnknown
+		err = fmt.Errorf("%w: %d results for %d takes", ErrOutcomeUnknown, len(res.Takes), len(batch))
 	}
-	if err != nil {
+	switch {
+	case err == nil:
+		e.consecutiveFailures.Store(0)
+		for i, p := range batch {
+			e.settle(p, res.Takes[i])
+		}
+	case (errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected)) && len(batch) > 1:
+		e.metrics.takeSplits.Add(1)
+		e.logger.Warn("take batch refused by the leader; splitting it", "entries", len(batch), "err", err)
+		half := len(batch) / 2
+		e.commitTakes(batch[:half])
+		e.commitTakes(batch[half:])
+	case errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected):
+		// Nothing was applied: the unit is still this node's.
+		p := batch[0]
+		e.logger.Error("take refused by the leader for good", "order", p.entry.OrderID, "err", err)
+		e.putBack(p.sale, p.hint, p.entry.Qty)
+		p.sale.takesInFlight.Add(-p.entry.Qty)
+		o := p.pendingOrder()
+		o.State, o.ReleaseReason = raftfsm.OrderReleased, "turned_down_rejected"
+		e.turnedDown.add(o)
+		p.resolve(DeductResult{Status: StatusUnavailable, Detail: "the leader refused this take: " + err.Error()})
+		e.forget(p)
+	default:
 		e.noteCommitFailure()
 		e.retryTakes(batch, err)
-		return
-	}
-	e.consecutiveFailures.Store(0)
-	for i, p := range batch {
-		e.settle(p, res.Takes[i])
 	}
 }
 

@@ -22,12 +22,14 @@ const (
 	StatusUnavailable                      // no lease could be had or the ledger cannot commit
 	StatusOutcomeUnknown                   // the commit did not finish in time; retry with the same request id
 	StatusRateLimited                      // refused by admission control
+	StatusTryAgain                         // other nodes still hold units; none reached this node within LeaseWait
 )
 
 var statusNames = [...]string{
 	StatusOK: "ok", StatusAccepted: "accepted", StatusSoldOut: "sold_out", StatusUserLimit: "user_limit",
 	StatusNotStarted: "not_started", StatusUnknownSKU: "unknown_sku", StatusBadRequest: "bad_request",
 	StatusUnavailable: "unavailable", StatusOutcomeUnknown: "outcome_unknown", StatusRateLimited: "rate_limited",
+	StatusTryAgain: "try_again",
 }
 
 func (s Status) String() string {
@@ -41,7 +43,7 @@ func (s Status) String() string {
 func (s Status) Won() bool { return s == StatusOK || s == StatusAccepted }
 
 // statusCount sizes per-status counters.
-const statusCount = int(StatusRateLimited) + 1
+const statusCount = int(StatusTryAgain) + 1
 
 // DeductRequest is one buyer's attempt. The byte slices are only read during
 // Deduct and may be reused by the caller afterwards.
@@ -63,7 +65,7 @@ type DeductResult struct {
 	Order  raftfsm.Order // set when Status.Won()
 	// StartAt is set with StatusNotStarted.
 	StartAt time.Time
-	// RetryAfter is set with StatusRateLimited.
+	// RetryAfter is set with StatusRateLimited and StatusTryAgain.
 	RetryAfter time.Duration
 	Detail     string
 }
@@ -146,11 +148,20 @@ func (e *Engine) answerRepeat(req *DeductRequest, res *DeductResult) bool {
 	return true
 }
 
-// takeSlow runs when the buckets could not cover the take: it asks for a
-// lease and waits for units, or decides the sale is sold out.
+// takeSlow runs when the buckets could not cover the take: it asks for
+// units and waits for them. It answers sold_out only with the cluster's
+// truth: the node's applied ledger has fewer units available and leased to
+// any node than the buyer wants, so no node can still sell them. While
+// other nodes hold leased units, the lease request asks them for some
+// (DESIGN.md, "Leases"); a buyer still without a unit after LeaseWait gets
+// try_again, never a sold_out that is not yet true.
 func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 	deadline := time.NewTimer(e.cfg.LeaseWait)
 	defer deadline.Stop()
+	// Takes committed on other nodes change what they hold without an
+	// event here: poll the ledger as well as waiting for a signal.
+	poll := time.NewTicker(stockPollInterval)
+	defer poll.Stop()
 	for {
 		changed := s.stockChanged.wait()
 		if s.buckets.Take(req.Hint, req.Qty) {
@@ -161,13 +172,10 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			res.Status = StatusUnknownSKU
 			return false
 		}
-		if row.Available <= 0 && !s.refillQueued.Load() {
-			// Nothing left to lease. Units may still come back from takes
-			// in flight (a rejected take returns its unit), but a buyer is
-			// not kept waiting on that chance.
-			e.updateSoldOut(s, row.Available)
+		if row.Available+row.LeasedTotal() < req.Qty {
+			e.updateSoldOut(s)
 			res.Status = StatusSoldOut
-			if req.Qty > 1 && s.buckets.Units() > 0 {
+			if req.Qty > 1 && row.Available+row.LeasedTotal() > 0 {
 				res.Detail = "fewer units left than requested"
 			}
 			return false
@@ -181,8 +189,10 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 		e.requestRefill(s)
 		select {
 		case <-changed:
+		case <-poll.C:
 		case <-deadline.C:
-			res.Status, res.Detail = StatusUnavailable, "no lease of stock could be had in time"
+			res.Status, res.RetryAfter = StatusTryAgain, tryAgainAfter
+			res.Detail = "units are still leased to other nodes; retry"
 			return false
 		case <-e.stop:
 			res.Status, res.Detail = StatusUnavailable, "node is shutting down"

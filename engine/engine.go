@@ -31,6 +31,12 @@ var (
 	ErrUnavailable = errors.New("ledger unavailable")
 	// ErrOutcomeUnknown: the command may or may not have been applied.
 	ErrOutcomeUnknown = errors.New("outcome unknown")
+	// ErrTooLarge: the leader refused the command for its size; nothing
+	// was applied, and the same bytes would be refused again (split them).
+	ErrTooLarge = errors.New("command too large")
+	// ErrRejected: the leader refused the command as malformed or not
+	// allowed; nothing was applied, and sending it again cannot help.
+	ErrRejected = errors.New("command rejected")
 )
 
 // Limits, each with its reason.
@@ -41,9 +47,16 @@ const (
 	// MaxSKUs bounds the sales one node tracks (each holds buckets and a
 	// goroutine-free lease state; the ledger row is small).
 	MaxSKUs = 100_000
-	// maxTakeBatchEntries keeps one Take entry well under raft's suggested
-	// 512 KiB: an entry is about 150 bytes of JSON.
-	maxTakeBatchEntries = 1024
+	// maxTakeBatchEntries bounds the takes of one batch (and so the
+	// buyers one commit answers).
+	maxTakeBatchEntries = 4096
+	// stockPollInterval paces a waiting deduct's re-reads of the ledger.
+	stockPollInterval = 5 * time.Millisecond
+	// tryAgainAfter is the Retry-After of a try_again answer.
+	tryAgainAfter = time.Second
+	// demandPace spaces a node's demand leases for one sale while the
+	// ledger has nothing available: holders need a round trip to answer.
+	demandPace = 10 * time.Millisecond
 	// leaseRetryBackoff spaces lease proposals that failed (no leader yet).
 	leaseRetryBackoff = 20 * time.Millisecond
 	// takeRetryBackoff spaces re-proposals of takes whose outcome is unknown.
@@ -54,8 +67,13 @@ const (
 // applied. It may be called from several goroutines at once. A single node
 // passes its raftfsm.Node; a follower passes something that forwards to the
 // leader.
+//
+// Errors are the engine's sentinels: ErrUnavailable (nothing applied; may
+// be retried), ErrOutcomeUnknown (retry with the same order ids),
+// ErrTooLarge and ErrRejected (nothing applied; never send the same command
+// again). A raftfsm.Node also qualifies: its sentinels are mapped here.
 type Proposer interface {
-	Propose(c *raftfsm.Command) (*raftfsm.Result, error)
+	Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error)
 }
 
 // Config holds the engine's knobs. Logger and NodeID are required.
@@ -75,11 +93,17 @@ type Config struct {
 	// CommitWait is how long a wait=commit deduct waits for its batch to be
 	// applied before it answers outcome_unknown.
 	CommitWait time.Duration
-	// ProposalsInFlightMax bounds Take proposals in flight; takes queue
-	// while all are busy and leave in the next batch. One is fastest on a
-	// 2-core machine (bigger batches, less per-batch CPU); more can help
-	// when the network, not the CPU, is the wait.
+	// ProposalsInFlightMax bounds Take proposals in flight while this node
+	// leads; takes queue while all are busy and leave in the next batch.
+	// One is fastest on a 2-core machine (bigger batches, less per-batch
+	// CPU). ForwardedInFlightMax bounds them while the leader is another
+	// node: a forwarded batch waits a network round trip and the leader's
+	// commit, so several overlap.
 	ProposalsInFlightMax int
+	ForwardedInFlightMax int
+	// TakeBatchBytesMax bounds one Take batch's encoded size, well under
+	// raft's suggested 512 KiB per entry and the internal wire's cap.
+	TakeBatchBytesMax int
 	// TakeQueueMax bounds won takes waiting for a proposal slot.
 	TakeQueueMax int
 	// LeaseIdleReturn: a sale's unused lease goes back to the ledger when
@@ -138,6 +162,8 @@ func DefaultConfig() Config {
 		LeaseWait:            2 * time.Second,
 		CommitWait:           5 * time.Second,
 		ProposalsInFlightMax: 1,
+		ForwardedInFlightMax: 4,
+		TakeBatchBytesMax:    256 << 10,
 		TakeQueueMax:         1 << 16,
 		LeaseIdleReturn:      time.Second,
 		ReclaimAfter:         10 * time.Second,
@@ -163,8 +189,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("engine: lease divisor %d < 1", c.LeaseDivisor)
 	case c.LeaseWait <= 0 || c.CommitWait <= 0:
 		return fmt.Errorf("engine: lease wait %s and commit wait %s must be > 0", c.LeaseWait, c.CommitWait)
-	case c.ProposalsInFlightMax < 1:
-		return fmt.Errorf("engine: proposals in flight max %d < 1", c.ProposalsInFlightMax)
+	case c.ProposalsInFlightMax < 1 || c.ForwardedInFlightMax < 1:
+		return fmt.Errorf("engine: proposals in flight %d and forwarded in flight %d must be >= 1", c.ProposalsInFlightMax, c.ForwardedInFlightMax)
+	case c.TakeBatchBytesMax < 1<<10:
+		return fmt.Errorf("engine: take batch bytes max %d < 1 KiB", c.TakeBatchBytesMax)
 	case c.TakeQueueMax < 1:
 		return fmt.Errorf("engine: take queue max %d < 1", c.TakeQueueMax)
 	case c.Now == nil:
@@ -192,6 +220,7 @@ type sale struct {
 
 	soldOut       atomic.Bool  // no unit here and none available in the ledger
 	refillQueued  atomic.Bool  // a lease request is queued or in flight
+	giveQueued    atomic.Bool  // a give-back (another node wants units) is queued or in flight
 	lowWatermark  atomic.Int64 // refill when the buckets hold fewer units
 	takesInFlight atomic.Int64 // units taken from buckets, not yet resolved by the ledger
 	leaseAtLeast  atomic.Int64 // the largest qty a waiting deduct needs; the next lease covers it
@@ -214,9 +243,11 @@ type Engine struct {
 	pendingOrd *stripedMap[*pendingTake] // order id -> take awaiting commit
 	turnedDown *turnedDown               // pending orders the ledger did not take
 
-	takeQueue chan *pendingTake
-	inFlight  chan struct{} // semaphore of proposal slots
-	refills   chan *sale
+	takeQueue    chan *pendingTake
+	localSlots   chan struct{} // semaphore of Take proposals while leading
+	forwardSlots chan struct{} // semaphore of Take proposals forwarded to a leader
+	refills      chan *sale
+	giveBacks    chan *sale
 
 	ignoreEventsUpTo atomic.Uint64 // events at or below this index are already in the buckets
 
@@ -228,7 +259,8 @@ type Engine struct {
 
 	auditing atomic.Bool // a periodic audit is running
 
-	closing atomic.Bool
+	closing atomic.Bool // deducts answer unavailable: the node is stopping
+	closed  atomic.Bool
 	stop    chan struct{}
 	wg      sync.WaitGroup
 
@@ -249,18 +281,20 @@ func New(cfg Config, ledger *raftfsm.Ledger) (*Engine, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	e := &Engine{
-		cfg:        cfg,
-		logger:     logger.With("component", "engine", "node", cfg.NodeID),
-		ledger:     ledger,
-		pendingReq: newStripedMap[*pendingTake](),
-		pendingOrd: newStripedMap[*pendingTake](),
-		turnedDown: newTurnedDown(),
-		takeQueue:  make(chan *pendingTake, cfg.TakeQueueMax),
-		inFlight:   make(chan struct{}, cfg.ProposalsInFlightMax),
-		refills:    make(chan *sale, MaxSKUs),
-		stop:       make(chan struct{}),
-		metrics:    newMetrics(),
-		admission:  newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
+		cfg:          cfg,
+		logger:       logger.With("component", "engine", "node", cfg.NodeID),
+		ledger:       ledger,
+		pendingReq:   newStripedMap[*pendingTake](),
+		pendingOrd:   newStripedMap[*pendingTake](),
+		turnedDown:   newTurnedDown(),
+		takeQueue:    make(chan *pendingTake, cfg.TakeQueueMax),
+		localSlots:   make(chan struct{}, cfg.ProposalsInFlightMax),
+		forwardSlots: make(chan struct{}, cfg.ForwardedInFlightMax),
+		refills:      make(chan *sale, MaxSKUs),
+		giveBacks:    make(chan *sale, MaxSKUs),
+		stop:         make(chan struct{}),
+		metrics:      newMetrics(),
+		admission:    newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
 	}
 	// Order ids must never repeat, even across restarts and for pending
 	// orders a crash lost: the sequence starts at the boot time in
@@ -294,7 +328,7 @@ func (e *Engine) rebuild() {
 		if units := rows[i].Leased[e.cfg.NodeID] - s.takesInFlight.Load(); units > 0 {
 			s.buckets.Load(units)
 		}
-		e.updateSoldOut(s, rows[i].Available)
+		e.updateSoldOut(s)
 		s.stockChanged.broadcast()
 	}
 }
@@ -331,26 +365,28 @@ func (e *Engine) lookupSale(sku []byte) *sale {
 	return (*e.sales.Load())[string(sku)]
 }
 
-// updateSoldOut sets or clears the sold-out flag from the buckets and the
-// ledger's available. Setting is checked again after the store, so a unit
-// put back concurrently clears the flag rather than hiding behind it.
-func (e *Engine) updateSoldOut(s *sale, available int64) {
-	if available > 0 || s.buckets.Units() > 0 {
+// updateSoldOut sets or clears the sold-out flag. The flag is the
+// cluster's truth (DESIGN.md): set only when this node's buckets are empty
+// and its applied ledger has no unit available or leased to any node.
+// Setting is checked again after the store, so a unit that comes back
+// concurrently clears the flag rather than hiding behind it.
+func (e *Engine) updateSoldOut(s *sale) {
+	soldOut := func() bool {
+		row, _, ok := e.ledger.SKU(s.sku)
+		return ok && s.buckets.Units() == 0 && row.Available == 0 && row.LeasedTotal() == 0
+	}
+	if !soldOut() {
 		s.soldOut.Store(false)
 		return
 	}
 	if s.soldOut.Swap(true) {
 		return
 	}
-	if s.buckets.Units() > 0 {
+	if !soldOut() {
 		s.soldOut.Store(false)
 		return
 	}
-	if row, _, ok := e.ledger.SKU(s.sku); ok && row.Available > 0 {
-		s.soldOut.Store(false)
-		return
-	}
-	e.logger.Info("sale sold out on this node", "sku", s.sku)
+	e.logger.Info("sale sold out", "sku", s.sku)
 }
 
 // Applied receives ledger events on raft's FSM goroutine (raftfsm.Observer).
@@ -393,6 +429,13 @@ func (e *Engine) Applied(events []raftfsm.Event) {
 			s.soldOut.Store(false)
 			s.stockChanged.broadcast()
 			e.metrics.leaseGranted.Add(uint64(ev.Qty))
+		case raftfsm.EventLeaseWanted:
+			if ev.Node == e.cfg.NodeID {
+				continue
+			}
+			if s := e.lookupSale([]byte(ev.SKU)); s != nil {
+				e.requestGiveBack(s)
+			}
 		case raftfsm.EventReclaimed:
 			e.metrics.leaseReclaimed.Add(uint64(ev.Qty))
 			if ev.Node != e.cfg.NodeID {
@@ -434,7 +477,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 	if !spec.StartAt.IsZero() {
 		cfg.StartAtUnixNano = spec.StartAt.UnixNano()
 	}
-	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpCreateSale, SKU: sku, Sale: &cfg})
+	res, err := e.propose(&raftfsm.CreateSale{SKU: sku, Sale: cfg})
 	if err != nil {
 		return false, err
 	}
@@ -454,7 +497,7 @@ func (e *Engine) Restock(sku string, qty int64) error {
 	if qty <= 0 {
 		return fmt.Errorf("%w: restock qty %d <= 0", ErrInvalid, qty)
 	}
-	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpRestock, SKU: sku, Qty: qty})
+	res, err := e.propose(&raftfsm.Restock{SKU: sku, Qty: qty})
 	if err != nil {
 		return err
 	}
@@ -467,16 +510,21 @@ func (e *Engine) Restock(sku string, qty int64) error {
 	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
 }
 
-func (e *Engine) propose(c *raftfsm.Command) (*raftfsm.Result, error) {
-	c.AtUnixNano = e.cfg.Now().UnixNano()
-	res, err := e.proposer.Propose(c)
+// propose stamps c with the engine's clock and replicates it. Its errors
+// are the engine's sentinels (see Proposer).
+func (e *Engine) propose(c raftfsm.Command) (*raftfsm.Result, error) {
+	res, err := e.proposer.Propose(e.cfg.Now().UnixNano(), c)
 	switch {
 	case err == nil:
 		return res, nil
-	case errors.Is(err, raftfsm.ErrOutcomeUnknown), errors.Is(err, ErrOutcomeUnknown):
-		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op, err)
+	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUnavailable), errors.Is(err, ErrTooLarge), errors.Is(err, ErrRejected):
+		return nil, fmt.Errorf("%s: %w", c.Op(), err)
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op(), err)
+	case errors.Is(err, raftfsm.ErrMalformed):
+		return nil, fmt.Errorf("%w: %s: %w", ErrRejected, c.Op(), err)
 	default:
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.Op, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.Op(), err)
 	}
 }
 
@@ -531,15 +579,15 @@ func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
 
 // Confirm turns a held order sold.
 func (e *Engine) Confirm(id string) (raftfsm.Order, error) {
-	return e.orderCommand(&raftfsm.Command{Op: raftfsm.OpConfirm, OrderID: id})
+	return e.orderCommand(&raftfsm.Confirm{OrderID: id})
 }
 
 // Cancel releases a held order; its units return to available.
 func (e *Engine) Cancel(id string) (raftfsm.Order, error) {
-	return e.orderCommand(&raftfsm.Command{Op: raftfsm.OpRelease, OrderID: id, Reason: raftfsm.ReleaseCancelled})
+	return e.orderCommand(&raftfsm.Release{OrderID: id, Reason: raftfsm.ReleaseCancelled})
 }
 
-func (e *Engine) orderCommand(c *raftfsm.Command) (raftfsm.Order, error) {
+func (e *Engine) orderCommand(c raftfsm.Command) (raftfsm.Order, error) {
 	res, err := e.propose(c)
 	if err != nil {
 		return raftfsm.Order{}, err
@@ -589,11 +637,16 @@ type LocalAudit struct {
 	Leased        int64 `json:"leased"`
 }
 
+// BeginDrain makes new deducts answer unavailable at once, so a stopping
+// node's in-flight requests finish while no new ones start. Close follows.
+func (e *Engine) BeginDrain() { e.closing.Store(true) }
+
 // Close stops taking deducts, waits (bounded by ctx) for queued takes to be
 // proposed, returns unused leases where the ledger accepts it, and stops the
 // engine's goroutines.
 func (e *Engine) Close(ctx context.Context) error {
-	if e.closing.Swap(true) {
+	e.closing.Store(true)
+	if e.closed.Swap(true) {
 		return nil
 	}
 	if e.proposer == nil { // never started: nothing queued, nothing to return
@@ -617,7 +670,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		if units <= 0 {
 			continue
 		}
-		res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpReturn, Node: e.cfg.NodeID, SKU: s.sku, Qty: units})
+		res, err := e.propose(&raftfsm.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: units})
 		if err != nil {
 			// The units stay leased to this node; the next start loads them
 			// back into the buckets from the ledger.
@@ -639,12 +692,6 @@ type (
 	SKURow = raftfsm.SKU
 )
 
-// Ledger command types, for callers that forward proposals.
-type (
-	Command = raftfsm.Command
-	Result  = raftfsm.Result
-)
-
 // NodeAddrs returns the HTTP addresses nodes registered in the ledger.
 func (e *Engine) NodeAddrs() map[string]string { return e.ledger.NodeAddrs() }
 
@@ -656,5 +703,19 @@ func (e *Engine) WaitApplied(ctx context.Context, index uint64) error {
 // CommitBlocked reports whether the breaker refuses wait=commit deducts.
 func (e *Engine) CommitBlocked() bool { return e.commitBlocked.Load() }
 
-// OpReclaim is re-exported for callers that propose a reclaim directly.
-const OpReclaim = raftfsm.OpReclaim
+// Reclaim returns all of node's leases to available (after it left the
+// cluster) and reports the units.
+func (e *Engine) Reclaim(node string) (int64, error) {
+	res, err := e.propose(&raftfsm.Reclaim{Node: node})
+	if err != nil {
+		return 0, err
+	}
+	return res.Qty, nil
+}
+
+// LeaderReachable reports whether this node is in contact with a raft
+// leader: its reads are then current, not stale. Without a cluster (tests)
+// it is always true.
+func (e *Engine) LeaderReachable() bool {
+	return e.cfg.Cluster == nil || e.cfg.Cluster.CommitHealthy()
+}

@@ -94,7 +94,7 @@ func (e *Engine) registerSelf() {
 	if e.ledger.NodeAddrs()[e.cfg.NodeID] == e.cfg.AdvertiseHTTP {
 		return
 	}
-	_, err := e.propose(&raftfsm.Command{Op: raftfsm.OpRegister, Node: e.cfg.NodeID, Addr: e.cfg.AdvertiseHTTP})
+	_, err := e.propose(&raftfsm.Register{Node: e.cfg.NodeID, Addr: e.cfg.AdvertiseHTTP})
 	if err != nil {
 		e.logger.Debug("register http address", "err", err)
 		return
@@ -131,7 +131,7 @@ func (e *Engine) returnIdleLeases(now time.Time) {
 		if units < leasedIdle {
 			e.logger.Warn("buckets held less than the lease; returning the lease", "sku", s.sku, "buckets", units, "leased", leasedIdle)
 		}
-		res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpReturn, Node: e.cfg.NodeID, SKU: s.sku, Qty: qty})
+		res, err := e.propose(&raftfsm.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: qty})
 		switch {
 		case err == nil:
 			e.metrics.leaseReturned.Add(uint64(res.Qty))
@@ -210,7 +210,7 @@ func (e *Engine) reclaimLostNodes(now time.Time, tried map[string]time.Time) {
 			continue
 		}
 		tried[node] = now
-		res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpReclaim, Node: node})
+		res, err := e.propose(&raftfsm.Reclaim{Node: node})
 		if err != nil {
 			e.logger.Warn("reclaim failed", "node", node, "err", err)
 			continue
@@ -232,7 +232,7 @@ func (e *Engine) expireHolds(now time.Time) {
 	if len(due) == 0 {
 		return
 	}
-	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpExpire, OrderIDs: due})
+	res, err := e.propose(&raftfsm.Expire{OrderIDs: due})
 	if err != nil {
 		e.logger.Warn("expire holds", "orders", len(due), "err", err)
 		return
@@ -248,7 +248,7 @@ func (e *Engine) pruneRequests(now time.Time) {
 		return
 	}
 	before := now.Add(-e.cfg.RequestRetention).UnixNano()
-	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpPruneRequests, BeforeUnixNano: before, MaxKeep: e.cfg.RequestMaxKeep})
+	res, err := e.propose(&raftfsm.PruneRequests{BeforeUnixNano: before, MaxKeep: e.cfg.RequestMaxKeep})
 	if err != nil {
 		e.logger.Warn("prune request ids", "err", err)
 		return

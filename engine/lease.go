@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"time"
 
 	"stockd/raftfsm"
@@ -22,14 +23,17 @@ func (e *Engine) requestRefill(s *sale) {
 	}
 }
 
-// runLeaser proposes queued lease requests, a few at a time.
+// runLeaser proposes queued lease requests and give-backs, a few at a time.
 func (e *Engine) runLeaser() {
 	defer e.wg.Done()
 	slots := make(chan struct{}, leasesInFlightMax)
 	for {
 		var s *sale
+		work := e.lease
 		select {
 		case s = <-e.refills:
+		case s = <-e.giveBacks:
+			work = e.giveBack
 		case <-e.stop:
 			return
 		}
@@ -41,7 +45,7 @@ func (e *Engine) runLeaser() {
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			e.lease(s)
+			work(s)
 			<-slots
 		}()
 	}
@@ -55,7 +59,9 @@ func (e *Engine) leaseChunk(available int64) int64 {
 
 // lease proposes one Lease for s. The granted units reach the buckets when
 // the ledger applies the Lease (Applied), not here, so a retried proposal
-// cannot load twice.
+// cannot load twice. With nothing available while other nodes hold leases,
+// the Lease is a demand: the ledger reports it (EventLeaseWanted), the
+// holders give part of their units back, and the next Lease gets them.
 func (e *Engine) lease(s *sale) {
 	defer func() {
 		s.refillQueued.Store(false)
@@ -64,24 +70,84 @@ func (e *Engine) lease(s *sale) {
 		s.stockChanged.broadcast()
 	}()
 	row, _, ok := e.ledger.SKU(s.sku)
-	if !ok || row.Available <= 0 {
+	if !ok {
 		return
 	}
-	want := min(max(e.leaseChunk(row.Available), s.leaseAtLeast.Swap(0)), row.Available)
-	res, err := e.propose(&raftfsm.Command{Op: raftfsm.OpLease, Node: e.cfg.NodeID, SKU: s.sku, Qty: want})
+	demand := row.Available <= 0
+	if demand && row.LeasedTotal()-row.Leased[e.cfg.NodeID] <= 0 {
+		e.updateSoldOut(s)
+		return
+	}
+	if demand && s.buckets.Units() > 0 {
+		return // ask others only once this node's buyers have run dry
+	}
+	want := max(e.leaseChunk(row.Available), s.leaseAtLeast.Swap(0), 1)
+	if !demand {
+		want = min(want, row.Available)
+	}
+	res, err := e.propose(&raftfsm.Lease{Node: e.cfg.NodeID, SKU: s.sku, Want: want})
 	if err != nil {
 		e.metrics.leaseErrors.Add(1)
 		e.logger.Debug("lease not granted", "sku", s.sku, "want", want, "err", err)
-		t := time.NewTimer(leaseRetryBackoff)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-e.stop:
-		}
+		e.pause(leaseRetryBackoff)
 		return
 	}
 	if res.Outcome != raftfsm.OutcomeOK || res.Qty == 0 {
-		row, _, _ = e.ledger.SKU(s.sku)
-		e.updateSoldOut(s, row.Available)
+		e.updateSoldOut(s)
+		if demand {
+			e.pause(demandPace)
+		}
+	}
+}
+
+// pause waits d or until the engine stops.
+func (e *Engine) pause(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-e.stop:
+	}
+}
+
+// requestGiveBack queues a give-back for s: another node wants units while
+// the ledger has none available. Called on the FSM goroutine; never blocks.
+func (e *Engine) requestGiveBack(s *sale) {
+	if s.buckets.Units() == 0 || !s.giveQueued.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case e.giveBacks <- s:
+	default:
+		s.giveQueued.Store(false)
+	}
+}
+
+// giveBack returns half of what s's buckets hold (at least one unit) to the
+// ledger, where the node that asked can lease it.
+func (e *Engine) giveBack(s *sale) {
+	defer s.giveQueued.Store(false)
+	units := s.buckets.Units()
+	if units <= 0 {
+		return
+	}
+	got := s.buckets.TakeUpTo((units + 1) / 2)
+	if got == 0 {
+		return
+	}
+	// Do not lease the units straight back before this node's own buyers
+	// have run dry.
+	s.lowWatermark.Store(0)
+	res, err := e.propose(&raftfsm.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: got})
+	switch {
+	case err == nil:
+		e.metrics.leaseGivenBack.Add(uint64(res.Qty))
+		e.logger.Debug("gave units back on demand", "sku", s.sku, "units", res.Qty)
+	case errors.Is(err, ErrOutcomeUnknown):
+		e.logger.Warn("give-back outcome unknown; rebuilding buckets from the ledger", "sku", s.sku, "err", err)
+		e.rebuildSale(s)
+	default:
+		s.buckets.Load(got)
+		s.stockChanged.broadcast()
 	}
 }

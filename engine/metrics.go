@@ -30,6 +30,8 @@ type Metrics struct {
 	leaseShort       atomic.Uint64
 	leaseReturned    atomic.Uint64
 	leaseReclaimed   atomic.Uint64
+	leaseGivenBack   atomic.Uint64 // units returned because another node wanted them
+	takeSplits       atomic.Uint64 // batches the leader refused as too large or malformed, split
 	holdsExpired     atomic.Uint64
 
 	driftMu sync.Mutex
@@ -48,7 +50,7 @@ func (m *Metrics) setDrift(sku string, units int64) {
 func newMetrics() *Metrics { return &Metrics{} }
 
 // batchSizeBounds are the upper bounds of the Take batch size histogram.
-var batchSizeBounds = [...]float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
+var batchSizeBounds = [...]float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}
 
 func (m *Metrics) countBatch(entries int) {
 	m.takeBatches.Add(1)
@@ -84,6 +86,8 @@ type Snapshot struct {
 	LeaseShort       uint64
 	LeaseReturned    uint64
 	LeaseReclaimed   uint64
+	LeaseGivenBack   uint64
+	TakeSplits       uint64
 	CommitBlocked    bool
 	HoldsExpired     uint64
 	AuditDrift       map[string]int64 // units, per sku, from the last periodic audit
@@ -98,7 +102,7 @@ type Snapshot struct {
 // MetricsSnapshot copies the counters and reads the engine's gauges.
 func (e *Engine) MetricsSnapshot() Snapshot {
 	s := e.metrics.snapshot()
-	s.ProposalsInFlight = len(e.inFlight)
+	s.ProposalsInFlight = len(e.localSlots) + len(e.forwardSlots)
 	s.TakeQueueLength = len(e.takeQueue)
 	s.CommitBlocked = e.commitBlocked.Load()
 	sales := *e.sales.Load()
@@ -120,6 +124,8 @@ func (m *Metrics) snapshot() Snapshot {
 		LeaseShort:       m.leaseShort.Load(),
 		LeaseReturned:    m.leaseReturned.Load(),
 		LeaseReclaimed:   m.leaseReclaimed.Load(),
+		LeaseGivenBack:   m.leaseGivenBack.Load(),
+		TakeSplits:       m.takeSplits.Load(),
 		HoldsExpired:     m.holdsExpired.Load(),
 		BatchSizeBounds:  batchSizeBounds[:],
 		BatchSizeCounts:  make([]uint64, len(m.takeBatchSizes)),

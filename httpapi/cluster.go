@@ -2,19 +2,16 @@ package httpapi
 
 import (
 	"bytes"
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"stockd/engine"
 )
 
 // headerClusterSecret carries -cluster-secret between nodes.
@@ -23,12 +20,11 @@ const headerClusterSecret = "X-Stockd-Cluster-Secret"
 const (
 	// peerStatusTimeout bounds how long GET /v1/cluster waits for a peer.
 	peerStatusTimeout = 300 * time.Millisecond
-	// forwardTimeout bounds a forwarded proposal: long enough for an
-	// election and a commit, short enough that a buyer gets an answer.
-	forwardTimeout = 10 * time.Second
-	// forwardApplyWait bounds how long a follower waits to apply a
-	// forwarded command itself before it answers.
-	forwardApplyWait = 5 * time.Second
+	// proxyTimeout bounds an admin call relayed to the leader: long enough
+	// for an election and a commit.
+	proxyTimeout = 10 * time.Second
+	// peerConnsMax bounds the connections this node opens to one peer.
+	peerConnsMax = 64
 )
 
 // peer checks that an internal call comes from a cluster member: the
@@ -101,28 +97,59 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx, route []byte) {
 	}
 }
 
-// handlePropose runs a command a follower forwarded. Only the leader
-// proposes; anyone else answers not_leader and the follower tries again.
+// Internal wire of POST /internal/v1/propose (DESIGN.md, "Forwarding
+// inside the cluster"): the body is one command in the ledger's binary
+// encoding, the answer one encoded result. InternalMaxBodyBytes is its own
+// cap, far above the largest Take batch, and independent of the public
+// MaxBodyBytes.
+const (
+	// InternalMaxBodyBytes bounds one forwarded command.
+	InternalMaxBodyBytes = 4 << 20
+	// InternalWireVersion is sent in headerWireVersion; a node refuses a
+	// version it does not speak (400), so mixed versions fail loudly.
+	InternalWireVersion = "1"
+	headerWireVersion   = "X-Stockd-Wire"
+	contentTypeCommand  = "application/x-stockd-command"
+)
+
+// Statuses of the internal propose route beside 200 (the encoded result).
+const (
+	// ProposeNotLeader: this node does not lead; nothing was proposed.
+	ProposeNotLeader = fasthttp.StatusMisdirectedRequest
+	// ProposeUnavailable: the leader could not queue the command; nothing
+	// was proposed.
+	ProposeUnavailable = fasthttp.StatusServiceUnavailable
+	// ProposeOutcomeUnknown: the command entered the log; it may commit.
+	ProposeOutcomeUnknown = fasthttp.StatusGatewayTimeout
+	// ProposeMalformed and ProposeTooLarge: refused for good.
+	ProposeMalformed = fasthttp.StatusBadRequest
+	ProposeTooLarge  = fasthttp.StatusRequestEntityTooLarge
+)
+
+// Proposals is the leader's side of the internal wire: it decodes,
+// checks and proposes one forwarded command and returns the status and
+// answer to send back. The body is only valid during the call.
+type Proposals interface {
+	HandleForwarded(body []byte) (status int, answer []byte)
+}
+
 func (s *Server) handlePropose(ctx *fasthttp.RequestCtx) {
-	var c engine.Command
-	if err := json.Unmarshal(ctx.PostBody(), &c); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed command: "+err.Error())
+	if string(ctx.Request.Header.Peek(headerWireVersion)) != InternalWireVersion {
+		writeError(ctx, ProposeMalformed, "bad_request", "internal wire version "+strconv.Quote(string(ctx.Request.Header.Peek(headerWireVersion)))+" not spoken here (want "+InternalWireVersion+")")
 		return
 	}
-	if s.cluster == nil || !s.cluster.IsLeader() {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "not_leader", "this node is not the leader")
+	if s.cfg.Proposals == nil {
+		writeError(ctx, ProposeUnavailable, "unavailable", "this node takes no forwarded commands")
 		return
 	}
-	res, err := s.cluster.ProposeLocal(&c)
-	if err != nil {
-		if errors.Is(err, engine.ErrOutcomeUnknown) {
-			writeError(ctx, fasthttp.StatusGatewayTimeout, "outcome_unknown", err.Error())
-			return
-		}
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "not_leader", err.Error())
-		return
+	status, answer := s.cfg.Proposals.HandleForwarded(ctx.PostBody())
+	ctx.SetStatusCode(status)
+	if status == fasthttp.StatusOK {
+		ctx.SetContentType(contentTypeCommand)
+	} else {
+		ctx.SetContentType(contentTypeJSON)
 	}
-	writeJSON(ctx, fasthttp.StatusOK, res)
+	ctx.SetBody(answer)
 }
 
 // joinRequest is the body of POST /v1/cluster/join.
@@ -170,10 +197,10 @@ func (s *Server) handleRemoveNode(ctx *fasthttp.RequestCtx, id []byte) {
 	}
 	// The leader's janitor reclaims the leases of non-members; doing it now
 	// returns the stock without waiting for the next pass.
-	res, err := s.cluster.ProposeLocal(&engine.Command{Op: engine.OpReclaim, Node: string(id), AtUnixNano: time.Now().UnixNano()})
+	units, err := s.engine.Reclaim(string(id))
 	out := map[string]any{"removed": string(id)}
 	if err == nil {
-		out["reclaimed_units"] = res.Qty
+		out["reclaimed_units"] = units
 	} else {
 		out["reclaim_error"] = err.Error()
 	}
@@ -196,7 +223,7 @@ func (s *Server) proxyToLeader(ctx *fasthttp.RequestCtx) {
 	}
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := s.forwarder().client(addr).DoTimeout(req, resp, forwardTimeout); err != nil {
+	if err := s.peers.client(addr).DoTimeout(req, resp, proxyTimeout); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "forward to leader: "+err.Error())
 		return
 	}
@@ -241,7 +268,7 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 		go func() {
 			defer wg.Done()
 			var peer ClusterStatus
-			if s.forwarder().getJSON(n.HTTPAddr, "/internal/v1/status", peerStatusTimeout, &peer) == nil {
+			if s.peers.GetJSON(n.HTTPAddr, "/internal/v1/status", peerStatusTimeout, &peer) == nil {
 				n.Reachable, n.State, n.Term, n.CommitIndex, n.AppliedIndex = true, peer.State, peer.Term, peer.CommitIndex, peer.AppliedIndex
 			}
 		}()
@@ -250,102 +277,68 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, st)
 }
 
-// Forwarder is the engine's Proposer on every node: it proposes locally on
-// the leader and forwards over HTTP to the leader elsewhere, then waits
-// until this node has applied the command too, so a forwarded write is
-// readable here when the caller gets its answer. Safe for concurrent use.
-type Forwarder struct {
-	cluster Cluster
-	engine  Engine
-	secret  string
-	dial    fasthttp.DialFunc
-	logger  *slog.Logger
+// PeerClient carries node-to-node calls: forwarded commands, status
+// probes, relayed admin calls. It keeps a small connection pool per peer
+// and adds the cluster secret. Safe for concurrent use.
+type PeerClient struct {
+	secret string
+	dial   fasthttp.DialFunc
 
 	mu      sync.Mutex
 	clients map[string]*fasthttp.HostClient
 }
 
-func (s *Server) forwarder() *Forwarder { return s.fwd }
-
-// Forwarder returns the server's forwarder, to pass to engine.Start.
-func (s *Server) Forwarder() *Forwarder { return s.fwd }
-
-func newForwarder(cfg Config, cluster Cluster, eng Engine, logger *slog.Logger) *Forwarder {
-	return &Forwarder{
-		cluster: cluster, engine: eng, secret: cfg.ClusterSecret, dial: cfg.PeerDial,
-		logger: logger, clients: map[string]*fasthttp.HostClient{},
-	}
+// NewPeerClient returns a client that authenticates with secret and dials
+// with dial (nil: plain TCP).
+func NewPeerClient(secret string, dial DialFunc) *PeerClient {
+	return &PeerClient{secret: secret, dial: dial, clients: map[string]*fasthttp.HostClient{}}
 }
 
-func (f *Forwarder) client(addr string) *fasthttp.HostClient {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	c, ok := f.clients[addr]
+func (c *PeerClient) client(addr string) *fasthttp.HostClient {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hc, ok := c.clients[addr]
 	if !ok {
-		c = &fasthttp.HostClient{
-			Addr: addr, Dial: f.dial, MaxConns: 64,
-			ReadTimeout: forwardTimeout, WriteTimeout: forwardTimeout,
+		hc = &fasthttp.HostClient{
+			Addr: addr, Dial: c.dial, MaxConns: peerConnsMax,
+			MaxResponseBodySize:       InternalMaxBodyBytes,
 			MaxIdemponentCallAttempts: 1, // a proposal must not be sent twice by the client
 		}
-		f.clients[addr] = c
+		c.clients[addr] = hc
 	}
-	return c
+	return hc
 }
 
-// Propose implements engine.Proposer.
-func (f *Forwarder) Propose(c *engine.Command) (*engine.Result, error) {
-	if f.cluster.IsLeader() {
-		return f.cluster.ProposeLocal(c)
-	}
-	leader := f.cluster.Status().Leader
-	if leader == "" {
-		return nil, fmt.Errorf("%w: no leader known", engine.ErrUnavailable)
-	}
-	addr := f.engine.NodeAddrs()[leader]
-	if addr == "" {
-		return nil, fmt.Errorf("%w: leader %s has not registered its http address yet", engine.ErrUnavailable, leader)
-	}
-	body, err := json.Marshal(c)
-	if err != nil {
-		return nil, fmt.Errorf("encode %s command: %w", c.Op, err)
-	}
+// ErrNotSent marks a peer call that surely did not reach the peer (the
+// dial failed): it may be sent again.
+var ErrNotSent = errors.New("not sent")
+
+// Propose sends one encoded command to the leader at addr and returns the
+// HTTP status and the answer (a copy). An error wraps ErrNotSent when
+// nothing reached the peer; otherwise the command may have arrived.
+func (c *PeerClient) Propose(addr string, command []byte, timeout time.Duration) (int, []byte, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + addr + "/internal/v1/propose")
 	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType(contentTypeJSON)
-	if f.secret != "" {
-		req.Header.Set(headerClusterSecret, f.secret)
+	req.Header.SetContentType(contentTypeCommand)
+	req.Header.Set(headerWireVersion, InternalWireVersion)
+	if c.secret != "" {
+		req.Header.Set(headerClusterSecret, c.secret)
 	}
-	req.SetBodyRaw(body)
-	if err := f.client(addr).DoTimeout(req, resp, forwardTimeout); err != nil {
+	req.SetBodyRaw(command)
+	if err := c.client(addr).DoTimeout(req, resp, timeout); err != nil {
 		if nothingSent(err) {
-			return nil, fmt.Errorf("%w: forward %s to %s: %v", engine.ErrUnavailable, c.Op, leader, err)
+			return 0, nil, fmt.Errorf("%w: %w", ErrNotSent, err)
 		}
-		return nil, fmt.Errorf("%w: forward %s to %s: %v", engine.ErrOutcomeUnknown, c.Op, leader, err)
+		return 0, nil, err
 	}
-	switch resp.StatusCode() {
-	case fasthttp.StatusOK:
-	case fasthttp.StatusGatewayTimeout:
-		return nil, fmt.Errorf("%w: leader %s: %s", engine.ErrOutcomeUnknown, leader, bytes.TrimSpace(resp.Body()))
-	default:
-		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrUnavailable, leader, resp.StatusCode(), bytes.TrimSpace(resp.Body()))
-	}
-	var res engine.Result
-	if err := json.Unmarshal(resp.Body(), &res); err != nil {
-		return nil, fmt.Errorf("%w: decode the leader's answer: %v", engine.ErrOutcomeUnknown, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), forwardApplyWait)
-	defer cancel()
-	if err := f.engine.WaitApplied(ctx, res.Index); err != nil {
-		f.logger.Warn("forwarded command committed but not yet applied here", "op", c.Op, "err", err)
-	}
-	return &res, nil
+	return resp.StatusCode(), bytes.Clone(resp.Body()), nil
 }
 
 // nothingSent reports whether a client error happened before the request
-// could reach the leader.
+// could reach the peer.
 func nothingSent(err error) bool {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
@@ -354,15 +347,16 @@ func nothingSent(err error) bool {
 	return errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, fasthttp.ErrNoFreeConns)
 }
 
-func (f *Forwarder) getJSON(addr, path string, timeout time.Duration, out any) error {
+// GetJSON reads path from the peer at addr into out.
+func (c *PeerClient) GetJSON(addr, path string, timeout time.Duration, out any) error {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + addr + path)
-	if f.secret != "" {
-		req.Header.Set(headerClusterSecret, f.secret)
+	if c.secret != "" {
+		req.Header.Set(headerClusterSecret, c.secret)
 	}
-	if err := f.client(addr).DoTimeout(req, resp, timeout); err != nil {
+	if err := c.client(addr).DoTimeout(req, resp, timeout); err != nil {
 		return err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {

@@ -209,7 +209,7 @@ func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
 	// lets a CDN absorb the refresh storm.
 	ctx.Response.Header.Set("Cache-Control", "public, max-age=1")
 	out := skuJSON(v)
-	out.Stale = s.engine.CommitBlocked()
+	out.Stale = !s.engine.LeaderReachable()
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
@@ -295,7 +295,7 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	if st.Leader != st.NodeID {
 		addr := s.engine.NodeAddrs()[st.Leader]
 		var leader ClusterStatus
-		if addr == "" || s.fwd.getJSON(addr, "/internal/v1/status", peerStatusTimeout, &leader) != nil {
+		if addr == "" || s.peers.GetJSON(addr, "/internal/v1/status", peerStatusTimeout, &leader) != nil {
 			notReady("leader " + st.Leader + " not reachable over http")
 			return
 		}

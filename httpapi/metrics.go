@@ -65,6 +65,8 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteCounterUint64(&w, "stockd_lease_short_takes_total", m.LeaseShort)
 	metrics.WriteCounterUint64(&w, "stockd_lease_returned_units_total", m.LeaseReturned)
 	metrics.WriteCounterUint64(&w, "stockd_lease_reclaimed_units_total", m.LeaseReclaimed)
+	metrics.WriteCounterUint64(&w, "stockd_lease_given_back_units_total", m.LeaseGivenBack)
+	metrics.WriteCounterUint64(&w, "stockd_take_batch_splits_total", m.TakeSplits)
 	metrics.WriteGaugeUint64(&w, "stockd_commit_breaker_open", boolGauge(m.CommitBlocked))
 	metrics.WriteCounterUint64(&w, "stockd_holds_expired_units_total", m.HoldsExpired)
 	for _, sku := range slices.Sorted(maps.Keys(m.AuditDrift)) {

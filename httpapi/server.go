@@ -46,10 +46,13 @@ type Engine interface {
 	Confirm(id string) (engine.Order, error)
 	Cancel(id string) (engine.Order, error)
 	Audit(sku string) (engine.Audit, engine.LocalAudit, bool, error)
+	Reclaim(node string) (int64, error)
 	MetricsSnapshot() engine.Snapshot
 	NodeAddrs() map[string]string
 	CommitBlocked() bool
-	WaitApplied(ctx context.Context, index uint64) error
+	// LeaderReachable reports whether this node is in contact with a
+	// leader (reads are then current, not stale).
+	LeaderReachable() bool
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
@@ -83,8 +86,6 @@ type Cluster interface {
 	// addresses.
 	Status() ClusterStatus
 	IsLeader() bool
-	// ProposeLocal proposes on this node's raft; it fails unless leader.
-	ProposeLocal(c *engine.Command) (*engine.Result, error)
 	AddVoter(id, raftAddr string) error
 	RemoveServer(id string) error
 }
@@ -103,9 +104,12 @@ type Config struct {
 	// among themselves; when empty those routes accept only the cluster
 	// members' addresses and loopback.
 	ClusterSecret string
-	// PeerDial, when set, dials other nodes for forwarding (tests cut links
-	// with it).
-	PeerDial fasthttp.DialFunc
+	// Peers carries this node's calls to other nodes; nil: plain TCP with
+	// ClusterSecret.
+	Peers *PeerClient
+	// Proposals serves commands followers forward (the leader's side of
+	// the internal wire); nil refuses them.
+	Proposals Proposals
 }
 
 // DefaultConfig listens on 127.0.0.1:8080.
@@ -143,7 +147,7 @@ type Server struct {
 	ln      net.Listener
 	latency *latencyHistogram
 	version string
-	fwd     *Forwarder
+	peers   *PeerClient
 }
 
 // New builds a server; Serve or Start runs it.
@@ -160,12 +164,16 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 		logger:  logger.With("component", "http"),
 		latency: newLatencyHistogram(),
 	}
-	s.fwd = newForwarder(cfg, cluster, eng, s.logger)
+	s.peers = cfg.Peers
+	if s.peers == nil {
+		s.peers = NewPeerClient(cfg.ClusterSecret, nil)
+	}
 	s.fast = &fasthttp.Server{
 		Handler:              s.handle,
 		ErrorHandler:         s.handleTransportError,
 		Name:                 "stockd",
 		MaxRequestBodySize:   MaxBodyBytes,
+		HeaderReceived:       bodyLimitFor,
 		ReadTimeout:          cfg.ReadTimeout,
 		WriteTimeout:         cfg.WriteTimeout,
 		IdleTimeout:          cfg.IdleTimeout,
@@ -178,9 +186,10 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 	return s, nil
 }
 
-// Shutdown stops accepting connections and waits for in-flight requests.
-func (s *Server) Shutdown() error {
-	if err := s.fast.Shutdown(); err != nil {
+// Shutdown stops accepting connections, closes idle ones and waits for
+// in-flight requests, until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if err := s.fast.ShutdownWithContext(ctx); err != nil {
 		return fmt.Errorf("shut down http server: %w", err)
 	}
 	return nil
@@ -311,9 +320,31 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) bool {
 	return false
 }
 
+// bodyLimitFor gives the internal routes their own body cap: a forwarded
+// Take batch is far larger than any public request.
+func bodyLimitFor(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if bytes.HasPrefix(h.RequestURI(), pathInternal) {
+		return fasthttp.RequestConfig{MaxRequestBodySize: InternalMaxBodyBytes}
+	}
+	return fasthttp.RequestConfig{}
+}
+
 func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		// A connection that sent nothing (or stalled) within the read
+		// timeout is closed without an answer: a response nobody asked
+		// for would be read by the client as the answer to its next
+		// request.
+		ctx.Conn().Close()
+		return
+	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", MaxBodyBytes))
+		limit := MaxBodyBytes
+		if bytes.HasPrefix(ctx.Request.Header.RequestURI(), pathInternal) {
+			limit = InternalMaxBodyBytes
+		}
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", limit))
 		return
 	}
 	writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed http request")
@@ -354,8 +385,8 @@ func (s *Server) Serve(ln net.Listener) {
 	s.logger.Info("serving http", "addr", ln.Addr().String())
 }
 
-// PostJSON posts body to url and returns the status and answer; main uses
-// it to join a cluster.
+// PostJSON posts body to url and returns the status and answer; a node
+// uses it to join a cluster.
 func PostJSON(url string, body []byte, headers map[string]string, timeout time.Duration) (int, string, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)

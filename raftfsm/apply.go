@@ -47,14 +47,15 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 				continue
 			}
 			a.index = entry.Index
-			cmd, err := DecodeCommand(entry.Data)
+			at, cmd, err := DecodeCommand(entry.Data)
 			if err != nil {
 				results[i] = &Result{Outcome: OutcomeInvalid, Detail: err.Error()}
 				continue
 			}
-			res, err := a.apply(&cmd)
+			a.at = at
+			res, err := a.apply(cmd)
 			if err != nil {
-				return fmt.Errorf("apply %s at index %d: %w", cmd.Op, entry.Index, err)
+				return fmt.Errorf("apply %s at index %d: %w", cmd.Op(), entry.Index, err)
 			}
 			results[i] = res
 		}
@@ -114,6 +115,7 @@ type applier struct {
 	ledger  *Ledger
 	tx      *bolt.Tx
 	index   uint64
+	at      int64 // the proposer's clock for the entry being applied
 	touched map[string]*SKU
 	events  []Event
 
@@ -192,55 +194,55 @@ func (a *applier) event(e Event) {
 	a.events = append(a.events, e)
 }
 
-func (a *applier) apply(c *Command) (*Result, error) {
-	switch c.Op {
-	case OpCreateSale:
+func (a *applier) apply(c Command) (*Result, error) {
+	switch c := c.(type) {
+	case *CreateSale:
 		return a.createSale(c), nil
-	case OpRestock:
+	case *Restock:
 		return a.restock(c), nil
-	case OpLease:
+	case *Lease:
 		return a.lease(c), nil
-	case OpReturn:
+	case *Return:
 		return a.giveBack(c), nil
-	case OpTake:
+	case *Take:
 		return a.take(c)
-	case OpConfirm:
+	case *Confirm:
 		return a.confirm(c)
-	case OpRelease:
+	case *Release:
 		return a.release(c)
-	case OpReclaim:
+	case *Reclaim:
 		return a.reclaim(c), nil
-	case OpRegister:
+	case *Register:
 		return a.register(c)
-	case OpExpire:
+	case *Expire:
 		return a.expire(c)
-	case OpPruneRequests:
+	case *PruneRequests:
 		return a.pruneRequests(c)
 	}
-	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown op %d", c.Op)}, nil
+	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }
 
 func invalid(format string, args ...any) *Result {
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf(format, args...)}
 }
 
-func (a *applier) createSale(c *Command) *Result {
-	if c.SKU == "" || c.Sale == nil || c.Sale.Total < 0 || c.Sale.PerUser < 0 || c.Sale.HoldTTLNanos < 0 {
+func (a *applier) createSale(c *CreateSale) *Result {
+	if c.SKU == "" || c.Sale.Total < 0 || c.Sale.PerUser < 0 || c.Sale.HoldTTLNanos < 0 {
 		return invalid("create_sale needs a sku and a config with non-negative terms")
 	}
 	if s := a.sku(c.SKU); s != nil {
-		if s.Config == *c.Sale {
+		if s.Config == c.Sale {
 			return &Result{Outcome: OutcomeSame}
 		}
 		return &Result{Outcome: OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
 	}
-	s := &SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: *c.Sale, CreatedAtUnixNano: c.AtUnixNano}
+	s := &SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: c.Sale, CreatedAtUnixNano: a.at}
 	a.touched[c.SKU] = s
 	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})
 	return &Result{Outcome: OutcomeOK}
 }
 
-func (a *applier) restock(c *Command) *Result {
+func (a *applier) restock(c *Restock) *Result {
 	if c.Qty <= 0 {
 		return invalid("restock qty %d <= 0", c.Qty)
 	}
@@ -254,15 +256,20 @@ func (a *applier) restock(c *Command) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: c.Qty}
 }
 
-func (a *applier) lease(c *Command) *Result {
-	if c.Node == "" || c.Qty <= 0 {
-		return invalid("lease needs a node and qty > 0")
+func (a *applier) lease(c *Lease) *Result {
+	if c.Node == "" || c.Want <= 0 {
+		return invalid("lease needs a node and want > 0")
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
 		return &Result{Outcome: OutcomeUnknownSKU}
 	}
-	grant := min(c.Qty, s.Available)
+	grant := min(c.Want, s.Available)
+	if short := c.Want - grant; short > 0 && s.LeasedTotal()-s.Leased[c.Node] > 0 {
+		// Others hold units this node's buyers are waiting for: tell the
+		// holders, who give part of their lease back.
+		a.event(Event{Kind: EventLeaseWanted, Node: c.Node, SKU: c.SKU, Qty: short})
+	}
 	if grant > 0 {
 		s.Available -= grant
 		if s.Leased == nil {
@@ -274,7 +281,7 @@ func (a *applier) lease(c *Command) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: grant}
 }
 
-func (a *applier) giveBack(c *Command) *Result {
+func (a *applier) giveBack(c *Return) *Result {
 	if c.Node == "" || c.Qty <= 0 {
 		return invalid("return needs a node and qty > 0")
 	}
@@ -294,7 +301,7 @@ func (a *applier) giveBack(c *Command) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: back}
 }
 
-func (a *applier) reclaim(c *Command) *Result {
+func (a *applier) reclaim(c *Reclaim) *Result {
 	if c.Node == "" {
 		return invalid("reclaim needs a node")
 	}
@@ -324,7 +331,7 @@ func (a *applier) reclaim(c *Command) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: total}
 }
 
-func (a *applier) register(c *Command) (*Result, error) {
+func (a *applier) register(c *Register) (*Result, error) {
 	if c.Node == "" || c.Addr == "" {
 		return invalid("register needs a node and an address"), nil
 	}
@@ -417,7 +424,7 @@ func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano i
 // pruneRequests forgets request ids whose order was created before the
 // command's cutoff, then the oldest ones beyond MaxKeep. The orders stay;
 // a retry of a forgotten request id is judged as a new deduct.
-func (a *applier) pruneRequests(c *Command) (*Result, error) {
+func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
 	if c.MaxKeep < 0 {
 		return invalid("prune_requests max_keep %d < 0", c.MaxKeep), nil
 	}
@@ -442,13 +449,13 @@ func (a *applier) pruneRequests(c *Command) (*Result, error) {
 	return &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}, nil
 }
 
-func (a *applier) take(c *Command) (*Result, error) {
+func (a *applier) take(c *Take) (*Result, error) {
 	if c.Node == "" {
 		return invalid("take needs a node"), nil
 	}
-	res := &Result{Outcome: OutcomeOK, Takes: make([]TakeResult, len(c.Takes))}
-	for i := range c.Takes {
-		e := &c.Takes[i]
+	res := &Result{Outcome: OutcomeOK, Takes: make([]TakeResult, len(c.Entries))}
+	for i := range c.Entries {
+		e := &c.Entries[i]
 		r := &res.Takes[i]
 		if e.OrderID == "" || e.Qty <= 0 || e.User == "" {
 			r.Outcome = OutcomeInvalid
@@ -497,9 +504,9 @@ func (a *applier) take(c *Command) (*Result, error) {
 			delete(s.Leased, c.Node)
 		}
 		o := Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
-			Node: c.Node, CreatedAtUnixNano: c.AtUnixNano}
+			Node: c.Node, CreatedAtUnixNano: a.at}
 		if ttl := s.Config.HoldTTLNanos; ttl > 0 {
-			o.State, o.ExpiresAtUnixNano = OrderHeld, c.AtUnixNano+ttl
+			o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
 			s.Held += e.Qty
 		} else {
 			o.State = OrderSold
@@ -526,7 +533,7 @@ func (a *applier) take(c *Command) (*Result, error) {
 	return res, nil
 }
 
-func (a *applier) confirm(c *Command) (*Result, error) {
+func (a *applier) confirm(c *Confirm) (*Result, error) {
 	o, err := a.getOrder(c.OrderID)
 	if err != nil || o == nil {
 		return &Result{Outcome: OutcomeNotFound}, err
@@ -540,7 +547,7 @@ func (a *applier) confirm(c *Command) (*Result, error) {
 		}
 		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
 	}
-	if c.AtUnixNano > o.ExpiresAtUnixNano {
+	if a.at > o.ExpiresAtUnixNano {
 		// Too late: the hold is over whether or not the leader has
 		// proposed its expiry yet. Release it now, so the answer and the
 		// order's state agree.
@@ -566,7 +573,7 @@ const (
 	ReleaseExpired   = "expired"
 )
 
-func (a *applier) release(c *Command) (*Result, error) {
+func (a *applier) release(c *Release) (*Result, error) {
 	if c.Reason != ReleaseCancelled && c.Reason != ReleaseExpired {
 		return invalid("release reason %q", c.Reason), nil
 	}
@@ -580,7 +587,7 @@ func (a *applier) release(c *Command) (*Result, error) {
 	case OrderSold:
 		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
 	}
-	if c.Reason == ReleaseExpired && c.AtUnixNano < o.ExpiresAtUnixNano {
+	if c.Reason == ReleaseExpired && a.at < o.ExpiresAtUnixNano {
 		return &Result{Outcome: OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
 	}
 	if err := a.releaseHeld(o, c.Reason); err != nil {
@@ -614,14 +621,14 @@ func (a *applier) releaseHeld(o *Order, reason string) error {
 
 // expire releases the listed holds whose deadline has passed at the
 // command's time; others (confirmed, cancelled, not yet due) are skipped.
-func (a *applier) expire(c *Command) (*Result, error) {
+func (a *applier) expire(c *Expire) (*Result, error) {
 	var units int64
 	for _, id := range c.OrderIDs {
 		o, err := a.getOrder(id)
 		if err != nil {
 			return nil, err
 		}
-		if o == nil || o.State != OrderHeld || c.AtUnixNano < o.ExpiresAtUnixNano {
+		if o == nil || o.State != OrderHeld || a.at < o.ExpiresAtUnixNano {
 			continue
 		}
 		if err := a.releaseHeld(o, ReleaseExpired); err != nil {

@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/json"
 	"fmt"
 )
 
@@ -37,27 +36,78 @@ func (o Op) String() string {
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
 
-// Command is one entry of the replicated log. AtUnixNano is the proposer's
-// clock: Apply never reads a clock of its own, so every node computes the same
-// deadlines from the same log.
-type Command struct {
-	Op         Op          `json:"op"`
-	AtUnixNano int64       `json:"at"`
-	Node       string      `json:"node,omitempty"`
-	SKU        string      `json:"sku,omitempty"`
-	Qty        int64       `json:"qty,omitempty"`
-	Sale       *SaleConfig `json:"sale,omitempty"`
-	Takes      []TakeEntry `json:"takes,omitempty"`
-	OrderID    string      `json:"order,omitempty"`
-	Reason     string      `json:"reason,omitempty"`
-	Addr       string      `json:"addr,omitempty"` // Register: the node's HTTP address
-	// Expire: the held orders to release if their deadline has passed at
-	// AtUnixNano.
-	OrderIDs []string `json:"orders,omitempty"`
-	// PruneRequests: forget request ids whose order was created before
-	// BeforeUnixNano, and the oldest beyond MaxKeep.
-	BeforeUnixNano int64 `json:"before,omitempty"`
-	MaxKeep        int64 `json:"max_keep,omitempty"`
+// Command is one entry of the replicated log: exactly one of the types
+// below, each carrying only what its op needs. Commands travel as
+// EncodeCommand bytes, in the raft log and between nodes alike; the
+// proposer's clock travels beside them (Apply never reads a clock).
+type Command interface {
+	Op() Op
+	appendFields(b []byte) []byte
+	decodeFields(d *decoder)
+}
+
+// CreateSale puts a new sale of Sale.Total units on the ledger.
+type CreateSale struct {
+	SKU  string
+	Sale SaleConfig
+}
+
+// Restock adds Qty units to a sale.
+type Restock struct {
+	SKU string
+	Qty int64
+}
+
+// Lease asks for up to Want units of a sale for Node's buckets. When the
+// ledger has none available while other nodes hold leases, the request is
+// recorded as demand (EventLeaseWanted) and the holders give some back.
+type Lease struct {
+	Node string
+	SKU  string
+	Want int64
+}
+
+// Return gives Qty units of Node's lease back to available.
+type Return struct {
+	Node string
+	SKU  string
+	Qty  int64
+}
+
+// Take is a batch of won deducts from Node's buckets; each entry is
+// accepted or refused on its own.
+type Take struct {
+	Node    string
+	Entries []TakeEntry
+}
+
+// Confirm turns a held order sold.
+type Confirm struct{ OrderID string }
+
+// Release returns a held order's units (Reason: cancelled or expired).
+type Release struct {
+	OrderID string
+	Reason  string
+}
+
+// Reclaim returns all of Node's leases to available.
+type Reclaim struct{ Node string }
+
+// Register records Node's HTTP address, for forwarding.
+type Register struct {
+	Node string
+	Addr string
+}
+
+// Expire releases the listed held orders whose deadline has passed at the
+// command's time.
+type Expire struct{ OrderIDs []string }
+
+// PruneRequests forgets request ids whose order was created before
+// BeforeUnixNano, then the oldest beyond MaxKeep (0: no count limit).
+type PruneRequests struct {
+	BeforeUnixNano int64
+	MaxKeep        int64
 }
 
 // SaleConfig is what an operator sets when creating a sale.
@@ -79,22 +129,195 @@ type TakeEntry struct {
 	OrderID   string `json:"order"`
 }
 
-// Encode serialises a command for raft.Apply.
-func (c *Command) Encode() ([]byte, error) {
-	b, err := json.Marshal(c)
-	if err != nil {
-		return nil, fmt.Errorf("encode %s command: %w", c.Op, err)
-	}
-	return b, nil
+// EncodedSize is the bytes the entry adds to an encoded Take: callers that
+// split batches by size use it.
+func (e *TakeEntry) EncodedSize() int {
+	return uvarintLen(len(e.SKU)) + len(e.SKU) + uvarintLen(len(e.User)) + len(e.User) +
+		uvarintLen(len(e.RequestID)) + len(e.RequestID) + uvarintLen(len(e.OrderID)) + len(e.OrderID) + maxVarintBytes
 }
 
-// DecodeCommand parses a log entry written by Encode.
-func DecodeCommand(b []byte) (Command, error) {
-	var c Command
-	if err := json.Unmarshal(b, &c); err != nil {
-		return c, fmt.Errorf("decode command: %w", err)
+// TakeHeaderSize bounds the bytes an encoded Take needs besides its
+// entries.
+func TakeHeaderSize(node string) int {
+	return commandHeaderMax + uvarintLen(len(node)) + len(node) + maxVarintBytes
+}
+
+func (*CreateSale) Op() Op    { return OpCreateSale }
+func (*Restock) Op() Op       { return OpRestock }
+func (*Lease) Op() Op         { return OpLease }
+func (*Return) Op() Op        { return OpReturn }
+func (*Take) Op() Op          { return OpTake }
+func (*Confirm) Op() Op       { return OpConfirm }
+func (*Release) Op() Op       { return OpRelease }
+func (*Reclaim) Op() Op       { return OpReclaim }
+func (*Register) Op() Op      { return OpRegister }
+func (*Expire) Op() Op        { return OpExpire }
+func (*PruneRequests) Op() Op { return OpPruneRequests }
+
+// newCommand returns an empty command of op, or nil for an unknown op.
+func newCommand(op Op) Command {
+	switch op {
+	case OpCreateSale:
+		return &CreateSale{}
+	case OpRestock:
+		return &Restock{}
+	case OpLease:
+		return &Lease{}
+	case OpReturn:
+		return &Return{}
+	case OpTake:
+		return &Take{}
+	case OpConfirm:
+		return &Confirm{}
+	case OpRelease:
+		return &Release{}
+	case OpReclaim:
+		return &Reclaim{}
+	case OpRegister:
+		return &Register{}
+	case OpExpire:
+		return &Expire{}
+	case OpPruneRequests:
+		return &PruneRequests{}
 	}
-	return c, nil
+	return nil
+}
+
+func (c *CreateSale) appendFields(b []byte) []byte {
+	b = appendString(b, c.SKU)
+	b = appendVarint(b, c.Sale.Total)
+	b = appendVarint(b, c.Sale.StartAtUnixNano)
+	b = appendVarint(b, c.Sale.PerUser)
+	return appendVarint(b, c.Sale.HoldTTLNanos)
+}
+
+func (c *CreateSale) decodeFields(d *decoder) {
+	c.SKU = d.string()
+	c.Sale.Total = d.varint()
+	c.Sale.StartAtUnixNano = d.varint()
+	c.Sale.PerUser = d.varint()
+	c.Sale.HoldTTLNanos = d.varint()
+}
+
+func (c *Restock) appendFields(b []byte) []byte {
+	return appendVarint(appendString(b, c.SKU), c.Qty)
+}
+
+func (c *Restock) decodeFields(d *decoder) { c.SKU, c.Qty = d.string(), d.varint() }
+
+func (c *Lease) appendFields(b []byte) []byte {
+	return appendVarint(appendString(appendString(b, c.Node), c.SKU), c.Want)
+}
+
+func (c *Lease) decodeFields(d *decoder) { c.Node, c.SKU, c.Want = d.string(), d.string(), d.varint() }
+
+func (c *Return) appendFields(b []byte) []byte {
+	return appendVarint(appendString(appendString(b, c.Node), c.SKU), c.Qty)
+}
+
+func (c *Return) decodeFields(d *decoder) { c.Node, c.SKU, c.Qty = d.string(), d.string(), d.varint() }
+
+func (c *Take) appendFields(b []byte) []byte {
+	b = appendString(b, c.Node)
+	b = appendUvarint(b, uint64(len(c.Entries)))
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		b = appendString(b, e.SKU)
+		b = appendVarint(b, e.Qty)
+		b = appendString(b, e.User)
+		b = appendString(b, e.RequestID)
+		b = appendString(b, e.OrderID)
+	}
+	return b
+}
+
+// minTakeEntryBytes is the smallest encoded entry: four empty strings and
+// a one-byte qty. It bounds the entry count a decoder will allocate for.
+const minTakeEntryBytes = 5
+
+func (c *Take) decodeFields(d *decoder) {
+	c.Node = d.string()
+	n := d.count(minTakeEntryBytes)
+	c.Entries = make([]TakeEntry, n)
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		e.SKU, e.Qty, e.User, e.RequestID, e.OrderID = d.string(), d.varint(), d.string(), d.string(), d.string()
+	}
+}
+
+func (c *Confirm) appendFields(b []byte) []byte { return appendString(b, c.OrderID) }
+func (c *Confirm) decodeFields(d *decoder)      { c.OrderID = d.string() }
+
+func (c *Release) appendFields(b []byte) []byte {
+	return appendString(appendString(b, c.OrderID), c.Reason)
+}
+func (c *Release) decodeFields(d *decoder) { c.OrderID, c.Reason = d.string(), d.string() }
+
+func (c *Reclaim) appendFields(b []byte) []byte { return appendString(b, c.Node) }
+func (c *Reclaim) decodeFields(d *decoder)      { c.Node = d.string() }
+
+func (c *Register) appendFields(b []byte) []byte {
+	return appendString(appendString(b, c.Node), c.Addr)
+}
+func (c *Register) decodeFields(d *decoder) { c.Node, c.Addr = d.string(), d.string() }
+
+func (c *Expire) appendFields(b []byte) []byte {
+	b = appendUvarint(b, uint64(len(c.OrderIDs)))
+	for _, id := range c.OrderIDs {
+		b = appendString(b, id)
+	}
+	return b
+}
+
+func (c *Expire) decodeFields(d *decoder) {
+	c.OrderIDs = make([]string, d.count(1))
+	for i := range c.OrderIDs {
+		c.OrderIDs[i] = d.string()
+	}
+}
+
+func (c *PruneRequests) appendFields(b []byte) []byte {
+	return appendVarint(appendVarint(b, c.BeforeUnixNano), c.MaxKeep)
+}
+func (c *PruneRequests) decodeFields(d *decoder) { c.BeforeUnixNano, c.MaxKeep = d.varint(), d.varint() }
+
+// commandFormat is the first byte of every binary log entry. A JSON entry
+// of an earlier version starts with '{' and is still read.
+const commandFormat byte = 0xC1
+
+// commandHeaderMax bounds the format byte, the op and the timestamp.
+const commandHeaderMax = 2 + maxVarintBytes
+
+// EncodeCommand appends c, proposed at atUnixNano, to dst in the binary
+// log format: format byte, op, timestamp, then the op's fields.
+func EncodeCommand(dst []byte, atUnixNano int64, c Command) []byte {
+	dst = append(dst, commandFormat, byte(c.Op()))
+	dst = appendVarint(dst, atUnixNano)
+	return c.appendFields(dst)
+}
+
+// DecodeCommand parses an entry written by EncodeCommand (or a JSON entry
+// of an earlier version). Every error is a malformed entry: retrying it
+// cannot help.
+func DecodeCommand(b []byte) (atUnixNano int64, c Command, err error) {
+	if len(b) > 0 && b[0] == '{' {
+		return decodeLegacyCommand(b)
+	}
+	if len(b) < 2 || b[0] != commandFormat {
+		return 0, nil, fmt.Errorf("%w: not a command entry", ErrMalformed)
+	}
+	op := Op(b[1])
+	c = newCommand(op)
+	if c == nil {
+		return 0, nil, fmt.Errorf("%w: unknown op %d", ErrMalformed, op)
+	}
+	d := decoder{b: b[2:]}
+	atUnixNano = d.varint()
+	c.decodeFields(&d)
+	if err := d.finish(); err != nil {
+		return 0, nil, fmt.Errorf("%s command: %w", op, err)
+	}
+	return atUnixNano, c, nil
 }
 
 // Outcome is the ledger's verdict on a command or on one take entry. Outcomes
@@ -132,9 +355,9 @@ func (o Outcome) String() string {
 }
 
 // Result is the ledger's answer to one command, read through
-// ApplyFuture.Response on the proposing node. Takes is set for OpTake, one
-// result per entry in order; Qty is the units granted by a Lease, returned by
-// a Return or Reclaim.
+// ApplyFuture.Response on the proposing node. Takes is set for a Take, one
+// result per entry in order; Qty is the units granted by a Lease, returned
+// by a Return or Reclaim, released by an Expire, forgotten by a prune.
 type Result struct {
 	Outcome Outcome      `json:"outcome"`
 	Qty     int64        `json:"qty,omitempty"`

@@ -107,6 +107,7 @@ const (
 	EventStockChanged                        // Available of SKU rose (restock, release)
 	EventReplaced                            // the whole state was replaced by a snapshot restore
 	EventNodeRegistered                      // Node registered (or changed) its HTTP address
+	EventLeaseWanted                         // Node wanted Qty more units of SKU than available; others hold leases
 )
 
 // Event is a state change an engine must react to, with the log index that

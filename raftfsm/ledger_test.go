@@ -33,16 +33,16 @@ func newTestLedger(tb testing.TB) *testLedger {
 	return &testLedger{tb: tb, l: l, dir: dir}
 }
 
-func logOf(tb testing.TB, index uint64, c Command) *raft.Log {
+func logOf(tb testing.TB, index uint64, c legacyCommand) *raft.Log {
 	tb.Helper()
-	b, err := c.Encode()
+	typed, err := c.typed()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: b}
+	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, c.AtUnixNano, typed)}
 }
 
-func (t *testLedger) apply(c Command) *Result {
+func (t *testLedger) apply(c legacyCommand) *Result {
 	t.tb.Helper()
 	t.index++
 	res, _ := t.l.Apply(logOf(t.tb, t.index, c)).(*Result)
@@ -77,17 +77,17 @@ func checkAudit(tb interface {
 	return a
 }
 
-func take(node, sku, user, order string, qty int64) Command {
-	return Command{Op: OpTake, Node: node, Takes: []TakeEntry{{SKU: sku, Qty: qty, User: user, RequestID: "req-" + order, OrderID: order}}}
+func take(node, sku, user, order string, qty int64) legacyCommand {
+	return legacyCommand{Op: OpTake, Node: node, Takes: []TakeEntry{{SKU: sku, Qty: qty, User: user, RequestID: "req-" + order, OrderID: order}}}
 }
 
 func TestLedger_TakeBeyondLeaseIsRejected(t *testing.T) {
 	tl := newTestLedger(t)
-	tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
-	if r := tl.apply(Command{Op: OpLease, Node: "n1", SKU: "a", Qty: 3}); r.Qty != 3 {
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
+	if r := tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 3}); r.Qty != 3 {
 		t.Fatalf("lease granted %d, want 3", r.Qty)
 	}
-	r := tl.apply(Command{Op: OpTake, Node: "n1", Takes: []TakeEntry{
+	r := tl.apply(legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{
 		{SKU: "a", Qty: 2, User: "u1", OrderID: "o1"},
 		{SKU: "a", Qty: 2, User: "u2", OrderID: "o2"}, // only 1 left in the lease
 		{SKU: "a", Qty: 1, User: "u3", OrderID: "o3"},
@@ -111,17 +111,17 @@ func TestLedger_TakeBeyondLeaseIsRejected(t *testing.T) {
 
 func TestLedger_LeaseGrantsAtMostAvailable(t *testing.T) {
 	tl := newTestLedger(t)
-	tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 5}})
-	if r := tl.apply(Command{Op: OpLease, Node: "n1", SKU: "a", Qty: 4}); r.Qty != 4 {
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 5}})
+	if r := tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 4}); r.Qty != 4 {
 		t.Fatalf("first lease %d", r.Qty)
 	}
-	if r := tl.apply(Command{Op: OpLease, Node: "n2", SKU: "a", Qty: 4}); r.Qty != 1 {
+	if r := tl.apply(legacyCommand{Op: OpLease, Node: "n2", SKU: "a", Qty: 4}); r.Qty != 1 {
 		t.Fatalf("second lease %d, want the 1 left", r.Qty)
 	}
-	if r := tl.apply(Command{Op: OpReturn, Node: "n1", SKU: "a", Qty: 10}); r.Qty != 4 {
+	if r := tl.apply(legacyCommand{Op: OpReturn, Node: "n1", SKU: "a", Qty: 10}); r.Qty != 4 {
 		t.Fatalf("return gave back %d, want the 4 leased", r.Qty)
 	}
-	if r := tl.apply(Command{Op: OpReclaim, Node: "n2"}); r.Qty != 1 {
+	if r := tl.apply(legacyCommand{Op: OpReclaim, Node: "n2"}); r.Qty != 1 {
 		t.Fatalf("reclaim took back %d, want 1", r.Qty)
 	}
 	if s := tl.row("a"); s.Available != 5 {
@@ -132,14 +132,14 @@ func TestLedger_LeaseGrantsAtMostAvailable(t *testing.T) {
 
 func TestLedger_DuplicateOrderAndRequestIDsApplyOnce(t *testing.T) {
 	tl := newTestLedger(t)
-	tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
-	tl.apply(Command{Op: OpLease, Node: "n1", SKU: "a", Qty: 10})
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 10})
 	first := tl.apply(take("n1", "a", "u1", "o1", 1)).Takes[0]
 	again := tl.apply(take("n1", "a", "u1", "o1", 1)).Takes[0] // re-proposal, same order id
 	if again.Outcome != OutcomeSame || again.Order.ID != first.Order.ID {
 		t.Fatalf("re-proposed order: %s %q", again.Outcome, again.Order.ID)
 	}
-	sameReq := Command{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "req-o1", OrderID: "o2"}}}
+	sameReq := legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "req-o1", OrderID: "o2"}}}
 	if r := tl.apply(sameReq).Takes[0]; r.Outcome != OutcomeSame || r.Order.ID != "o1" {
 		t.Fatalf("same request id, new order id: %s %q, want same o1", r.Outcome, r.Order.ID)
 	}
@@ -153,7 +153,7 @@ func TestLedger_CreateSaleIsIdempotentAndConflicts(t *testing.T) {
 	tl := newTestLedger(t)
 	f := func(cfg SaleConfig, want Outcome) {
 		t.Helper()
-		if r := tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &cfg}); r.Outcome != want {
+		if r := tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &cfg}); r.Outcome != want {
 			t.Fatalf("create %+v: %s, want %s", cfg, r.Outcome, want)
 		}
 	}
@@ -166,7 +166,7 @@ func TestLedger_CreateSaleIsIdempotentAndConflicts(t *testing.T) {
 func TestLedger_ReopenKeepsStateAndSkipsApplied(t *testing.T) {
 	tl := newTestLedger(t)
 	var logs []*raft.Log
-	for i, c := range []Command{
+	for i, c := range []legacyCommand{
 		{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}},
 		{Op: OpLease, Node: "n1", SKU: "a", Qty: 40},
 		take("n1", "a", "u1", "o1", 3),
@@ -216,10 +216,10 @@ func (s *bufferSink) Close() error  { return nil }
 
 func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
 	src := newTestLedger(t)
-	src.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50, PerUser: 2}})
-	src.apply(Command{Op: OpCreateSale, SKU: "b", Sale: &SaleConfig{Total: 7, HoldTTLNanos: 1e9}})
-	src.apply(Command{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
-	src.apply(Command{Op: OpLease, Node: "n2", SKU: "b", Qty: 7})
+	src.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50, PerUser: 2}})
+	src.apply(legacyCommand{Op: OpCreateSale, SKU: "b", Sale: &SaleConfig{Total: 7, HoldTTLNanos: 1e9}})
+	src.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
+	src.apply(legacyCommand{Op: OpLease, Node: "n2", SKU: "b", Qty: 7})
 	src.apply(take("n1", "a", "u1", "o1", 2))
 	src.apply(take("n2", "b", "u1", "o2", 1))
 
@@ -233,10 +233,10 @@ func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
 	}
 	snap.Release()
 	// Changes after the snapshot must not leak into it.
-	src.apply(Command{Op: OpRestock, SKU: "a", Qty: 1})
+	src.apply(legacyCommand{Op: OpRestock, SKU: "a", Qty: 1})
 
 	dst := newTestLedger(t)
-	dst.apply(Command{Op: OpCreateSale, SKU: "stale", Sale: &SaleConfig{Total: 1}})
+	dst.apply(legacyCommand{Op: OpCreateSale, SKU: "stale", Sale: &SaleConfig{Total: 1}})
 	if err := dst.l.Restore(io.NopCloser(&sink)); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ type ledgerMachine struct {
 	next   int
 }
 
-func (m *ledgerMachine) at(c Command) *Result {
+func (m *ledgerMachine) at(c legacyCommand) *Result {
 	c.AtUnixNano = m.clock
 	return m.tl.apply(c)
 }
@@ -289,20 +289,20 @@ func (m *ledgerMachine) Tick(t *rapid.T) {
 }
 
 func (m *ledgerMachine) Restock(t *rapid.T) {
-	m.at(Command{Op: OpRestock, SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 5).Draw(t, "qty")})
+	m.at(legacyCommand{Op: OpRestock, SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 5).Draw(t, "qty")})
 }
 
 func (m *ledgerMachine) Lease(t *rapid.T) {
-	m.at(Command{Op: OpLease, Node: rapid.SampledFrom(m.nodes).Draw(t, "node"), SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 8).Draw(t, "qty")})
+	m.at(legacyCommand{Op: OpLease, Node: rapid.SampledFrom(m.nodes).Draw(t, "node"), SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 8).Draw(t, "qty")})
 }
 
 func (m *ledgerMachine) Return(t *rapid.T) {
-	m.at(Command{Op: OpReturn, Node: rapid.SampledFrom(m.nodes).Draw(t, "node"), SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 8).Draw(t, "qty")})
+	m.at(legacyCommand{Op: OpReturn, Node: rapid.SampledFrom(m.nodes).Draw(t, "node"), SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 8).Draw(t, "qty")})
 }
 
 func (m *ledgerMachine) Take(t *rapid.T) {
 	n := rapid.IntRange(1, 4).Draw(t, "entries")
-	c := Command{Op: OpTake, Node: rapid.SampledFrom(m.nodes).Draw(t, "node")}
+	c := legacyCommand{Op: OpTake, Node: rapid.SampledFrom(m.nodes).Draw(t, "node")}
 	for i := 0; i < n; i++ {
 		m.next++
 		id := fmt.Sprintf("o%d", m.next)
@@ -323,7 +323,7 @@ func (m *ledgerMachine) Confirm(t *rapid.T) {
 	}
 	id := rapid.SampledFrom(m.orders).Draw(t, "order")
 	before, exists, _ := m.tl.l.Order(id)
-	res := m.at(Command{Op: OpConfirm, OrderID: id})
+	res := m.at(legacyCommand{Op: OpConfirm, OrderID: id})
 	after, _, _ := m.tl.l.Order(id)
 	want, wantState := OutcomeNotFound, OrderState("")
 	switch {
@@ -351,7 +351,7 @@ func (m *ledgerMachine) Cancel(t *rapid.T) {
 	}
 	id := rapid.SampledFrom(m.orders).Draw(t, "order")
 	before, exists, _ := m.tl.l.Order(id)
-	res := m.at(Command{Op: OpRelease, OrderID: id, Reason: ReleaseCancelled})
+	res := m.at(legacyCommand{Op: OpRelease, OrderID: id, Reason: ReleaseCancelled})
 	after, _, _ := m.tl.l.Order(id)
 	want, wantState := OutcomeNotFound, OrderState("")
 	switch {
@@ -371,7 +371,7 @@ func (m *ledgerMachine) Cancel(t *rapid.T) {
 func (m *ledgerMachine) Expire(t *rapid.T) {
 	due := m.tl.l.ExpiredHolds(m.clock, rapid.IntRange(1, 5).Draw(t, "limit"))
 	before := m.tl.l.HeldOrders()
-	res := m.at(Command{Op: OpExpire, OrderIDs: due})
+	res := m.at(legacyCommand{Op: OpExpire, OrderIDs: due})
 	if got := m.tl.l.HeldOrders(); got != before-len(due) {
 		t.Fatalf("expire of %d due holds left %d of %d held (released %d units)", len(due), got, before, res.Qty)
 	}
@@ -381,12 +381,12 @@ func (m *ledgerMachine) Expire(t *rapid.T) {
 }
 
 func (m *ledgerMachine) Reclaim(t *rapid.T) {
-	m.at(Command{Op: OpReclaim, Node: rapid.SampledFrom(m.nodes).Draw(t, "node")})
+	m.at(legacyCommand{Op: OpReclaim, Node: rapid.SampledFrom(m.nodes).Draw(t, "node")})
 }
 
 func (m *ledgerMachine) Prune(t *rapid.T) {
 	maxKeep := rapid.Int64Range(0, 6).Draw(t, "max_keep")
-	m.at(Command{Op: OpPruneRequests, BeforeUnixNano: m.clock - rapid.Int64Range(0, 200).Draw(t, "age"), MaxKeep: maxKeep})
+	m.at(legacyCommand{Op: OpPruneRequests, BeforeUnixNano: m.clock - rapid.Int64Range(0, 200).Draw(t, "age"), MaxKeep: maxKeep})
 	if maxKeep > 0 && int64(m.tl.l.RequestIDs()) > maxKeep {
 		t.Fatalf("%d request ids kept, max %d", m.tl.l.RequestIDs(), maxKeep)
 	}
@@ -419,7 +419,7 @@ func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}}
 		for _, sku := range m.skus {
-			m.at(Command{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
+			m.at(legacyCommand{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
 				Total:        rapid.Int64Range(0, 40).Draw(rt, "total"),
 				PerUser:      rapid.Int64Range(0, 3).Draw(rt, "per_user"),
 				HoldTTLNanos: rapid.SampledFrom([]int64{0, 100}).Draw(rt, "hold_ttl"),
@@ -463,8 +463,8 @@ func mirrorsOf(l *Ledger) mirrors {
 // bbolt holds a batch the in-memory mirrors do not show yet.
 func TestLedger_AuditBetweenCommitAndMirrorUpdate(t *testing.T) {
 	tl := newTestLedger(t)
-	tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
-	tl.apply(Command{Op: OpLease, Node: "n1", SKU: "a", Qty: 10})
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 10})
 	audits := 0
 	tl.l.testHookAfterCommit = func() {
 		audits++
@@ -480,7 +480,7 @@ func TestLedger_AuditBetweenCommitAndMirrorUpdate(t *testing.T) {
 // long audit does) while a command is applied: Apply must not wait for it.
 func TestLedger_LongReadDoesNotBlockApply(t *testing.T) {
 	tl := newTestLedger(t)
-	tl.apply(Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 1}})
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 1}})
 	started, release := make(chan struct{}), make(chan struct{})
 	readDone := make(chan error, 1)
 	go func() {
@@ -493,7 +493,7 @@ func TestLedger_LongReadDoesNotBlockApply(t *testing.T) {
 	<-started
 	applied := make(chan struct{})
 	go func() {
-		tl.apply(Command{Op: OpRestock, SKU: "a", Qty: 1})
+		tl.apply(legacyCommand{Op: OpRestock, SKU: "a", Qty: 1})
 		close(applied)
 	}()
 	select {

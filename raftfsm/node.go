@@ -362,18 +362,21 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // Propose replicates one command and returns the ledger's result once it is
 // committed and applied on this node. Errors are the sentinels above, or a
 // wrapped encoding error.
-func (n *Node) Propose(c *Command) (*Result, error) {
-	b, err := c.Encode()
-	if err != nil {
-		return nil, err
-	}
+func (n *Node) Propose(atUnixNano int64, c Command) (*Result, error) {
+	return n.ProposeEncoded(EncodeCommand(nil, atUnixNano, c))
+}
+
+// ProposeEncoded replicates a command already in EncodeCommand form (as a
+// follower forwards it) and returns the ledger's result like Propose. The
+// caller must not change b afterwards.
+func (n *Node) ProposeEncoded(b []byte) (*Result, error) {
 	f := n.raft.Apply(b, applyEnqueueTimeout)
 	if err := f.Error(); err != nil {
 		return nil, translateRaftError(err)
 	}
 	res, ok := f.Response().(*Result)
 	if !ok || res == nil {
-		return nil, fmt.Errorf("BUG: %s command returned %T", c.Op, f.Response())
+		return nil, fmt.Errorf("BUG: command returned %T", f.Response())
 	}
 	res.Index = f.Index()
 	return res, nil

@@ -41,14 +41,18 @@ func startTestNode(t *testing.T, dir string) (*Node, *Ledger) {
 	return n, l
 }
 
-func mustPropose(t *testing.T, n *Node, c Command) *Result {
+func mustPropose(t *testing.T, n *Node, c legacyCommand) *Result {
 	t.Helper()
 	var res *Result
 	var err error
 	// The first proposals after an election can race leadership settling.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		res, err = n.Propose(&c)
+		typed, terr := c.typed()
+		if terr != nil {
+			t.Fatal(terr)
+		}
+		res, err = n.Propose(c.AtUnixNano, typed)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -63,11 +67,11 @@ func mustPropose(t *testing.T, n *Node, c Command) *Result {
 func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 	dir := t.TempDir()
 	n, l := startTestNode(t, dir)
-	mustPropose(t, n, Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
-	if r := mustPropose(t, n, Command{Op: OpLease, Node: "n1", SKU: "a", Qty: 30}); r.Qty != 30 {
+	mustPropose(t, n, legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
+	if r := mustPropose(t, n, legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 30}); r.Qty != 30 {
 		t.Fatalf("lease %d", r.Qty)
 	}
-	r := mustPropose(t, n, Command{Op: OpTake, Node: "n1", Takes: []TakeEntry{
+	r := mustPropose(t, n, legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{
 		{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o1"},
 		{SKU: "a", Qty: 2, User: "u2", RequestID: "r2", OrderID: "o2"},
 	}})
@@ -78,7 +82,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 	if err := n.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
-	mustPropose(t, n, Command{Op: OpRestock, SKU: "a", Qty: 10})
+	mustPropose(t, n, legacyCommand{Op: OpRestock, SKU: "a", Qty: 10})
 	before, _, _ := l.SKU("a")
 	if err := n.Close(); err != nil {
 		t.Fatal(err)
@@ -100,7 +104,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 	if after.Total != 110 || after.Sold != 3 {
 		t.Fatalf("row %+v, want total 110 sold 3", after)
 	}
-	r = mustPropose(t, n2, Command{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o9"}}})
+	r = mustPropose(t, n2, legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o9"}}})
 	if r.Takes[0].Outcome != OutcomeSame || r.Takes[0].Order.ID != "o1" {
 		t.Fatalf("request r1 after restart: %s %q, want same o1", r.Takes[0].Outcome, r.Takes[0].Order.ID)
 	}
@@ -110,7 +114,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 func TestNode_LedgerLostIsRebuiltFromSnapshot(t *testing.T) {
 	dir := t.TempDir()
 	n, l := startTestNode(t, dir)
-	mustPropose(t, n, Command{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 5}})
+	mustPropose(t, n, legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 5}})
 	if err := n.Snapshot(); err != nil {
 		t.Fatal(err)
 	}

@@ -149,6 +149,23 @@ func (b *Buckets) Load(qty int64) {
 	}
 }
 
+// TakeUpTo removes up to want units (want > 0) from the buckets, whatever
+// bucket holds them, and returns how many it removed: a node giving part of
+// its lease back uses it. Concurrent takes keep working.
+func (b *Buckets) TakeUpTo(want int64) int64 {
+	if want <= 0 {
+		panic(fmt.Sprintf("BUG: shard.TakeUpTo: want %d <= 0", want))
+	}
+	var got int64
+	for i := range b.counters {
+		if got == want {
+			break
+		}
+		got += takeUpTo(&b.counters[i].units, want-got)
+	}
+	return got
+}
+
 // Drain empties every bucket and returns the units it removed. Takes that run
 // concurrently either win their unit before the drain or lose it.
 func (b *Buckets) Drain() int64 {

@@ -106,3 +106,14 @@ func TestBuckets_TakeDoesNotAllocate(t *testing.T) {
 		t.Fatalf("Take allocates %.1f times per call", allocs)
 	}
 }
+
+func TestBuckets_TakeUpToTakesWhatIsThere(t *testing.T) {
+	b := New(4)
+	b.Load(10)
+	if got := b.TakeUpTo(6); got != 6 || b.Units() != 4 {
+		t.Fatalf("TakeUpTo(6) of 10 = %d, %d left; want 6, 4", got, b.Units())
+	}
+	if got := b.TakeUpTo(9); got != 4 || b.Units() != 0 {
+		t.Fatalf("TakeUpTo(9) of 4 = %d, %d left; want 4, 0", got, b.Units())
+	}
+}

@@ -1,0 +1,31 @@
+// Package node runs one stockd node: it wires the ledger, the raft node,
+// the engine and the HTTP server together, owns the Proposer through which
+// every write reaches the log, and serves the leader's side of the
+// internal forwarding wire.
+//
+// Life of a deduct (wait=commit), hop by hop:
+//
+//  1. httpapi.Server.handleDeduct (a fasthttp goroutine) parses the body
+//     and calls engine.Engine.Deduct.
+//  2. The engine checks the sale's flags, takes a unit from a per-core
+//     bucket with a CAS, queues a pendingTake and waits on it.
+//  3. The engine's committer goroutine gathers queued takes into one
+//     raftfsm.Take (bounded by entries and encoded bytes) and hands it to
+//     Proposer.Propose on a goroutine of its own, a few in flight.
+//  4. Proposer.Propose encodes the command once. On the leader it goes
+//     straight to raft (raftfsm.Node.ProposeEncoded). On a follower it is
+//     POSTed to the leader's /internal/v1/propose (httpapi.PeerClient),
+//     where Proposer.HandleForwarded decodes, checks and proposes it and
+//     sends back the encoded Result; the follower then waits until its
+//     own ledger has applied that index.
+//  5. raft commits the entry on a quorum; raftfsm.Ledger.ApplyBatch (the
+//     FSM goroutine) applies it on every node; the proposer's future
+//     returns the per-entry results.
+//  6. The committer settles each take; the waiting request goroutine wakes
+//     and writes the answer.
+//
+// Errors are translated once, here: raft's and the wire's failures become
+// the engine's sentinels (ErrUnavailable: nothing applied, retry;
+// ErrOutcomeUnknown: retry with the same ids; ErrTooLarge, ErrRejected:
+// never send the same bytes again).
+package node

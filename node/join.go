@@ -1,0 +1,60 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"stockd/httpapi"
+	"stockd/raftfsm"
+)
+
+const (
+	// joinAttemptsTimeout bounds how long -join keeps asking the cluster.
+	joinAttemptsTimeout = time.Minute
+	// joinCallTimeout bounds one join request.
+	joinCallTimeout = 10 * time.Second
+	// joinRetryPause spaces join requests the cluster could not take yet.
+	joinRetryPause = time.Second
+)
+
+// joinCluster asks a running cluster (through any member's HTTP URL) to
+// add this node as a voter, unless it already is one.
+func joinCluster(cfg Config, voters []raftfsm.Peer, logger *slog.Logger) error {
+	for _, v := range voters {
+		if v.ID == cfg.ID {
+			return nil // restarted on its data dir: already a member
+		}
+	}
+	raftAddr := cfg.Raft.RaftBind
+	if cfg.Raft.Advertise != "" {
+		raftAddr = cfg.Raft.Advertise
+	}
+	body, _ := json.Marshal(map[string]string{"id": cfg.ID, "raft_addr": raftAddr})
+	headers := map[string]string{}
+	if cfg.HTTP.AdminToken != "" {
+		headers["Authorization"] = "Bearer " + cfg.HTTP.AdminToken
+	}
+	if cfg.HTTP.ClusterSecret != "" {
+		headers["X-Stockd-Cluster-Secret"] = cfg.HTTP.ClusterSecret
+	}
+	url := strings.TrimRight(cfg.Join, "/") + "/v1/cluster/join"
+	deadline := time.Now().Add(joinAttemptsTimeout)
+	for {
+		code, answer, err := httpapi.PostJSON(url, body, headers, joinCallTimeout)
+		if err == nil && code == 200 {
+			logger.Info("joined cluster", "via", cfg.Join)
+			return nil
+		}
+		if err == nil && code >= 400 && code < 500 {
+			return fmt.Errorf("join through %s: %d %s", cfg.Join, code, answer)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("join through %s: gave up after %s (last: %d %s %v)", cfg.Join, joinAttemptsTimeout, code, answer, err)
+		}
+		logger.Warn("join not accepted yet; retrying", "via", cfg.Join, "code", code, "err", err)
+		time.Sleep(joinRetryPause)
+	}
+}

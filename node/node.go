@@ -1,0 +1,241 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"stockd/engine"
+	"stockd/httpapi"
+	"stockd/raftfsm"
+)
+
+// Config is one node's setup: its identity and the knobs of each part.
+// Start copies ID, DataDir and Logger into the parts, so a caller sets
+// them once here.
+type Config struct {
+	ID      string
+	DataDir string
+	// Peers is the initial cluster, identical on every node; empty: a
+	// single node (or one that joins through Join).
+	Peers []raftfsm.Peer
+	// Join is the HTTP URL of a running member to ask for membership.
+	Join string
+	// AdvertiseHTTP is the HTTP address peers use to reach this node
+	// (default: the bound HTTP address).
+	AdvertiseHTTP string
+	// DrainTimeout bounds Stop: in-flight requests, queued takes and
+	// lease returns get this long; then the stores close regardless.
+	DrainTimeout time.Duration
+	Logger       *slog.Logger
+	Version      string
+
+	HTTP   httpapi.Config
+	Raft   raftfsm.Config
+	Engine engine.Config
+
+	// StreamLayer and PeerDial carry raft and node-to-node HTTP instead of
+	// plain TCP (tests cut links with them).
+	StreamLayer raftfsm.StreamLayer
+	PeerDial    httpapi.DialFunc
+}
+
+// drainTimeoutMax keeps a stop within what a process supervisor waits
+// before it kills (systemd's default is 90 s; ours is far below).
+const drainTimeoutMax = time.Minute
+
+// DefaultConfig is the embedded default: node n1 on 127.0.0.1:8080 (raft
+// on 127.0.0.1:7000), data in ./data, a 10 s drain.
+func DefaultConfig() Config {
+	return Config{
+		ID:           "n1",
+		DataDir:      "./data",
+		DrainTimeout: 10 * time.Second,
+		Version:      "dev",
+		HTTP:         httpapi.DefaultConfig(),
+		Raft:         raftfsm.DefaultConfig(),
+		Engine:       engine.DefaultConfig(),
+	}
+}
+
+// Validate names the first setting that cannot work. The parts validate
+// their own knobs when Start builds them.
+func (c *Config) Validate() error {
+	switch {
+	case c.ID == "":
+		return errors.New("node: id is empty")
+	case c.DataDir == "":
+		return errors.New("node: data dir is empty")
+	case len(c.Peers) > 0 && c.Join != "":
+		return errors.New("-peers and -join exclude each other: -peers forms a new cluster, -join enters a running one")
+	case c.DrainTimeout <= 0 || c.DrainTimeout > drainTimeoutMax:
+		return fmt.Errorf("node: drain timeout %s outside (0, %s]", c.DrainTimeout, drainTimeoutMax)
+	}
+	return nil
+}
+
+// Node is one running stockd node. Stop ends it; the accessors are for
+// tests and tools in this process.
+type Node struct {
+	cfg      Config
+	logger   *slog.Logger
+	ledger   *raftfsm.Ledger
+	raft     *raftfsm.Node
+	engine   *engine.Engine
+	http     *httpapi.Server
+	httpAddr string
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start opens the ledger, wires the engine to it, starts raft and the HTTP
+// server, and joins a cluster when told to. On error everything started is
+// stopped again.
+func Start(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	// Bind HTTP first: with port 0 (tests) the address is known only now,
+	// and the engine registers it in the ledger for forwarding.
+	httpLn, err := net.Listen("tcp", cfg.HTTP.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for http on %s: %w", cfg.HTTP.Addr, err)
+	}
+	advertise := cfg.AdvertiseHTTP
+	if advertise == "" {
+		advertise = advertisedHTTP(httpLn.Addr().String(), cfg.Raft.RaftBind)
+	}
+	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
+	if err != nil {
+		httpLn.Close()
+		return nil, err
+	}
+	n := &Node{cfg: cfg, logger: logger, ledger: ledger}
+	fail := func(err error) (*Node, error) {
+		httpLn.Close()
+		n.stop(context.Background(), false)
+		return nil, err
+	}
+	view := &clusterView{}
+	ecfg := cfg.Engine
+	ecfg.NodeID, ecfg.Logger, ecfg.AdvertiseHTTP, ecfg.Cluster = cfg.ID, logger, advertise, view
+	if n.engine, err = engine.New(ecfg, ledger); err != nil {
+		return fail(err)
+	}
+	rcfg := cfg.Raft
+	rcfg.NodeID, rcfg.Dir, rcfg.Peers, rcfg.Logger = cfg.ID, cfg.DataDir, cfg.Peers, logger
+	rcfg.StreamLayer, rcfg.NoBootstrap = cfg.StreamLayer, cfg.Join != ""
+	for _, p := range cfg.Peers {
+		if p.ID == cfg.ID {
+			rcfg.Advertise = p.Addr
+		}
+	}
+	if n.raft, err = raftfsm.StartNode(rcfg, ledger); err != nil {
+		return fail(err)
+	}
+	view.node = n.raft
+	peers := httpapi.NewPeerClient(cfg.HTTP.ClusterSecret, cfg.PeerDial)
+	proposer := &Proposer{raft: n.raft, ledger: ledger, peers: peers, logger: logger.With("component", "proposer", "node", cfg.ID)}
+	hcfg := cfg.HTTP
+	hcfg.Logger, hcfg.Peers, hcfg.Proposals = logger, peers, proposer
+	if n.http, err = httpapi.New(hcfg, n.engine, view, cfg.Version); err != nil {
+		return fail(err)
+	}
+	n.engine.Start(proposer)
+	n.http.Serve(httpLn)
+	n.httpAddr = httpLn.Addr().String()
+	if cfg.Join != "" {
+		if err := joinCluster(cfg, n.raft.Status().Voters, logger); err != nil {
+			return fail(err)
+		}
+	}
+	return n, nil
+}
+
+// advertisedHTTP is the bound HTTP address, with the raft host in place of
+// an unspecified one (0.0.0.0 or ::) so peers get a dialable address.
+func advertisedHTTP(bound, raftBind string) string {
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil || !net.ParseIP(host).IsUnspecified() {
+		return bound
+	}
+	raftHost, _, _ := net.SplitHostPort(raftBind)
+	return net.JoinHostPort(raftHost, port)
+}
+
+// HTTPAddr is the address the HTTP server listens on.
+func (n *Node) HTTPAddr() string { return n.httpAddr }
+
+// Raft returns the node's raft member.
+func (n *Node) Raft() *raftfsm.Node { return n.raft }
+
+// Engine returns the node's engine.
+func (n *Node) Engine() *engine.Engine { return n.engine }
+
+// Ledger returns the node's ledger.
+func (n *Node) Ledger() *raftfsm.Ledger { return n.ledger }
+
+// Stop drains the node within its DrainTimeout (or ctx, if sooner): new
+// deducts are refused at once, in-flight requests are answered, queued
+// takes committed and unused leases returned where a quorum allows; then
+// raft and the ledger close. Safe to call more than once.
+func (n *Node) Stop(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.DrainTimeout)
+	defer cancel()
+	return n.stop(ctx, true)
+}
+
+// Crash stops the node without draining, as when the process dies: no
+// lease is returned and queued takes are dropped (tests).
+func (n *Node) Crash() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	n.stop(ctx, false)
+}
+
+func (n *Node) stop(ctx context.Context, drain bool) error {
+	n.stopOnce.Do(func() { n.stopErr = n.stopAll(ctx, drain) })
+	return n.stopErr
+}
+
+func (n *Node) stopAll(ctx context.Context, drain bool) error {
+	var errs []error
+	if n.engine != nil {
+		n.engine.BeginDrain()
+	}
+	if !drain && n.raft != nil {
+		// A crash: raft goes first, so nothing more reaches the log.
+		n.raft.Close()
+	}
+	if n.http != nil {
+		if err := n.http.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if n.engine != nil {
+		if err := n.engine.Close(ctx); err != nil && drain {
+			errs = append(errs, err)
+		}
+	}
+	if n.raft != nil && drain {
+		if err := n.raft.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := n.ledger.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close ledger: %w", err))
+	}
+	if len(errs) == 0 && drain {
+		n.logger.Info("stopped cleanly")
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,135 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"stockd/engine"
+	"stockd/httpapi"
+	"stockd/raftfsm"
+)
+
+const (
+	// forwardTimeout bounds one forwarded proposal: long enough for an
+	// election and a commit, short enough that a buyer gets an answer.
+	forwardTimeout = 10 * time.Second
+	// forwardApplyWait bounds how long a follower waits to apply a
+	// forwarded command itself before it answers.
+	forwardApplyWait = 5 * time.Second
+)
+
+// Proposer is the engine's way into the log on every node: it proposes
+// locally while this node leads and forwards to the leader otherwise, over
+// the internal wire, in the ledger's binary encoding. It is also the
+// leader's side of that wire (HandleForwarded). Safe for concurrent use.
+type Proposer struct {
+	raft   *raftfsm.Node
+	ledger *raftfsm.Ledger
+	peers  *httpapi.PeerClient
+	logger *slog.Logger
+}
+
+// Propose implements engine.Proposer.
+func (p *Proposer) Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error) {
+	b := raftfsm.EncodeCommand(nil, atUnixNano, c)
+	if len(b) > httpapi.InternalMaxBodyBytes {
+		return nil, fmt.Errorf("%w: %s command of %d bytes, the most is %d", engine.ErrTooLarge, c.Op(), len(b), httpapi.InternalMaxBodyBytes)
+	}
+	if p.raft.IsLeader() {
+		res, err := p.raft.ProposeEncoded(b)
+		return res, translate(err)
+	}
+	return p.forward(c.Op(), b)
+}
+
+// translate maps raftfsm's proposal errors onto the engine's sentinels.
+func translate(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+		return fmt.Errorf("%w: %w", engine.ErrOutcomeUnknown, err)
+	case errors.Is(err, raftfsm.ErrMalformed):
+		return fmt.Errorf("%w: %w", engine.ErrRejected, err)
+	default: // ErrNotLeader, ErrShutdown, ErrBusy: nothing was proposed
+		return fmt.Errorf("%w: %w", engine.ErrUnavailable, err)
+	}
+}
+
+// forward sends an encoded command to the leader and, once it answers,
+// waits until this node has applied the command too, so the write is
+// readable here when the caller gets its answer.
+func (p *Proposer) forward(op raftfsm.Op, b []byte) (*raftfsm.Result, error) {
+	leader, _ := p.raft.Leader()
+	if leader == "" {
+		return nil, fmt.Errorf("%w: no leader known", engine.ErrUnavailable)
+	}
+	addr := p.ledger.NodeAddrs()[leader]
+	if addr == "" {
+		return nil, fmt.Errorf("%w: leader %s has not registered its http address yet", engine.ErrUnavailable, leader)
+	}
+	status, answer, err := p.peers.Propose(addr, b, forwardTimeout)
+	if err != nil {
+		if errors.Is(err, httpapi.ErrNotSent) {
+			return nil, fmt.Errorf("%w: forward %s to %s: %v", engine.ErrUnavailable, op, leader, err)
+		}
+		return nil, fmt.Errorf("%w: forward %s to %s: %v", engine.ErrOutcomeUnknown, op, leader, err)
+	}
+	switch status {
+	case http.StatusOK:
+	case httpapi.ProposeNotLeader, httpapi.ProposeUnavailable:
+		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrUnavailable, leader, status, bytes.TrimSpace(answer))
+	case httpapi.ProposeTooLarge:
+		return nil, fmt.Errorf("%w: leader %s: %s", engine.ErrTooLarge, leader, bytes.TrimSpace(answer))
+	case httpapi.ProposeMalformed, http.StatusUnauthorized, http.StatusForbidden:
+		p.logger.Error("leader refused a forwarded command", "op", op, "leader", leader, "status", status, "answer", string(bytes.TrimSpace(answer)))
+		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrRejected, leader, status, bytes.TrimSpace(answer))
+	default: // 504 and anything unexpected: the command may have entered the log
+		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrOutcomeUnknown, leader, status, bytes.TrimSpace(answer))
+	}
+	res, err := raftfsm.DecodeResult(answer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: decode the leader's answer: %v", engine.ErrOutcomeUnknown, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), forwardApplyWait)
+	defer cancel()
+	if err := p.ledger.WaitApplied(ctx, res.Index); err != nil {
+		p.logger.Warn("forwarded command committed but not yet applied here", "op", op, "index", res.Index, "err", err)
+	}
+	return res, nil
+}
+
+// HandleForwarded implements httpapi.Proposals: it runs on the leader for
+// a command a follower forwarded. Only a decodable command is proposed; its
+// bytes go into the log as they came.
+func (p *Proposer) HandleForwarded(body []byte) (int, []byte) {
+	if !p.raft.IsLeader() {
+		return httpapi.ProposeNotLeader, errorBody("not_leader", "this node is not the leader")
+	}
+	if _, _, err := raftfsm.DecodeCommand(body); err != nil {
+		return httpapi.ProposeMalformed, errorBody("bad_request", err.Error())
+	}
+	// raft keeps the slice: the request's buffer is reused after the call.
+	res, err := p.raft.ProposeEncoded(bytes.Clone(body))
+	switch {
+	case err == nil:
+		return http.StatusOK, raftfsm.EncodeResult(nil, res)
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+		return httpapi.ProposeOutcomeUnknown, errorBody("outcome_unknown", err.Error())
+	case errors.Is(err, raftfsm.ErrNotLeader):
+		return httpapi.ProposeNotLeader, errorBody("not_leader", err.Error())
+	default:
+		return httpapi.ProposeUnavailable, errorBody("unavailable", err.Error())
+	}
+}
+
+func errorBody(code, detail string) []byte {
+	b, _ := json.Marshal(map[string]string{"error": code, "detail": detail})
+	return append(b, '\n')
+}
