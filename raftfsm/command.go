@@ -279,7 +279,9 @@ func (c *Expire) decodeFields(d *decoder) {
 func (c *PruneRequests) appendFields(b []byte) []byte {
 	return appendVarint(appendVarint(b, c.BeforeUnixNano), c.MaxKeep)
 }
-func (c *PruneRequests) decodeFields(d *decoder) { c.BeforeUnixNano, c.MaxKeep = d.varint(), d.varint() }
+func (c *PruneRequests) decodeFields(d *decoder) {
+	c.BeforeUnixNano, c.MaxKeep = d.varint(), d.varint()
+}
 
 // commandFormat is the first byte of every binary log entry. A JSON entry
 // of an earlier version starts with '{' and is still read.
