@@ -32,6 +32,8 @@ type procCluster struct {
 	raftAddr map[string]string
 	dataDir  map[string]string
 	peers    string
+	// extraArgs are added to every node's command line.
+	extraArgs []string
 
 	mu      sync.Mutex
 	procs   map[string]*exec.Cmd
@@ -57,7 +59,7 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func startProcCluster(t *testing.T) *procCluster {
+func startProcCluster(t *testing.T, extraArgs ...string) *procCluster {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "stockd")
@@ -67,7 +69,8 @@ func startProcCluster(t *testing.T) *procCluster {
 	}
 	p := &procCluster{t: t, bin: bin, ids: []string{"n1", "n2", "n3"},
 		httpAddr: map[string]string{}, raftAddr: map[string]string{}, dataDir: map[string]string{},
-		procs: map[string]*exec.Cmd{}, exited: map[string]chan error{}, clients: map[string]*fasthttp.HostClient{}}
+		procs: map[string]*exec.Cmd{}, exited: map[string]chan error{}, clients: map[string]*fasthttp.HostClient{},
+		extraArgs: extraArgs}
 	var peers []string
 	for _, id := range p.ids {
 		p.httpAddr[id], p.raftAddr[id] = freePort(t), freePort(t)
@@ -76,6 +79,7 @@ func startProcCluster(t *testing.T) *procCluster {
 	}
 	p.peers = strings.Join(peers, ",")
 	t.Cleanup(p.stopAll)
+	t.Cleanup(p.logTailsIfFailed) // runs after stopAll: the logs are complete
 	for _, id := range p.ids {
 		p.start(id)
 	}
@@ -89,8 +93,9 @@ func (p *procCluster) start(id string) {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	cmd := exec.Command(p.bin, "serve", "-id", id, "-http", p.httpAddr[id], "-raft", p.raftAddr[id],
-		"-data", p.dataDir[id], "-peers", p.peers, "-lease-idle-return", "300ms", "-reclaim-after", "3s", "-log-level", "warn")
+	args := []string{"serve", "-id", id, "-http", p.httpAddr[id], "-raft", p.raftAddr[id],
+		"-data", p.dataDir[id], "-peers", p.peers, "-lease-idle-return", "300ms", "-reclaim-after", "3s", "-log-level", "warn"}
+	cmd := exec.Command(p.bin, append(args, p.extraArgs...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("start %s: %v", id, err)
@@ -101,6 +106,24 @@ func (p *procCluster) start(id string) {
 	p.procs[id], p.exited[id] = cmd, exited
 	p.clients[id] = &fasthttp.HostClient{Addr: p.httpAddr[id], MaxConns: 32, ReadTimeout: 15 * time.Second}
 	p.mu.Unlock()
+}
+
+// logTailsLines is how much of each node's log a failed test shows.
+const logTailsLines = 60
+
+// logTailsIfFailed shows the end of every node's log when the test failed.
+func (p *procCluster) logTailsIfFailed() {
+	if !p.t.Failed() {
+		return
+	}
+	for _, id := range p.ids {
+		b, err := os.ReadFile(p.dataDir[id] + ".log")
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		p.t.Logf("--- last %d lines of %s's log:\n%s", logTailsLines, id, strings.Join(lines[max(0, len(lines)-logTailsLines):], "\n"))
+	}
 }
 
 // kill sends SIGKILL to one node through its process handle.

@@ -102,6 +102,12 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		return
 	}
 	if s.soldOut.Load() {
+		// The flag may have been set since the repeat check above, by the
+		// commit of this very request id's first attempt (on another
+		// node): that attempt's answer wins over sold_out.
+		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+			return
+		}
 		res.Status = StatusSoldOut
 		return
 	}
@@ -173,6 +179,11 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			return false
 		}
 		if row.Available+row.LeasedTotal() < req.Qty {
+			// An earlier attempt of this request id may have taken the
+			// last unit: its answer, not sold_out.
+			if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+				return false
+			}
 			e.updateSoldOut(s)
 			res.Status = StatusSoldOut
 			if req.Qty > 1 && row.Available+row.LeasedTotal() > 0 {

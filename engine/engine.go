@@ -37,6 +37,10 @@ var (
 	// ErrRejected: the leader refused the command as malformed or not
 	// allowed; nothing was applied, and sending it again cannot help.
 	ErrRejected = errors.New("command rejected")
+	// ErrDrainIncomplete: Close gave up on takes that could not commit in
+	// time (no quorum, or the drain deadline). Their units stay leased to
+	// this node, which loads them again at its next start.
+	ErrDrainIncomplete = errors.New("drain incomplete")
 )
 
 // Limits, each with its reason.
@@ -54,6 +58,9 @@ const (
 	stockPollInterval = 5 * time.Millisecond
 	// tryAgainAfter is the Retry-After of a try_again answer.
 	tryAgainAfter = time.Second
+	// drainLeaderlessMax is how long Close waits for queued takes while no
+	// leader is reachable.
+	drainLeaderlessMax = time.Second
 	// demandPace spaces a node's demand leases for one sale while the
 	// ledger has nothing available: holders need a round trip to answer.
 	demandPace = 10 * time.Millisecond
@@ -655,14 +662,28 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
+	var leaderlessSince time.Time
 	for e.pendingOrd.len() > 0 {
+		// Without a leader nothing can commit: when the whole cluster
+		// stops at once, waiting out the drain timeout helps nobody. The
+		// units stay leased here; the next start loads them again.
+		if e.LeaderReachable() {
+			leaderlessSince = time.Time{}
+		} else if leaderlessSince.IsZero() {
+			leaderlessSince = time.Now()
+		}
+		giveUp := !leaderlessSince.IsZero() && time.Since(leaderlessSince) >= drainLeaderlessMax
 		select {
 		case <-ctx.Done():
-			e.logger.Warn("closing with takes not yet committed", "takes", e.pendingOrd.len())
+			giveUp = true
+		case <-tick.C:
+		}
+		if giveUp {
+			n := e.pendingOrd.len()
+			e.logger.Warn("closing with takes not yet committed; their buyers were told outcome_unknown", "takes", n, "leader_reachable", e.LeaderReachable())
 			close(e.stop)
 			e.wg.Wait()
-			return fmt.Errorf("drain takes: %w", ctx.Err())
-		case <-tick.C:
+			return fmt.Errorf("%w: %d takes not committed", ErrDrainIncomplete, n)
 		}
 	}
 	for _, s := range *e.sales.Load() {

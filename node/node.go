@@ -224,9 +224,15 @@ func (n *Node) stopAll(ctx context.Context, drain bool) error {
 	if n.engine != nil {
 		if err := n.engine.Close(ctx); err != nil && drain {
 			errs = append(errs, err)
+			n.logger.Warn("drain incomplete", "err", err)
 		}
 	}
 	if n.raft != nil && drain {
+		if n.raft.IsLeader() && len(n.raft.Status().Voters) > 1 && ctx.Err() == nil {
+			if err := n.raft.TransferLeadership(); err != nil {
+				n.logger.Warn("leadership transfer before stopping failed", "err", err)
+			}
+		}
 		if err := n.raft.Close(); err != nil {
 			errs = append(errs, err)
 		}
@@ -238,4 +244,22 @@ func (n *Node) stopAll(ctx context.Context, drain bool) error {
 		n.logger.Info("stopped cleanly")
 	}
 	return errors.Join(errs...)
+}
+
+// Stopped reports whether err from Stop still means an orderly stop: the
+// stores closed, only the drain was cut short (engine.ErrDrainIncomplete).
+func Stopped(err error) bool {
+	if err == nil {
+		return true
+	}
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		for _, e := range joined.Unwrap() {
+			if !errors.Is(e, engine.ErrDrainIncomplete) {
+				return false
+			}
+		}
+		return true
+	}
+	return errors.Is(err, engine.ErrDrainIncomplete)
 }

@@ -475,6 +475,16 @@ func (n *Node) Status() Status {
 	return st
 }
 
+// TransferLeadership hands leadership to another voter (leader only), so a
+// leader that is stopping does not leave the cluster to an election
+// timeout.
+func (n *Node) TransferLeadership() error {
+	if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		return translateRaftError(err)
+	}
+	return nil
+}
+
 // Snapshot asks raft for a snapshot now (tests and operators).
 func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 
