@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"stockd/httpapi"
 	"stockd/node"
 	"stockd/raftfsm"
 
@@ -720,5 +722,45 @@ func TestCluster_RequestIDReplayedAfterFailover(t *testing.T) {
 	}
 	if a := checkClusterLedgers(t, c, "cup", nil); a["sold"].(float64) != 1 {
 		t.Fatalf("ledger: %v", a)
+	}
+}
+
+func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
+	const takes = 2000
+	c := startTestCluster(t)
+	leader := c.leader()
+	follower := c.ids[0]
+	if follower == leader {
+		follower = c.ids[1]
+	}
+	p := c.node(follower).Proposer()
+	at := time.Now().UnixNano()
+	if _, err := p.Propose(at, &raftfsm.CreateSale{SKU: "big", Sale: raftfsm.SaleConfig{Total: takes}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Propose(at, &raftfsm.Lease{Node: follower, SKU: "big", Want: takes}); err != nil || res.Qty != takes {
+		t.Fatalf("lease: %v %+v", err, res)
+	}
+	take := &raftfsm.Take{Node: follower}
+	long := strings.Repeat("x", 100)
+	for i := range takes {
+		take.Entries = append(take.Entries, raftfsm.TakeEntry{SKU: "big", Qty: 1,
+			User: fmt.Sprintf("%s-u%d", long, i), RequestID: fmt.Sprintf("%s-r%d", long, i), OrderID: fmt.Sprintf("%s-big-%d", follower, i)})
+	}
+	if size := len(raftfsm.EncodeCommand(nil, at, take)); size < 20*httpapi.MaxBodyBytes {
+		t.Fatalf("the batch is only %d bytes", size)
+	}
+	res, err := p.Propose(at, take)
+	if err != nil {
+		t.Fatalf("forward a %d-take batch from %s to %s: %v", takes, follower, leader, err)
+	}
+	for i, r := range res.Takes {
+		if r.Outcome != raftfsm.OutcomeOK {
+			t.Fatalf("take %d: %s", i, r.Outcome)
+		}
+	}
+	a := checkClusterLedgers(t, c, "big", map[string]bool{take.Entries[0].OrderID: true, take.Entries[takes-1].OrderID: true})
+	if a["sold"].(float64) != takes {
+		t.Fatalf("sold %v, want %d", a["sold"], takes)
 	}
 }

@@ -205,6 +205,12 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 	}
 	t.Logf("sold out %s after the last buyer; %d acknowledged orders", time.Since(lastBuyer).Round(time.Millisecond), len(acked))
 
+	// Followers that reach the leader answer current, not stale, reads.
+	for _, id := range p.ids {
+		if code, sku := callQuiet(p.client(id), "GET", "/v1/skus/crowd", ""); code != 200 || sku["stale"] == true {
+			t.Errorf("%s after the sale: %d %v, want a current read", id, code, sku)
+		}
+	}
 	checkClusterLedgers(t, p, "crowd", nil)
 	checkOrdersEverywhere(t, p, acked)
 	if len(acked) != crowdUnits {

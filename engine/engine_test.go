@@ -28,6 +28,13 @@ type testNode struct {
 
 func startTestNode(t *testing.T, dir string, tune func(*Config)) *testNode {
 	t.Helper()
+	return startTestNodeWith(t, dir, tune, nil)
+}
+
+// startTestNodeWith is startTestNode with the engine's proposer wrapped by
+// wrap (nil: the raft node itself).
+func startTestNodeWith(t *testing.T, dir string, tune func(*Config), wrap func(Proposer) Proposer) *testNode {
+	t.Helper()
 	logger := slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ledger, err := raftfsm.OpenLedger(dir, logger)
 	if err != nil {
@@ -57,7 +64,11 @@ func startTestNode(t *testing.T, dir string, tune func(*Config)) *testNode {
 	if err := node.Barrier(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	e.Start(node)
+	var proposer Proposer = node
+	if wrap != nil {
+		proposer = wrap(node)
+	}
+	e.Start(proposer)
 	tn := &testNode{t: t, dir: dir, ledger: ledger, node: node, engine: e}
 	t.Cleanup(tn.stop)
 	return tn

@@ -17,6 +17,7 @@ var (
 	bodyUserLimit   = precomputedError("user_limit", "this user has bought the most units the sale allows")
 	bodyUnknownSKU  = precomputedError("unknown_sku", "no sale with this sku")
 	bodyRateLimited = precomputedError("rate_limited", "too many requests; retry after the given seconds")
+	bodyTryAgain    = precomputedError("try_again", "the last units are still held by other nodes; retry after the given seconds")
 	bodyBadJSON     = precomputedError("bad_request", `body must be a JSON object {"user": string, "qty": integer, "request_id": string}`)
 	bodyBadUser     = precomputedError("bad_request", "user must be a non-empty string of at most 128 bytes")
 	bodyBadQty      = precomputedError("bad_request", "qty must be an integer from 1 to "+strconv.Itoa(engine.MaxQtyPerDeduct))
@@ -159,12 +160,16 @@ func (s *Server) writeDeductResult(ctx *fasthttp.RequestCtx, sc *deductScratch) 
 			"error": "not_started", "detail": "the sale opens at start_at",
 			"start_at": res.StartAt.UTC().Format(time.RFC3339Nano), "starts_in_ms": left.Milliseconds(),
 		})
-	case engine.StatusRateLimited:
+	case engine.StatusRateLimited, engine.StatusTryAgain:
 		// Retry-After is in whole seconds; round up so a client never
 		// comes back early.
 		secs := max(int64((res.RetryAfter+time.Second-1)/time.Second), 1)
 		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(secs, 10))
-		writeRaw(ctx, fasthttp.StatusTooManyRequests, bodyRateLimited)
+		body := bodyRateLimited
+		if res.Status == engine.StatusTryAgain {
+			body = bodyTryAgain
+		}
+		writeRaw(ctx, fasthttp.StatusTooManyRequests, body)
 	case engine.StatusBadRequest:
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadQty)
 	case engine.StatusOutcomeUnknown:

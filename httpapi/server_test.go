@@ -99,6 +99,7 @@ func TestHandler_DeductMapsEveryStatus(t *testing.T) {
 	f(engine.StatusNotStarted, 425, "not_started")
 	f(engine.StatusUnknownSKU, 404, "unknown_sku")
 	f(engine.StatusRateLimited, 429, "rate_limited")
+	f(engine.StatusTryAgain, 429, "try_again")
 	f(engine.StatusUnavailable, 503, "unavailable")
 	f(engine.StatusOutcomeUnknown, 504, "outcome_unknown")
 	if string(fe.lastReq.User) != "u" || fe.lastReq.Qty != 2 || string(fe.lastReq.RequestID) != "r" {

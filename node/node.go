@@ -83,6 +83,7 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg      Config
 	logger   *slog.Logger
+	proposer *Proposer
 	ledger   *raftfsm.Ledger
 	raft     *raftfsm.Node
 	engine   *engine.Engine
@@ -145,6 +146,7 @@ func Start(cfg Config) (*Node, error) {
 	view.node = n.raft
 	peers := httpapi.NewPeerClient(cfg.HTTP.ClusterSecret, cfg.PeerDial)
 	proposer := &Proposer{raft: n.raft, ledger: ledger, peers: peers, logger: logger.With("component", "proposer", "node", cfg.ID)}
+	n.proposer = proposer
 	hcfg := cfg.HTTP
 	hcfg.Logger, hcfg.Peers, hcfg.Proposals = logger, peers, proposer
 	if n.http, err = httpapi.New(hcfg, n.engine, view, cfg.Version); err != nil {
@@ -180,6 +182,9 @@ func (n *Node) Raft() *raftfsm.Node { return n.raft }
 
 // Engine returns the node's engine.
 func (n *Node) Engine() *engine.Engine { return n.engine }
+
+// Proposer returns the node's way into the log (what its engine uses).
+func (n *Node) Proposer() *Proposer { return n.proposer }
 
 // Ledger returns the node's ledger.
 func (n *Node) Ledger() *raftfsm.Ledger { return n.ledger }
