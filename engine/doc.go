@@ -12,6 +12,9 @@
 //   - raft's FSM goroutine calls Applied with ledger events: units enter the
 //     buckets only there, when a Lease granted to this node is applied.
 //
+// The whole life of a deduct, hop by hop through httpapi, engine, node and
+// raftfsm, is in node/doc.go.
+//
 // What crosses the boundary: DeductRequest/DeductResult (caller-owned, byte
 // slices in, no allocation for a loser), raftfsm commands out through the
 // Proposer, raftfsm events in through Applied.
