@@ -78,10 +78,11 @@ func (e *Engine) lease(s *sale) {
 		e.updateSoldOut(s)
 		return
 	}
-	if demand && s.buckets.Units() > 0 {
-		return // ask others only once this node's buyers have run dry
+	need := max(s.leaseAtLeast.Swap(0), 1) // what the waiting buyers need; they raise it again while they wait
+	if demand && s.buckets.Units() >= need {
+		return // ask others only once this node cannot serve its own buyers
 	}
-	want := max(e.leaseChunk(row.Available), s.leaseAtLeast.Swap(0), 1)
+	want := max(e.leaseChunk(row.Available), need)
 	if !demand {
 		want = min(want, row.Available)
 	}
