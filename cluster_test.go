@@ -733,11 +733,11 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 	if follower == leader {
 		follower = c.ids[1]
 	}
+	if code, body := call(t, c.client(follower), "PUT", "/v1/skus/big", fmt.Sprintf(`{"total":%d}`, takes)); code != 201 {
+		t.Fatalf("create sale through %s: %d %v", follower, code, body)
+	}
 	p := c.node(follower).Proposer()
 	at := time.Now().UnixNano()
-	if _, err := p.Propose(at, &raftfsm.CreateSale{SKU: "big", Sale: raftfsm.SaleConfig{Total: takes}}); err != nil {
-		t.Fatal(err)
-	}
 	if res, err := p.Propose(at, &raftfsm.Lease{Node: follower, SKU: "big", Want: takes}); err != nil || res.Qty != takes {
 		t.Fatalf("lease: %v %+v", err, res)
 	}
@@ -763,4 +763,78 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 	if a["sold"].(float64) != takes {
 		t.Fatalf("sold %v, want %d", a["sold"], takes)
 	}
+}
+
+// proposeAs sends an encoded command to node to's internal route as node
+// from would, with the given cluster secret.
+func proposeAs(t *testing.T, c *testCluster, to, from, secret string, cmd raftfsm.Command) (int, string) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.node(to).HTTPAddr() + "/internal/v1/propose")
+	req.Header.SetMethod("POST")
+	req.Header.Set("X-Stockd-Wire", "1")
+	req.Header.Set("X-Stockd-Node", from)
+	if secret != "" {
+		req.Header.Set("X-Stockd-Cluster-Secret", secret)
+	}
+	req.SetBody(raftfsm.EncodeCommand(nil, time.Now().UnixNano(), cmd))
+	if err := c.client(to).DoTimeout(req, resp, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode(), string(resp.Body())
+}
+
+func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
+	c := startTestCluster(t)
+	leader := c.leader()
+	var follower, other string
+	for _, id := range c.ids {
+		switch {
+		case id == leader:
+		case follower == "":
+			follower = id
+		default:
+			other = id
+		}
+	}
+	if code, body := call(t, c.client(leader), "PUT", "/v1/skus/gem", `{"total":100}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitFor(t, 10*time.Second, "the sale on "+other, func() bool {
+		code, _ := callQuiet(c.client(other), "GET", "/v1/skus/gem", "")
+		return code == 200
+	})
+	// The other node holds a lease a forged take could spend.
+	if code, body := call(t, c.client(other), "POST", "/v1/skus/gem/deduct", `{"user":"real","request_id":"real"}`); code != 200 {
+		t.Fatalf("deduct on %s: %d %v", other, code, body)
+	}
+	before := checkClusterLedgers(t, c, "gem", nil)
+	f := func(name string, secret string, cmd raftfsm.Command, wantCode int) {
+		t.Helper()
+		code, body := proposeAs(t, c, leader, follower, secret, cmd)
+		if code != wantCode {
+			t.Fatalf("%s: %d %s, want %d", name, code, body, wantCode)
+		}
+	}
+	forged := &raftfsm.Take{Node: other, Entries: []raftfsm.TakeEntry{{SKU: "gem", Qty: 1, User: "thief", OrderID: other + "-forged"}}}
+	f("take in another node's name", testClusterSecret, forged, 403)
+	f("lease in another node's name", testClusterSecret, &raftfsm.Lease{Node: other, SKU: "gem", Want: 50}, 403)
+	f("return in another node's name", testClusterSecret, &raftfsm.Return{Node: other, SKU: "gem", Qty: 1}, 403)
+	f("restock from a peer", testClusterSecret, &raftfsm.Restock{SKU: "gem", Qty: 1000}, 403)
+	f("reclaim from a peer", testClusterSecret, &raftfsm.Reclaim{Node: other}, 403)
+	f("take with a wrong secret", "wrong", &raftfsm.Take{Node: follower, Entries: forged.Entries}, 403)
+	f("take without a secret", "", &raftfsm.Take{Node: follower, Entries: forged.Entries}, 403)
+	after := checkClusterLedgers(t, c, "gem", nil)
+	for _, k := range []string{"total", "available", "held", "sold", "orders"} {
+		if before[k] != after[k] {
+			t.Fatalf("a refused call changed %s: %v -> %v", k, before[k], after[k])
+		}
+	}
+	if fmt.Sprint(before["leased"]) != fmt.Sprint(after["leased"]) {
+		t.Fatalf("a refused call changed leases: %v -> %v", before["leased"], after["leased"])
+	}
+	// Its own registration, in its own name, is what a peer may send.
+	f("own registration", testClusterSecret, &raftfsm.Register{Node: follower, Addr: c.node(follower).HTTPAddr()}, 200)
 }

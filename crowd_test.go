@@ -82,7 +82,7 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 	if os.Getenv("STOCKD_CROWD") == "" {
 		t.Skip("set STOCKD_CROWD=1 (make test-crowd) to run a sale of 36,000 buyers over 1,200 connections and three processes")
 	}
-	p := startProcCluster(t, "-cluster-secret", "crowd-test-secret", "-drain-timeout", crowdDrainTimeout.String())
+	p := startProcCluster(t, "-drain-timeout", crowdDrainTimeout.String())
 	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/crowd", fmt.Sprintf(`{"total":%d}`, crowdUnits)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -45,11 +46,15 @@ func testNodeConfig(tb testing.TB, id, dir string, raftTimeout time.Duration) no
 	cfg := node.DefaultConfig()
 	cfg.ID, cfg.DataDir = id, dir
 	cfg.HTTP.Addr, cfg.Raft.RaftBind = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.HTTP.ClusterSecret = testClusterSecret
 	cfg.Engine.BucketsPerSKU = 2
 	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
 	cfg.Logger = slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
 	return cfg
 }
+
+// testClusterSecret is the -cluster-secret of in-process test nodes.
+const testClusterSecret = "test-cluster-secret"
 
 // clientOf is a client of n's HTTP server with up to conns connections.
 func clientOf(n *node.Node, conns int) *fasthttp.HostClient {
@@ -312,4 +317,42 @@ func getRaw(t *testing.T, c *fasthttp.HostClient, path string) string {
 		t.Fatalf("GET %s: %d %v", path, code, err)
 	}
 	return string(body)
+}
+
+func TestServe_RefusesUnsafeStarts(t *testing.T) {
+	f := func(wantMsg string, args ...string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		base := []string{"serve", "-data", t.TempDir(), "-raft", "127.0.0.1:0"}
+		if code := run(append(base, args...), &stdout, &stderr); code != 1 {
+			t.Fatalf("stockd %v: exit %d, want 1 (stderr %q)", args, code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), wantMsg) {
+			t.Fatalf("stockd %v: stderr %q, want it to say %q", args, stderr.String(), wantMsg)
+		}
+	}
+	f("needs -cluster-secret", "-http", "127.0.0.1:0", "-peers", "n1=127.0.0.1:7101,n2=127.0.0.1:7102")
+	f("needs -cluster-secret", "-http", "127.0.0.1:0", "-join", "http://127.0.0.1:8081")
+	f("need -admin-token", "-http", ":0")
+	f("need -admin-token", "-http", "0.0.0.0:0")
+	f("pass -insecure-no-admin-token", "-http", "[::]:0")
+	f("a node id is 1 to 64", "-http", "127.0.0.1:0", "-id", "n/1")
+}
+
+func TestServe_AcceptsSafeConfigs(t *testing.T) {
+	f := func(args ...string) {
+		t.Helper()
+		cfg, err := parseServeFlags(append([]string{"-data", t.TempDir()}, args...), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+	}
+	f() // the embedded default: loopback, single node, no tokens
+	f("-http", "localhost:8080")
+	f("-http", ":8080", "-admin-token", "t")
+	f("-http", "0.0.0.0:8080", "-insecure-no-admin-token")
+	f("-peers", "n1=127.0.0.1:7001", "-cluster-secret", "s")
 }

@@ -94,7 +94,7 @@ func (p *procCluster) start(id string) {
 		p.t.Fatal(err)
 	}
 	args := []string{"serve", "-id", id, "-http", p.httpAddr[id], "-raft", p.raftAddr[id],
-		"-data", p.dataDir[id], "-peers", p.peers, "-lease-idle-return", "300ms", "-reclaim-after", "3s", "-log-level", "warn"}
+		"-data", p.dataDir[id], "-peers", p.peers, "-cluster-secret", "multiproc-secret", "-lease-idle-return", "300ms", "-reclaim-after", "3s", "-log-level", "warn"}
 	cmd := exec.Command(p.bin, append(args, p.extraArgs...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {

@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -56,6 +58,12 @@ func launchCluster(binary, dir string, n int) ([]*launched, error) {
 		}
 		peers = append(peers, fmt.Sprintf("n%d=%s", i+1, nodes[i].raft))
 	}
+	// A fresh secret per launch: the nodes need one to talk to each other.
+	var raw [16]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return nil, fmt.Errorf("make a cluster secret: %w", err)
+	}
+	secret := hex.EncodeToString(raw[:])
 	var out []*launched
 	stopAll := func() {
 		for _, l := range out {
@@ -79,7 +87,8 @@ func launchCluster(binary, dir string, n int) ([]*launched, error) {
 		}
 		cmd := exec.Command(binary, args...)
 		cmd.Stdout, cmd.Stderr = logFile, logFile
-		cmd.Env = cleanEnv()
+		// The secret goes through the environment, not argv, which ps shows.
+		cmd.Env = append(cleanEnv(), "STOCKD_CLUSTER_SECRET="+secret)
 		if err := cmd.Start(); err != nil {
 			logFile.Close()
 			stopAll()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,7 +244,7 @@ type Engine struct {
 	salesMu sync.Mutex                       // serialises writers of sales
 	sales   atomic.Pointer[map[string]*sale] // copy on write: lock-free reads
 
-	orderSeq   atomic.Uint64
+	orderIDs   *orderIDs
 	pendingReq *stripedMap[*pendingTake] // request id -> take awaiting commit
 	pendingOrd *stripedMap[*pendingTake] // order id -> take awaiting commit
 	turnedDown *turnedDown               // pending orders the ledger did not take
@@ -306,7 +305,7 @@ func New(cfg Config, ledger *raftfsm.Ledger) (*Engine, error) {
 	// Order ids must never repeat, even across restarts and for pending
 	// orders a crash lost: the sequence starts at the boot time in
 	// microseconds, far above any earlier run's sequence.
-	e.orderSeq.Store(uint64(cfg.Now().UnixMicro()))
+	e.orderIDs = newOrderIDs(cfg.NodeID, uint64(cfg.Now().UnixMicro()))
 	empty := map[string]*sale{}
 	e.sales.Store(&empty)
 	e.rebuild()
@@ -459,9 +458,7 @@ func (e *Engine) Applied(events []raftfsm.Event) {
 	}
 }
 
-func (e *Engine) nextOrderID() string {
-	return e.cfg.NodeID + "-" + strconv.FormatUint(e.orderSeq.Add(1), 36)
-}
+func (e *Engine) nextOrderID() string { return e.orderIDs.next() }
 
 // SaleSpec is what CreateSale needs; zero values mean "none".
 type SaleSpec struct {
@@ -715,6 +712,9 @@ type (
 
 // NodeAddrs returns the HTTP addresses nodes registered in the ledger.
 func (e *Engine) NodeAddrs() map[string]string { return e.ledger.NodeAddrs() }
+
+// AppliedIndex is the last log index this node's ledger holds.
+func (e *Engine) AppliedIndex() uint64 { return e.ledger.AppliedIndex() }
 
 // WaitApplied blocks until this node's ledger holds log index or ctx ends.
 func (e *Engine) WaitApplied(ctx context.Context, index uint64) error {

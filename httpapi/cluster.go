@@ -2,7 +2,7 @@ package httpapi
 
 import (
 	"bytes"
-	"crypto/subtle"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,9 +14,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// headerClusterSecret carries -cluster-secret between nodes.
-const headerClusterSecret = "X-Stockd-Cluster-Secret"
-
 const (
 	// peerStatusTimeout bounds how long GET /v1/cluster waits for a peer.
 	peerStatusTimeout = 300 * time.Millisecond
@@ -25,62 +22,10 @@ const (
 	proxyTimeout = 10 * time.Second
 	// peerConnsMax bounds the connections this node opens to one peer.
 	peerConnsMax = 64
+	// relayApplyWait bounds how long a relayed call waits for this node
+	// to apply what the leader applied.
+	relayApplyWait = 5 * time.Second
 )
-
-// peer checks that an internal call comes from a cluster member: the
-// cluster secret when one is set, else a member's (or a loopback) address.
-func (s *Server) peer(ctx *fasthttp.RequestCtx) bool {
-	if s.isPeer(ctx) {
-		return true
-	}
-	writeError(ctx, fasthttp.StatusForbidden, "forbidden", "internal routes are for cluster members")
-	return false
-}
-
-func (s *Server) isPeer(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.ClusterSecret != "" {
-		got := ctx.Request.Header.Peek(headerClusterSecret)
-		return subtle.ConstantTimeCompare(got, []byte(s.cfg.ClusterSecret)) == 1
-	}
-	ip := ctx.RemoteIP()
-	if ip.IsLoopback() {
-		return true
-	}
-	hosts := map[string]bool{}
-	if s.cluster != nil {
-		for _, n := range s.cluster.Status().Nodes {
-			if h, _, err := net.SplitHostPort(n.RaftAddr); err == nil {
-				hosts[h] = true
-			}
-		}
-	}
-	for _, addr := range s.engine.NodeAddrs() {
-		if h, _, err := net.SplitHostPort(addr); err == nil {
-			hosts[h] = true
-		}
-	}
-	for h := range hosts {
-		if hip := net.ParseIP(h); hip != nil && hip.Equal(ip) {
-			return true
-		}
-		if addrs, err := net.LookupIP(h); err == nil {
-			for _, a := range addrs {
-				if a.Equal(ip) {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
-
-// adminOrPeer lets a joining node in with either credential.
-func (s *Server) adminOrPeer(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.ClusterSecret != "" && s.isPeer(ctx) {
-		return true
-	}
-	return s.admin(ctx)
-}
 
 func (s *Server) handleInternal(ctx *fasthttp.RequestCtx, route []byte) {
 	switch string(route) {
@@ -121,16 +66,20 @@ const (
 	ProposeUnavailable = fasthttp.StatusServiceUnavailable
 	// ProposeOutcomeUnknown: the command entered the log; it may commit.
 	ProposeOutcomeUnknown = fasthttp.StatusGatewayTimeout
-	// ProposeMalformed and ProposeTooLarge: refused for good.
+	// ProposeMalformed, ProposeForbidden and ProposeTooLarge: refused for
+	// good (forbidden: not a command a peer may send, such as a Take in
+	// another node's name).
 	ProposeMalformed = fasthttp.StatusBadRequest
+	ProposeForbidden = fasthttp.StatusForbidden
 	ProposeTooLarge  = fasthttp.StatusRequestEntityTooLarge
 )
 
 // Proposals is the leader's side of the internal wire: it decodes,
-// checks and proposes one forwarded command and returns the status and
-// answer to send back. The body is only valid during the call.
+// checks and proposes one command that node fromNode forwarded, and
+// returns the status and answer to send back. The body is only valid
+// during the call.
 type Proposals interface {
-	HandleForwarded(body []byte) (status int, answer []byte)
+	HandleForwarded(fromNode string, body []byte) (status int, answer []byte)
 }
 
 func (s *Server) handlePropose(ctx *fasthttp.RequestCtx) {
@@ -142,7 +91,7 @@ func (s *Server) handlePropose(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, ProposeUnavailable, "unavailable", "this node takes no forwarded commands")
 		return
 	}
-	status, answer := s.cfg.Proposals.HandleForwarded(ctx.PostBody())
+	status, answer := s.cfg.Proposals.HandleForwarded(string(ctx.Request.Header.Peek(headerPeerNode)), ctx.PostBody())
 	ctx.SetStatusCode(status)
 	if status == fasthttp.StatusOK {
 		ctx.SetContentType(contentTypeCommand)
@@ -207,7 +156,21 @@ func (s *Server) handleRemoveNode(ctx *fasthttp.RequestCtx, id []byte) {
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
-// proxyToLeader relays an admin request to the leader and its answer back.
+// relayed sends a state-changing call to the leader when this node does
+// not lead, and reports whether it did (the answer is then written). The
+// caller has checked the credential here; the leader checks it again.
+func (s *Server) relayed(ctx *fasthttp.RequestCtx) bool {
+	if s.cluster == nil || s.cluster.IsLeader() {
+		return false
+	}
+	s.proxyToLeader(ctx)
+	return true
+}
+
+// proxyToLeader relays a request to the leader with the caller's own
+// headers (its Authorization above all) and the answer back. After a
+// success it waits, bounded, until this node has applied what the leader
+// had, so the caller reads its write here too.
 func (s *Server) proxyToLeader(ctx *fasthttp.RequestCtx) {
 	addr := s.leaderHTTPAddr()
 	if addr == "" {
@@ -218,18 +181,33 @@ func (s *Server) proxyToLeader(ctx *fasthttp.RequestCtx) {
 	defer fasthttp.ReleaseRequest(req)
 	ctx.Request.CopyTo(req)
 	req.SetRequestURI("http://" + addr + string(ctx.RequestURI()))
-	if s.cfg.ClusterSecret != "" {
-		req.Header.Set(headerClusterSecret, s.cfg.ClusterSecret)
+	req.Header.Del(headerRelayedLoopback)
+	if ctx.RemoteIP().IsLoopback() {
+		req.Header.Set(headerRelayedLoopback, "1")
 	}
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := s.peers.client(addr).DoTimeout(req, resp, proxyTimeout); err != nil {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "forward to leader: "+err.Error())
+	if err := s.peers.do(addr, req, resp, proxyTimeout); err != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "relay to the leader: "+err.Error())
 		return
+	}
+	if index, err := strconv.ParseUint(string(resp.Header.Peek(headerAppliedIndex)), 10, 64); err == nil && resp.StatusCode() < 300 {
+		wait, cancel := context.WithTimeout(context.Background(), relayApplyWait)
+		if err := s.engine.WaitApplied(wait, index); err != nil {
+			s.logger.Warn("relayed call applied on the leader, not yet here", "path", string(ctx.Path()), "index", index, "err", err)
+		}
+		cancel()
 	}
 	ctx.SetStatusCode(resp.StatusCode())
 	ctx.SetContentType(contentTypeJSON)
 	ctx.SetBody(resp.Body())
+}
+
+// markApplied tells a relaying peer which index to wait for.
+func (s *Server) markApplied(ctx *fasthttp.RequestCtx) {
+	if len(ctx.Request.Header.Peek(headerPeerNode)) > 0 {
+		ctx.Response.Header.Set(headerAppliedIndex, strconv.FormatUint(s.engine.AppliedIndex(), 10))
+	}
 }
 
 func (s *Server) leaderHTTPAddr() string {
@@ -282,16 +260,26 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 // and adds the cluster secret. Safe for concurrent use.
 type PeerClient struct {
 	secret string
+	self   string // this node's id, sent with every call
 	dial   fasthttp.DialFunc
 
 	mu      sync.Mutex
 	clients map[string]*fasthttp.HostClient
 }
 
-// NewPeerClient returns a client that authenticates with secret and dials
-// with dial (nil: plain TCP).
-func NewPeerClient(secret string, dial DialFunc) *PeerClient {
-	return &PeerClient{secret: secret, dial: dial, clients: map[string]*fasthttp.HostClient{}}
+// NewPeerClient returns a client for node self that authenticates with
+// secret and dials with dial (nil: plain TCP).
+func NewPeerClient(secret, self string, dial DialFunc) *PeerClient {
+	return &PeerClient{secret: secret, self: self, dial: dial, clients: map[string]*fasthttp.HostClient{}}
+}
+
+// do sends req to the peer at addr with this node's credentials.
+func (c *PeerClient) do(addr string, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration) error {
+	req.Header.Set(headerPeerNode, c.self)
+	if c.secret != "" {
+		req.Header.Set(headerClusterSecret, c.secret)
+	}
+	return c.client(addr).DoTimeout(req, resp, timeout)
 }
 
 func (c *PeerClient) client(addr string) *fasthttp.HostClient {
@@ -324,11 +312,8 @@ func (c *PeerClient) Propose(addr string, command []byte, timeout time.Duration)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType(contentTypeCommand)
 	req.Header.Set(headerWireVersion, InternalWireVersion)
-	if c.secret != "" {
-		req.Header.Set(headerClusterSecret, c.secret)
-	}
 	req.SetBodyRaw(command)
-	if err := c.client(addr).DoTimeout(req, resp, timeout); err != nil {
+	if err := c.do(addr, req, resp, timeout); err != nil {
 		if nothingSent(err) {
 			return 0, nil, fmt.Errorf("%w: %w", ErrNotSent, err)
 		}
@@ -353,10 +338,7 @@ func (c *PeerClient) GetJSON(addr, path string, timeout time.Duration, out any) 
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + addr + path)
-	if c.secret != "" {
-		req.Header.Set(headerClusterSecret, c.secret)
-	}
-	if err := c.client(addr).DoTimeout(req, resp, timeout); err != nil {
+	if err := c.do(addr, req, resp, timeout); err != nil {
 		return err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {

@@ -10,7 +10,6 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,6 +52,10 @@ type Engine interface {
 	// LeaderReachable reports whether this node is in contact with a
 	// leader (reads are then current, not stale).
 	LeaderReachable() bool
+	// AppliedIndex is the last log index this node's ledger holds;
+	// WaitApplied blocks until it reaches index or ctx ends.
+	AppliedIndex() uint64
+	WaitApplied(ctx context.Context, index uint64) error
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
@@ -92,17 +95,19 @@ type Cluster interface {
 
 // Config holds the server's knobs.
 type Config struct {
-	Addr         string
-	AdminToken   string // empty: admin calls only from loopback clients
+	Addr       string
+	AdminToken string // empty: admin calls only from loopback clients
+	// ServiceToken, when set, is required (as a bearer token) by the routes
+	// a shop's backend calls: deducts, orders, confirm and cancel.
+	ServiceToken string
 	Logger       *slog.Logger
 	ReadTimeout  time.Duration
 	WriteTimeout time.Duration
 	IdleTimeout  time.Duration
 	// MaxConns bounds concurrent client connections.
 	MaxConns int
-	// ClusterSecret, when set, authenticates the internal routes nodes use
-	// among themselves; when empty those routes accept only the cluster
-	// members' addresses and loopback.
+	// ClusterSecret authenticates the internal routes nodes use among
+	// themselves; when empty those routes are not served.
 	ClusterSecret string
 	// Peers carries this node's calls to other nodes; nil: plain TCP with
 	// ClusterSecret.
@@ -166,7 +171,7 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 	}
 	s.peers = cfg.Peers
 	if s.peers == nil {
-		s.peers = NewPeerClient(cfg.ClusterSecret, nil)
+		s.peers = NewPeerClient(cfg.ClusterSecret, "", nil)
 	}
 	s.fast = &fasthttp.Server{
 		Handler:              s.handle,
@@ -223,21 +228,22 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		rest := path[len(pathV1SKUs):]
 		switch {
 		case bytes.HasSuffix(rest, suffixDeduct):
-			if !s.allow(ctx, method, fasthttp.MethodPost) {
-				return
+			if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
+				s.handleDeduct(ctx, rest[:len(rest)-len(suffixDeduct)])
 			}
-			s.handleDeduct(ctx, rest[:len(rest)-len(suffixDeduct)])
 		case bytes.HasSuffix(rest, suffixRestock):
-			if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) {
+			if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
 				s.handleRestock(ctx, rest[:len(rest)-len(suffixRestock)])
+				s.markApplied(ctx)
 			}
 		case bytes.HasSuffix(rest, suffixAudit):
 			if s.allow(ctx, method, fasthttp.MethodGet) {
 				s.handleAudit(ctx, rest[:len(rest)-len(suffixAudit)])
 			}
 		case string(method) == fasthttp.MethodPut:
-			if s.admin(ctx) {
+			if s.admin(ctx) && !s.relayed(ctx) {
 				s.handleCreateSale(ctx, rest)
+				s.markApplied(ctx)
 			}
 		default:
 			if s.allow(ctx, method, fasthttp.MethodGet) {
@@ -248,15 +254,17 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		rest := path[len(pathV1Orders):]
 		switch {
 		case bytes.HasSuffix(rest, suffixConfirm):
-			if s.allow(ctx, method, fasthttp.MethodPost) {
+			if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) && !s.relayed(ctx) {
 				s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixConfirm)], s.engine.Confirm)
+				s.markApplied(ctx)
 			}
 		case bytes.HasSuffix(rest, suffixCancel):
-			if s.allow(ctx, method, fasthttp.MethodPost) {
+			if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) && !s.relayed(ctx) {
 				s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixCancel)], s.engine.Cancel)
+				s.markApplied(ctx)
 			}
 		default:
-			if s.allow(ctx, method, fasthttp.MethodGet) {
+			if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
 				s.handleGetOrder(ctx, rest)
 			}
 		}
@@ -299,24 +307,6 @@ func (s *Server) allow(ctx *fasthttp.RequestCtx, method []byte, want string) boo
 	}
 	ctx.Response.Header.Set("Allow", want)
 	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", "use "+want)
-	return false
-}
-
-// admin checks the admin token, or without one, that the client is local.
-func (s *Server) admin(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.AdminToken == "" {
-		if ctx.RemoteIP().IsLoopback() {
-			return true
-		}
-		writeError(ctx, fasthttp.StatusForbidden, "forbidden", "admin calls need an admin token, or a loopback client when none is configured")
-		return false
-	}
-	auth := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
-	token, ok := bytes.CutPrefix(auth, []byte("Bearer "))
-	if ok && subtle.ConstantTimeCompare(token, []byte(s.cfg.AdminToken)) == 1 {
-		return true
-	}
-	writeError(ctx, fasthttp.StatusUnauthorized, "unauthorized", "admin calls need Authorization: Bearer <admin token>")
 	return false
 }
 

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"testing"
@@ -45,11 +46,13 @@ func (f *fakeEngine) Cancel(string) (engine.Order, error) {
 func (f *fakeEngine) Audit(string) (engine.Audit, engine.LocalAudit, bool, error) {
 	return engine.Audit{}, engine.LocalAudit{}, false, nil
 }
-func (f *fakeEngine) MetricsSnapshot() engine.Snapshot { return engine.Snapshot{} }
-func (f *fakeEngine) NodeAddrs() map[string]string     { return nil }
-func (f *fakeEngine) CommitBlocked() bool              { return false }
-func (f *fakeEngine) LeaderReachable() bool            { return true }
-func (f *fakeEngine) Reclaim(string) (int64, error)    { return 0, nil }
+func (f *fakeEngine) MetricsSnapshot() engine.Snapshot          { return engine.Snapshot{} }
+func (f *fakeEngine) NodeAddrs() map[string]string              { return nil }
+func (f *fakeEngine) CommitBlocked() bool                       { return false }
+func (f *fakeEngine) LeaderReachable() bool                     { return true }
+func (f *fakeEngine) Reclaim(string) (int64, error)             { return 0, nil }
+func (f *fakeEngine) AppliedIndex() uint64                      { return 0 }
+func (f *fakeEngine) WaitApplied(context.Context, uint64) error { return nil }
 
 func newTestServer(t testing.TB, token string) (*Server, *fakeEngine) {
 	fe := &fakeEngine{status: engine.StatusSoldOut}

@@ -28,6 +28,10 @@ type Config struct {
 	// AdvertiseHTTP is the HTTP address peers use to reach this node
 	// (default: the bound HTTP address).
 	AdvertiseHTTP string
+	// InsecureNoAdminToken lets a node whose HTTP address is not
+	// loopback-only start without HTTP.AdminToken (admin calls then come
+	// only from loopback clients, or through a reverse proxy on the host).
+	InsecureNoAdminToken bool
 	// DrainTimeout bounds Stop: in-flight requests, queued takes and
 	// lease returns get this long; then the stores close regardless.
 	DrainTimeout time.Duration
@@ -66,16 +70,61 @@ func DefaultConfig() Config {
 // their own knobs when Start builds them.
 func (c *Config) Validate() error {
 	switch {
-	case c.ID == "":
-		return errors.New("node: id is empty")
+	case !validNodeID(c.ID):
+		return fmt.Errorf("-id %q: a node id is 1 to %d letters, digits, '.', '_' or '-'", c.ID, nodeIDMaxBytes)
 	case c.DataDir == "":
 		return errors.New("node: data dir is empty")
 	case len(c.Peers) > 0 && c.Join != "":
 		return errors.New("-peers and -join exclude each other: -peers forms a new cluster, -join enters a running one")
 	case c.DrainTimeout <= 0 || c.DrainTimeout > drainTimeoutMax:
 		return fmt.Errorf("node: drain timeout %s outside (0, %s]", c.DrainTimeout, drainTimeoutMax)
+	case (len(c.Peers) > 0 || c.Join != "") && c.HTTP.ClusterSecret == "":
+		return errors.New("a cluster (-peers or -join) needs -cluster-secret (or STOCKD_CLUSTER_SECRET): the same secret on every node, for example from `openssl rand -hex 32`; node-to-node calls carry it")
+	case c.HTTP.AdminToken == "" && !c.InsecureNoAdminToken && !loopbackOnly(c.HTTP.Addr):
+		return fmt.Errorf("-http %s is reachable from other machines, so admin calls need -admin-token (or STOCKD_ADMIN_TOKEN); to run without one anyway (admin calls only from loopback clients) pass -insecure-no-admin-token", c.HTTP.Addr)
 	}
 	return nil
+}
+
+// nodeIDMaxBytes keeps order ids (node id, sequence, 64 random bits) within
+// the API's 128-byte id limit.
+const nodeIDMaxBytes = 64
+
+func validNodeID(id string) bool {
+	if id == "" || len(id) > nodeIDMaxBytes {
+		return false
+	}
+	for _, c := range id {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// loopbackOnly reports whether a listen address accepts loopback clients
+// only: its host is a loopback IP or a name that resolves to loopback IPs
+// only. An empty host (":8080") or 0.0.0.0 listens on every interface.
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil || len(ips) == 0 {
+		return false
+	}
+	for _, ip := range ips {
+		if !ip.IsLoopback() {
+			return false
+		}
+	}
+	return true
 }
 
 // Node is one running stockd node. Stop ends it; the accessors are for
@@ -144,7 +193,7 @@ func Start(cfg Config) (*Node, error) {
 		return fail(err)
 	}
 	view.node = n.raft
-	peers := httpapi.NewPeerClient(cfg.HTTP.ClusterSecret, cfg.PeerDial)
+	peers := httpapi.NewPeerClient(cfg.HTTP.ClusterSecret, cfg.ID, cfg.PeerDial)
 	proposer := &Proposer{raft: n.raft, ledger: ledger, peers: peers, logger: logger.With("component", "proposer", "node", cfg.ID)}
 	n.proposer = proposer
 	hcfg := cfg.HTTP

@@ -87,7 +87,7 @@ func (p *Proposer) forward(op raftfsm.Op, b []byte) (*raftfsm.Result, error) {
 		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrUnavailable, leader, status, bytes.TrimSpace(answer))
 	case httpapi.ProposeTooLarge:
 		return nil, fmt.Errorf("%w: leader %s: %s", engine.ErrTooLarge, leader, bytes.TrimSpace(answer))
-	case httpapi.ProposeMalformed, http.StatusUnauthorized, http.StatusForbidden:
+	case httpapi.ProposeMalformed, httpapi.ProposeForbidden, http.StatusUnauthorized, http.StatusNotFound:
 		p.logger.Error("leader refused a forwarded command", "op", op, "leader", leader, "status", status, "answer", string(bytes.TrimSpace(answer)))
 		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrRejected, leader, status, bytes.TrimSpace(answer))
 	default: // 504 and anything unexpected: the command may have entered the log
@@ -106,14 +106,23 @@ func (p *Proposer) forward(op raftfsm.Op, b []byte) (*raftfsm.Result, error) {
 }
 
 // HandleForwarded implements httpapi.Proposals: it runs on the leader for
-// a command a follower forwarded. Only a decodable command is proposed; its
-// bytes go into the log as they came.
-func (p *Proposer) HandleForwarded(body []byte) (int, []byte) {
+// a command node fromNode forwarded (the caller passed the cluster secret).
+// A peer may send only what a peer sends: its own takes, lease requests,
+// returns and registration. Admin and order calls travel as relayed HTTP
+// requests with the caller's own credentials, not through here. Only a
+// decodable, allowed command is proposed; its bytes go into the log as
+// they came.
+func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 	if !p.raft.IsLeader() {
 		return httpapi.ProposeNotLeader, errorBody("not_leader", "this node is not the leader")
 	}
-	if _, _, err := raftfsm.DecodeCommand(body); err != nil {
+	_, c, err := raftfsm.DecodeCommand(body)
+	if err != nil {
 		return httpapi.ProposeMalformed, errorBody("bad_request", err.Error())
+	}
+	if why := peerMayNotSend(fromNode, c); why != "" {
+		p.logger.Warn("refused a forwarded command", "from", fromNode, "op", c.Op(), "why", why)
+		return httpapi.ProposeForbidden, errorBody("forbidden", why)
 	}
 	// raft keeps the slice: the request's buffer is reused after the call.
 	res, err := p.raft.ProposeEncoded(bytes.Clone(body))
@@ -127,6 +136,27 @@ func (p *Proposer) HandleForwarded(body []byte) (int, []byte) {
 	default:
 		return httpapi.ProposeUnavailable, errorBody("unavailable", err.Error())
 	}
+}
+
+// peerMayNotSend says why node from may not propose c, or "" when it may.
+func peerMayNotSend(from string, c raftfsm.Command) string {
+	var node string
+	switch c := c.(type) {
+	case *raftfsm.Take:
+		node = c.Node
+	case *raftfsm.Lease:
+		node = c.Node
+	case *raftfsm.Return:
+		node = c.Node
+	case *raftfsm.Register:
+		node = c.Node
+	default:
+		return fmt.Sprintf("%s is not a command a peer sends; admin and order calls are relayed with the caller's credentials", c.Op())
+	}
+	if from == "" || node != from {
+		return fmt.Sprintf("node %q may not send a %s in the name of node %q", from, c.Op(), node)
+	}
+	return ""
 }
 
 func errorBody(code, detail string) []byte {

@@ -13,13 +13,20 @@ peers="n1=127.0.0.1:7001,n2=127.0.0.1:7002,n3=127.0.0.1:7003"
 
 start() {
   mkdir -p "$dir"
+  # One secret for the three nodes' calls to each other, made once and kept
+  # (mode 600) so that restarts use the same one.
+  if [ ! -s "$dir/cluster-secret" ]; then
+    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/cluster-secret")
+  fi
+  secret=$(cat "$dir/cluster-secret")
   for i in 1 2 3; do
     pidfile="$dir/n$i.pid"
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
       echo "n$i already running (pid $(cat "$pidfile"))"
       continue
     fi
-    "$bin" serve -id "n$i" -http "127.0.0.1:808$i" -raft "127.0.0.1:700$i" \
+    # The secret goes through the environment, not argv, which ps shows.
+    STOCKD_CLUSTER_SECRET="$secret" "$bin" serve -id "n$i" -http "127.0.0.1:808$i" -raft "127.0.0.1:700$i" \
       -data "$dir/n$i" -peers "$peers" >>"$dir/n$i.log" 2>&1 &
     echo $! >"$pidfile"
   done
