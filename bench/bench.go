@@ -123,7 +123,7 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, bin
 			skipped = append(skipped, [2]string{mode, "no -target or -launch given"})
 		}
 		for _, targets := range targetSets {
-			out = append(out, newStockd(targets, o.Conns, o.AdminToken, mode == "stockd-none"))
+			out = append(out, newStockd(targets, o.Conns, o.AdminToken, o.ServiceToken, mode == "stockd-none"))
 		}
 	}
 	if want("noop") {

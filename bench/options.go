@@ -22,25 +22,26 @@ const (
 
 // Options is one bench run's configuration.
 type Options struct {
-	Targets    []string // stockd node base URLs; empty with Launches
-	Launches   []int    // launch a local stockd cluster of each size in turn (1, 3)
-	Scenarios  []string
-	Strategies []string // empty: all
-	Units      int64    // flash, retry-storm, holds: units on sale; hot-cold: per SKU
-	Requests   int      // deduct attempts per scenario and strategy
-	Conns      int
-	Duration   time.Duration // stop sending after this long even if requests remain
-	SKUs       int           // hot-cold: number of SKUs
-	ZipfS      float64       // hot-cold: Zipf exponent
-	RetryShare float64       // retry-storm: share of requests that re-send an earlier request id
-	HoldTTL    time.Duration // holds: hold time
-	Redis      string        // Redis address for the redis-lua strategy
-	Postgres   string        // PostgreSQL DSN for the pg-* strategies
-	AdminToken string
-	Binary     string // stockd binary for Launches; default: this executable
-	JSONPath   string
-	HTMLPath   string
-	Progress   bool // draw a progress bar on stderr
+	Targets      []string // stockd node base URLs; empty with Launches
+	Launches     []int    // launch a local stockd cluster of each size in turn (1, 3)
+	Scenarios    []string
+	Strategies   []string // empty: all
+	Units        int64    // flash, retry-storm, holds: units on sale; hot-cold: per SKU
+	Requests     int      // deduct attempts per scenario and strategy
+	Conns        int
+	Duration     time.Duration // stop sending after this long even if requests remain
+	SKUs         int           // hot-cold: number of SKUs
+	ZipfS        float64       // hot-cold: Zipf exponent
+	RetryShare   float64       // retry-storm: share of requests that re-send an earlier request id
+	HoldTTL      time.Duration // holds: hold time
+	Redis        string        // Redis address for the redis-lua strategy
+	Postgres     string        // PostgreSQL DSN for the pg-* strategies
+	AdminToken   string
+	ServiceToken string
+	Binary       string // stockd binary for Launches; default: this executable
+	JSONPath     string
+	HTMLPath     string
+	Progress     bool // draw a progress bar on stderr
 }
 
 func parseFlags(args []string, stderr io.Writer) (Options, error) {
@@ -63,6 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.Redis, "redis", "", "Redis address (host:port) for the redis-lua strategy; absent: skipped")
 	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL DSN for pg-optimistic and pg-pessimistic; absent: skipped")
 	fs.StringVar(&o.AdminToken, "admin-token", os.Getenv("STOCKD_ADMIN_TOKEN"), "admin token of the target nodes (default $STOCKD_ADMIN_TOKEN)")
+	fs.StringVar(&o.ServiceToken, "service-token", os.Getenv("STOCKD_SERVICE_TOKEN"), "service token of the target nodes, sent with deducts and order calls (default $STOCKD_SERVICE_TOKEN)")
 	fs.StringVar(&o.Binary, "binary", "", "stockd binary for -launch (default: this executable)")
 	fs.StringVar(&o.JSONPath, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.HTMLPath, "html", "", "also write a self-contained HTML report with charts to this file")

@@ -57,16 +57,17 @@ type stockdStrategy struct {
 	noWait  bool
 	nodes   int
 	clients httpClients
-	token   string
+	token   string // admin token: sale setup and audits
+	service string // service token: deducts and orders
 	sc      *Scenario
 }
 
-func newStockd(targets []string, conns int, token string, noWait bool) *stockdStrategy {
+func newStockd(targets []string, conns int, token, service string, noWait bool) *stockdStrategy {
 	name := "stockd-commit"
 	if noWait {
 		name = "stockd-none"
 	}
-	return &stockdStrategy{name: name, noWait: noWait, nodes: len(targets), clients: newHTTPClients(targets, conns), token: token}
+	return &stockdStrategy{name: name, noWait: noWait, nodes: len(targets), clients: newHTTPClients(targets, conns), token: token, service: service}
 }
 
 func (s *stockdStrategy) Name() string {
@@ -135,7 +136,7 @@ func (s *stockdStrategy) Deduct(_ context.Context, worker int, r *Request) Outco
 		path += "?wait=none"
 	}
 	body := fmt.Appendf(nil, `{"user":%q,"qty":%d,"request_id":%q}`, r.User, r.Qty, r.RequestID)
-	code, answer, err := s.clients.do(worker, fasthttp.MethodPost, path, "", body)
+	code, answer, err := s.clients.do(worker, fasthttp.MethodPost, path, s.service, body)
 	if err != nil {
 		return Outcome{Err: err}
 	}
@@ -166,7 +167,7 @@ func (s *stockdStrategy) AfterWin(_ context.Context, worker int, _ *Request, ord
 	}
 	deadline := time.Now().Add(afterWinPendingWait)
 	for {
-		code, answer, err := s.clients.do(worker, fasthttp.MethodPost, "/v1/orders/"+orderID+"/"+op, "", nil)
+		code, answer, err := s.clients.do(worker, fasthttp.MethodPost, "/v1/orders/"+orderID+"/"+op, s.service, nil)
 		switch {
 		case err != nil:
 			return false, err
@@ -326,7 +327,7 @@ func (s *stockdStrategy) Verify(_ context.Context, orderIDs []string) (int, erro
 		go func(w int) {
 			defer wg.Done()
 			for i := w; i < len(orderIDs); i += workers {
-				code, answer, err := s.clients.do(w, fasthttp.MethodGet, "/v1/orders/"+orderIDs[i], "", nil)
+				code, answer, err := s.clients.do(w, fasthttp.MethodGet, "/v1/orders/"+orderIDs[i], s.service, nil)
 				if err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
