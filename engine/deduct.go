@@ -128,19 +128,43 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		return
 	}
 	defer e.admission.done()
+	// From here on a request id has one attempt on this node: a repeat
+	// that arrives meanwhile shares its answer, whatever it turns out to
+	// be, instead of trying the buckets on its own.
+	var p *pendingTake
+	if len(req.RequestID) > 0 {
+		p = e.newPendingTake(s, req)
+		if other, mine := e.pendingReq.putIfAbsent(p.entry.RequestID, p); !mine {
+			e.awaitPending(other, req.NoWait, e.cfg.CommitWait+e.cfg.LeaseWait, res)
+			return
+		}
+	}
 	if !s.buckets.Take(req.Hint, req.Qty) && !e.takeSlow(s, req, res) {
+		if p != nil {
+			p.resolve(*res)
+			e.forget(p)
+		}
 		return
 	}
-	e.won(s, req, res)
+	if p == nil {
+		p = e.newPendingTake(s, req)
+	}
+	e.won(s, p, req.NoWait, res)
 }
 
 // answerRepeat fills res with the first answer of req's request id, if this
 // node or the ledger knows it.
 func (e *Engine) answerRepeat(req *DeductRequest, res *DeductResult) bool {
 	if p, ok := e.pendingReq.getBytes(req.RequestID); ok {
-		e.awaitPending(p, req.NoWait, res)
+		e.awaitPending(p, req.NoWait, e.cfg.CommitWait+e.cfg.LeaseWait, res)
 		return true
 	}
+	return e.answerFromLedger(req, res)
+}
+
+// answerFromLedger fills res with the order the ledger holds for req's
+// request id, if any.
+func (e *Engine) answerFromLedger(req *DeductRequest, res *DeductResult) bool {
 	id, ok := e.ledger.OrderIDForRequestBytes(req.RequestID)
 	if !ok {
 		return false
@@ -179,9 +203,10 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			return false
 		}
 		if row.Available+row.LeasedTotal() < req.Qty {
-			// An earlier attempt of this request id may have taken the
+			// An earlier attempt of this request id (on another node: on
+			// this one, repeats share this attempt) may have taken the
 			// last unit: its answer, not sold_out.
-			if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+			if len(req.RequestID) > 0 && e.answerFromLedger(req, res) {
 				return false
 			}
 			e.updateSoldOut(s)
@@ -212,19 +237,28 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 	}
 }
 
-// pendingTake is a unit won in the buckets and not yet answered by the
-// ledger.
+// pendingTake is one attempt of a deduct from the moment it may take a
+// unit: until the unit is taken (taken closes), then until the ledger
+// answers (done closes). Repeats of its request id wait on it.
 type pendingTake struct {
 	sale     *sale
 	hint     uint32
-	entry    raftfsm.TakeEntry
+	entry    raftfsm.TakeEntry // OrderID is set when the unit is taken
 	created  time.Time
 	attempts int
 
+	taken  chan struct{}
 	once   sync.Once
 	done   chan struct{}
 	mu     sync.Mutex
 	result DeductResult
+}
+
+func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
+	return &pendingTake{
+		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}),
+		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty, User: string(req.User), RequestID: string(req.RequestID)},
+	}
 }
 
 func (p *pendingTake) resolve(r DeductResult) {
@@ -256,26 +290,13 @@ func (p *pendingTake) pendingOrder() raftfsm.Order {
 
 // won turns a unit taken from the buckets into a pending take and, with
 // wait=commit, waits for the ledger's answer.
-func (e *Engine) won(s *sale, req *DeductRequest, res *DeductResult) {
+func (e *Engine) won(s *sale, p *pendingTake, noWait bool, res *DeductResult) {
 	now := e.cfg.Now()
 	s.lastUseNanos.Store(now.UnixNano())
-	p := &pendingTake{
-		sale: s, hint: req.Hint, created: now, done: make(chan struct{}),
-		entry: raftfsm.TakeEntry{
-			SKU: s.sku, Qty: req.Qty, User: string(req.User), RequestID: string(req.RequestID),
-			OrderID: e.nextOrderID(),
-		},
-	}
-	if p.entry.RequestID != "" {
-		if other, mine := e.pendingReq.putIfAbsent(p.entry.RequestID, p); !mine {
-			// A concurrent duplicate won first: give the unit back and
-			// share its answer.
-			e.putBack(s, req.Hint, req.Qty)
-			e.awaitPending(other, req.NoWait, res)
-			return
-		}
-	}
-	s.takesInFlight.Add(req.Qty)
+	p.created, p.entry.OrderID = now, e.nextOrderID()
+	close(p.taken)
+	qty := p.entry.Qty
+	s.takesInFlight.Add(qty)
 	e.pendingOrd.putIfAbsent(p.entry.OrderID, p)
 	if units := s.buckets.Units(); units < s.lowWatermark.Load() {
 		e.requestRefill(s)
@@ -284,35 +305,47 @@ func (e *Engine) won(s *sale, req *DeductRequest, res *DeductResult) {
 	case e.takeQueue <- p:
 	default:
 		e.forget(p)
-		s.takesInFlight.Add(-req.Qty)
-		e.putBack(s, req.Hint, req.Qty)
+		s.takesInFlight.Add(-qty)
+		e.putBack(s, p.hint, qty)
 		res.Status, res.Detail = StatusUnavailable, "commit queue is full"
-		p.resolve(*res) // duplicates already waiting on p get the same answer
+		p.resolve(*res) // repeats already waiting on p get the same answer
 		return
 	}
-	e.awaitPending(p, req.NoWait, res)
+	e.awaitPending(p, noWait, e.cfg.CommitWait, res)
 }
 
-// awaitPending answers from a pending take: at once with wait=none, else
-// when the ledger has answered or CommitWait has passed.
-func (e *Engine) awaitPending(p *pendingTake, noWait bool, res *DeductResult) {
+// awaitPending answers from a pending take: with wait=none as soon as its
+// unit is taken, else when the ledger has answered; past limit with
+// outcome_unknown. A repeat's limit covers the first attempt's wait for a
+// unit as well as its commit.
+func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, res *DeductResult) {
 	if r, done := p.outcome(); done {
 		*res = r
 		return
 	}
+	var taken <-chan struct{}
 	if noWait {
-		res.Status, res.Order = StatusAccepted, p.pendingOrder()
-		return
+		taken = p.taken
 	}
-	t := time.NewTimer(e.cfg.CommitWait)
+	t := time.NewTimer(limit)
 	defer t.Stop()
 	select {
 	case <-p.done:
 		r, _ := p.outcome()
 		*res = r
+	case <-taken:
+		if r, done := p.outcome(); done {
+			*res = r
+			return
+		}
+		res.Status, res.Order = StatusAccepted, p.pendingOrder()
 	case <-t.C:
 		res.Status, res.Detail = StatusOutcomeUnknown, "commit did not finish in time; retry with the same request_id"
-		res.Order = p.pendingOrder()
+		select {
+		case <-p.taken: // the order id is set once the unit is taken
+			res.Order = p.pendingOrder()
+		default:
+		}
 	}
 }
 
@@ -325,7 +358,9 @@ func (e *Engine) putBack(s *sale, hint uint32, qty int64) {
 }
 
 func (e *Engine) forget(p *pendingTake) {
-	e.pendingOrd.delete(p.entry.OrderID)
+	if p.entry.OrderID != "" {
+		e.pendingOrd.delete(p.entry.OrderID)
+	}
 	if p.entry.RequestID != "" {
 		e.pendingReq.delete(p.entry.RequestID)
 	}
