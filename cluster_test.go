@@ -28,6 +28,9 @@ type testCluster struct {
 	raftAddr map[string]string
 	peers    []raftfsm.Peer
 
+	// tune adjusts every node's config before it starts.
+	tune func(*node.Config)
+
 	mu      sync.Mutex
 	nodes   map[string]*node.Node           // nil while stopped
 	clients map[string]*fasthttp.HostClient // one pool per running node
@@ -41,7 +44,13 @@ const (
 
 func startTestCluster(t *testing.T) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, net: newFaultNet(), ids: []string{"n1", "n2", "n3"},
+	return startTestClusterWith(t, nil)
+}
+
+// startTestClusterWith starts three nodes whose configs tune adjusts.
+func startTestClusterWith(t *testing.T, tune func(*node.Config)) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, tune: tune, net: newFaultNet(), ids: []string{"n1", "n2", "n3"},
 		dirs: map[string]string{}, raftAddr: map[string]string{}, nodes: map[string]*node.Node{},
 		clients: map[string]*fasthttp.HostClient{}}
 	lns := map[string]net.Listener{}
@@ -101,6 +110,9 @@ func (c *testCluster) startWith(id string, ln net.Listener, tune func(*node.Conf
 	cfg.Engine.LeaseIdleReturn, cfg.Engine.ReclaimAfter = clusterLeaseIdleReturn, clusterReclaimAfter
 	cfg.StreamLayer = &faultLayer{Listener: ln, net: c.net, self: id}
 	cfg.PeerDial = c.net.httpDialer(id)
+	if c.tune != nil {
+		c.tune(&cfg)
+	}
 	if tune != nil {
 		tune(&cfg)
 	}

@@ -115,6 +115,11 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 	// has committed their purchases; the ledger stays the final word for
 	// concurrent attempts.
 	if s.perUser > 0 && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser {
+		// The purchase that reached the limit may be this very request
+		// id's, committed since the repeat check above: its answer then.
+		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+			return
+		}
 		res.Status = StatusUserLimit
 		return
 	}
