@@ -365,6 +365,14 @@ func flashTail(sku string) tailSale {
 func TestTail_OneNodeNoFlipsNoLateWins(t *testing.T) {
 	n := startTestNode(t, t.TempDir())
 	runTailSale(t, oneNode{n}, flashTail("one"))
+	// The node exports its tail: first sold_out answer, last win, length.
+	c := clientOf(n, 1)
+	for _, name := range []string{`stockd_sale_tail_seconds{sku="one"}`, `stockd_sale_first_sold_out_timestamp_seconds{sku="one"}`, `stockd_sale_last_win_timestamp_seconds{sku="one"}`} {
+		v, err := strconv.ParseFloat(metricValue(t, c, name), 64)
+		if err != nil || v < 0 {
+			t.Fatalf("%s: %q %v", name, metricValue(t, c, name), err)
+		}
+	}
 }
 
 func TestTail_ThreeNodesNoFlipsNoLateWins(t *testing.T) {

@@ -132,3 +132,24 @@ func TestScenario_HotColdFavoursTheFirstSKUs(t *testing.T) {
 		t.Fatalf("Zipf counts not decreasing: %v", counts)
 	}
 }
+
+func TestTailChecks_CountFlipsLateWinsAndTheTail(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(0, 0).Add(time.Duration(ms) * time.Millisecond) }
+	w1 := &workerStats{
+		firstSoldOut: map[int]time.Time{0: at(100)},
+		wins:         []winSpan{{sku: 0, start: at(90), end: at(130)}, {sku: 0, start: at(101), end: at(105)}, {sku: 1, start: at(200), end: at(210)}},
+		answers:      map[string]uint8{"a": answerWin, "b": answerLoss, "c": answerWin},
+	}
+	w2 := &workerStats{
+		firstSoldOut: map[int]time.Time{0: at(120), 1: at(300)},
+		answers:      map[string]uint8{"a": answerLoss, "c": answerWin},
+	}
+	var run Run
+	tailChecks(&run, []*workerStats{w1, w2})
+	// "a" won on one worker and lost on the other; the win that started at
+	// 101 ms began after the first sold_out (100 ms); SKU 0's tail is 130 -
+	// 100 ms, SKU 1's last win came before its sold_out.
+	if run.Flips != 1 || run.LateWins != 1 || run.TailMs != 30 {
+		t.Fatalf("flips %d, late wins %d, tail %v ms; want 1, 1, 30", run.Flips, run.LateWins, run.TailMs)
+	}
+}

@@ -19,8 +19,8 @@ type Report struct {
 	Runs    []*Run `json:"runs"`
 }
 
-// Failed reports the runs whose check failed: oversold units or a store
-// whose own count does not add up.
+// Failed reports the runs whose check failed: oversold units, a store
+// whose own count does not add up, a flipped request id or a late win.
 func (r *Report) Failed() []string {
 	var bad []string
 	for _, run := range r.Runs {
@@ -29,6 +29,9 @@ func (r *Report) Failed() []string {
 		}
 		if run.Oversold != 0 || !run.Final.Valid {
 			bad = append(bad, fmt.Sprintf("%s/%s: oversold %d, own count valid %v %s", run.Scenario, run.Strategy, run.Oversold, run.Final.Valid, run.Final.Detail))
+		}
+		if run.Flips != 0 || run.LateWins != 0 {
+			bad = append(bad, fmt.Sprintf("%s/%s: %d flipped request ids, %d late wins", run.Scenario, run.Strategy, run.Flips, run.LateWins))
 		}
 	}
 	return bad
@@ -84,7 +87,8 @@ func (r *Report) PrintTables(w io.Writer) {
 	fmt.Fprintln(w)
 	for _, run := range r.Runs {
 		if run.Skipped == "" {
-			fmt.Fprintf(w, "oversold: %d  (%s, %s)\n", run.Oversold, run.Scenario, run.Strategy)
+			fmt.Fprintf(w, "oversold: %d  flips: %d  late wins: %d  tail: %s  (%s, %s)\n", run.Oversold, run.Flips, run.LateWins,
+				fmtDur(time.Duration(run.TailMs*float64(time.Millisecond))), run.Scenario, run.Strategy)
 		}
 	}
 }

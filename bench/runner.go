@@ -32,6 +32,14 @@ type Run struct {
 	Total      int64          `json:"units"`     // stock put on sale
 	Final      Final          `json:"final"`     // the strategy's own count
 	Oversold   int64          `json:"oversold"`  // must be 0
+	// The end of the sale (not for holds, where stock comes back): the
+	// tail from the first sold_out answer to the last win (per SKU, the
+	// longest), request ids answered both a win and a loss, and wins of
+	// deducts that started after a sold_out answer of their SKU had ended.
+	// Flips and late wins must be 0.
+	TailMs   float64 `json:"tail_ms"`
+	Flips    int     `json:"flips"`
+	LateWins int     `json:"late_wins"`
 	VsStockd   float64        `json:"vs_stockd"` // requests/s over the stockd-commit row's
 	Timeline   []Slot         `json:"timeline"`  // throughput and latency over time
 	Stock      []StockSample  `json:"stock"`     // remaining stock over time
@@ -65,6 +73,59 @@ type workerStats struct {
 	won      map[string]bool
 	released int // holds cancelled, left to expire, or confirmed too late
 	slots    []slotStats
+	// The end of the sale: first sold_out answer per SKU, every win's
+	// span, and each request id's answers (answerWin, answerLoss).
+	firstSoldOut map[int]time.Time
+	wins         []winSpan
+	answers      map[string]uint8
+}
+
+type winSpan struct {
+	sku        int
+	start, end time.Time
+}
+
+const (
+	answerWin uint8 = 1 << iota
+	answerLoss
+)
+
+// tailChecks computes the tail, flips and late wins from the workers'
+// records.
+func tailChecks(run *Run, stats []*workerStats) {
+	first := map[int]time.Time{}
+	answers := map[string]uint8{}
+	for _, ws := range stats {
+		for sku, t := range ws.firstSoldOut {
+			if f, ok := first[sku]; !ok || t.Before(f) {
+				first[sku] = t
+			}
+		}
+		for id, a := range ws.answers {
+			answers[id] |= a
+		}
+	}
+	for _, a := range answers {
+		if a == answerWin|answerLoss {
+			run.Flips++
+		}
+	}
+	lastWin := map[int]time.Time{}
+	for _, ws := range stats {
+		for _, w := range ws.wins {
+			if w.end.After(lastWin[w.sku]) {
+				lastWin[w.sku] = w.end
+			}
+			if f, ok := first[w.sku]; ok && w.start.After(f) {
+				run.LateWins++
+			}
+		}
+	}
+	for sku, f := range first {
+		if l, ok := lastWin[sku]; ok {
+			run.TailMs = max(run.TailMs, float64(l.Sub(f))/1e6)
+		}
+	}
 }
 
 type slotStats struct {
@@ -129,7 +190,8 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 	stats := make([]*workerStats, o.Conns)
 	var wg sync.WaitGroup
 	for w := 0; w < o.Conns; w++ {
-		ws := &workerStats{lat: NewLatencies(sc.Requests/o.Conns + 1), losses: map[string]int{}, won: map[string]bool{}, slots: make([]slotStats, slotsMax)}
+		ws := &workerStats{lat: NewLatencies(sc.Requests/o.Conns + 1), losses: map[string]int{}, won: map[string]bool{}, slots: make([]slotStats, slotsMax),
+			firstSoldOut: map[int]time.Time{}, answers: map[string]uint8{}}
 		stats[w] = ws
 		wg.Add(1)
 		go func(w int) {
@@ -142,7 +204,8 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 				r := sc.Request(i)
 				t0 := time.Now()
 				out := st.Deduct(ctx, w, &r)
-				d := time.Since(t0)
+				t1 := time.Now()
+				d := t1.Sub(t0)
 				ws.lat.Record(d)
 				slot := &ws.slots[min(int(t0.Sub(start)/slotWidth), slotsMax-1)]
 				slot.n++
@@ -155,6 +218,8 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 						ws.notes = append(ws.notes, out.Err.Error())
 					}
 				case out.Win:
+					ws.answers[r.RequestID] |= answerWin
+					ws.wins = append(ws.wins, winSpan{sku: r.SKU, start: t0, end: t1})
 					if ws.won[out.OrderID] {
 						continue // a re-sent request answered with its first win
 					}
@@ -173,6 +238,10 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 					}
 				default:
 					ws.losses[out.Reason]++
+					ws.answers[r.RequestID] |= answerLoss
+					if f, ok := ws.firstSoldOut[r.SKU]; out.Reason == "sold_out" && (!ok || t1.Before(f)) {
+						ws.firstSoldOut[r.SKU] = t1
+					}
 				}
 			}
 		}(w)
@@ -212,6 +281,9 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 	run.Latency = all.Summarize()
 	run.Wins = len(won)
 	run.Kept += run.Wins
+	if sc.HoldTTL == 0 {
+		tailChecks(run, stats)
+	}
 	for i, s := range merged {
 		if s.n == 0 && float64(i)*slotWidth.Seconds() > elapsed.Seconds() {
 			break

@@ -161,6 +161,7 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
 	switch tr.Outcome {
 	case raftfsm.OutcomeOK:
 		r = DeductResult{Status: StatusOK, Order: tr.Order}
+		s.lastWinNanos.Store(e.cfg.Now().UnixNano())
 	case raftfsm.OutcomeSame:
 		if tr.Order.ID != p.entry.OrderID {
 			// The request id already bought elsewhere (another node, or an

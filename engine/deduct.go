@@ -109,6 +109,7 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 			return
 		}
 		res.Status = StatusSoldOut
+		e.noteSoldOut(s)
 		return
 	}
 	// A repeat buyer of a per_user sale is turned away here once the ledger
@@ -216,6 +217,7 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			}
 			e.updateSoldOut(s)
 			res.Status = StatusSoldOut
+			e.noteSoldOut(s)
 			if req.Qty > 1 && row.Available+row.LeasedTotal() > 0 {
 				res.Detail = "fewer units left than requested"
 			}
@@ -351,6 +353,14 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 			res.Order = p.pendingOrder()
 		default:
 		}
+	}
+}
+
+// noteSoldOut records the sale's first sold_out answer on this node: the
+// start of its tail. One atomic load once it is set.
+func (e *Engine) noteSoldOut(s *sale) {
+	if s.firstSoldOutNanos.Load() == 0 {
+		s.firstSoldOutNanos.CompareAndSwap(0, e.cfg.Now().UnixNano())
 	}
 }
 

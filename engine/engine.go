@@ -231,6 +231,10 @@ type sale struct {
 	takesInFlight atomic.Int64 // units taken from buckets, not yet resolved by the ledger
 	leaseAtLeast  atomic.Int64 // the largest qty a waiting deduct needs; the next lease covers it
 	lastUseNanos  atomic.Int64 // last take or lease grant here; idle leases go back after LeaseIdleReturn
+	// The sale's tail on this node: the first sold_out answer (0: none
+	// since stock last came back) and the last committed win.
+	firstSoldOutNanos atomic.Int64
+	lastWinNanos      atomic.Int64
 	stockChanged  signal
 }
 
@@ -418,6 +422,7 @@ func (e *Engine) Applied(events []raftfsm.Event) {
 			}
 			if row.Available > 0 {
 				s.soldOut.Store(false)
+				s.firstSoldOutNanos.Store(0) // stock came back: a new tail, if it sells out again
 				s.stockChanged.broadcast()
 			}
 		case raftfsm.EventLeaseGranted:

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // counterShards spreads hot counters over cache lines by the deduct's hint,
@@ -97,6 +98,9 @@ type Snapshot struct {
 	ProposalsInFlight int
 	TakeQueueLength   int
 	BucketUnits       map[string]int64 // units in this node's buckets, per sku
+	// Tails are each sale's tail on this node: its first sold_out answer
+	// since stock last came back, and its last committed win.
+	Tails map[string]SaleTail
 }
 
 // MetricsSnapshot copies the counters and reads the engine's gauges.
@@ -107,8 +111,17 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s.CommitBlocked = e.commitBlocked.Load()
 	sales := *e.sales.Load()
 	s.BucketUnits = make(map[string]int64, len(sales))
+	s.Tails = make(map[string]SaleTail, len(sales))
 	for sku, sl := range sales {
 		s.BucketUnits[sku] = sl.buckets.Units()
+		t := SaleTail{}
+		if ns := sl.firstSoldOutNanos.Load(); ns != 0 {
+			t.FirstSoldOut = time.Unix(0, ns)
+		}
+		if ns := sl.lastWinNanos.Load(); ns != 0 {
+			t.LastWin = time.Unix(0, ns)
+		}
+		s.Tails[sku] = t
 	}
 	return s
 }
@@ -140,4 +153,20 @@ func (m *Metrics) snapshot() Snapshot {
 		s.DeductsByStatus[st.String()] = m.Deducts(st)
 	}
 	return s
+}
+
+// SaleTail is a sale's tail on one node (DESIGN.md, "True answers at the
+// end of a sale"): from its first sold_out answer to its last win.
+type SaleTail struct {
+	FirstSoldOut time.Time // zero: no sold_out answer since stock last came back
+	LastWin      time.Time // zero: no win yet
+}
+
+// Length is the time from the first sold_out answer to the last win, 0
+// when the last win came before it or either is missing.
+func (t SaleTail) Length() time.Duration {
+	if t.FirstSoldOut.IsZero() || t.LastWin.IsZero() {
+		return 0
+	}
+	return max(t.LastWin.Sub(t.FirstSoldOut), 0)
 }

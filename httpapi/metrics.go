@@ -74,6 +74,16 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
+	for _, sku := range slices.Sorted(maps.Keys(m.Tails)) {
+		tail := m.Tails[sku]
+		metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_tail_seconds{sku=%q}`, sku), tail.Length().Seconds())
+		if !tail.FirstSoldOut.IsZero() {
+			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_first_sold_out_timestamp_seconds{sku=%q}`, sku), float64(tail.FirstSoldOut.UnixNano())/1e9)
+		}
+		if !tail.LastWin.IsZero() {
+			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_last_win_timestamp_seconds{sku=%q}`, sku), float64(tail.LastWin.UnixNano())/1e9)
+		}
+	}
 	for _, sku := range slices.Sorted(maps.Keys(m.BucketUnits)) {
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_bucket_units{sku=%q}`, sku), uint64(max(m.BucketUnits[sku], 0)))
 	}
