@@ -81,7 +81,15 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		for _, why := range skipped {
 			report.Runs = append(report.Runs, &Run{Scenario: name, Strategy: why[0], Skipped: why[1], Total: sc.TotalUnits()})
 		}
-		for _, st := range strategies {
+		for i, st := range strategies {
+			// Each strategy gets its own SKUs and request ids: two rows
+			// against the same stockd nodes must not meet each other's
+			// sales (a request id that won in one row would answer the
+			// next row with its old order).
+			sc, err := NewScenario(name, &o, runID+"-"+strconv.Itoa(i))
+			if err != nil {
+				return err
+			}
 			run, err := runOne(ctx, st, sc, &o, progress)
 			st.Close()
 			if err != nil {

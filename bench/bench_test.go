@@ -135,20 +135,17 @@ func TestScenario_HotColdFavoursTheFirstSKUs(t *testing.T) {
 
 func TestTailChecks_CountFlipsLateWinsAndTheTail(t *testing.T) {
 	at := func(ms int) time.Time { return time.Unix(0, 0).Add(time.Duration(ms) * time.Millisecond) }
-	w1 := &workerStats{
-		firstSoldOut: map[int]time.Time{0: at(100)},
-		wins:         []winSpan{{sku: 0, start: at(90), end: at(130)}, {sku: 0, start: at(101), end: at(105)}, {sku: 1, start: at(200), end: at(210)}},
-		answers:      map[string]uint8{"a": answerWin, "b": answerLoss, "c": answerWin},
-	}
-	w2 := &workerStats{
-		firstSoldOut: map[int]time.Time{0: at(120), 1: at(300)},
-		answers:      map[string]uint8{"a": answerLoss, "c": answerWin},
-	}
+	req := func(id string, sku int) *Request { return &Request{RequestID: id, SKU: sku} }
+	w1 := &workerStats{firstSoldOut: map[int]time.Time{0: at(100)}, reqs: map[string]*reqRecord{}}
+	w2 := &workerStats{firstSoldOut: map[int]time.Time{0: at(120), 1: at(300)}, reqs: map[string]*reqRecord{}}
+	w1.note(req("a", 0), at(90), at(130), answerWin)  // won before the sold_out ended: the tail is 30 ms
+	w2.note(req("a", 0), at(95), at(125), answerLoss) // ... and lost on another worker: a flip
+	w1.note(req("b", 0), at(101), at(105), answerWin) // first sent after the sold_out: a late win
+	w1.note(req("c", 0), at(50), at(60), answerWin)   // won early ...
+	w2.note(req("c", 0), at(150), at(155), answerWin) // ... and re-sent after: its first win again, not late
+	w1.note(req("d", 1), at(200), at(210), answerWin) // SKU 1 sold out later: no tail
 	var run Run
 	tailChecks(&run, []*workerStats{w1, w2})
-	// "a" won on one worker and lost on the other; the win that started at
-	// 101 ms began after the first sold_out (100 ms); SKU 0's tail is 130 -
-	// 100 ms, SKU 1's last win came before its sold_out.
 	if run.Flips != 1 || run.LateWins != 1 || run.TailMs != 30 {
 		t.Fatalf("flips %d, late wins %d, tail %v ms; want 1, 1, 30", run.Flips, run.LateWins, run.TailMs)
 	}

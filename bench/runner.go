@@ -29,20 +29,20 @@ type Run struct {
 	Losses     map[string]int `json:"losses"`    // by reason
 	Errors     int            `json:"errors"`    // transport or server errors
 	ErrorNotes []string       `json:"error_notes,omitempty"`
-	Total      int64          `json:"units"`     // stock put on sale
-	Final      Final          `json:"final"`     // the strategy's own count
-	Oversold   int64          `json:"oversold"`  // must be 0
+	Total      int64          `json:"units"`    // stock put on sale
+	Final      Final          `json:"final"`    // the strategy's own count
+	Oversold   int64          `json:"oversold"` // must be 0
 	// The end of the sale (not for holds, where stock comes back): the
 	// tail from the first sold_out answer to the last win (per SKU, the
 	// longest), request ids answered both a win and a loss, and wins of
 	// deducts that started after a sold_out answer of their SKU had ended.
 	// Flips and late wins must be 0.
-	TailMs   float64 `json:"tail_ms"`
-	Flips    int     `json:"flips"`
-	LateWins int     `json:"late_wins"`
-	VsStockd   float64        `json:"vs_stockd"` // requests/s over the stockd-commit row's
-	Timeline   []Slot         `json:"timeline"`  // throughput and latency over time
-	Stock      []StockSample  `json:"stock"`     // remaining stock over time
+	TailMs   float64       `json:"tail_ms"`
+	Flips    int           `json:"flips"`
+	LateWins int           `json:"late_wins"`
+	VsStockd float64       `json:"vs_stockd"` // requests/s over the stockd-commit row's
+	Timeline []Slot        `json:"timeline"`  // throughput and latency over time
+	Stock    []StockSample `json:"stock"`     // remaining stock over time
 }
 
 // Slot is one slotWidth of the run.
@@ -73,16 +73,18 @@ type workerStats struct {
 	won      map[string]bool
 	released int // holds cancelled, left to expire, or confirmed too late
 	slots    []slotStats
-	// The end of the sale: first sold_out answer per SKU, every win's
-	// span, and each request id's answers (answerWin, answerLoss).
+	// The end of the sale: first sold_out answer per SKU, and per
+	// request id its SKU, its first send, its first win and its answers.
 	firstSoldOut map[int]time.Time
-	wins         []winSpan
-	answers      map[string]uint8
+	reqs         map[string]*reqRecord
 }
 
-type winSpan struct {
-	sku        int
-	start, end time.Time
+// reqRecord is what one worker saw of one request id.
+type reqRecord struct {
+	sku         int
+	firstStart  time.Time
+	firstWinEnd time.Time // zero: no win
+	answers     uint8     // answerWin | answerLoss
 }
 
 const (
@@ -90,35 +92,67 @@ const (
 	answerLoss
 )
 
+type slotStats struct {
+	n        int
+	sumNanos int64
+	maxNanos int64
+}
+
+// note records one answer to a request id.
+func (ws *workerStats) note(r *Request, start, end time.Time, answer uint8) {
+	rec, ok := ws.reqs[r.RequestID]
+	if !ok {
+		rec = &reqRecord{sku: r.SKU, firstStart: start}
+		ws.reqs[r.RequestID] = rec
+	}
+	rec.answers |= answer
+	if answer == answerWin && (rec.firstWinEnd.IsZero() || end.Before(rec.firstWinEnd)) {
+		rec.firstWinEnd = end
+	}
+}
+
 // tailChecks computes the tail, flips and late wins from the workers'
-// records.
+// records. A request id re-sent after it won is answered with its first
+// win: that is neither a late win nor part of the tail, so each request id
+// counts from its first send and its first win.
 func tailChecks(run *Run, stats []*workerStats) {
 	first := map[int]time.Time{}
-	answers := map[string]uint8{}
+	reqs := map[string]*reqRecord{}
 	for _, ws := range stats {
 		for sku, t := range ws.firstSoldOut {
 			if f, ok := first[sku]; !ok || t.Before(f) {
 				first[sku] = t
 			}
 		}
-		for id, a := range ws.answers {
-			answers[id] |= a
-		}
-	}
-	for _, a := range answers {
-		if a == answerWin|answerLoss {
-			run.Flips++
+		for id, r := range ws.reqs {
+			m, ok := reqs[id]
+			if !ok {
+				c := *r
+				reqs[id] = &c
+				continue
+			}
+			m.answers |= r.answers
+			if r.firstStart.Before(m.firstStart) {
+				m.firstStart = r.firstStart
+			}
+			if !r.firstWinEnd.IsZero() && (m.firstWinEnd.IsZero() || r.firstWinEnd.Before(m.firstWinEnd)) {
+				m.firstWinEnd = r.firstWinEnd
+			}
 		}
 	}
 	lastWin := map[int]time.Time{}
-	for _, ws := range stats {
-		for _, w := range ws.wins {
-			if w.end.After(lastWin[w.sku]) {
-				lastWin[w.sku] = w.end
-			}
-			if f, ok := first[w.sku]; ok && w.start.After(f) {
-				run.LateWins++
-			}
+	for _, r := range reqs {
+		if r.answers == answerWin|answerLoss {
+			run.Flips++
+		}
+		if r.firstWinEnd.IsZero() {
+			continue
+		}
+		if r.firstWinEnd.After(lastWin[r.sku]) {
+			lastWin[r.sku] = r.firstWinEnd
+		}
+		if f, ok := first[r.sku]; ok && r.firstStart.After(f) {
+			run.LateWins++
 		}
 	}
 	for sku, f := range first {
@@ -126,12 +160,6 @@ func tailChecks(run *Run, stats []*workerStats) {
 			run.TailMs = max(run.TailMs, float64(l.Sub(f))/1e6)
 		}
 	}
-}
-
-type slotStats struct {
-	n        int
-	sumNanos int64
-	maxNanos int64
 }
 
 // runOne drives a strategy through a scenario: o.Conns workers take
@@ -191,7 +219,7 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 	var wg sync.WaitGroup
 	for w := 0; w < o.Conns; w++ {
 		ws := &workerStats{lat: NewLatencies(sc.Requests/o.Conns + 1), losses: map[string]int{}, won: map[string]bool{}, slots: make([]slotStats, slotsMax),
-			firstSoldOut: map[int]time.Time{}, answers: map[string]uint8{}}
+			firstSoldOut: map[int]time.Time{}, reqs: map[string]*reqRecord{}}
 		stats[w] = ws
 		wg.Add(1)
 		go func(w int) {
@@ -218,8 +246,7 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 						ws.notes = append(ws.notes, out.Err.Error())
 					}
 				case out.Win:
-					ws.answers[r.RequestID] |= answerWin
-					ws.wins = append(ws.wins, winSpan{sku: r.SKU, start: t0, end: t1})
+					ws.note(&r, t0, t1, answerWin)
 					if ws.won[out.OrderID] {
 						continue // a re-sent request answered with its first win
 					}
@@ -238,7 +265,7 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 					}
 				default:
 					ws.losses[out.Reason]++
-					ws.answers[r.RequestID] |= answerLoss
+					ws.note(&r, t0, t1, answerLoss)
 					if f, ok := ws.firstSoldOut[r.SKU]; out.Reason == "sold_out" && (!ok || t1.Before(f)) {
 						ws.firstSoldOut[r.SKU] = t1
 					}
@@ -300,14 +327,15 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		for id := range won {
 			ids = append(ids, id)
 		}
-		kept, err := v.Verify(ctx, ids)
+		kept, unresolved, err := v.Verify(ctx, ids)
 		if err != nil {
 			return nil, fmt.Errorf("%s on %s: %w", st.Name(), sc.Name, err)
 		}
-		if lost := run.Kept - kept; lost > 0 {
-			run.ErrorNotes = append(run.ErrorNotes, fmt.Sprintf("%d accepted orders never committed (wait=none qualifications the ledger turned down)", lost))
+		if unresolved > 0 {
+			run.ErrorNotes = append(run.ErrorNotes, fmt.Sprintf("%d accepted orders never committed (wait=none qualifications the ledger turned down)", unresolved))
 		}
-		run.Kept = kept
+		// A request id accepted on two nodes at once holds one order.
+		run.Kept, run.Wins = kept, kept+unresolved
 	}
 	final, err := st.Final(ctx)
 	if err != nil {

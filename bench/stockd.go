@@ -314,11 +314,16 @@ func (n *noopStrategy) Deduct(_ context.Context, worker int, r *Request) Outcome
 // Verify reads every order a wait=none buyer was told it won: an order
 // that is sold or held at the end was committed; one that is missing was a
 // qualification the ledger later turned down (or a crash lost).
-func (s *stockdStrategy) Verify(_ context.Context, orderIDs []string) (int, error) {
+func (s *stockdStrategy) Verify(_ context.Context, orderIDs []string) (int, int, error) {
 	if !s.noWait {
-		return len(orderIDs), nil
+		return len(orderIDs), 0, nil
 	}
-	var kept atomic.Int64
+	// A request id sent to two nodes at once may have been accepted under
+	// two order ids; both read as the one order the ledger kept. Count
+	// each kept order once.
+	var mu sync.Mutex
+	keptIDs := map[string]bool{}
+	var unresolved atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
 	workers := min(len(s.clients)*16, 64)
@@ -333,17 +338,22 @@ func (s *stockdStrategy) Verify(_ context.Context, orderIDs []string) (int, erro
 					return
 				}
 				var o struct {
+					ID    string `json:"order_id"`
 					State string `json:"state"`
 				}
 				if code == fasthttp.StatusOK && json.Unmarshal(answer, &o) == nil && (o.State == "sold" || o.State == "held") {
-					kept.Add(1)
+					mu.Lock()
+					keptIDs[o.ID] = true
+					mu.Unlock()
+				} else {
+					unresolved.Add(1)
 				}
 			}
 		}(w)
 	}
 	wg.Wait()
 	if err, _ := firstErr.Load().(error); err != nil {
-		return int(kept.Load()), fmt.Errorf("verify orders: %w", err)
+		return len(keptIDs), int(unresolved.Load()), fmt.Errorf("verify orders: %w", err)
 	}
-	return int(kept.Load()), nil
+	return len(keptIDs), int(unresolved.Load()), nil
 }

@@ -51,10 +51,11 @@ type Strategy interface {
 }
 
 // verifier is implemented by strategies that answer before they commit
-// (stockd wait=none): Verify counts the won orders that exist at the end,
-// which are the wins the oversell check may count.
+// (stockd wait=none): Verify counts the distinct orders the won ids
+// resolve to at the end (the wins the oversell check may count), and the
+// won ids that resolve to no order (accepted, then turned down).
 type verifier interface {
-	Verify(ctx context.Context, orderIDs []string) (kept int, err error)
+	Verify(ctx context.Context, orderIDs []string) (kept, unresolved int, err error)
 }
 
 // noHolds is embedded by strategies without holds.

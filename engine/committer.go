@@ -165,8 +165,10 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
 	case raftfsm.OutcomeSame:
 		if tr.Order.ID != p.entry.OrderID {
 			// The request id already bought elsewhere (another node, or an
-			// earlier run): this unit was not needed.
+			// earlier run): this unit was not needed. A wait=none buyer
+			// may hold this node's order id: it now reads the real order.
 			e.putBack(s, p.hint, qty)
+			e.turnedDown.put(p.entry.OrderID, tr.Order)
 		}
 		r = DeductResult{Status: StatusOK, Order: tr.Order}
 	case raftfsm.OutcomeUserLimit:

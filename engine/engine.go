@@ -581,6 +581,10 @@ func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
 		return p.pendingOrder(), true, nil
 	}
 	if o, ok := e.turnedDown.get(id); ok {
+		if o.ID != id {
+			// A repeat of a request id won elsewhere: the real order.
+			return e.ledger.Order(o.ID)
+		}
 		return o, true, nil
 	}
 	return raftfsm.Order{}, false, nil

@@ -13,7 +13,9 @@ const turnedDownMax = 100_000
 
 // turnedDown remembers, per node, the pending orders the ledger did not
 // take, so GET /v1/orders/{id} answers "released" with the reason instead
-// of 404. Oldest entries are forgotten first. Safe for concurrent use; only
+// of 404, and the pending orders that turned out to repeat a request id
+// another node had already won with (the ledger's order, under the id this
+// node answered). Oldest entries are forgotten first. Safe for concurrent use; only
 // the losing end of a wait=none take touches it.
 type turnedDown struct {
 	mu    sync.Mutex
@@ -26,17 +28,20 @@ func newTurnedDown() *turnedDown {
 	return &turnedDown{byID: make(map[string]raftfsm.Order)}
 }
 
-func (t *turnedDown) add(o raftfsm.Order) {
+func (t *turnedDown) add(o raftfsm.Order) { t.put(o.ID, o) }
+
+// put remembers o under id.
+func (t *turnedDown) put(id string, o raftfsm.Order) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.order) < turnedDownMax {
-		t.order = append(t.order, o.ID)
+		t.order = append(t.order, id)
 	} else {
 		delete(t.byID, t.order[t.next])
-		t.order[t.next] = o.ID
+		t.order[t.next] = id
 		t.next = (t.next + 1) % turnedDownMax
 	}
-	t.byID[o.ID] = o
+	t.byID[id] = o
 }
 
 func (t *turnedDown) get(id string) (raftfsm.Order, bool) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -246,10 +247,58 @@ func (s *Server) handleGetOrder(ctx *fasthttp.RequestCtx, id []byte) {
 		return
 	}
 	if !ok {
+		// A wait=none order still pending, or turned down, is known only
+		// to the node that accepted it: ask that node, once.
+		if s.relayOrderRead(ctx, string(id)) {
+			return
+		}
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no order with this id")
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, orderJSON(o))
+}
+
+// relayOrderRead asks the node that minted order id (its id prefix) for
+// it, unless that is this node or the call was itself relayed. It reports
+// whether it wrote the answer.
+func (s *Server) relayOrderRead(ctx *fasthttp.RequestCtx, id string) bool {
+	if s.cluster == nil || len(ctx.Request.Header.Peek(headerPeerNode)) > 0 {
+		return false
+	}
+	minter := orderNode(id)
+	if minter == "" || minter == s.cluster.Status().NodeID {
+		return false
+	}
+	addr := s.engine.NodeAddrs()[minter]
+	if addr == "" {
+		return false
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/v1/orders/" + id)
+	req.Header.SetBytesV(fasthttp.HeaderAuthorization, ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	if err := s.peers.do(addr, req, resp, peerStatusTimeout*3); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+		return false
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType(contentTypeJSON)
+	ctx.SetBody(resp.Body())
+	return true
+}
+
+// orderNode is the id of the node that minted an order id
+// (<node>-<sequence>-<random>), or "".
+func orderNode(id string) string {
+	last := strings.LastIndexByte(id, '-')
+	if last <= 0 {
+		return ""
+	}
+	seq := strings.LastIndexByte(id[:last], '-')
+	if seq <= 0 {
+		return ""
+	}
+	return id[:seq]
 }
 
 func (s *Server) handleOrderCommand(ctx *fasthttp.RequestCtx, id []byte, run func(string) (engine.Order, error)) {

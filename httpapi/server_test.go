@@ -202,3 +202,16 @@ func TestHandler_RateLimitedSaysWhenToRetry(t *testing.T) {
 	f(100*time.Millisecond, "1")
 	f(2500*time.Millisecond, "3")
 }
+
+func TestOrderNode_IsThePrefixBeforeSequenceAndRandom(t *testing.T) {
+	f := func(id, want string) {
+		t.Helper()
+		if got := orderNode(id); got != want {
+			t.Fatalf("orderNode(%q) = %q, want %q", id, got, want)
+		}
+	}
+	f("n1-homk32wr1h-3k9x0a", "n1")
+	f("node-a-1a-zz", "node-a")
+	f("n1-1", "")
+	f("plain", "")
+}
