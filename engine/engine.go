@@ -235,7 +235,7 @@ type sale struct {
 	// since stock last came back) and the last committed win.
 	firstSoldOutNanos atomic.Int64
 	lastWinNanos      atomic.Int64
-	stockChanged  signal
+	stockChanged      signal
 }
 
 // Engine sells from one node. Its methods may be called from any goroutine.
