@@ -182,6 +182,21 @@ func waitReady(t *testing.T, sc salesCluster) {
 	})
 }
 
+// waitSaleEverywhere waits until every running node knows the sale.
+func waitSaleEverywhere(t *testing.T, sc salesCluster, sku string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "sale "+sku+" on every node", func() bool {
+		for _, id := range sc.nodeIDs() {
+			if c := sc.client(id); c != nil {
+				if code, _ := callQuiet(c, "GET", "/v1/skus/"+sku, ""); code != 200 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
+
 // buyerResult is the last answer a buyer got.
 type buyerResult struct {
 	code    int
@@ -814,10 +829,7 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 	if code, body := call(t, c.client(leader), "PUT", "/v1/skus/gem", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitFor(t, 10*time.Second, "the sale on "+other, func() bool {
-		code, _ := callQuiet(c.client(other), "GET", "/v1/skus/gem", "")
-		return code == 200
-	})
+	waitSaleEverywhere(t, c, "gem")
 	// The other node holds a lease a forged take could spend.
 	if code, body := call(t, c.client(other), "POST", "/v1/skus/gem/deduct", `{"user":"real","request_id":"real"}`); code != 200 {
 		t.Fatalf("deduct on %s: %d %v", other, code, body)

@@ -86,14 +86,7 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/crowd", fmt.Sprintf(`{"total":%d}`, crowdUnits)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitFor(t, 10*time.Second, "the sale on every node", func() bool {
-		for _, id := range p.ids {
-			if code, _ := callQuiet(p.client(id), "GET", "/v1/skus/crowd", ""); code != 200 {
-				return false
-			}
-		}
-		return true
-	})
+	waitSaleEverywhere(t, p, "crowd")
 	clients := make([]*fasthttp.HostClient, len(p.ids))
 	for i, id := range p.ids {
 		clients[i] = &fasthttp.HostClient{Addr: p.httpAddr[id], MaxConns: crowdConns, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Second}
@@ -222,14 +215,7 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/stream", `{"total":10000000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitFor(t, 10*time.Second, "the second sale on every node", func() bool {
-		for _, id := range p.ids {
-			if code, _ := callQuiet(p.client(id), "GET", "/v1/skus/stream", ""); code != 200 {
-				return false
-			}
-		}
-		return true
-	})
+	waitSaleEverywhere(t, p, "stream")
 	var loaded atomic.Int64
 	stop := make(chan struct{})
 	loadDeadline := time.Now().Add(30 * time.Second)

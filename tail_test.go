@@ -149,16 +149,7 @@ func runTailSaleWith(t *testing.T, buyerNodes, all salesCluster, o tailSale, cre
 			t.Fatalf("create sale: %d %v", code, body)
 		}
 	}
-	waitFor(t, 10*time.Second, "the sale on every node", func() bool {
-		for _, id := range all.nodeIDs() {
-			if c := all.client(id); c != nil {
-				if code, _ := callQuiet(c, "GET", "/v1/skus/"+o.sku, ""); code != 200 {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	waitSaleEverywhere(t, all, o.sku)
 	ids := buyerNodes.nodeIDs()
 	tc := &tailClients{sc: buyerNodes, pool: map[string]*fasthttp.HostClient{}}
 	perNode := o.conns/len(ids) + 16
