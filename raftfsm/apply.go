@@ -18,72 +18,68 @@ func (l *Ledger) Apply(log *raft.Log) interface{} {
 	return l.ApplyBatch([]*raft.Log{log})[0]
 }
 
-// ApplyBatch applies a batch of committed entries in one bbolt transaction,
-// so one fsync covers the batch. Entries at or below the stored applied index
-// are skipped (they were applied before a restart). It panics when the disk
-// fails or an entry would break the conservation law: a node must not go on
-// from a state it cannot trust.
+// ApplyBatch applies a batch of committed entries in memory and hands the
+// changes to the persister, which writes them to bbolt behind (see
+// behind.go). Entries at or below the applied index are skipped (they
+// were applied before a restart). It panics when the disk fails or an
+// entry would break the conservation law: a node must not go on from a
+// state it cannot trust.
 func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	results := make([]interface{}, len(logs))
 	l.mu.RLock()
-	db, applied := l.db, l.applied
+	db, applied, bh := l.db, l.applied, l.bh
 	l.mu.RUnlock()
 	if db == nil {
 		panic("BUG: ApplyBatch on a closed ledger")
 	}
+	if _, changes := bh.lag(); changes > pendingChangesMax {
+		// The persister is behind: wait for it rather than grow.
+		if err := bh.flush(db); err != nil {
+			panic(fmt.Sprintf("ledger %s: %v", l.path, err))
+		}
+	}
+	bh.forgetPersisted()
 
-	a := applier{ledger: l, touched: make(map[string]*SKU),
+	a := applier{ledger: l, db: db, bh: bh, batch: map[string]map[string][]byte{}, touched: make(map[string]*SKU),
 		requestChanges: map[string]string{}, holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
+	defer a.closeTx()
 	last := applied
-	err := db.Update(func(tx *bolt.Tx) error {
-		a.tx = tx
-		for i, entry := range logs {
-			if entry.Index <= applied {
-				continue // applied before a restart; its result went to a proposer long gone
-			}
-			last = entry.Index
-			if entry.Type != raft.LogCommand {
-				continue
-			}
-			a.index = entry.Index
-			at, cmd, err := DecodeCommand(entry.Data)
-			if err != nil {
-				results[i] = &Result{Outcome: OutcomeInvalid, Detail: err.Error()}
-				continue
-			}
-			a.at = at
-			res, err := a.apply(cmd)
-			if err != nil {
-				return fmt.Errorf("apply %s at index %d: %w", cmd.Op(), entry.Index, err)
-			}
-			results[i] = res
+	for i, entry := range logs {
+		if entry.Index <= applied {
+			continue // applied before a restart; its result went to a proposer long gone
 		}
-		if last == applied {
-			return nil
+		last = entry.Index
+		if entry.Type != raft.LogCommand {
+			continue
 		}
-		for sku, s := range a.touched {
-			if err := s.CheckLaw(); err != nil {
-				panic(fmt.Sprintf("BUG: after index %d: %v", last, err))
-			}
-			b, err := json.Marshal(s)
-			if err != nil {
-				return err
-			}
-			if err := tx.Bucket(bucketSKUs).Put([]byte(sku), b); err != nil {
-				return err
-			}
+		a.index = entry.Index
+		at, cmd, err := DecodeCommand(entry.Data)
+		if err != nil {
+			results[i] = &Result{Outcome: OutcomeInvalid, Detail: err.Error()}
+			continue
 		}
-		var idx [8]byte
-		binary.BigEndian.PutUint64(idx[:], last)
-		return tx.Bucket(bucketMeta).Put(keyApplied, idx[:])
-	})
-	if err != nil {
-		panic(fmt.Sprintf("ledger %s: %v", l.path, err))
+		a.at = at
+		res, err := a.apply(cmd)
+		if err != nil {
+			panic(fmt.Sprintf("ledger %s: apply %s at index %d: %v", l.path, cmd.Op(), entry.Index, err))
+		}
+		results[i] = res
 	}
 	if last == applied {
 		return results
 	}
+	for sku, s := range a.touched {
+		if err := s.CheckLaw(); err != nil {
+			panic(fmt.Sprintf("BUG: after index %d: %v", last, err))
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			panic(fmt.Sprintf("BUG: encode sku %q: %v", sku, err))
+		}
+		a.put(bucketSKUs, []byte(sku), b)
+	}
+	bh.merge(a.batch, last)
 	if l.testHookAfterCommit != nil {
 		l.testHookAfterCommit()
 	}
@@ -113,7 +109,10 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 // take on once the transaction has committed.
 type applier struct {
 	ledger  *Ledger
-	tx      *bolt.Tx
+	db      *bolt.DB
+	tx      *bolt.Tx // a read transaction, opened at the first read that pending cannot answer
+	bh      *behind
+	batch   map[string]map[string][]byte // this batch's changes: bucket -> key -> value (nil: deleted)
 	index   uint64
 	at      int64 // the proposer's clock for the entry being applied
 	touched map[string]*SKU
@@ -123,6 +122,51 @@ type applier struct {
 	holdChanges    map[string]int64  // held order id -> expires at; -1 deletes
 	boughtChanges  map[string]int64  // buyer key -> units; 0 deletes
 	nodeChanges    map[string]string // node id -> HTTP address
+}
+
+// get reads key from this batch's changes, then pending, then bbolt. The
+// value is valid until the batch ends; a nil value means absent.
+func (a *applier) get(bucket, key []byte) ([]byte, error) {
+	if v, ok := a.batch[string(bucket)][string(key)]; ok {
+		return v, nil
+	}
+	if v, ok := a.bh.get(bucket, key); ok {
+		return v, nil
+	}
+	tx, err := a.readTx()
+	if err != nil {
+		return nil, err
+	}
+	return tx.Bucket(bucket).Get(key), nil
+}
+
+func (a *applier) readTx() (*bolt.Tx, error) {
+	if a.tx == nil {
+		tx, err := a.db.Begin(false)
+		if err != nil {
+			return nil, fmt.Errorf("read ledger: %w", err)
+		}
+		a.tx = tx
+	}
+	return a.tx, nil
+}
+
+func (a *applier) closeTx() {
+	if a.tx != nil {
+		_ = a.tx.Rollback()
+		a.tx = nil
+	}
+}
+
+// put records a change of this batch; value nil deletes. The applier
+// keeps value: the caller must not change it afterwards.
+func (a *applier) put(bucket, key, value []byte) {
+	m := a.batch[string(bucket)]
+	if m == nil {
+		m = map[string][]byte{}
+		a.batch[string(bucket)] = m
+	}
+	m[string(key)] = value
 }
 
 // requestCount is the number of request ids the ledger holds, this
@@ -335,21 +379,23 @@ func (a *applier) register(c *Register) (*Result, error) {
 	if c.Node == "" || c.Addr == "" {
 		return invalid("register needs a node and an address"), nil
 	}
-	if old := a.tx.Bucket(bucketNodes).Get([]byte(c.Node)); string(old) == c.Addr {
-		return &Result{Outcome: OutcomeSame}, nil
-	}
-	if err := a.tx.Bucket(bucketNodes).Put([]byte(c.Node), []byte(c.Addr)); err != nil {
+	old, err := a.get(bucketNodes, []byte(c.Node))
+	if err != nil {
 		return nil, err
 	}
+	if string(old) == c.Addr {
+		return &Result{Outcome: OutcomeSame}, nil
+	}
+	a.put(bucketNodes, []byte(c.Node), []byte(c.Addr))
 	a.nodeChanges[c.Node] = c.Addr
 	a.event(Event{Kind: EventNodeRegistered, Node: c.Node})
 	return &Result{Outcome: OutcomeOK}, nil
 }
 
 func (a *applier) getOrder(id string) (*Order, error) {
-	v := a.tx.Bucket(bucketOrders).Get([]byte(id))
-	if v == nil {
-		return nil, nil
+	v, err := a.get(bucketOrders, []byte(id))
+	if err != nil || v == nil {
+		return nil, err
 	}
 	var o Order
 	if err := json.Unmarshal(v, &o); err != nil {
@@ -363,7 +409,8 @@ func (a *applier) putOrder(o *Order) error {
 	if err != nil {
 		return err
 	}
-	return a.tx.Bucket(bucketOrders).Put([]byte(o.ID), b)
+	a.put(bucketOrders, []byte(o.ID), b)
+	return nil
 }
 
 // maxKeyBytes bounds the SKU and user parts of a buyer key; longer ids are
@@ -378,10 +425,13 @@ func appendBuyerKey[T ~string | ~[]byte](dst []byte, sku, user T) []byte {
 }
 
 func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
-	b := a.tx.Bucket(bucketBuyers)
 	k := appendBuyerKey(nil, sku, user)
+	v, err := a.get(bucketBuyers, k)
+	if err != nil {
+		return 0, err
+	}
 	var n int64
-	if v := b.Get(k); len(v) == 8 {
+	if len(v) == 8 {
 		n = int64(binary.BigEndian.Uint64(v))
 	}
 	if delta == 0 {
@@ -393,11 +443,11 @@ func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
 	}
 	a.boughtChanges[string(k)] = n
 	if n == 0 {
-		return 0, b.Delete(k)
+		a.put(bucketBuyers, k, nil)
+		return 0, nil
 	}
-	var v [8]byte
-	binary.BigEndian.PutUint64(v[:], uint64(n))
-	return n, b.Put(k, v[:])
+	a.put(bucketBuyers, k, binary.BigEndian.AppendUint64(nil, uint64(n)))
+	return n, nil
 }
 
 func (a *applier) requestOrder(requestID string) (string, bool) {
@@ -414,9 +464,7 @@ func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
 }
 
 func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano int64) error {
-	if err := a.tx.Bucket(bucketRequestsByTime).Put(requestTimeKey(createdAtUnixNano, requestID), []byte(orderID)); err != nil {
-		return err
-	}
+	a.put(bucketRequestsByTime, requestTimeKey(createdAtUnixNano, requestID), []byte(orderID))
 	a.requestChanges[requestID] = orderID
 	return nil
 }
@@ -428,22 +476,26 @@ func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
 	if c.MaxKeep < 0 {
 		return invalid("prune_requests max_keep %d < 0", c.MaxKeep), nil
 	}
-	byTime := a.tx.Bucket(bucketRequestsByTime)
+	tx, err := a.readTx()
+	if err != nil {
+		return nil, err
+	}
 	count := a.requestCount()
 	var doomed [][]byte
-	cur := byTime.Cursor()
-	for k, _ := cur.First(); len(k) >= 8; k, _ = cur.Next() {
+	ascend(tx, a.bh, a.batch[string(bucketRequestsByTime)], bucketRequestsByTime, func(k, _ []byte) bool {
+		if len(k) < 8 {
+			return true
+		}
 		created := int64(binary.BigEndian.Uint64(k[:8]))
 		overCount := c.MaxKeep > 0 && count-int64(len(doomed)) > c.MaxKeep
 		if created >= c.BeforeUnixNano && !overCount {
-			break
+			return false
 		}
 		doomed = append(doomed, slices.Clone(k))
-	}
+		return true
+	})
 	for _, k := range doomed {
-		if err := byTime.Delete(k); err != nil {
-			return nil, err
-		}
+		a.put(bucketRequestsByTime, k, nil)
 		a.requestChanges[string(k[8:])] = ""
 	}
 	return &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}, nil

@@ -139,6 +139,7 @@ type Ledger struct {
 
 	mu       sync.RWMutex // guards db swaps in Restore and the mirrors below
 	db       *bolt.DB
+	bh       *behind // changes applied and not yet in bbolt, and their persister
 	applied  uint64
 	skus     map[string]*SKU
 	requests map[string]string // request id -> order id
@@ -149,9 +150,12 @@ type Ledger struct {
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
 
-	// testHookAfterCommit runs between a batch's bbolt commit and the
-	// mirrors' update: tests use it to read in that window.
+	// testHookAfterCommit runs between a batch's hand-over to the persister
+	// and the mirrors' update: tests use it to read in that window.
 	testHookAfterCommit func()
+	// noPersist keeps every change in memory (tests: a crash before the
+	// ledger write).
+	noPersist bool
 }
 
 // ErrLedgerClosed is returned by reads after Close.
@@ -193,7 +197,38 @@ func (l *Ledger) open() error {
 		return fmt.Errorf("load ledger %s: %w", l.path, err)
 	}
 	l.db = db
+	l.bh = newBehind(l.applied)
+	l.bh.noPersist = l.noPersist
+	l.bh.start(db, func(err error) {
+		// The disk failed under the ledger: going on would answer from
+		// state that can never be written.
+		panic(fmt.Sprintf("ledger %s: %v", l.path, err))
+	})
 	return nil
+}
+
+// Flush writes every applied change to bbolt now (the persister does so
+// on its own within persistInterval). Safe from any goroutine.
+func (l *Ledger) Flush() error {
+	l.mu.RLock()
+	db, bh := l.db, l.bh
+	l.mu.RUnlock()
+	if db == nil {
+		return ErrLedgerClosed
+	}
+	return bh.flush(db)
+}
+
+// PersistLag is how far bbolt is behind the applied state: log entries,
+// and changes waiting.
+func (l *Ledger) PersistLag() (entries uint64, changes int) {
+	l.mu.RLock()
+	bh := l.bh
+	l.mu.RUnlock()
+	if bh == nil {
+		return 0, 0
+	}
+	return bh.lag()
 }
 
 func (l *Ledger) loadMirrors(db *bolt.DB) error {
@@ -269,14 +304,21 @@ func (l *Ledger) SetObserver(o Observer) {
 	l.obsMu.Unlock()
 }
 
-// Close closes the ledger file.
+// Close writes what is still pending and closes the ledger file.
 func (l *Ledger) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.db == nil {
 		return nil
 	}
-	err := l.db.Close()
+	l.bh.halt()
+	var err error
+	if !l.noPersist {
+		err = l.bh.flush(l.db)
+	}
+	if cerr := l.db.Close(); err == nil {
+		err = cerr
+	}
 	l.db = nil
 	return err
 }
@@ -435,6 +477,20 @@ func (l *Ledger) view(fn func(tx *bolt.Tx) error) error {
 // Order reads one order.
 func (l *Ledger) Order(id string) (Order, bool, error) {
 	var o Order
+	l.mu.RLock()
+	bh := l.bh
+	l.mu.RUnlock()
+	if bh != nil {
+		if v, ok := bh.get(bucketOrders, []byte(id)); ok {
+			if v == nil {
+				return Order{}, false, nil
+			}
+			if err := json.Unmarshal(v, &o); err != nil {
+				return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
+			}
+			return o, true, nil
+		}
+	}
 	var found bool
 	err := l.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketOrders).Get([]byte(id))
@@ -484,6 +540,10 @@ func (l *Ledger) AuditAll() (map[string]Audit, error) {
 // so it sees one consistent state while Apply goes on, and checks the SKUs
 // that want accepts.
 func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
+	// The audit reads bbolt alone: write what is pending first.
+	if err := l.Flush(); err != nil {
+		return nil, err
+	}
 	audits := map[string]*Audit{}
 	err := l.view(func(tx *bolt.Tx) error {
 		var applied uint64

@@ -16,6 +16,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 )
 
 // Errors a proposal can end with. Each says whether the command may have
@@ -33,7 +35,8 @@ var (
 )
 
 const (
-	raftLogFileName     = "raft.db"
+	raftLogFileName     = "raft.db"  // raft-boltdb's file
+	raftWALDirName      = "raft-wal" // raft-wal's segments and meta
 	snapshotsRetained   = 2
 	logCacheEntries     = 512
 	transportPoolConns  = 3
@@ -73,6 +76,71 @@ type Config struct {
 	// NoBootstrap leaves a new data dir without a cluster: the node waits
 	// to be added to an existing one (stockd serve -join).
 	NoBootstrap bool
+	// LogStore picks the raft log store of a new data dir: LogStoreWAL
+	// (append-only segments, one fsync per append) or LogStoreBolt
+	// (raft-boltdb). A data dir that has one keeps it.
+	LogStore string
+}
+
+// Raft log stores (BENCHMARKS.md has the measurement behind the default).
+const (
+	LogStoreWAL  = "wal"
+	LogStoreBolt = "bolt"
+)
+
+// logStore is what raft needs of its log and stable store, and Close.
+type logStore interface {
+	raft.LogStore
+	raft.StableStore
+	Close() error
+}
+
+// walStore is raft-wal with its meta store, closed together.
+type walStore struct {
+	*wal.WAL
+	meta *metadb.BoltMetaDB
+}
+
+func (s *walStore) Close() error {
+	err := s.WAL.Close()
+	if merr := s.meta.Close(); err == nil {
+		err = merr
+	}
+	return err
+}
+
+// openLogStore opens the data dir's raft log: the store it already holds,
+// else a new one of kind want.
+func openLogStore(dir, want string, hlog hclog.Logger) (logStore, string, error) {
+	boltPath, walDir := filepath.Join(dir, raftLogFileName), filepath.Join(dir, raftWALDirName)
+	kind := want
+	if _, err := os.Stat(boltPath); err == nil {
+		kind = LogStoreBolt
+	} else if _, err := os.Stat(walDir); err == nil {
+		kind = LogStoreWAL
+	}
+	switch kind {
+	case LogStoreBolt:
+		s, err := raftboltdb.New(raftboltdb.Options{Path: boltPath})
+		if err != nil {
+			return nil, kind, fmt.Errorf("open raft log %s: %w", boltPath, err)
+		}
+		return s, kind, nil
+	case LogStoreWAL:
+		if err := os.MkdirAll(walDir, 0o755); err != nil {
+			return nil, kind, fmt.Errorf("create raft log dir %s: %w", walDir, err)
+		}
+		// raft-wal v0.4.0's Close leaves its meta store open (and its
+		// file locked): own it and close it after the WAL.
+		meta := &metadb.BoltMetaDB{}
+		w, err := wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(meta))
+		if err != nil {
+			meta.Close()
+			return nil, kind, fmt.Errorf("open raft log %s: %w", walDir, err)
+		}
+		return &walStore{WAL: w, meta: meta}, kind, nil
+	}
+	return nil, kind, fmt.Errorf("raft log store %q: want %s or %s", want, LogStoreWAL, LogStoreBolt)
 }
 
 // DefaultConfig returns a single node with its data in ./data.
@@ -86,6 +154,7 @@ func DefaultConfig() Config {
 		LeaderLeaseTimeout: 250 * time.Millisecond,
 		CommitTimeout:      5 * time.Millisecond, // followers learn commits this fast when idle: forwarded writes wait for it
 		SnapshotThreshold:  8192,
+		LogStore:           LogStoreWAL,
 		SnapshotInterval:   2 * time.Minute,
 		TrailingLogs:       10240,
 	}
@@ -124,7 +193,7 @@ type Node struct {
 	cfg       Config
 	raft      *raft.Raft
 	ledger    *Ledger
-	logStore  *raftboltdb.BoltStore
+	logStore  logStore
 	transport raft.Transport
 	logger    *slog.Logger
 
@@ -155,10 +224,11 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create raft dir %s: %w", cfg.Dir, err)
 	}
-	logStore, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, raftLogFileName)})
+	logStore, kind, err := openLogStore(cfg.Dir, cfg.LogStore, hlog)
 	if err != nil {
-		return nil, fmt.Errorf("open raft log in %s: %w", cfg.Dir, err)
+		return nil, err
 	}
+	logger.Info("raft log store", "kind", kind)
 	cleanup := []func(){func() { logStore.Close() }}
 	fail := func(err error) (*Node, error) {
 		for i := len(cleanup) - 1; i >= 0; i-- {

@@ -9,9 +9,15 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Snapshot opens a read transaction: a consistent view of the ledger at the
-// applied index, which Persist then streams while Apply goes on.
+// Snapshot writes every applied change to bbolt, then opens a read
+// transaction: a consistent view of the ledger at the applied index, which
+// Persist then streams while Apply goes on. Raft calls it on the FSM
+// goroutine, so nothing is applied meanwhile: the snapshot covers its
+// index, and raft may compact the log up to it.
 func (l *Ledger) Snapshot() (raft.FSMSnapshot, error) {
+	if err := l.Flush(); err != nil {
+		return nil, fmt.Errorf("persist before snapshot: %w", err)
+	}
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.db == nil {
@@ -59,6 +65,8 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 
 	l.mu.Lock()
 	if l.db != nil {
+		// The snapshot replaces everything: what is pending goes with it.
+		l.bh.halt()
 		if err := l.db.Close(); err != nil {
 			l.mu.Unlock()
 			return fmt.Errorf("close ledger for restore: %w", err)

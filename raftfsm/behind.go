@@ -1,0 +1,275 @@
+package raftfsm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Write-behind (DESIGN.md, "Where the ledger's time goes"): Apply changes
+// the ledger in memory and answers; a persister goroutine writes the
+// changes to bbolt behind it, many batches to one transaction, with the
+// index they reach. Only the raft log on a quorum stands between a take and
+// its answer. After a crash the ledger opens at its persisted index and
+// raft replays the entries after it (Apply is idempotent above that index).
+//
+// The changes not yet in bbolt live in pending: bucket -> key -> value
+// (nil: deleted), each tagged with the log index that wrote it. Readers look
+// in pending first, then in bbolt. An entry leaves pending only on the FSM
+// goroutine, at the start of a batch, once bbolt holds it: so a read
+// transaction the applier opens after that point sees everything pending
+// no longer has.
+
+const (
+	// persistInterval paces the persister when few changes wait.
+	persistInterval = 50 * time.Millisecond
+	// persistAfterChanges wakes the persister early.
+	persistAfterChanges = 8192
+	// pendingChangesMax bounds the changes waiting for bbolt (and so the
+	// memory they take and the replay after a crash): Apply waits for the
+	// persister beyond it.
+	pendingChangesMax = 200_000
+)
+
+// pendingValue is one change not yet in bbolt.
+type pendingValue struct {
+	value []byte // nil: deleted
+	index uint64 // the log index that wrote it
+}
+
+// behind is the ledger's write-behind state. mu guards pending and the
+// indexes; persistMu serialises writes to bbolt.
+type behind struct {
+	mu        sync.RWMutex
+	pending   map[string]map[string]pendingValue // bucket -> key -> change
+	changes   int                                // entries in pending
+	applied   uint64                             // the index pending reaches
+	persisted uint64                             // the index bbolt holds
+
+	persistMu sync.Mutex
+	wake      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	// noPersist keeps everything in pending (tests: a crash before the
+	// ledger write).
+	noPersist bool
+}
+
+func newBehind(persisted uint64) *behind {
+	return &behind{pending: map[string]map[string]pendingValue{}, applied: persisted, persisted: persisted,
+		wake: make(chan struct{}, 1)}
+}
+
+// get reads a pending change: found reports whether pending decides the
+// key (value nil: deleted).
+func (b *behind) get(bucket, key []byte) (value []byte, found bool) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	pv, ok := b.pending[string(bucket)][string(key)]
+	return pv.value, ok
+}
+
+// merge adds a batch's changes, written at index.
+func (b *behind) merge(batch map[string]map[string][]byte, index uint64) {
+	b.mu.Lock()
+	for bucket, kv := range batch {
+		m := b.pending[bucket]
+		if m == nil {
+			m = make(map[string]pendingValue, len(kv))
+			b.pending[bucket] = m
+		}
+		for k, v := range kv {
+			if _, had := m[k]; !had {
+				b.changes++
+			}
+			m[k] = pendingValue{value: v, index: index}
+		}
+	}
+	b.applied = index
+	n := b.changes
+	b.mu.Unlock()
+	if n >= persistAfterChanges {
+		b.signal()
+	}
+}
+
+func (b *behind) signal() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// forgetPersisted drops the changes bbolt now holds. Only the FSM
+// goroutine calls it, before it opens a read transaction for a batch.
+func (b *behind) forgetPersisted() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.changes == 0 {
+		return
+	}
+	for bucket, m := range b.pending {
+		for k, pv := range m {
+			if pv.index <= b.persisted {
+				delete(m, k)
+				b.changes--
+			}
+		}
+		if len(m) == 0 {
+			delete(b.pending, bucket)
+		}
+	}
+}
+
+// lag is the log entries applied but not yet in bbolt, and the changes
+// waiting.
+func (b *behind) lag() (entries uint64, changes int) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.applied - b.persisted, b.changes
+}
+
+// flush writes every pending change to db in one transaction with the
+// index it reaches. Safe from any goroutine; it does not remove the
+// changes from pending (forgetPersisted does, on the FSM goroutine).
+func (b *behind) flush(db *bolt.DB) error {
+	b.persistMu.Lock()
+	defer b.persistMu.Unlock()
+	type change struct {
+		key   string
+		value []byte
+	}
+	b.mu.RLock()
+	target := b.applied
+	if target == b.persisted {
+		b.mu.RUnlock()
+		return nil
+	}
+	byBucket := make(map[string][]change, len(b.pending))
+	for bucket, m := range b.pending {
+		for k, pv := range m {
+			if pv.index > b.persisted {
+				byBucket[bucket] = append(byBucket[bucket], change{k, pv.value})
+			}
+		}
+	}
+	b.mu.RUnlock()
+	err := db.Update(func(tx *bolt.Tx) error {
+		for bucket, cs := range byBucket {
+			bk := tx.Bucket([]byte(bucket))
+			if bk == nil {
+				return fmt.Errorf("BUG: no bucket %q", bucket)
+			}
+			// In key order: bbolt appends instead of splitting pages.
+			sort.Slice(cs, func(i, j int) bool { return cs[i].key < cs[j].key })
+			for _, c := range cs {
+				var err error
+				if c.value == nil {
+					err = bk.Delete([]byte(c.key))
+				} else {
+					err = bk.Put([]byte(c.key), c.value)
+				}
+				if err != nil {
+					return err
+				}
+			}
+		}
+		var idx [8]byte
+		binary.BigEndian.PutUint64(idx[:], target)
+		return tx.Bucket(bucketMeta).Put(keyApplied, idx[:])
+	})
+	if err != nil {
+		return fmt.Errorf("persist ledger up to index %d: %w", target, err)
+	}
+	b.mu.Lock()
+	b.persisted = target
+	b.mu.Unlock()
+	return nil
+}
+
+// run is the persister goroutine: it flushes every persistInterval, or
+// sooner when many changes wait, until stop closes.
+func (b *behind) run(db *bolt.DB, onErr func(error)) {
+	defer close(b.done)
+	t := time.NewTicker(persistInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+		case <-b.wake:
+		}
+		if b.noPersist {
+			continue
+		}
+		if err := b.flush(db); err != nil {
+			onErr(err)
+		}
+	}
+}
+
+// start runs the persister over db.
+func (b *behind) start(db *bolt.DB, onErr func(error)) {
+	b.stop, b.done = make(chan struct{}), make(chan struct{})
+	go b.run(db, onErr)
+}
+
+// halt stops the persister (it does not flush).
+func (b *behind) halt() {
+	if b.stop == nil {
+		return
+	}
+	close(b.stop)
+	<-b.done
+	b.stop = nil
+}
+
+// ascend calls fn for every key of bucket in order, pending changes over
+// bbolt's, with batch's (the running batch's changes) over both; it stops
+// when fn returns false.
+func ascend(tx *bolt.Tx, b *behind, batch map[string][]byte, bucket []byte, fn func(k, v []byte) bool) {
+	over := map[string][]byte{}
+	b.mu.RLock()
+	for k, pv := range b.pending[string(bucket)] {
+		over[k] = pv.value
+	}
+	b.mu.RUnlock()
+	for k, v := range batch {
+		over[k] = v
+	}
+	keys := make([]string, 0, len(over))
+	for k := range over {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	cur := tx.Bucket(bucket).Cursor()
+	k, v := cur.First()
+	i := 0
+	for k != nil || i < len(keys) {
+		var key, val []byte
+		switch {
+		case i < len(keys) && (k == nil || bytes.Compare([]byte(keys[i]), k) <= 0):
+			if k != nil && keys[i] == string(k) {
+				k, v = cur.Next() // pending decides this key
+			}
+			key, val = []byte(keys[i]), over[keys[i]]
+			i++
+			if val == nil {
+				continue // deleted
+			}
+		default:
+			key, val = k, v
+			k, v = cur.Next()
+		}
+		if !fn(key, val) {
+			return
+		}
+	}
+}
