@@ -98,6 +98,11 @@ type Snapshot struct {
 	ProposalsInFlight int
 	TakeQueueLength   int
 	BucketUnits       map[string]int64 // units in this node's buckets, per sku
+	// LedgerPersistLagEntries and LedgerPendingChanges: how far ledger.db
+	// is behind the applied state (write-behind), in log entries and in
+	// changes waiting.
+	LedgerPersistLagEntries uint64
+	LedgerPendingChanges    int
 	// Tails are each sale's tail on this node: its first sold_out answer
 	// since stock last came back, and its last committed win.
 	Tails map[string]SaleTail
@@ -108,6 +113,7 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s := e.metrics.snapshot()
 	s.ProposalsInFlight = len(e.localSlots) + len(e.forwardSlots)
 	s.TakeQueueLength = len(e.takeQueue)
+	s.LedgerPersistLagEntries, s.LedgerPendingChanges = e.ledger.PersistLag()
 	s.CommitBlocked = e.commitBlocked.Load()
 	sales := *e.sales.Load()
 	s.BucketUnits = make(map[string]int64, len(sales))

@@ -74,6 +74,8 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
+	metrics.WriteGaugeUint64(&w, "stockd_ledger_persist_lag_entries", m.LedgerPersistLagEntries)
+	metrics.WriteGaugeUint64(&w, "stockd_ledger_pending_changes", uint64(m.LedgerPendingChanges))
 	for _, sku := range slices.Sorted(maps.Keys(m.Tails)) {
 		tail := m.Tails[sku]
 		metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_tail_seconds{sku=%q}`, sku), tail.Length().Seconds())
