@@ -397,19 +397,15 @@ func (a *applier) getOrder(id string) (*Order, error) {
 	if err != nil || v == nil {
 		return nil, err
 	}
-	var o Order
-	if err := json.Unmarshal(v, &o); err != nil {
-		return nil, fmt.Errorf("decode order %q: %w", id, err)
+	o, err := decodeOrderRecord(id, v)
+	if err != nil {
+		return nil, err
 	}
 	return &o, nil
 }
 
 func (a *applier) putOrder(o *Order) error {
-	b, err := json.Marshal(o)
-	if err != nil {
-		return err
-	}
-	a.put(bucketOrders, []byte(o.ID), b)
+	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(nil, o))
 	return nil
 }
 

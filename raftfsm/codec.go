@@ -278,3 +278,55 @@ func (l *legacyCommand) typed() (Command, error) {
 	}
 	return c, nil
 }
+
+// orderRecordFormat is the first byte of an order record in ledger.db. A
+// record of an earlier version is JSON (it starts with '{') and is still
+// read.
+const orderRecordFormat byte = 0xE1
+
+// Order states as one byte in order records.
+var orderStateCodes = [...]OrderState{1: OrderPending, 2: OrderHeld, 3: OrderSold, 4: OrderReleased}
+
+func orderStateCode(s OrderState) byte {
+	for i, v := range orderStateCodes {
+		if v == s && i > 0 {
+			return byte(i)
+		}
+	}
+	return 0
+}
+
+// encodeOrderRecord appends o's ledger record to dst: the order without
+// its id, which is the record's key.
+func encodeOrderRecord(dst []byte, o *Order) []byte {
+	dst = append(dst, orderRecordFormat, orderStateCode(o.State))
+	dst = appendVarint(dst, o.Qty)
+	dst = appendVarint(dst, o.CreatedAtUnixNano)
+	dst = appendVarint(dst, o.ExpiresAtUnixNano)
+	dst = appendString(dst, o.SKU)
+	dst = appendString(dst, o.User)
+	dst = appendString(dst, o.RequestID)
+	dst = appendString(dst, o.Node)
+	return appendString(dst, o.ReleaseReason)
+}
+
+// decodeOrderRecord reads the record of order id.
+func decodeOrderRecord(id string, b []byte) (Order, error) {
+	if len(b) > 0 && b[0] == '{' {
+		var o Order
+		if err := json.Unmarshal(b, &o); err != nil {
+			return Order{}, fmt.Errorf("%w: order %q: %v", ErrMalformed, id, err)
+		}
+		return o, nil
+	}
+	if len(b) < 2 || b[0] != orderRecordFormat || int(b[1]) >= len(orderStateCodes) || b[1] == 0 {
+		return Order{}, fmt.Errorf("%w: order %q: not an order record", ErrMalformed, id)
+	}
+	d := decoder{b: b[2:]}
+	o := Order{ID: id, State: orderStateCodes[b[1]], Qty: d.varint(), CreatedAtUnixNano: d.varint(), ExpiresAtUnixNano: d.varint(),
+		SKU: d.string(), User: d.string(), RequestID: d.string(), Node: d.string(), ReleaseReason: d.string()}
+	if err := d.finish(); err != nil {
+		return Order{}, fmt.Errorf("order %q: %w", id, err)
+	}
+	return o, nil
+}

@@ -270,9 +270,9 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 			return err
 		}
 		err = tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-			var o Order
-			if err := json.Unmarshal(v, &o); err != nil {
-				return fmt.Errorf("decode order %q: %w", k, err)
+			o, err := decodeOrderRecord(string(k), v)
+			if err != nil {
+				return err
 			}
 			if o.State == OrderHeld {
 				holds[o.ID] = o.ExpiresAtUnixNano
@@ -485,8 +485,9 @@ func (l *Ledger) Order(id string) (Order, bool, error) {
 			if v == nil {
 				return Order{}, false, nil
 			}
-			if err := json.Unmarshal(v, &o); err != nil {
-				return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
+			o, err := decodeOrderRecord(id, v)
+			if err != nil {
+				return Order{}, false, err
 			}
 			return o, true, nil
 		}
@@ -498,7 +499,9 @@ func (l *Ledger) Order(id string) (Order, bool, error) {
 			return nil
 		}
 		found = true
-		return json.Unmarshal(v, &o)
+		var err error
+		o, err = decodeOrderRecord(id, v)
+		return err
 	})
 	if err != nil {
 		return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
@@ -564,14 +567,9 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 		if err != nil || len(audits) == 0 {
 			return err
 		}
-		var o struct {
-			SKU   string     `json:"sku"`
-			Qty   int64      `json:"qty"`
-			State OrderState `json:"state"`
-		}
-		return tx.Bucket(bucketOrders).ForEach(func(_, v []byte) error {
-			o.SKU, o.Qty, o.State = "", 0, ""
-			if err := json.Unmarshal(v, &o); err != nil {
+		return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
+			o, err := decodeOrderRecord(string(k), v)
+			if err != nil {
 				return err
 			}
 			a, ok := audits[o.SKU]
