@@ -6,7 +6,7 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build run test test-multiproc test-crowd vet lint bench bench-peers bench-go clean cluster cluster-stop
+.PHONY: build run test test-multiproc test-crowd test-memory vet lint bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -30,6 +30,11 @@ lint:
 # mid-sale and restarted on its data dir.
 test-multiproc:
 	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run MultiProcess_Leader .
+
+# One node filled with a million sold orders and their request ids; fails
+# when its peak resident memory (VmHWM) passes 384 MiB.
+test-memory:
+	STOCKD_MEMORY=1 $(GO) test -count=1 -v -timeout 15m -run Memory_ .
 
 # A sale at the size of a real one: three stockd processes, 1,200 client
 # connections over them, 36,000 buyers for 30,000 units, 4 % of request ids

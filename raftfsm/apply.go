@@ -41,7 +41,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	bh.forgetPersisted()
 
 	a := applier{ledger: l, db: db, bh: bh, batch: map[string]map[string][]byte{}, touched: make(map[string]*SKU),
-		requestChanges: map[string]string{}, holdChanges: map[string]int64{},
+		requestChanges: map[string]requestChange{}, holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
 	defer a.closeTx()
 	last := applied
@@ -118,10 +118,11 @@ type applier struct {
 	touched map[string]*SKU
 	events  []Event
 
-	requestChanges map[string]string // request id -> order id; "" deletes
-	holdChanges    map[string]int64  // held order id -> expires at; -1 deletes
-	boughtChanges  map[string]int64  // buyer key -> units; 0 deletes
-	nodeChanges    map[string]string // node id -> HTTP address
+	requestChanges map[string]requestChange // request id -> its order, or a deletion
+	requestDelta   int64                    // request ids added less those deleted by this batch
+	holdChanges    map[string]int64         // held order id -> expires at; -1 deletes
+	boughtChanges  map[string]int64         // buyer key -> units; 0 deletes
+	nodeChanges    map[string]string        // node id -> HTTP address
 }
 
 // get reads key from this batch's changes, then pending, then bbolt. The
@@ -169,34 +170,31 @@ func (a *applier) put(bucket, key, value []byte) {
 	m[string(key)] = value
 }
 
+// requestChange is a request id's new record: its order and creation
+// time, or (order "") its deletion.
+type requestChange struct {
+	order string
+	at    int64
+}
+
 // requestCount is the number of request ids the ledger holds, this
 // batch's changes included.
 func (a *applier) requestCount() int64 {
 	l := a.ledger
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	n := int64(len(l.requests))
-	for req, order := range a.requestChanges {
-		_, had := l.requests[req]
-		switch {
-		case order != "" && !had:
-			n++
-		case order == "" && had:
-			n--
-		}
-	}
-	return n
+	return int64(l.requests.len()) + a.requestDelta
 }
 
 // updateMirrors applies a committed batch's changes to the mirrors. The
 // caller holds l.mu.
 func (a *applier) updateMirrors() {
 	l := a.ledger
-	for req, order := range a.requestChanges {
-		if order == "" {
-			delete(l.requests, req)
+	for req, ch := range a.requestChanges {
+		if ch.order == "" {
+			l.requests.remove(req, ch.at)
 		} else {
-			l.requests[req] = order
+			l.requests.add(req, ch.at)
 		}
 	}
 	for id, at := range a.holdChanges {
@@ -446,11 +444,22 @@ func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
 	return n, nil
 }
 
-func (a *applier) requestOrder(requestID string) (string, bool) {
-	if id, ok := a.requestChanges[requestID]; ok {
-		return id, id != ""
+func (a *applier) requestOrder(requestID string) (string, bool, error) {
+	if ch, ok := a.requestChanges[requestID]; ok {
+		return ch.order, ch.order != "", nil
 	}
-	return a.ledger.OrderIDForRequest(requestID)
+	l := a.ledger
+	l.mu.RLock()
+	at, ok := l.requests.candidate([]byte(requestID))
+	l.mu.RUnlock()
+	if !ok {
+		return "", false, nil
+	}
+	v, err := a.get(bucketRequestsByTime, requestTimeKey(at, requestID))
+	if err != nil || v == nil {
+		return "", false, err
+	}
+	return string(v), true, nil
 }
 
 func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
@@ -461,7 +470,8 @@ func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
 
 func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano int64) error {
 	a.put(bucketRequestsByTime, requestTimeKey(createdAtUnixNano, requestID), []byte(orderID))
-	a.requestChanges[requestID] = orderID
+	a.requestChanges[requestID] = requestChange{order: orderID, at: createdAtUnixNano}
+	a.requestDelta++
 	return nil
 }
 
@@ -492,7 +502,8 @@ func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
 	})
 	for _, k := range doomed {
 		a.put(bucketRequestsByTime, k, nil)
-		a.requestChanges[string(k[8:])] = ""
+		a.requestChanges[string(k[8:])] = requestChange{at: int64(binary.BigEndian.Uint64(k[:8]))}
+		a.requestDelta--
 	}
 	return &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}, nil
 }
@@ -515,7 +526,11 @@ func (a *applier) take(c *Take) (*Result, error) {
 			return nil, err
 		}
 		if prior == nil && e.RequestID != "" {
-			if id, ok := a.requestOrder(e.RequestID); ok {
+			id, ok, err := a.requestOrder(e.RequestID)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
 				if prior, err = a.getOrder(id); err != nil {
 					return nil, err
 				}

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"errors"
+	"hash/maphash"
 	"reflect"
 	"strings"
 	"testing"
@@ -127,5 +128,27 @@ func TestCodec_OrderRecordsRoundTripAndReadJSON(t *testing.T) {
 	}
 	if _, err := decodeOrderRecord("x", []byte{orderRecordFormat, 9}); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("bad state code: %v", err)
+	}
+}
+
+func TestRequestIndex_SharedHashGoesToExact(t *testing.T) {
+	r := newRequestIndex()
+	r.add("a", 1)
+	// Another id already holds b's hash: b must not overwrite it.
+	r.byHash[maphash.String(r.seed, "b")] = 7
+	r.add("b", 2)
+	if at, ok := r.candidate([]byte("b")); !ok || at != 2 {
+		t.Fatalf("b: %d %v, want 2 from exact", at, ok)
+	}
+	if at, ok := r.candidate([]byte("a")); !ok || at != 1 || r.len() != 3 {
+		t.Fatalf("a: %d %v, len %d", at, ok, r.len())
+	}
+	r.remove("b", 2)
+	if at, _ := r.candidate([]byte("b")); at != 7 {
+		t.Fatalf("after removing b its hash still names the other id's record (%d), which the caller's check rejects", at)
+	}
+	r.remove("a", 1)
+	if _, ok := r.candidate([]byte("a")); ok || r.len() != 1 {
+		t.Fatalf("a after removal: %v, len %d", ok, r.len())
 	}
 }

@@ -142,7 +142,7 @@ type Ledger struct {
 	bh       *behind // changes applied and not yet in bbolt, and their persister
 	applied  uint64
 	skus     map[string]*SKU
-	requests map[string]string // request id -> order id
+	requests *requestIndex     // request id -> where its order id is
 	nodes    map[string]string // node id -> HTTP address
 	holds    map[string]int64  // held order id -> expires at (unix nanos)
 	bought   map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
@@ -191,6 +191,7 @@ func (l *Ledger) open() error {
 	})
 	if err == nil {
 		err = l.loadMirrors(db)
+		dropResidentPages(db)
 	}
 	if err != nil {
 		db.Close()
@@ -233,7 +234,7 @@ func (l *Ledger) PersistLag() (entries uint64, changes int) {
 
 func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	skus := make(map[string]*SKU)
-	requests := make(map[string]string)
+	requests := newRequestIndex()
 	nodes := make(map[string]string)
 	holds := make(map[string]int64)
 	bought := make(map[string]int64)
@@ -284,7 +285,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		}
 		return tx.Bucket(bucketRequestsByTime).ForEach(func(k, v []byte) error {
 			if len(k) > 8 {
-				requests[string(k[8:])] = string(v)
+				requests.add(string(k[8:]), int64(binary.BigEndian.Uint64(k[:8])))
 			}
 			return nil
 		})
@@ -391,21 +392,48 @@ func (l *Ledger) SKUs() ([]SKU, uint64) {
 }
 
 // OrderIDForRequest returns the order a request id produced, if the ledger
-// holds one. It is a map probe under a read lock.
+// holds one.
 func (l *Ledger) OrderIDForRequest(requestID string) (string, bool) {
-	l.mu.RLock()
-	id, ok := l.requests[requestID]
-	l.mu.RUnlock()
-	return id, ok
+	return l.OrderIDForRequestBytes([]byte(requestID))
 }
 
 // OrderIDForRequestBytes is OrderIDForRequest for a request id the caller
-// holds as bytes; it does not allocate.
+// holds as bytes. An id the ledger does not hold costs a hash and a map
+// probe under a read lock, no allocation; one it holds is read back from
+// its record.
 func (l *Ledger) OrderIDForRequestBytes(requestID []byte) (string, bool) {
 	l.mu.RLock()
-	id, ok := l.requests[string(requestID)]
+	at, ok := l.requests.candidate(requestID)
 	l.mu.RUnlock()
-	return id, ok
+	if !ok {
+		return "", false
+	}
+	v, err := l.read(bucketRequestsByTime, requestTimeKey(at, string(requestID)))
+	if err != nil || v == nil {
+		return "", false
+	}
+	return string(v), true
+}
+
+// read returns a copy of one value, pending changes first, then bbolt;
+// nil when absent.
+func (l *Ledger) read(bucket, key []byte) ([]byte, error) {
+	l.mu.RLock()
+	bh := l.bh
+	l.mu.RUnlock()
+	if bh != nil {
+		if v, ok := bh.get(bucket, key); ok {
+			return v, nil // pending values are never changed in place
+		}
+	}
+	var out []byte
+	err := l.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucket).Get(key); v != nil {
+			out = append([]byte(nil), v...)
+		}
+		return nil
+	})
+	return out, err
 }
 
 // BoughtBytes is the units user holds or bought of a per_user sale, as
@@ -458,7 +486,14 @@ func (l *Ledger) HeldOrders() int {
 func (l *Ledger) RequestIDs() int {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	return len(l.requests)
+	return l.requests.len()
+}
+
+// database is the open bbolt file, nil once closed.
+func (l *Ledger) database() *bolt.DB {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.db
 }
 
 // view runs fn in a bbolt read transaction without holding l.mu, so a long
@@ -586,6 +621,9 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 			return nil
 		})
 	})
+	if db := l.database(); db != nil {
+		dropResidentPages(db)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -448,7 +449,7 @@ func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 
 type mirrors struct {
 	SKUs     map[string]*SKU
-	Requests map[string]string
+	Requests []int64 // the creation times the request index holds (its hashes are per process)
 	Holds    map[string]int64
 	Bought   map[string]int64
 }
@@ -456,7 +457,15 @@ type mirrors struct {
 func mirrorsOf(l *Ledger) mirrors {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	return mirrors{SKUs: l.skus, Requests: l.requests, Holds: l.holds, Bought: l.bought}
+	var times []int64
+	for _, at := range l.requests.byHash {
+		times = append(times, at)
+	}
+	for _, at := range l.requests.exact {
+		times = append(times, at)
+	}
+	slices.Sort(times)
+	return mirrors{SKUs: l.skus, Requests: times, Holds: l.holds, Bought: l.bought}
 }
 
 // TestLedger_AuditBetweenCommitAndMirrorUpdate audits in the window where

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The memory test fills one stockd process with a million sold orders,
+// each with its request id, and reads the process's peak resident memory
+// (VmHWM, mapped pages of ledger.db and the raft log included). It has its
+// own target:
+//
+//	make test-memory   (STOCKD_MEMORY=1 go test -run Memory .)
+
+const (
+	memoryOrders    = 1_000_000
+	memoryConns     = 64
+	memoryHWMMaxKiB = 384 << 10 // 384 MiB
+)
+
+// procKiB reads one "Name: N kB" line of /proc/<pid>/status.
+func procKiB(t *testing.T, pid int, name string) int64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), name+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", name, pid)
+	return 0
+}
+
+func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
+	if os.Getenv("STOCKD_MEMORY") == "" {
+		t.Skip("set STOCKD_MEMORY=1 (make test-memory) to fill one node with a million orders and read its peak memory")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "stockd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build stockd: %v\n%s", err, out)
+	}
+	httpAddr, raftAddr := freePort(t), freePort(t)
+	logFile, err := os.Create(filepath.Join(dir, "node.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(bin, "serve", "-http", httpAddr, "-raft", raftAddr, "-data", filepath.Join(dir, "data"), "-log-level", "warn")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	c := &fasthttp.HostClient{Addr: httpAddr, MaxConns: memoryConns + 4, ReadTimeout: 30 * time.Second}
+	waitFor(t, 20*time.Second, "the node ready", func() bool {
+		code, _ := callQuiet(c, "GET", "/readyz", "")
+		return code == 200
+	})
+	if code, body := call(t, c, "PUT", "/v1/skus/mem", fmt.Sprintf(`{"total":%d}`, memoryOrders)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+
+	// A million buyers, each with a request id, as fast as the node
+	// accepts them (wait=none: 202, or 200 when the commit was quicker
+	// than the answer; every order is committed below).
+	start := time.Now()
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range memoryConns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseRequest(req)
+			defer fasthttp.ReleaseResponse(resp)
+			for {
+				b := next.Add(1) - 1
+				if b >= memoryOrders || time.Since(start) > 5*time.Minute {
+					return
+				}
+				req.Reset()
+				req.SetRequestURI("http://" + httpAddr + "/v1/skus/mem/deduct?wait=none")
+				req.Header.SetMethod("POST")
+				req.SetBody(fmt.Appendf(nil, `{"user":"user-%d","request_id":"request-%d"}`, b, b))
+				if err := c.DoTimeout(req, resp, 30*time.Second); err != nil || (resp.StatusCode() != 202 && resp.StatusCode() != 200) {
+					if failed.Add(1) <= 3 {
+						t.Errorf("deduct %d: %v %d %s", b, err, resp.StatusCode(), resp.Body())
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d deducts failed", failed.Load())
+	}
+	var sku map[string]any
+	waitFor(t, 2*time.Minute, "every order committed", func() bool {
+		_, sku = callQuiet(c, "GET", "/v1/skus/mem", "")
+		return sku != nil && sku["sold"].(float64) == memoryOrders
+	})
+	filled := time.Since(start)
+
+	// Repeats of the first and the last request id answer their orders.
+	for _, b := range []int{0, memoryOrders - 1} {
+		code, out := call(t, c, "POST", "/v1/skus/mem/deduct", fmt.Sprintf(`{"user":"user-%d","request_id":"request-%d"}`, b, b))
+		if code != 200 || out["order_id"] == nil {
+			t.Fatalf("repeat of request-%d: %d %v", b, code, out)
+		}
+	}
+	checkLedger(t, c, "mem")
+	pid := cmd.Process.Pid
+	hwm, rss := procKiB(t, pid, "VmHWM"), procKiB(t, pid, "VmRSS")
+	anon, file := procKiB(t, pid, "RssAnon"), procKiB(t, pid, "RssFile")
+	ledger, _ := os.Stat(filepath.Join(dir, "data", "ledger.db"))
+	t.Logf("%d orders with request ids in %s; peak resident %d MiB (now %d MiB: %d anonymous, %d file-backed); ledger.db %d MiB",
+		memoryOrders, filled.Round(time.Second), hwm>>10, rss>>10, anon>>10, file>>10, ledger.Size()>>20)
+	if hwm > memoryHWMMaxKiB {
+		t.Fatalf("peak resident memory %d MiB, the most allowed is %d MiB", hwm>>10, memoryHWMMaxKiB>>10)
+	}
+}
