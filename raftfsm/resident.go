@@ -3,8 +3,8 @@ package raftfsm
 import (
 	"os"
 
-	"golang.org/x/sys/unix"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 )
 
 // dropResidentPages tells the kernel this process no longer needs the
