@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -94,6 +95,7 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 		for i, p := range batch {
 			e.settle(p, res.Takes[i])
 		}
+		e.finishWhenApplied(res.Index, batch)
 	case (errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected)) && len(batch) > 1:
 		e.metrics.takeSplits.Add(1)
 		e.logger.Warn("take batch refused by the leader; splitting it", "entries", len(batch), "err", err)
@@ -186,7 +188,6 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
 		e.putBack(s, p.hint, qty)
 		r = DeductResult{Status: StatusUnavailable, Detail: "take rejected as malformed"}
 	}
-	s.takesInFlight.Add(-qty)
 	if !r.Status.Won() {
 		// A wait=none buyer may hold this order id: keep its fate readable.
 		o := p.pendingOrder()
@@ -194,5 +195,33 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
 		e.turnedDown.add(o)
 	}
 	p.resolve(r)
-	e.forget(p)
+}
+
+// finishWhenApplied ends a settled batch's bookkeeping once this node's
+// ledger has applied its index: until then its takes still count as in
+// flight (the ledger still counts their units as leased here) and stay
+// readable, and repeats of their request ids share their answers. On the
+// leader the index is applied already; a follower learns the commit a
+// moment after the leader answers, and its buyers need not wait for that.
+func (e *Engine) finishWhenApplied(index uint64, batch []*pendingTake) {
+	finish := func() {
+		for _, p := range batch {
+			p.sale.takesInFlight.Add(-p.entry.Qty)
+			e.forget(p)
+		}
+	}
+	if e.ledger.AppliedIndex() >= index {
+		finish()
+		return
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), applyWaitMax)
+		defer cancel()
+		if err := e.ledger.WaitApplied(ctx, index); err != nil {
+			e.logger.Warn("a committed take batch is not applied here yet", "index", index, "err", err)
+		}
+		finish()
+	}()
 }

@@ -57,6 +57,9 @@ const (
 	stockPollInterval = 5 * time.Millisecond
 	// tryAgainAfter is the Retry-After of a try_again answer.
 	tryAgainAfter = time.Second
+	// applyWaitMax bounds how long a settled batch waits for this node to
+	// apply it before its bookkeeping ends anyway.
+	applyWaitMax = 5 * time.Second
 	// drainLeaderlessMax is how long Close waits for queued takes while no
 	// leader is reachable.
 	drainLeaderlessMax = time.Second

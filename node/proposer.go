@@ -2,7 +2,6 @@ package node
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,9 +18,6 @@ const (
 	// forwardTimeout bounds one forwarded proposal: long enough for an
 	// election and a commit, short enough that a buyer gets an answer.
 	forwardTimeout = 10 * time.Second
-	// forwardApplyWait bounds how long a follower waits to apply a
-	// forwarded command itself before it answers.
-	forwardApplyWait = 5 * time.Second
 )
 
 // Proposer is the engine's way into the log on every node: it proposes
@@ -62,9 +58,10 @@ func translate(err error) error {
 	}
 }
 
-// forward sends an encoded command to the leader and, once it answers,
-// waits until this node has applied the command too, so the write is
-// readable here when the caller gets its answer.
+// forward sends an encoded command to the leader and returns its result.
+// The command reaches this node's ledger a moment later, when this node
+// learns the commit: callers that need it applied here wait for
+// Result.Index (the engine does, for the bookkeeping of its takes).
 func (p *Proposer) forward(op raftfsm.Op, b []byte) (*raftfsm.Result, error) {
 	leader, _ := p.raft.Leader()
 	if leader == "" {
@@ -96,11 +93,6 @@ func (p *Proposer) forward(op raftfsm.Op, b []byte) (*raftfsm.Result, error) {
 	res, err := raftfsm.DecodeResult(answer)
 	if err != nil {
 		return nil, fmt.Errorf("%w: decode the leader's answer: %v", engine.ErrOutcomeUnknown, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), forwardApplyWait)
-	defer cancel()
-	if err := p.ledger.WaitApplied(ctx, res.Index); err != nil {
-		p.logger.Warn("forwarded command committed but not yet applied here", "op", op, "index", res.Index, "err", err)
 	}
 	return res, nil
 }
