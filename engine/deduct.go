@@ -97,15 +97,16 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		res.Status, res.StartAt = StatusNotStarted, time.Unix(0, s.startAtUnixNano)
 		return
 	}
-	// A repeated request id gets its first answer, sold out or not.
-	if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+	// A repeated request id gets its first answer, sold out or not. A new
+	// one is known to be new without a lock (mayBeRepeat).
+	if len(req.RequestID) > 0 && e.mayBeRepeat(req.RequestID) && e.answerRepeat(req, res) {
 		return
 	}
 	if s.soldOut.Load() {
 		// The flag may have been set since the repeat check above, by the
 		// commit of this very request id's first attempt (on another
 		// node): that attempt's answer wins over sold_out.
-		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+		if len(req.RequestID) > 0 && e.mayBeRepeat(req.RequestID) && e.answerRepeat(req, res) {
 			return
 		}
 		res.Status = StatusSoldOut
@@ -115,7 +116,7 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 	// A repeat buyer of a per_user sale is turned away here once the ledger
 	// has committed their purchases; the ledger stays the final word for
 	// concurrent attempts.
-	if s.perUser > 0 && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser {
+	if s.perUser > 0 && e.ledger.MayHaveBought(req.SKU, req.User) && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser {
 		// The purchase that reached the limit may be this very request
 		// id's, committed since the repeat check above: its answer then.
 		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
@@ -140,6 +141,7 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 	var p *pendingTake
 	if len(req.RequestID) > 0 {
 		p = e.newPendingTake(s, req)
+		e.pendingIDs.add(req.RequestID) // before it is registered: see mayBeRepeat
 		if other, mine := e.pendingReq.putIfAbsent(p.entry.RequestID, p); !mine {
 			e.awaitPending(other, req.NoWait, e.cfg.CommitWait+e.cfg.LeaseWait, res)
 			return
@@ -156,6 +158,16 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		p = e.newPendingTake(s, req)
 	}
 	e.won(s, p, req.NoWait, res)
+}
+
+// mayBeRepeat reports whether req's request id may have an answer here
+// already: an attempt pending on this node, or an order in the ledger.
+// False is certain, and costs a few atomic loads: the ledger adds an id to
+// its filter before the commit that holds it is visible (and so before any
+// sold-out flag it leads to), and an attempt adds its id before it
+// registers.
+func (e *Engine) mayBeRepeat(requestID []byte) bool {
+	return e.pendingIDs.mayContain(requestID) || e.ledger.MayHoldRequest(requestID)
 }
 
 // answerRepeat fills res with the first answer of req's request id, if this

@@ -253,6 +253,7 @@ type Engine struct {
 
 	orderIDs   *orderIDs
 	pendingReq *stripedMap[*pendingTake] // request id -> take awaiting commit
+	pendingIDs *pendingFilter            // request ids that may be in pendingReq, lock-free
 	pendingOrd *stripedMap[*pendingTake] // order id -> take awaiting commit
 	turnedDown *turnedDown               // pending orders the ledger did not take
 
@@ -298,6 +299,7 @@ func New(cfg Config, ledger *raftfsm.Ledger) (*Engine, error) {
 		logger:       logger.With("component", "engine", "node", cfg.NodeID),
 		ledger:       ledger,
 		pendingReq:   newStripedMap[*pendingTake](),
+		pendingIDs:   newPendingFilter(cfg.Now()),
 		pendingOrd:   newStripedMap[*pendingTake](),
 		turnedDown:   newTurnedDown(),
 		takeQueue:    make(chan *pendingTake, cfg.TakeQueueMax),

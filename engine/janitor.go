@@ -37,6 +37,7 @@ func (e *Engine) runJanitor() {
 		}
 		e.updateBreaker()
 		now := e.cfg.Now()
+		e.pendingIDs.rotate(now)
 		e.expireHolds(now)
 		if now.Sub(lastAudit) >= e.cfg.AuditInterval && e.auditing.CompareAndSwap(false, true) {
 			// An audit scans every order: off the janitor's goroutine, one

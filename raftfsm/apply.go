@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"slices"
 	"sort"
@@ -209,7 +210,11 @@ func (a *applier) updateMirrors() {
 			delete(l.bought, key)
 		} else {
 			l.bought[key] = n
+			l.buyerFilter.Load().Add(maphash.String(l.reqSeed, key))
 		}
+	}
+	if l.requests.rebuildFilterIfFull() {
+		l.reqFilter.Store(l.requests.filter)
 	}
 	for node, addr := range a.nodeChanges {
 		l.nodes[node] = addr

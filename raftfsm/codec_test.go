@@ -132,7 +132,7 @@ func TestCodec_OrderRecordsRoundTripAndReadJSON(t *testing.T) {
 }
 
 func TestRequestIndex_SharedHashGoesToExact(t *testing.T) {
-	r := newRequestIndex()
+	r := newRequestIndex(maphash.MakeSeed())
 	r.add("a", 1)
 	// Another id already holds b's hash: b must not overwrite it.
 	r.byHash[maphash.String(r.seed, "b")] = 7

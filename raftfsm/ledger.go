@@ -6,13 +6,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"stockd/internal/hashfilter"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -142,10 +146,15 @@ type Ledger struct {
 	bh       *behind // changes applied and not yet in bbolt, and their persister
 	applied  uint64
 	skus     map[string]*SKU
-	requests *requestIndex     // request id -> where its order id is
-	nodes    map[string]string // node id -> HTTP address
-	holds    map[string]int64  // held order id -> expires at (unix nanos)
-	bought   map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
+	requests *requestIndex // request id -> where its order id is
+	// reqSeed hashes request ids and buyer keys, for the whole life of the
+	// ledger; reqFilter and buyerFilter answer "surely not" without a lock.
+	reqSeed     maphash.Seed
+	reqFilter   atomic.Pointer[hashfilter.Filter]
+	buyerFilter atomic.Pointer[hashfilter.Filter]
+	nodes       map[string]string // node id -> HTTP address
+	holds       map[string]int64  // held order id -> expires at (unix nanos)
+	bought      map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
 
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
@@ -169,7 +178,7 @@ func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create ledger dir %s: %w", dir, err)
 	}
-	l := &Ledger{path: filepath.Join(dir, ledgerFileName), logger: logger}
+	l := &Ledger{path: filepath.Join(dir, ledgerFileName), logger: logger, reqSeed: maphash.MakeSeed()}
 	if err := l.open(); err != nil {
 		return nil, err
 	}
@@ -234,7 +243,8 @@ func (l *Ledger) PersistLag() (entries uint64, changes int) {
 
 func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	skus := make(map[string]*SKU)
-	requests := newRequestIndex()
+	requests := newRequestIndex(l.reqSeed)
+	buyers := hashfilter.New(buyerFilterLog2Bits)
 	nodes := make(map[string]string)
 	holds := make(map[string]int64)
 	bought := make(map[string]int64)
@@ -264,6 +274,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		err = tx.Bucket(bucketBuyers).ForEach(func(k, v []byte) error {
 			if len(v) == 8 {
 				bought[string(k)] = int64(binary.BigEndian.Uint64(v))
+				buyers.Add(maphash.Bytes(l.reqSeed, k))
 			}
 			return nil
 		})
@@ -294,6 +305,8 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		return err
 	}
 	l.applied, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, skus, requests, nodes, holds, bought
+	l.reqFilter.Store(requests.filter)
+	l.buyerFilter.Store(buyers)
 	return nil
 }
 
@@ -414,6 +427,29 @@ func (l *Ledger) OrderIDForRequestBytes(requestID []byte) (string, bool) {
 	}
 	return string(v), true
 }
+
+// MayHoldRequest reports whether the ledger may hold requestID; false is
+// certain. It takes no lock and does not allocate: a buyer with a new
+// request id is not slowed down by the ids the ledger holds.
+func (l *Ledger) MayHoldRequest(requestID []byte) bool {
+	f := l.reqFilter.Load()
+	return f == nil || f.MayContain(maphash.Bytes(l.reqSeed, requestID))
+}
+
+// MayHaveBought reports whether user may hold or have bought units of a
+// per_user sale; false is certain. No lock, no allocation.
+func (l *Ledger) MayHaveBought(sku, user []byte) bool {
+	f := l.buyerFilter.Load()
+	if f == nil {
+		return true
+	}
+	var buf [2*maxKeyBytes + 1]byte
+	return f.MayContain(maphash.Bytes(l.reqSeed, appendBuyerKey(buf[:0], sku, user)))
+}
+
+// buyerFilterLog2Bits sizes the buyer filter: 512 KiB, half a million
+// buyers of per_user sales at its intended rate of false maybes.
+const buyerFilterLog2Bits = 22
 
 // read returns a copy of one value, pending changes first, then bbolt;
 // nil when absent.

@@ -519,3 +519,26 @@ func TestLedger_LongReadDoesNotBlockApply(t *testing.T) {
 		t.Fatalf("total %d after restock", s.Total)
 	}
 }
+
+func TestLedger_FiltersNeverMissWhatTheLedgerHolds(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10, PerUser: 1}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 5})
+	if tl.l.MayHoldRequest([]byte("r-never")) || tl.l.MayHaveBought([]byte("a"), []byte("u1")) {
+		t.Fatal("an empty ledger's filters say maybe")
+	}
+	tl.apply(take("n1", "a", "u1", "o1", 1))
+	if !tl.l.MayHoldRequest([]byte("req-o1")) || !tl.l.MayHaveBought([]byte("a"), []byte("u1")) {
+		t.Fatal("a held request id or buyer is filtered out")
+	}
+	// After a reopen the filters are rebuilt from the file.
+	tl.l.Close()
+	l2, err := OpenLedger(tl.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if !l2.MayHoldRequest([]byte("req-o1")) || !l2.MayHaveBought([]byte("a"), []byte("u1")) {
+		t.Fatal("filters lost an entry across a reopen")
+	}
+}

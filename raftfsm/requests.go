@@ -2,6 +2,8 @@ package raftfsm
 
 import (
 	"hash/maphash"
+
+	"stockd/internal/hashfilter"
 )
 
 // requestIndex finds the order a request id produced without keeping the
@@ -17,10 +19,36 @@ type requestIndex struct {
 	seed   maphash.Seed
 	byHash map[uint64]int64 // hash(request id) -> created at (unix nanos)
 	exact  map[string]int64 // request ids whose hash another id holds
+	// filter holds every hash added, for lock-free "surely not held"
+	// answers; ids removed stay in it until it is rebuilt.
+	filter *hashfilter.Filter
 }
 
-func newRequestIndex() *requestIndex {
-	return &requestIndex{seed: maphash.MakeSeed(), byHash: map[uint64]int64{}, exact: map[string]int64{}}
+// requestFilterLog2Bits sizes the request id filter: 2 MiB, two million
+// ids at its intended rate of false maybes.
+const requestFilterLog2Bits = 24
+
+func newRequestIndex(seed maphash.Seed) *requestIndex {
+	return &requestIndex{seed: seed, byHash: map[uint64]int64{}, exact: map[string]int64{},
+		filter: hashfilter.New(requestFilterLog2Bits)}
+}
+
+// rebuildFilterIfFull starts the filter afresh from the ids held when
+// removed ids have filled it. The caller holds the ledger's lock; readers
+// keep the old filter until they load the new one.
+func (r *requestIndex) rebuildFilterIfFull() bool {
+	if r.filter.Adds() <= 2*r.filter.Capacity() {
+		return false
+	}
+	f := hashfilter.New(requestFilterLog2Bits)
+	for h := range r.byHash {
+		f.Add(h)
+	}
+	for id := range r.exact {
+		f.Add(maphash.String(r.seed, id))
+	}
+	r.filter = f
+	return true
 }
 
 // candidate returns the creation time under which requestID's record
@@ -38,6 +66,7 @@ func (r *requestIndex) candidate(requestID []byte) (int64, bool) {
 // add records a request id the ledger does not hold yet, created at at.
 func (r *requestIndex) add(requestID string, at int64) {
 	h := maphash.String(r.seed, requestID)
+	r.filter.Add(h)
 	if _, taken := r.byHash[h]; taken {
 		r.exact[requestID] = at
 		return
