@@ -118,6 +118,7 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 	fs.DurationVar(&cfg.Engine.RequestRetention, "request-retention", cfg.Engine.RequestRetention, "how long a request_id keeps answering with its first order")
 	fs.Int64Var(&cfg.Engine.RequestMaxKeep, "request-max-keep", cfg.Engine.RequestMaxKeep, "most request_ids remembered; the oldest beyond this are forgotten first")
 	fs.DurationVar(&cfg.Engine.AuditInterval, "audit-interval", cfg.Engine.AuditInterval, "how often every node audits its ledger (stockd_audit_drift_units)")
+	fs.StringVar(&cfg.Raft.LogStore, "raft-log-store", cfg.Raft.LogStore, "raft log store of a new data dir: wal (append-only segments) or bolt (raft-boltdb); a data dir keeps the one it has")
 	fs.DurationVar(&raftTimeout, "raft-timeout", raftTimeout, "raft heartbeat and election timeout (leader lease: half); failover takes about two to three of these")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: stockd [serve] [flags]\n\nEvery flag can also be set as STOCKD_<FLAG> (for -admin-token: STOCKD_ADMIN_TOKEN).")
