@@ -245,7 +245,7 @@ type sale struct {
 type Engine struct {
 	cfg      Config
 	logger   *slog.Logger
-	ledger   *raftfsm.Ledger
+	ledger   Ledger
 	proposer Proposer
 
 	salesMu sync.Mutex                       // serialises writers of sales
@@ -282,11 +282,12 @@ type Engine struct {
 	admission *admission
 }
 
-// New builds an engine over an open ledger, loads every sale's buckets with
+// New builds an engine over an open ledger (a *raftfsm.Ledger, or a fake
+// in tests), loads every sale's buckets with
 // the units leased to this node, and registers itself as the ledger's
 // observer. Call it before raft starts applying entries, then Start it with
 // the proposer once raft runs.
-func New(cfg Config, ledger *raftfsm.Ledger) (*Engine, error) {
+func New(cfg Config, ledger Ledger) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

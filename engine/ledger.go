@@ -1,0 +1,36 @@
+package engine
+
+import (
+	"context"
+
+	"stockd/raftfsm"
+)
+
+// Ledger is what the engine reads of the replicated ledger, and where it
+// registers for its events. *raftfsm.Ledger implements it; every method may
+// be called from any goroutine. The engine writes only through a Proposer.
+type Ledger interface {
+	// SKU and SKUs read sales' rows as applied, with the applied index.
+	SKU(sku string) (raftfsm.SKU, uint64, bool)
+	SKUs() ([]raftfsm.SKU, uint64)
+	Order(id string) (raftfsm.Order, bool, error)
+	// OrderIDForRequestBytes finds the order a request id produced;
+	// MayHoldRequest says, lock-free, whether it may exist at all.
+	OrderIDForRequestBytes(requestID []byte) (string, bool)
+	MayHoldRequest(requestID []byte) bool
+	// BoughtBytes is a buyer's units of a per_user sale; MayHaveBought
+	// says, lock-free, whether they may have any.
+	BoughtBytes(sku, user []byte) int64
+	MayHaveBought(sku, user []byte) bool
+	ExpiredHolds(nowUnixNano int64, limit int) []string
+	NodeAddrs() map[string]string
+	AppliedIndex() uint64
+	WaitApplied(ctx context.Context, index uint64) error
+	AuditSKU(sku string) (raftfsm.Audit, bool, error)
+	AuditAll() (map[string]raftfsm.Audit, error)
+	// PersistLag is how far the ledger's file is behind what it applied.
+	PersistLag() (entries uint64, changes int)
+	SetObserver(o raftfsm.Observer)
+}
+
+var _ Ledger = (*raftfsm.Ledger)(nil)
