@@ -8,16 +8,10 @@ import (
 	"maps"
 	"net"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	wal "github.com/hashicorp/raft-wal"
-	"github.com/hashicorp/raft-wal/metadb"
 )
 
 // Errors a proposal can end with. Each says whether the command may have
@@ -80,67 +74,6 @@ type Config struct {
 	// (append-only segments, one fsync per append) or LogStoreBolt
 	// (raft-boltdb). A data dir that has one keeps it.
 	LogStore string
-}
-
-// Raft log stores (BENCHMARKS.md has the measurement behind the default).
-const (
-	LogStoreWAL  = "wal"
-	LogStoreBolt = "bolt"
-)
-
-// logStore is what raft needs of its log and stable store, and Close.
-type logStore interface {
-	raft.LogStore
-	raft.StableStore
-	Close() error
-}
-
-// walStore is raft-wal with its meta store, closed together.
-type walStore struct {
-	*wal.WAL
-	meta *metadb.BoltMetaDB
-}
-
-func (s *walStore) Close() error {
-	err := s.WAL.Close()
-	if merr := s.meta.Close(); err == nil {
-		err = merr
-	}
-	return err
-}
-
-// openLogStore opens the data dir's raft log: the store it already holds,
-// else a new one of kind want.
-func openLogStore(dir, want string, hlog hclog.Logger) (logStore, string, error) {
-	boltPath, walDir := filepath.Join(dir, raftLogFileName), filepath.Join(dir, raftWALDirName)
-	kind := want
-	if _, err := os.Stat(boltPath); err == nil {
-		kind = LogStoreBolt
-	} else if _, err := os.Stat(walDir); err == nil {
-		kind = LogStoreWAL
-	}
-	switch kind {
-	case LogStoreBolt:
-		s, err := raftboltdb.New(raftboltdb.Options{Path: boltPath})
-		if err != nil {
-			return nil, kind, fmt.Errorf("open raft log %s: %w", boltPath, err)
-		}
-		return s, kind, nil
-	case LogStoreWAL:
-		if err := os.MkdirAll(walDir, 0o755); err != nil {
-			return nil, kind, fmt.Errorf("create raft log dir %s: %w", walDir, err)
-		}
-		// raft-wal v0.4.0's Close leaves its meta store open (and its
-		// file locked): own it and close it after the WAL.
-		meta := &metadb.BoltMetaDB{}
-		w, err := wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(meta))
-		if err != nil {
-			meta.Close()
-			return nil, kind, fmt.Errorf("open raft log %s: %w", walDir, err)
-		}
-		return &walStore{WAL: w, meta: meta}, kind, nil
-	}
-	return nil, kind, fmt.Errorf("raft log store %q: want %s or %s", want, LogStoreWAL, LogStoreBolt)
 }
 
 // DefaultConfig returns a single node with its data in ./data.
@@ -577,38 +510,6 @@ func (n *Node) Close() error {
 		return fmt.Errorf("close raft node %s: %w", n.cfg.NodeID, err)
 	}
 	return nil
-}
-
-// newHclogAdapter routes raft's hclog output into slog, keeping its level.
-func newHclogAdapter(logger *slog.Logger) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{
-		Name:        "raft",
-		Level:       hclog.Info,
-		Output:      &slogWriter{logger: logger},
-		DisableTime: true,
-	})
-}
-
-type slogWriter struct{ logger *slog.Logger }
-
-var hclogLevels = []struct {
-	tag   string
-	level slog.Level
-}{{"[ERROR]", slog.LevelError}, {"[WARN]", slog.LevelWarn}, {"[DEBUG]", slog.LevelDebug}, {"[TRACE]", slog.LevelDebug}}
-
-func (w *slogWriter) Write(p []byte) (int, error) {
-	line := strings.TrimRight(string(p), "\r\n")
-	level := slog.LevelInfo
-	for _, l := range hclogLevels {
-		if strings.HasPrefix(line, l.tag) {
-			level = l.level
-			line = strings.TrimSpace(line[len(l.tag):])
-			break
-		}
-	}
-	line = strings.TrimPrefix(strings.TrimPrefix(line, "[INFO]"), " ")
-	w.logger.Log(context.Background(), level, strings.TrimSpace(line))
-	return len(p), nil
 }
 
 // StreamLayer is raft's network stream abstraction, re-exported so callers

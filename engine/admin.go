@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"stockd/raftfsm"
+)
+
+// SaleSpec is what CreateSale needs; zero values mean "none".
+type SaleSpec struct {
+	Total   int64
+	StartAt time.Time
+	PerUser int64
+	HoldTTL time.Duration
+}
+
+// CreateSale creates a sale. It reports created=false when a sale with the
+// same config already exists, and ErrConflict when one with another exists.
+func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error) {
+	if sku == "" || spec.Total < 0 || spec.PerUser < 0 || spec.HoldTTL < 0 {
+		return false, fmt.Errorf("%w: sale %q needs total, per_user and hold_ttl >= 0", ErrInvalid, sku)
+	}
+	if _, _, ok := e.ledger.SKU(sku); !ok && len(*e.sales.Load()) >= MaxSKUs {
+		return false, fmt.Errorf("%w: this node holds %d", ErrTooManySKUs, MaxSKUs)
+	}
+	cfg := raftfsm.SaleConfig{Total: spec.Total, PerUser: spec.PerUser, HoldTTLNanos: int64(spec.HoldTTL)}
+	if !spec.StartAt.IsZero() {
+		cfg.StartAtUnixNano = spec.StartAt.UnixNano()
+	}
+	res, err := e.propose(&raftfsm.CreateSale{SKU: sku, Sale: cfg})
+	if err != nil {
+		return false, err
+	}
+	switch res.Outcome {
+	case raftfsm.OutcomeOK:
+		return true, nil
+	case raftfsm.OutcomeSame:
+		return false, nil
+	case raftfsm.OutcomeConflict:
+		return false, fmt.Errorf("%w: sku %q", ErrConflict, sku)
+	}
+	return false, fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+}
+
+// Restock adds qty units to a sale.
+func (e *Engine) Restock(sku string, qty int64) error {
+	if qty <= 0 {
+		return fmt.Errorf("%w: restock qty %d <= 0", ErrInvalid, qty)
+	}
+	res, err := e.propose(&raftfsm.Restock{SKU: sku, Qty: qty})
+	if err != nil {
+		return err
+	}
+	switch res.Outcome {
+	case raftfsm.OutcomeOK:
+		return nil
+	case raftfsm.OutcomeUnknownSKU:
+		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	}
+	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+}
+
+// propose stamps c with the engine's clock and replicates it. Its errors
+// are the engine's sentinels (see Proposer).
+func (e *Engine) propose(c raftfsm.Command) (*raftfsm.Result, error) {
+	res, err := e.proposer.Propose(e.cfg.Now().UnixNano(), c)
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUnavailable), errors.Is(err, ErrTooLarge), errors.Is(err, ErrRejected):
+		return nil, fmt.Errorf("%s: %w", c.Op(), err)
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op(), err)
+	case errors.Is(err, raftfsm.ErrMalformed):
+		return nil, fmt.Errorf("%w: %s: %w", ErrRejected, c.Op(), err)
+	default:
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.Op(), err)
+	}
+}
+
+// Confirm turns a held order sold.
+func (e *Engine) Confirm(id string) (raftfsm.Order, error) {
+	return e.orderCommand(&raftfsm.Confirm{OrderID: id})
+}
+
+// Cancel releases a held order; its units return to available.
+func (e *Engine) Cancel(id string) (raftfsm.Order, error) {
+	return e.orderCommand(&raftfsm.Release{OrderID: id, Reason: raftfsm.ReleaseCancelled})
+}
+
+func (e *Engine) orderCommand(c raftfsm.Command) (raftfsm.Order, error) {
+	res, err := e.propose(c)
+	if err != nil {
+		return raftfsm.Order{}, err
+	}
+	var o raftfsm.Order
+	if res.Order != nil {
+		o = *res.Order
+	}
+	switch res.Outcome {
+	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
+		return o, nil
+	case raftfsm.OutcomeNotFound:
+		return o, ErrNotFound
+	case raftfsm.OutcomeExpired:
+		return o, ErrExpired
+	case raftfsm.OutcomeInvalidState:
+		return o, ErrInvalidState
+	}
+	return o, fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+}
+
+// Reclaim returns all of node's leases to available (after it left the
+// cluster) and reports the units.
+func (e *Engine) Reclaim(node string) (int64, error) {
+	res, err := e.propose(&raftfsm.Reclaim{Node: node})
+	if err != nil {
+		return 0, err
+	}
+	return res.Qty, nil
+}

@@ -1,0 +1,216 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+
+	"stockd/raftfsm"
+	"stockd/shard"
+)
+
+// Errors of the engine's control-plane calls. Deduct reports its outcomes as
+// a Status instead.
+var (
+	ErrUnknownSKU   = errors.New("unknown sku")
+	ErrConflict     = errors.New("sale exists with another config")
+	ErrInvalid      = errors.New("invalid request")
+	ErrClosed       = errors.New("engine closed")
+	ErrNotFound     = errors.New("order not found")
+	ErrExpired      = errors.New("hold expired")
+	ErrInvalidState = errors.New("order state does not allow this")
+	ErrTooManySKUs  = errors.New("too many skus")
+	// ErrUnavailable: the ledger could not take the command (no leader, no
+	// quorum, shutting down); nothing was applied.
+	ErrUnavailable = errors.New("ledger unavailable")
+	// ErrOutcomeUnknown: the command may or may not have been applied.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
+	// ErrTooLarge: the leader refused the command for its size; nothing
+	// was applied, and the same bytes would be refused again (split them).
+	ErrTooLarge = errors.New("command too large")
+	// ErrRejected: the leader refused the command as malformed or not
+	// allowed; nothing was applied, and sending it again cannot help.
+	ErrRejected = errors.New("command rejected")
+	// ErrDrainIncomplete: Close gave up on takes that could not commit in
+	// time (no quorum, or the drain deadline). Their units stay leased to
+	// this node, which loads them again at its next start.
+	ErrDrainIncomplete = errors.New("drain incomplete")
+)
+
+// Limits, each with its reason.
+const (
+	// MaxQtyPerDeduct bounds one deduct: a flash sale sells a few units per
+	// buyer, and a huge qty is a client bug, not a purchase.
+	MaxQtyPerDeduct = 1000
+	// MaxSKUs bounds the sales one node tracks (each holds buckets and a
+	// goroutine-free lease state; the ledger row is small).
+	MaxSKUs = 100_000
+	// maxTakeBatchEntries bounds the takes of one batch (and so the
+	// buyers one commit answers).
+	maxTakeBatchEntries = 4096
+	// stockPollInterval paces a waiting deduct's re-reads of the ledger.
+	stockPollInterval = 5 * time.Millisecond
+	// tryAgainAfter is the Retry-After of a try_again answer.
+	tryAgainAfter = time.Second
+	// applyWaitMax bounds how long a settled batch waits for this node to
+	// apply it before its bookkeeping ends anyway.
+	applyWaitMax = 5 * time.Second
+	// drainLeaderlessMax is how long Close waits for queued takes while no
+	// leader is reachable.
+	drainLeaderlessMax = time.Second
+	// demandPace spaces a node's demand leases for one sale while the
+	// ledger has nothing available: holders need a round trip to answer.
+	demandPace = 10 * time.Millisecond
+	// leaseRetryBackoff spaces lease proposals that failed (no leader yet).
+	leaseRetryBackoff = 20 * time.Millisecond
+	// takeRetryBackoff spaces re-proposals of takes whose outcome is unknown.
+	takeRetryBackoff = 20 * time.Millisecond
+)
+
+// Proposer replicates a command and returns the ledger's result once it is
+// applied. It may be called from several goroutines at once. A single node
+// passes its raftfsm.Node; a follower passes something that forwards to the
+// leader.
+//
+// Errors are the engine's sentinels: ErrUnavailable (nothing applied; may
+// be retried), ErrOutcomeUnknown (retry with the same order ids),
+// ErrTooLarge and ErrRejected (nothing applied; never send the same command
+// again). A raftfsm.Node also qualifies: its sentinels are mapped here.
+type Proposer interface {
+	Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error)
+}
+
+// Config holds the engine's knobs. Logger and NodeID are required.
+type Config struct {
+	NodeID string
+	Logger *slog.Logger
+
+	// BucketsPerSKU is the number of per-core counters per sale.
+	BucketsPerSKU int
+	// LeaseChunkMax caps one lease; chunks shrink toward 1 as the ledger's
+	// available shrinks (available / LeaseDivisor).
+	LeaseChunkMax int64
+	LeaseDivisor  int64
+	// LeaseWait is how long a deduct that finds the buckets empty waits for
+	// a lease refill before answering.
+	LeaseWait time.Duration
+	// CommitWait is how long a wait=commit deduct waits for its batch to be
+	// applied before it answers outcome_unknown.
+	CommitWait time.Duration
+	// ProposalsInFlightMax bounds Take proposals in flight while this node
+	// leads; takes queue while all are busy and leave in the next batch.
+	// One is fastest on a 2-core machine (bigger batches, less per-batch
+	// CPU). ForwardedInFlightMax bounds them while the leader is another
+	// node: a forwarded batch waits a network round trip and the leader's
+	// commit, so several overlap.
+	ProposalsInFlightMax int
+	ForwardedInFlightMax int
+	// TakeBatchBytesMax bounds one Take batch's encoded size, well under
+	// raft's suggested 512 KiB per entry and the internal wire's cap.
+	TakeBatchBytesMax int
+	// TakeQueueMax bounds won takes waiting for a proposal slot.
+	TakeQueueMax int
+	// LeaseIdleReturn: a sale's unused lease goes back to the ledger when
+	// no unit was taken from this node's buckets for this long, so stock
+	// never sits stranded here while another node turns buyers away.
+	LeaseIdleReturn time.Duration
+	// ReclaimAfter: the leader reclaims the leases of a peer it has not
+	// reached for this long (and at once of a node no longer a member).
+	ReclaimAfter time.Duration
+	// RequestRetention and RequestMaxKeep bound the request ids the ledger
+	// remembers for idempotency: the leader prunes ids older than the
+	// retention, and the oldest beyond the count.
+	RequestRetention time.Duration
+	RequestMaxKeep   int64
+	// AuditInterval paces the periodic self-audit of every sale.
+	AuditInterval time.Duration
+	// RateLimit caps deducts per second on this node (0: no cap), with
+	// RateBurst of headroom; MaxInFlight caps deducts being served at once
+	// (0: no cap). Both answer 429 with a retry time; sold-out and
+	// not-started answers come before them and are never limited.
+	RateLimit   float64
+	RateBurst   int
+	MaxInFlight int
+	// AdvertiseHTTP is this node's HTTP address as peers reach it; the
+	// engine registers it in the ledger so followers can forward to it.
+	AdvertiseHTTP string
+	// Cluster tells the engine about raft; nil for a node without peers
+	// in tests (always healthy, never leader duties).
+	Cluster Cluster
+	// Now is the clock; tests replace it.
+	Now func() time.Time
+}
+
+// Cluster is the engine's view of raft. Its methods may be called from any
+// goroutine and must return quickly.
+type Cluster interface {
+	// IsLeader reports whether this node leads now.
+	IsLeader() bool
+	// CommitHealthy reports whether a proposal could commit now: a leader
+	// is known and this node is in contact with it.
+	CommitHealthy() bool
+	// Unreachable returns, on the leader, peers it cannot heartbeat, with
+	// their last contact.
+	Unreachable() map[string]time.Time
+	// MemberIDs returns the voters' ids.
+	MemberIDs() ([]string, error)
+}
+
+// DefaultConfig returns the knobs for node id n1.
+func DefaultConfig() Config {
+	return Config{
+		NodeID:               "n1",
+		BucketsPerSKU:        runtime.GOMAXPROCS(0),
+		LeaseChunkMax:        1024,
+		LeaseDivisor:         4,
+		LeaseWait:            2 * time.Second,
+		CommitWait:           5 * time.Second,
+		ProposalsInFlightMax: 1,
+		ForwardedInFlightMax: 4,
+		TakeBatchBytesMax:    256 << 10,
+		TakeQueueMax:         1 << 16,
+		LeaseIdleReturn:      time.Second,
+		ReclaimAfter:         10 * time.Second,
+		RequestRetention:     24 * time.Hour,
+		RequestMaxKeep:       1_000_000,
+		AuditInterval:        30 * time.Second,
+		RateBurst:            1000,
+		MaxInFlight:          10_000,
+		Now:                  time.Now,
+	}
+}
+
+// Validate names the first knob that cannot work.
+func (c *Config) Validate() error {
+	switch {
+	case c.NodeID == "":
+		return errors.New("engine: node id is empty")
+	case c.BucketsPerSKU < 1 || c.BucketsPerSKU > shard.MaxBuckets:
+		return fmt.Errorf("engine: buckets per sku %d outside 1..%d", c.BucketsPerSKU, shard.MaxBuckets)
+	case c.LeaseChunkMax < 1:
+		return fmt.Errorf("engine: lease chunk max %d < 1", c.LeaseChunkMax)
+	case c.LeaseDivisor < 1:
+		return fmt.Errorf("engine: lease divisor %d < 1", c.LeaseDivisor)
+	case c.LeaseWait <= 0 || c.CommitWait <= 0:
+		return fmt.Errorf("engine: lease wait %s and commit wait %s must be > 0", c.LeaseWait, c.CommitWait)
+	case c.ProposalsInFlightMax < 1 || c.ForwardedInFlightMax < 1:
+		return fmt.Errorf("engine: proposals in flight %d and forwarded in flight %d must be >= 1", c.ProposalsInFlightMax, c.ForwardedInFlightMax)
+	case c.TakeBatchBytesMax < 1<<10:
+		return fmt.Errorf("engine: take batch bytes max %d < 1 KiB", c.TakeBatchBytesMax)
+	case c.TakeQueueMax < 1:
+		return fmt.Errorf("engine: take queue max %d < 1", c.TakeQueueMax)
+	case c.Now == nil:
+		return errors.New("engine: clock is nil")
+	case c.LeaseIdleReturn <= 0 || c.ReclaimAfter <= 0:
+		return fmt.Errorf("engine: lease idle return %s and reclaim after %s must be > 0", c.LeaseIdleReturn, c.ReclaimAfter)
+	case c.RequestRetention <= 0 || c.RequestMaxKeep < 1:
+		return fmt.Errorf("engine: request retention %s must be > 0 and request max keep %d >= 1", c.RequestRetention, c.RequestMaxKeep)
+	case c.AuditInterval <= 0:
+		return fmt.Errorf("engine: audit interval %s must be > 0", c.AuditInterval)
+	case c.RateLimit < 0 || c.MaxInFlight < 0 || (c.RateLimit > 0 && c.RateBurst < 1):
+		return fmt.Errorf("engine: rate limit %g and max in flight %d must be >= 0, rate burst %d >= 1 with a rate", c.RateLimit, c.MaxInFlight, c.RateBurst)
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"context"
+
+	"stockd/raftfsm"
+)
+
+// SKUView is a sale as GET /v1/skus/{sku} shows it.
+type SKUView struct {
+	Row   raftfsm.SKU
+	State string // upcoming, open, sold_out
+}
+
+// Sale states.
+const (
+	StateUpcoming = "upcoming"
+	StateOpen     = "open"
+	StateSoldOut  = "sold_out"
+)
+
+// SKU reads a sale from the local ledger.
+func (e *Engine) SKU(sku string) (SKUView, bool) {
+	row, _, ok := e.ledger.SKU(sku)
+	if !ok {
+		return SKUView{}, false
+	}
+	v := SKUView{Row: row, State: StateOpen}
+	switch {
+	case row.Remaining() <= 0:
+		v.State = StateSoldOut
+	case row.Config.StartAtUnixNano > e.cfg.Now().UnixNano():
+		v.State = StateUpcoming
+	}
+	return v, true
+}
+
+// Order reads an order: from the ledger once committed, else from this
+// node's pending takes (state pending), else from the pending orders the
+// ledger turned down (state released, reason turned_down_<why>).
+func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
+	o, ok, err := e.ledger.Order(id)
+	if err != nil || ok {
+		return o, ok, err
+	}
+	if p, ok := e.pendingOrd.get(id); ok {
+		if r, done := p.outcome(); done && r.Status.Won() {
+			return r.Order, true, nil
+		}
+		return p.pendingOrder(), true, nil
+	}
+	if o, ok := e.turnedDown.get(id); ok {
+		if o.ID != id {
+			// A repeat of a request id won elsewhere: the real order.
+			return e.ledger.Order(o.ID)
+		}
+		return o, true, nil
+	}
+	return raftfsm.Order{}, false, nil
+}
+
+// Audit recounts a sale in the local ledger and checks this node's local
+// law: units in its buckets plus its takes in flight equal leased[me].
+func (e *Engine) Audit(sku string) (raftfsm.Audit, LocalAudit, bool, error) {
+	a, ok, err := e.ledger.AuditSKU(sku)
+	if err != nil || !ok {
+		return a, LocalAudit{}, ok, err
+	}
+	var local LocalAudit
+	if s := e.lookupSale([]byte(sku)); s != nil {
+		local = LocalAudit{
+			Buckets:       s.buckets.Units(),
+			TakesInFlight: s.takesInFlight.Load(),
+			Leased:        a.Row.Leased[e.cfg.NodeID],
+		}
+		local.OK = local.Buckets+local.TakesInFlight == local.Leased
+	}
+	return a, local, true, nil
+}
+
+// LocalAudit is the node-local law at the moment of the audit. Under load it
+// can be off by the units of a lease or take being applied right then.
+type LocalAudit struct {
+	OK            bool  `json:"ok"`
+	Buckets       int64 `json:"buckets"`
+	TakesInFlight int64 `json:"takes_in_flight"`
+	Leased        int64 `json:"leased"`
+}
+
+// Ledger types the engine's callers see, so that they need not import
+// raftfsm.
+type (
+	Order  = raftfsm.Order
+	Audit  = raftfsm.Audit
+	SKURow = raftfsm.SKU
+)
+
+// NodeAddrs returns the HTTP addresses nodes registered in the ledger.
+func (e *Engine) NodeAddrs() map[string]string { return e.ledger.NodeAddrs() }
+
+// AppliedIndex is the last log index this node's ledger holds.
+func (e *Engine) AppliedIndex() uint64 { return e.ledger.AppliedIndex() }
+
+// WaitApplied blocks until this node's ledger holds log index or ctx ends.
+func (e *Engine) WaitApplied(ctx context.Context, index uint64) error {
+	return e.ledger.WaitApplied(ctx, index)
+}
+
+// CommitBlocked reports whether the breaker refuses wait=commit deducts.
+func (e *Engine) CommitBlocked() bool { return e.commitBlocked.Load() }
+
+// LeaderReachable reports whether this node is in contact with a raft
+// leader: its reads are then current, not stale. Without a cluster (tests)
+// it is always true.
+func (e *Engine) LeaderReachable() bool {
+	return e.cfg.Cluster == nil || e.cfg.Cluster.CommitHealthy()
+}

@@ -1,0 +1,214 @@
+package raftfsm
+
+import "fmt"
+
+func (a *applier) getOrder(id string) (*Order, error) {
+	v, err := a.get(bucketOrders, []byte(id))
+	if err != nil || v == nil {
+		return nil, err
+	}
+	o, err := decodeOrderRecord(id, v)
+	if err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+func (a *applier) putOrder(o *Order) error {
+	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(nil, o))
+	return nil
+}
+
+func (a *applier) take(c *Take) (*Result, error) {
+	if c.Node == "" {
+		return invalid("take needs a node"), nil
+	}
+	res := &Result{Outcome: OutcomeOK, Takes: make([]TakeResult, len(c.Entries))}
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		r := &res.Takes[i]
+		if e.OrderID == "" || e.Qty <= 0 || e.User == "" {
+			r.Outcome = OutcomeInvalid
+			continue
+		}
+		// The same order id again: a re-proposal after an unknown outcome.
+		prior, err := a.getOrder(e.OrderID)
+		if err != nil {
+			return nil, err
+		}
+		if prior == nil && e.RequestID != "" {
+			id, ok, err := a.requestOrder(e.RequestID)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				if prior, err = a.getOrder(id); err != nil {
+					return nil, err
+				}
+				if prior == nil {
+					panic(fmt.Sprintf("BUG: request %q names missing order %q", e.RequestID, id))
+				}
+			}
+		}
+		if prior != nil {
+			r.Outcome, r.Order = OutcomeSame, *prior
+			continue
+		}
+		s := a.sku(e.SKU)
+		if s == nil {
+			r.Outcome = OutcomeUnknownSKU
+			continue
+		}
+		if s.Leased[c.Node] < e.Qty {
+			r.Outcome = OutcomeLeaseShort
+			continue
+		}
+		if s.Config.PerUser > 0 {
+			bought, err := a.addBought(e.SKU, e.User, 0)
+			if err != nil {
+				return nil, err
+			}
+			if bought+e.Qty > s.Config.PerUser {
+				r.Outcome = OutcomeUserLimit
+				continue
+			}
+		}
+		s.Leased[c.Node] -= e.Qty
+		if s.Leased[c.Node] == 0 {
+			delete(s.Leased, c.Node)
+		}
+		o := Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
+			Node: c.Node, CreatedAtUnixNano: a.at}
+		if ttl := s.Config.HoldTTLNanos; ttl > 0 {
+			o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
+			s.Held += e.Qty
+		} else {
+			o.State = OrderSold
+			s.Sold += e.Qty
+		}
+		if err := a.putOrder(&o); err != nil {
+			return nil, err
+		}
+		if s.Config.PerUser > 0 {
+			if _, err := a.addBought(e.SKU, e.User, e.Qty); err != nil {
+				return nil, err
+			}
+		}
+		if e.RequestID != "" {
+			if err := a.rememberRequest(e.RequestID, o.ID, o.CreatedAtUnixNano); err != nil {
+				return nil, err
+			}
+		}
+		if o.State == OrderHeld {
+			a.holdChanges[o.ID] = o.ExpiresAtUnixNano
+		}
+		r.Outcome, r.Order = OutcomeOK, o
+	}
+	return res, nil
+}
+
+func (a *applier) confirm(c *Confirm) (*Result, error) {
+	o, err := a.getOrder(c.OrderID)
+	if err != nil || o == nil {
+		return &Result{Outcome: OutcomeNotFound}, err
+	}
+	switch o.State {
+	case OrderSold:
+		return &Result{Outcome: OutcomeSame, Order: o}, nil
+	case OrderReleased:
+		if o.ReleaseReason == ReleaseExpired {
+			return &Result{Outcome: OutcomeExpired, Order: o}, nil
+		}
+		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
+	}
+	if a.at > o.ExpiresAtUnixNano {
+		// Too late: the hold is over whether or not the leader has
+		// proposed its expiry yet. Release it now, so the answer and the
+		// order's state agree.
+		if err := a.releaseHeld(o, ReleaseExpired); err != nil {
+			return nil, err
+		}
+		return &Result{Outcome: OutcomeExpired, Order: o}, nil
+	}
+	s := a.sku(o.SKU)
+	if s == nil {
+		panic(fmt.Sprintf("BUG: order %q names missing sku %q", o.ID, o.SKU))
+	}
+	s.Held -= o.Qty
+	s.Sold += o.Qty
+	o.State = OrderSold
+	a.holdChanges[o.ID] = -1
+	return &Result{Outcome: OutcomeOK, Order: o}, a.putOrder(o)
+}
+
+// Release reasons recorded on released orders.
+const (
+	ReleaseCancelled = "cancelled"
+	ReleaseExpired   = "expired"
+)
+
+func (a *applier) release(c *Release) (*Result, error) {
+	if c.Reason != ReleaseCancelled && c.Reason != ReleaseExpired {
+		return invalid("release reason %q", c.Reason), nil
+	}
+	o, err := a.getOrder(c.OrderID)
+	if err != nil || o == nil {
+		return &Result{Outcome: OutcomeNotFound}, err
+	}
+	switch o.State {
+	case OrderReleased:
+		return &Result{Outcome: OutcomeSame, Order: o}, nil
+	case OrderSold:
+		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
+	}
+	if c.Reason == ReleaseExpired && a.at < o.ExpiresAtUnixNano {
+		return &Result{Outcome: OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
+	}
+	if err := a.releaseHeld(o, c.Reason); err != nil {
+		return nil, err
+	}
+	return &Result{Outcome: OutcomeOK, Order: o}, nil
+}
+
+// releaseHeld turns a held order released: its units go back to available
+// and, for a per_user sale, the buyer may buy them again.
+func (a *applier) releaseHeld(o *Order, reason string) error {
+	if o.State != OrderHeld {
+		panic(fmt.Sprintf("BUG: release of order %q in state %s", o.ID, o.State))
+	}
+	s := a.sku(o.SKU)
+	if s == nil {
+		panic(fmt.Sprintf("BUG: order %q names missing sku %q", o.ID, o.SKU))
+	}
+	s.Held -= o.Qty
+	s.Available += o.Qty
+	o.State, o.ReleaseReason = OrderReleased, reason
+	if s.Config.PerUser > 0 {
+		if _, err := a.addBought(o.SKU, o.User, -o.Qty); err != nil {
+			return err
+		}
+	}
+	a.holdChanges[o.ID] = -1
+	a.event(Event{Kind: EventStockChanged, SKU: o.SKU, Qty: o.Qty})
+	return a.putOrder(o)
+}
+
+// expire releases the listed holds whose deadline has passed at the
+// command's time; others (confirmed, cancelled, not yet due) are skipped.
+func (a *applier) expire(c *Expire) (*Result, error) {
+	var units int64
+	for _, id := range c.OrderIDs {
+		o, err := a.getOrder(id)
+		if err != nil {
+			return nil, err
+		}
+		if o == nil || o.State != OrderHeld || a.at < o.ExpiresAtUnixNano {
+			continue
+		}
+		if err := a.releaseHeld(o, ReleaseExpired); err != nil {
+			return nil, err
+		}
+		units += o.Qty
+	}
+	return &Result{Outcome: OutcomeOK, Qty: units}, nil
+}

@@ -1,0 +1,189 @@
+package raftfsm
+
+import (
+	"fmt"
+	"hash/maphash"
+	"sort"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// SKU returns a copy of one sale's row and the applied index it reflects.
+func (l *Ledger) SKU(sku string) (SKU, uint64, bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	s, ok := l.skus[sku]
+	if !ok {
+		return SKU{}, l.applied, false
+	}
+	return *s.clone(), l.applied, true
+}
+
+// SKUs returns copies of every sale's row, sorted by SKU, and the applied
+// index they reflect.
+func (l *Ledger) SKUs() ([]SKU, uint64) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]SKU, 0, len(l.skus))
+	for _, s := range l.skus {
+		out = append(out, *s.clone())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].SKU < out[j].SKU })
+	return out, l.applied
+}
+
+// OrderIDForRequest returns the order a request id produced, if the ledger
+// holds one.
+func (l *Ledger) OrderIDForRequest(requestID string) (string, bool) {
+	return l.OrderIDForRequestBytes([]byte(requestID))
+}
+
+// OrderIDForRequestBytes is OrderIDForRequest for a request id the caller
+// holds as bytes. An id the ledger does not hold costs a hash and a map
+// probe under a read lock, no allocation; one it holds is read back from
+// its record.
+func (l *Ledger) OrderIDForRequestBytes(requestID []byte) (string, bool) {
+	l.mu.RLock()
+	at, ok := l.requests.candidate(requestID)
+	l.mu.RUnlock()
+	if !ok {
+		return "", false
+	}
+	v, err := l.read(bucketRequestsByTime, requestTimeKey(at, string(requestID)))
+	if err != nil || v == nil {
+		return "", false
+	}
+	return string(v), true
+}
+
+// MayHoldRequest reports whether the ledger may hold requestID; false is
+// certain. It takes no lock and does not allocate: a buyer with a new
+// request id is not slowed down by the ids the ledger holds.
+func (l *Ledger) MayHoldRequest(requestID []byte) bool {
+	f := l.reqFilter.Load()
+	return f == nil || f.MayContain(maphash.Bytes(l.reqSeed, requestID))
+}
+
+// MayHaveBought reports whether user may hold or have bought units of a
+// per_user sale; false is certain. No lock, no allocation.
+func (l *Ledger) MayHaveBought(sku, user []byte) bool {
+	f := l.buyerFilter.Load()
+	if f == nil {
+		return true
+	}
+	var buf [2*maxKeyBytes + 1]byte
+	return f.MayContain(maphash.Bytes(l.reqSeed, appendBuyerKey(buf[:0], sku, user)))
+}
+
+// buyerFilterLog2Bits sizes the buyer filter: 512 KiB, half a million
+// buyers of per_user sales at its intended rate of false maybes.
+const buyerFilterLog2Bits = 22
+
+// read returns a copy of one value, pending changes first, then bbolt;
+// nil when absent.
+func (l *Ledger) read(bucket, key []byte) ([]byte, error) {
+	l.mu.RLock()
+	bh := l.bh
+	l.mu.RUnlock()
+	if bh != nil {
+		if v, ok := bh.get(bucket, key); ok {
+			return v, nil // pending values are never changed in place
+		}
+	}
+	var out []byte
+	err := l.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucket).Get(key); v != nil {
+			out = append([]byte(nil), v...)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// BoughtBytes is the units user holds or bought of a per_user sale, as
+// committed. It does not allocate.
+func (l *Ledger) BoughtBytes(sku, user []byte) int64 {
+	var buf [2*maxKeyBytes + 1]byte
+	key := appendBuyerKey(buf[:0], sku, user)
+	l.mu.RLock()
+	n := l.bought[string(key)]
+	l.mu.RUnlock()
+	return n
+}
+
+// ExpiredHolds returns up to limit held orders whose deadline is at or
+// before nowUnixNano, earliest first.
+func (l *Ledger) ExpiredHolds(nowUnixNano int64, limit int) []string {
+	type hold struct {
+		id string
+		at int64
+	}
+	var due []hold
+	l.mu.RLock()
+	for id, at := range l.holds {
+		if at <= nowUnixNano {
+			due = append(due, hold{id, at})
+		}
+	}
+	l.mu.RUnlock()
+	sort.Slice(due, func(i, j int) bool {
+		if due[i].at != due[j].at {
+			return due[i].at < due[j].at
+		}
+		return due[i].id < due[j].id
+	})
+	ids := make([]string, 0, min(len(due), limit))
+	for i := 0; i < len(due) && i < limit; i++ {
+		ids = append(ids, due[i].id)
+	}
+	return ids
+}
+
+// HeldOrders is the number of held orders.
+func (l *Ledger) HeldOrders() int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return len(l.holds)
+}
+
+// RequestIDs is the number of request ids the ledger remembers.
+func (l *Ledger) RequestIDs() int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.requests.len()
+}
+
+// Order reads one order.
+func (l *Ledger) Order(id string) (Order, bool, error) {
+	var o Order
+	l.mu.RLock()
+	bh := l.bh
+	l.mu.RUnlock()
+	if bh != nil {
+		if v, ok := bh.get(bucketOrders, []byte(id)); ok {
+			if v == nil {
+				return Order{}, false, nil
+			}
+			o, err := decodeOrderRecord(id, v)
+			if err != nil {
+				return Order{}, false, err
+			}
+			return o, true, nil
+		}
+	}
+	var found bool
+	err := l.view(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketOrders).Get([]byte(id))
+		if v == nil {
+			return nil
+		}
+		found = true
+		var err error
+		o, err = decodeOrderRecord(id, v)
+		return err
+	})
+	if err != nil {
+		return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
+	}
+	return o, found, nil
+}
