@@ -1,24 +1,33 @@
-// Package raftfsm is the replicated ledger: the commands of DESIGN.md, their
-// deterministic application to a bbolt file, and the raft node that orders
-// them.
+// Package raftfsm is the replicated ledger: the commands of DESIGN.md (one
+// type per op, in a compact binary encoding), their deterministic
+// application, and the raft node that orders them.
 //
 // What it owns: ledger.db (rows per SKU, orders, request ids by time,
-// per-user counts, node addresses, the last applied index) and, through
-// hashicorp/raft, raft.db (log and stable store) and snapshots/.
+// per-user counts, node addresses, the last log index it holds), and
+// through hashicorp/raft the raft log (raft-wal's segments, or raft.db in
+// data dirs made before it) and snapshots/.
 //
 // Goroutines: raft's own (leader loop, replication, FSM). ApplyBatch,
-// Snapshot and Restore run on raft's FSM goroutine; one bbolt transaction
-// (one fsync) covers each batch of committed entries, and the applied index
-// is written in the same transaction, so entries at or below it are skipped
-// when raft replays its log after a restart. Reads (SKU, Order, audits) may
-// come from any goroutine: rows, request ids, holds and per-user counts are
-// mirrored in memory and swapped under a lock after each commit; order
-// reads and audits use their own read transactions and never hold up Apply.
+// Snapshot and Restore run on raft's FSM goroutine. ApplyBatch applies a
+// batch of committed entries in memory and hands the changes to the
+// persister goroutine (behind.go), which writes them to bbolt in larger
+// transactions with the index they reach: only the raft log stands between
+// a take and its answer. After a crash the ledger opens at its persisted
+// index and raft replays the entries after it (Apply skips those at or
+// below the index it holds). Snapshot writes everything applied first, so
+// raft never compacts away an entry the ledger lacks.
 //
-// What crosses the boundary: Commands in (Node.Propose), Results out (per
-// command, per Take entry: outcomes are values, not errors), Events to the
-// Observer after each durable batch (lease granted, stock changed,
-// reclaimed, replaced by a snapshot), and sentinel errors that say whether
-// a failed proposal may still have been applied (ErrOutcomeUnknown) or
-// surely was not (ErrNotLeader, ErrShutdown, ErrBusy).
+// Reads (SKU, Order, audits) may come from any goroutine: rows, holds,
+// per-user counts and a hash index of request ids are mirrored in memory
+// and swapped under a lock after each batch; order reads look at the
+// pending changes, then bbolt; lock-free Bloom filters answer "this request
+// id (buyer) is surely unknown" for the deduct path.
+//
+// What crosses the boundary: Commands in (Node.Propose, ProposeEncoded),
+// Results out (per command, per Take entry: outcomes are values, not
+// errors), Events to the Observer after each batch (lease granted or
+// wanted, stock changed, reclaimed, replaced by a snapshot), and sentinel
+// errors that say whether a failed proposal may still have been applied
+// (ErrOutcomeUnknown) or surely was not (ErrNotLeader, ErrShutdown,
+// ErrBusy).
 package raftfsm
