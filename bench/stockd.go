@@ -59,7 +59,9 @@ type stockdStrategy struct {
 	clients httpClients
 	token   string // admin token: sale setup and audits
 	service string // service token: deducts and orders
-	sc      *Scenario
+	// deductPaths is each SKU's deduct path, built once per scenario.
+	deductPaths []string
+	sc          *Scenario
 }
 
 func newStockd(targets []string, conns int, token, service string, noWait bool) *stockdStrategy {
@@ -92,6 +94,13 @@ func (s *stockdStrategy) Close() error              { return nil }
 
 func (s *stockdStrategy) Setup(ctx context.Context, sc *Scenario) error {
 	s.sc = sc
+	s.deductPaths = make([]string, len(sc.SKUs))
+	for k, sku := range sc.SKUs {
+		s.deductPaths[k] = "/v1/skus/" + sku + "/deduct"
+		if s.noWait {
+			s.deductPaths[k] += "?wait=none"
+		}
+	}
 	for k, sku := range sc.SKUs {
 		body := fmt.Sprintf(`{"total":%d}`, sc.Units[k])
 		if sc.HoldTTL > 0 {
@@ -125,23 +134,11 @@ func (s *stockdStrategy) Setup(ctx context.Context, sc *Scenario) error {
 	return nil
 }
 
-type deductAnswer struct {
-	Error   string `json:"error"`
-	OrderID string `json:"order_id"`
-}
-
 func (s *stockdStrategy) Deduct(_ context.Context, worker int, r *Request) Outcome {
-	path := "/v1/skus/" + s.sc.SKUs[r.SKU] + "/deduct"
-	if s.noWait {
-		path += "?wait=none"
-	}
-	body := fmt.Appendf(nil, `{"user":%q,"qty":%d,"request_id":%q}`, r.User, r.Qty, r.RequestID)
-	code, answer, err := s.clients.do(worker, fasthttp.MethodPost, path, s.service, body)
+	code, a, err := s.clients.deduct(worker, s.deductPaths[r.SKU], s.service, r)
 	if err != nil {
 		return Outcome{Err: err}
 	}
-	var a deductAnswer
-	_ = json.Unmarshal(answer, &a)
 	switch {
 	case code == fasthttp.StatusOK || code == fasthttp.StatusAccepted:
 		return Outcome{Win: true, OrderID: a.OrderID}
@@ -298,13 +295,10 @@ func (n *noopStrategy) Final(context.Context) (Final, error) { return Final{Vali
 func (n *noopStrategy) Close() error                         { return n.proc.stop() }
 
 func (n *noopStrategy) Deduct(_ context.Context, worker int, r *Request) Outcome {
-	body := fmt.Appendf(nil, `{"user":%q,"qty":%d,"request_id":%q}`, r.User, r.Qty, r.RequestID)
-	code, answer, err := n.clients.do(worker, fasthttp.MethodPost, "/v1/skus/noop/deduct", "", body)
+	code, a, err := n.clients.deduct(worker, "/v1/skus/noop/deduct", "", r)
 	if err != nil {
 		return Outcome{Err: err}
 	}
-	var a deductAnswer
-	_ = json.Unmarshal(answer, &a)
 	if code != fasthttp.StatusConflict {
 		return Outcome{Err: errors.New("noop server answered " + fmt.Sprint(code))}
 	}

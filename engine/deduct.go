@@ -346,8 +346,6 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 	if noWait {
 		taken = p.taken
 	}
-	t := time.NewTimer(limit)
-	defer t.Stop()
 	select {
 	case <-p.done:
 		r, _ := p.outcome()
@@ -358,7 +356,7 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 			return
 		}
 		res.Status, res.Order = StatusAccepted, p.pendingOrder()
-	case <-t.C:
+	case <-e.deadlines.after(limit):
 		res.Status, res.Detail = StatusOutcomeUnknown, "commit did not finish in time; retry with the same request_id"
 		select {
 		case <-p.taken: // the order id is set once the unit is taken

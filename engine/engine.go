@@ -24,6 +24,7 @@ type Engine struct {
 	orderIDs   *orderIDs
 	pendingReq *stripedMap[*pendingTake] // request id -> take awaiting commit
 	pendingIDs *pendingFilter            // request ids that may be in pendingReq, lock-free
+	deadlines  *deadlines                // shared timeouts of waiting deducts
 	pendingOrd *stripedMap[*pendingTake] // order id -> take awaiting commit
 	turnedDown *turnedDown               // pending orders the ledger did not take
 
@@ -71,6 +72,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		ledger:       ledger,
 		pendingReq:   newStripedMap[*pendingTake](),
 		pendingIDs:   newPendingFilter(cfg.Now()),
+		deadlines:    newDeadlines(time.Now),
 		pendingOrd:   newStripedMap[*pendingTake](),
 		turnedDown:   newTurnedDown(),
 		takeQueue:    make(chan *pendingTake, cfg.TakeQueueMax),
