@@ -15,7 +15,8 @@ func (a *applier) getOrder(id string) (*Order, error) {
 }
 
 func (a *applier) putOrder(o *Order) error {
-	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(nil, o))
+	size := 2 + 3*maxVarintBytes + 5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
+	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(make([]byte, 0, size), o))
 	return nil
 }
 
