@@ -54,6 +54,7 @@ type behind struct {
 	changes   int                                // entries in pending
 	applied   uint64                             // the index pending reaches
 	persisted uint64                             // the index bbolt holds
+	forgotten uint64                             // pending holds nothing at or below this index
 
 	persistMu sync.Mutex
 	wake      chan struct{}
@@ -114,9 +115,10 @@ func (b *behind) signal() {
 func (b *behind) forgetPersisted() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.changes == 0 {
+	if b.changes == 0 || b.forgotten == b.persisted {
 		return
 	}
+	b.forgotten = b.persisted
 	for bucket, m := range b.pending {
 		for k, pv := range m {
 			if pv.index <= b.persisted {
