@@ -80,38 +80,52 @@ func (e *Engine) Deduct(req *DeductRequest, res *DeductResult) {
 }
 
 func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
+	s := e.admit(req, res)
+	if s == nil {
+		return
+	}
+	defer e.admission.done()
+	e.attempt(s, req, res)
+}
+
+// admit runs the funnel's cheap checks in order (bad input, unknown sale,
+// not started, a repeat's first answer, sold out, per-user limit, commit
+// breaker, admission) and returns the sale when the deduct may try for a
+// unit; otherwise res holds the answer. A sale returned holds an admission
+// slot the caller gives back.
+func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 	if req.Qty <= 0 || req.Qty > MaxQtyPerDeduct || len(req.User) == 0 {
 		res.Status = StatusBadRequest
-		return
+		return nil
 	}
 	s := e.lookupSale(req.SKU)
 	if s == nil {
 		res.Status = StatusUnknownSKU
-		return
+		return nil
 	}
 	if e.closing.Load() {
 		res.Status, res.Detail = StatusUnavailable, "node is shutting down"
-		return
+		return nil
 	}
 	if s.startAtUnixNano != 0 && e.cfg.Now().UnixNano() < s.startAtUnixNano {
 		res.Status, res.StartAt = StatusNotStarted, time.Unix(0, s.startAtUnixNano)
-		return
+		return nil
 	}
 	// A repeated request id gets its first answer, sold out or not. A new
 	// one is known to be new without a lock (mayBeRepeat).
 	if len(req.RequestID) > 0 && e.mayBeRepeat(req.RequestID) && e.answerRepeat(req, res) {
-		return
+		return nil
 	}
 	if s.soldOut.Load() {
 		// The flag may have been set since the repeat check above, by the
 		// commit of this very request id's first attempt (on another
 		// node): that attempt's answer wins over sold_out.
 		if len(req.RequestID) > 0 && e.mayBeRepeat(req.RequestID) && e.answerRepeat(req, res) {
-			return
+			return nil
 		}
 		res.Status = StatusSoldOut
 		e.noteSoldOut(s)
-		return
+		return nil
 	}
 	// A repeat buyer of a per_user sale is turned away here once the ledger
 	// has committed their purchases; the ledger stays the final word for
@@ -120,24 +134,28 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 		// The purchase that reached the limit may be this very request
 		// id's, committed since the repeat check above: its answer then.
 		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
-			return
+			return nil
 		}
 		res.Status = StatusUserLimit
-		return
+		return nil
 	}
 	if !req.NoWait && e.commitBlocked.Load() {
 		res.Status, res.Detail = StatusUnavailable, "the ledger cannot commit now (no quorum or no leader); retry shortly"
-		return
+		return nil
 	}
 	ok, retryAfter := e.admission.admit(req.Hint, e.cfg.Now())
 	if !ok {
 		res.Status, res.RetryAfter = StatusRateLimited, retryAfter
-		return
+		return nil
 	}
-	defer e.admission.done()
-	// From here on a request id has one attempt on this node: a repeat
-	// that arrives meanwhile shares its answer, whatever it turns out to
-	// be, instead of trying the buckets on its own.
+	return s
+}
+
+// attempt tries for a unit and, won, hands it to the commit pipeline.
+// From here on a request id has one attempt on this node: a repeat that
+// arrives meanwhile shares its answer, whatever it turns out to be,
+// instead of trying the buckets on its own.
+func (e *Engine) attempt(s *sale, req *DeductRequest, res *DeductResult) {
 	var p *pendingTake
 	if len(req.RequestID) > 0 {
 		p = e.newPendingTake(s, req)

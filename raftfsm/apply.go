@@ -25,7 +25,6 @@ func (l *Ledger) Apply(log *raft.Log) interface{} {
 // entry would break the conservation law: a node must not go on from a
 // state it cannot trust.
 func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
-	results := make([]interface{}, len(logs))
 	l.mu.RLock()
 	db, applied, bh := l.db, l.applied, l.bh
 	l.mu.RUnlock()
@@ -44,6 +43,23 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		requestChanges: map[string]requestChange{}, holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
 	defer a.closeTx()
+	results, last := a.applyEntries(logs, applied)
+	if last == applied {
+		return results
+	}
+	a.checkAndStageRows(last)
+	bh.merge(a.batch, last)
+	if l.testHookAfterCommit != nil {
+		l.testHookAfterCommit()
+	}
+	a.publish(last)
+	return results
+}
+
+// applyEntries applies every entry above applied and returns their
+// results and the last index seen.
+func (a *applier) applyEntries(logs []*raft.Log, applied uint64) ([]interface{}, uint64) {
+	results := make([]interface{}, len(logs))
 	last := applied
 	for i, entry := range logs {
 		if entry.Index <= applied {
@@ -62,13 +78,16 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		a.at = at
 		res, err := a.apply(cmd)
 		if err != nil {
-			panic(fmt.Sprintf("ledger %s: apply %s at index %d: %v", l.path, cmd.Op(), entry.Index, err))
+			panic(fmt.Sprintf("ledger %s: apply %s at index %d: %v", a.ledger.path, cmd.Op(), entry.Index, err))
 		}
 		results[i] = res
 	}
-	if last == applied {
-		return results
-	}
+	return results, last
+}
+
+// checkAndStageRows checks the conservation law on every row the batch
+// touched (a broken law is a bug: the node stops) and stages the rows.
+func (a *applier) checkAndStageRows(last uint64) {
 	for sku, s := range a.touched {
 		if err := s.CheckLaw(); err != nil {
 			panic(fmt.Sprintf("BUG: after index %d: %v", last, err))
@@ -79,11 +98,12 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		a.put(bucketSKUs, []byte(sku), b)
 	}
-	bh.merge(a.batch, last)
-	if l.testHookAfterCommit != nil {
-		l.testHookAfterCommit()
-	}
+}
 
+// publish makes the batch visible: rows and mirrors under the lock, then
+// waiters on the applied index, then the observer's events.
+func (a *applier) publish(last uint64) {
+	l := a.ledger
 	l.mu.Lock()
 	for sku, s := range a.touched {
 		l.skus[sku] = s
@@ -101,7 +121,6 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 			obs.Applied(a.events)
 		}
 	}
-	return results
 }
 
 // applier carries one batch's transaction and its working copies of the
