@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
 
@@ -176,67 +177,18 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	if err := catchUpFromSnapshot(ledger, snaps, logger); err != nil {
 		return fail(err)
 	}
-
-	transport := cfg.Transport
-	if transport == nil && cfg.StreamLayer != nil {
-		nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: cfg.StreamLayer, MaxPool: transportPoolConns, Timeout: transportIOTimeout, Logger: hlog,
-		})
-		transport = nt
-		cleanup = append(cleanup, func() { nt.Close() })
+	transport, closeTransport, err := newTransport(&cfg, hlog)
+	if err != nil {
+		return fail(err)
 	}
-	if transport == nil {
-		var advertise net.Addr
-		if cfg.Advertise != "" {
-			if advertise, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
-				return fail(fmt.Errorf("resolve raft advertise address %q: %w", cfg.Advertise, err))
-			}
-		}
-		tcp, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, advertise, transportPoolConns, transportIOTimeout, hlog)
-		if err != nil {
-			return fail(fmt.Errorf("listen for raft on %s: %w", cfg.RaftBind, err))
-		}
-		transport = tcp
-		cleanup = append(cleanup, func() { tcp.Close() })
-	}
-
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.NodeID)
-	rc.Logger = hlog
-	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
-	rc.CommitTimeout = cfg.CommitTimeout
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	rc.SnapshotInterval = cfg.SnapshotInterval
-	rc.TrailingLogs = cfg.TrailingLogs
-	rc.BatchApplyCh = true
-	// The ledger persists its own state and applied index, so raft need not
-	// restore the last snapshot at start; it replays only the entries after
-	// it, and the ledger skips those it already holds.
-	rc.NoSnapshotRestoreOnStart = true
-
+	cleanup = append(cleanup, closeTransport)
+	rc := raftConfig(&cfg, hlog)
 	cached, err := raft.NewLogCache(logCacheEntries, logStore)
 	if err != nil {
 		return fail(fmt.Errorf("raft log cache: %w", err))
 	}
-	existing, err := raft.HasExistingState(cached, logStore, snaps)
-	if err != nil {
-		return fail(fmt.Errorf("inspect raft state in %s: %w", cfg.Dir, err))
-	}
-	if !existing && !cfg.NoBootstrap {
-		servers := []raft.Server{{ID: rc.LocalID, Address: transport.LocalAddr()}}
-		if len(cfg.Peers) > 0 {
-			servers = servers[:0]
-			for _, p := range cfg.Peers {
-				servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
-			}
-		}
-		err := raft.BootstrapCluster(rc, cached, logStore, snaps, transport, raft.Configuration{Servers: servers})
-		if err != nil {
-			return fail(fmt.Errorf("bootstrap raft cluster: %w", err))
-		}
-		logger.Info("bootstrapped new cluster", "voters", len(servers))
+	if err := bootstrapIfNew(&cfg, rc, cached, logStore, snaps, transport, logger); err != nil {
+		return fail(err)
 	}
 	r, err := raft.NewRaft(rc, ledger, cached, logStore, snaps, transport)
 	if err != nil {
@@ -259,6 +211,78 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	r.RegisterObserver(n.observer)
 	go n.observe()
 	return n, nil
+}
+
+// newTransport returns the configured transport (tests), a network
+// transport over cfg's stream layer, or TCP on cfg.RaftBind, and how to
+// close it.
+func newTransport(cfg *Config, hlog hclog.Logger) (raft.Transport, func(), error) {
+	if cfg.Transport != nil {
+		return cfg.Transport, func() {}, nil
+	}
+	if cfg.StreamLayer != nil {
+		nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream: cfg.StreamLayer, MaxPool: transportPoolConns, Timeout: transportIOTimeout, Logger: hlog,
+		})
+		return nt, func() { nt.Close() }, nil
+	}
+	var advertise net.Addr
+	if cfg.Advertise != "" {
+		var err error
+		if advertise, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
+			return nil, nil, fmt.Errorf("resolve raft advertise address %q: %w", cfg.Advertise, err)
+		}
+	}
+	tcp, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, advertise, transportPoolConns, transportIOTimeout, hlog)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen for raft on %s: %w", cfg.RaftBind, err)
+	}
+	return tcp, func() { tcp.Close() }, nil
+}
+
+// raftConfig maps cfg onto hashicorp/raft's config.
+func raftConfig(cfg *Config, hlog hclog.Logger) *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = hlog
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.BatchApplyCh = true
+	// The ledger persists its own state and applied index, so raft need not
+	// restore the last snapshot at start; it replays only the entries after
+	// it, and the ledger skips those it already holds.
+	rc.NoSnapshotRestoreOnStart = true
+	return rc
+}
+
+// bootstrapIfNew writes the initial configuration (cfg.Peers, or this node
+// alone) into a data dir without raft state, unless the node is to join an
+// existing cluster.
+func bootstrapIfNew(cfg *Config, rc *raft.Config, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, transport raft.Transport, logger *slog.Logger) error {
+	existing, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return fmt.Errorf("inspect raft state in %s: %w", cfg.Dir, err)
+	}
+	if existing || cfg.NoBootstrap {
+		return nil
+	}
+	servers := []raft.Server{{ID: rc.LocalID, Address: transport.LocalAddr()}}
+	if len(cfg.Peers) > 0 {
+		servers = servers[:0]
+		for _, p := range cfg.Peers {
+			servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addr)})
+		}
+	}
+	if err := raft.BootstrapCluster(rc, logs, stable, snaps, transport, raft.Configuration{Servers: servers}); err != nil {
+		return fmt.Errorf("bootstrap raft cluster: %w", err)
+	}
+	logger.Info("bootstrapped new cluster", "voters", len(servers))
+	return nil
 }
 
 // observe keeps track of peers the leader cannot reach and logs leader
