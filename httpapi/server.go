@@ -225,49 +225,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	method := ctx.Method()
 	switch {
 	case bytes.HasPrefix(path, pathV1SKUs):
-		rest := path[len(pathV1SKUs):]
-		switch {
-		case bytes.HasSuffix(rest, suffixDeduct):
-			if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
-				s.handleDeduct(ctx, rest[:len(rest)-len(suffixDeduct)])
-			}
-		case bytes.HasSuffix(rest, suffixRestock):
-			if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
-				s.handleRestock(ctx, rest[:len(rest)-len(suffixRestock)])
-				s.markApplied(ctx)
-			}
-		case bytes.HasSuffix(rest, suffixAudit):
-			if s.allow(ctx, method, fasthttp.MethodGet) {
-				s.handleAudit(ctx, rest[:len(rest)-len(suffixAudit)])
-			}
-		case string(method) == fasthttp.MethodPut:
-			if s.admin(ctx) && !s.relayed(ctx) {
-				s.handleCreateSale(ctx, rest)
-				s.markApplied(ctx)
-			}
-		default:
-			if s.allow(ctx, method, fasthttp.MethodGet) {
-				s.handleGetSKU(ctx, rest)
-			}
-		}
+		s.routeSKU(ctx, method, path[len(pathV1SKUs):])
 	case bytes.HasPrefix(path, pathV1Orders):
-		rest := path[len(pathV1Orders):]
-		switch {
-		case bytes.HasSuffix(rest, suffixConfirm):
-			if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) && !s.relayed(ctx) {
-				s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixConfirm)], s.engine.Confirm)
-				s.markApplied(ctx)
-			}
-		case bytes.HasSuffix(rest, suffixCancel):
-			if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) && !s.relayed(ctx) {
-				s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixCancel)], s.engine.Cancel)
-				s.markApplied(ctx)
-			}
-		default:
-			if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
-				s.handleGetOrder(ctx, rest)
-			}
-		}
+		s.routeOrder(ctx, method, path[len(pathV1Orders):])
 	case string(path) == "/v1/cluster":
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleCluster(ctx)
@@ -297,6 +257,54 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no such route")
+	}
+}
+
+// routeSKU serves /v1/skus/{sku}[/deduct|/restock|/audit].
+func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
+	switch {
+	case bytes.HasSuffix(rest, suffixDeduct):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
+			s.handleDeduct(ctx, rest[:len(rest)-len(suffixDeduct)])
+		}
+	case bytes.HasSuffix(rest, suffixRestock):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
+			s.handleRestock(ctx, rest[:len(rest)-len(suffixRestock)])
+			s.markApplied(ctx)
+		}
+	case bytes.HasSuffix(rest, suffixAudit):
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleAudit(ctx, rest[:len(rest)-len(suffixAudit)])
+		}
+	case string(method) == fasthttp.MethodPut:
+		if s.admin(ctx) && !s.relayed(ctx) {
+			s.handleCreateSale(ctx, rest)
+			s.markApplied(ctx)
+		}
+	default:
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleGetSKU(ctx, rest)
+		}
+	}
+}
+
+// routeOrder serves /v1/orders/{id}[/confirm|/cancel].
+func (s *Server) routeOrder(ctx *fasthttp.RequestCtx, method, rest []byte) {
+	switch {
+	case bytes.HasSuffix(rest, suffixConfirm):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) && !s.relayed(ctx) {
+			s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixConfirm)], s.engine.Confirm)
+			s.markApplied(ctx)
+		}
+	case bytes.HasSuffix(rest, suffixCancel):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) && !s.relayed(ctx) {
+			s.handleOrderCommand(ctx, rest[:len(rest)-len(suffixCancel)], s.engine.Cancel)
+			s.markApplied(ctx)
+		}
+	default:
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
+			s.handleGetOrder(ctx, rest)
+		}
 	}
 }
 
