@@ -304,13 +304,8 @@ func checkClusterLedgers(t *testing.T, sc salesCluster, sku string, acked map[st
 		if fmt.Sprint(a["leased"]) != fmt.Sprint(ref["leased"]) {
 			t.Fatalf("ledgers differ on leased: %s %v, %s %v", id, a["leased"], ids[0], ref["leased"])
 		}
-		for order := range acked {
-			code, o := call(t, sc.client(id), "GET", "/v1/orders/"+order, "")
-			if code != 200 || (o["state"] != "sold" && o["state"] != "held") {
-				t.Fatalf("acknowledged order %s on %s: %d %v", order, id, code, o)
-			}
-		}
 	}
+	checkOrdersEverywhere(t, sc, acked)
 	return ref
 }
 

@@ -57,10 +57,7 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 		t.Skip("set STOCKD_MEMORY=1 (make test-memory) to fill one node with a million orders and read its peak memory")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "stockd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build stockd: %v\n%s", err, out)
-	}
+	bin := buildStockd(t, dir)
 	httpAddr, raftAddr := freePort(t), freePort(t)
 	logFile, err := os.Create(filepath.Join(dir, "node.log"))
 	if err != nil {

@@ -59,14 +59,20 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// buildStockd builds this module's binary into dir.
+func buildStockd(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "stockd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build stockd: %v\n%s", err, out)
+	}
+	return bin
+}
+
 func startProcCluster(t *testing.T, extraArgs ...string) *procCluster {
 	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "stockd")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build stockd: %v\n%s", err, out)
-	}
+	bin := buildStockd(t, dir)
 	p := &procCluster{t: t, bin: bin, ids: []string{"n1", "n2", "n3"},
 		httpAddr: map[string]string{}, raftAddr: map[string]string{}, dataDir: map[string]string{},
 		procs: map[string]*exec.Cmd{}, exited: map[string]chan error{}, clients: map[string]*fasthttp.HostClient{},

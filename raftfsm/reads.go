@@ -155,35 +155,16 @@ func (l *Ledger) RequestIDs() int {
 
 // Order reads one order.
 func (l *Ledger) Order(id string) (Order, bool, error) {
-	var o Order
-	l.mu.RLock()
-	bh := l.bh
-	l.mu.RUnlock()
-	if bh != nil {
-		if v, ok := bh.get(bucketOrders, []byte(id)); ok {
-			if v == nil {
-				return Order{}, false, nil
-			}
-			o, err := decodeOrderRecord(id, v)
-			if err != nil {
-				return Order{}, false, err
-			}
-			return o, true, nil
-		}
-	}
-	var found bool
-	err := l.view(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketOrders).Get([]byte(id))
-		if v == nil {
-			return nil
-		}
-		found = true
-		var err error
-		o, err = decodeOrderRecord(id, v)
-		return err
-	})
+	v, err := l.read(bucketOrders, []byte(id))
 	if err != nil {
 		return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
 	}
-	return o, found, nil
+	if v == nil {
+		return Order{}, false, nil
+	}
+	o, err := decodeOrderRecord(id, v)
+	if err != nil {
+		return Order{}, false, err
+	}
+	return o, true, nil
 }
