@@ -60,9 +60,6 @@ type behind struct {
 	wake      chan struct{}
 	stop      chan struct{}
 	done      chan struct{}
-	// noPersist keeps everything in pending (tests: a crash before the
-	// ledger write).
-	noPersist bool
 }
 
 func newBehind(persisted uint64) *behind {
@@ -213,9 +210,6 @@ func (b *behind) run(db *bolt.DB, onErr func(error)) {
 			return
 		case <-t.C:
 		case <-b.wake:
-		}
-		if b.noPersist {
-			continue
 		}
 		if err := b.flush(db); err != nil {
 			onErr(err)

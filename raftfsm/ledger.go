@@ -161,8 +161,8 @@ type Ledger struct {
 	// testHookAfterCommit runs between a batch's hand-over to the persister
 	// and the mirrors' update: tests use it to read in that window.
 	testHookAfterCommit func()
-	// noPersist keeps every change in memory (tests: a crash before the
-	// ledger write).
+	// noPersist makes Close skip the final write (tests: a crash before
+	// the ledger write, with the persister halted).
 	noPersist bool
 }
 
@@ -207,7 +207,6 @@ func (l *Ledger) open() error {
 	}
 	l.db = db
 	l.bh = newBehind(l.applied)
-	l.bh.noPersist = l.noPersist
 	l.bh.start(db, func(err error) {
 		// The disk failed under the ledger: going on would answer from
 		// state that can never be written.
