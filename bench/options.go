@@ -41,7 +41,8 @@ type Options struct {
 	Binary       string // stockd binary for Launches; default: this executable
 	JSONPath     string
 	HTMLPath     string
-	Progress     bool // draw a progress bar on stderr
+	Progress     bool   // draw a progress bar on stderr
+	CPUProfile   string // write the harness's own CPU profile here
 }
 
 func parseFlags(args []string, stderr io.Writer) (Options, error) {
@@ -68,6 +69,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.Binary, "binary", "", "stockd binary for -launch (default: this executable)")
 	fs.StringVar(&o.JSONPath, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.HTMLPath, "html", "", "also write a self-contained HTML report with charts to this file")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write the harness's own CPU profile (the client side of the load) to this file")
 	fs.BoolVar(&o.Progress, "progress", isTerminal(os.Stderr), "draw a progress bar on stderr (default: when stderr is a terminal)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: stockd bench [-launch 1|3|1,3 | -target URL,...] [flags]

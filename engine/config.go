@@ -103,8 +103,10 @@ type Config struct {
 	// leads; takes queue while all are busy and leave in the next batch.
 	// One is fastest on a 2-core machine (bigger batches, less per-batch
 	// CPU). ForwardedInFlightMax bounds them while the leader is another
-	// node: a forwarded batch waits a network round trip and the leader's
-	// commit, so several overlap.
+	// node. One is fastest there too: every raft entry costs an fsync and
+	// an apply on each of the three nodes, so a few large forwarded
+	// batches beat many small ones (BENCHMARKS.md, "One node against
+	// three").
 	ProposalsInFlightMax int
 	ForwardedInFlightMax int
 	// TakeBatchBytesMax bounds one Take batch's encoded size, well under
@@ -168,7 +170,7 @@ func DefaultConfig() Config {
 		LeaseWait:            2 * time.Second,
 		CommitWait:           5 * time.Second,
 		ProposalsInFlightMax: 1,
-		ForwardedInFlightMax: 4,
+		ForwardedInFlightMax: 1,
 		TakeBatchBytesMax:    256 << 10,
 		TakeQueueMax:         1 << 16,
 		LeaseIdleReturn:      time.Second,
