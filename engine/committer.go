@@ -84,7 +84,9 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 		entries[i] = p.entry
 	}
 	e.metrics.countBatch(len(batch))
+	proposed := time.Now()
 	res, err := e.propose(&raftfsm.Take{Node: e.cfg.NodeID, Entries: entries})
+	e.metrics.countCommit(time.Since(proposed))
 	if err == nil && len(res.Takes) != len(batch) {
 		e.logger.Error("BUG: take results do not match the batch", "entries", len(batch), "results", len(res.Takes))
 		err = fmt.Errorf("%w: %d results for %d takes", ErrOutcomeUnknown, len(res.Takes), len(batch))

@@ -23,6 +23,8 @@ type Metrics struct {
 	deducts [statusCount][counterShards]paddedUint64
 
 	takeBatchSizes   [len(batchSizeBounds) + 1]atomic.Uint64
+	commitTimes      [len(commitSecondsBounds) + 1]atomic.Uint64
+	commitNanos      atomic.Uint64 // sum of the commit times counted
 	takeBatches      atomic.Uint64
 	takeBatchEntries atomic.Uint64
 	takeRetries      atomic.Uint64
@@ -63,6 +65,21 @@ func (m *Metrics) countBatch(entries int) {
 	m.takeBatchSizes[i].Add(1)
 }
 
+// commitSecondsBounds are the upper bounds of the histogram of a Take
+// batch's commit time: from its proposal (local or forwarded) to the
+// ledger's verdict.
+var commitSecondsBounds = [...]float64{0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1}
+
+func (m *Metrics) countCommit(d time.Duration) {
+	m.commitNanos.Add(uint64(max(d, 0)))
+	sec := d.Seconds()
+	i := 0
+	for i < len(commitSecondsBounds) && sec > commitSecondsBounds[i] {
+		i++
+	}
+	m.commitTimes[i].Add(1)
+}
+
 func (m *Metrics) countDeduct(s Status, hint uint32) {
 	m.deducts[s][hint%counterShards].v.Add(1)
 }
@@ -94,6 +111,11 @@ type Snapshot struct {
 	AuditDrift       map[string]int64 // units, per sku, from the last periodic audit
 	BatchSizeBounds  []float64
 	BatchSizeCounts  []uint64 // per bucket of BatchSizeBounds, then +Inf
+	// CommitBounds and CommitCounts: Take batches by the time from their
+	// proposal to the ledger's verdict, in seconds; CommitSeconds is the sum.
+	CommitBounds  []float64
+	CommitCounts  []uint64
+	CommitSeconds float64
 
 	ProposalsInFlight int
 	TakeQueueLength   int
@@ -148,6 +170,12 @@ func (m *Metrics) snapshot() Snapshot {
 		HoldsExpired:     m.holdsExpired.Load(),
 		BatchSizeBounds:  batchSizeBounds[:],
 		BatchSizeCounts:  make([]uint64, len(m.takeBatchSizes)),
+		CommitBounds:     commitSecondsBounds[:],
+		CommitCounts:     make([]uint64, len(m.commitTimes)),
+		CommitSeconds:    time.Duration(m.commitNanos.Load()).Seconds(),
+	}
+	for i := range m.commitTimes {
+		s.CommitCounts[i] = m.commitTimes[i].Load()
 	}
 	m.driftMu.Lock()
 	s.AuditDrift = maps.Clone(m.drift)

@@ -91,6 +91,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	s.latency.write(&w, "stockd_deduct_duration_seconds")
 	writeHistogram(&w, "stockd_take_batch_entries", m.BatchSizeBounds, m.BatchSizeCounts, float64(m.TakeBatchEntries))
+	writeHistogram(&w, "stockd_take_commit_seconds", m.CommitBounds, m.CommitCounts, m.CommitSeconds)
 	if s.cluster != nil {
 		st := s.cluster.Status()
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_raft_state{state=%q}`, st.State), 1)
