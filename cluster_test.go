@@ -18,7 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// testCluster is three real nodes in this process: real raft over loopback
+// testCluster is real nodes (three unless said) in this process: real raft over loopback
 // TCP (through faultNet), real HTTP servers, a data dir each.
 type testCluster struct {
 	t        *testing.T
@@ -50,9 +50,18 @@ func startTestCluster(t *testing.T) *testCluster {
 // startTestClusterWith starts three nodes whose configs tune adjusts.
 func startTestClusterWith(t *testing.T, tune func(*node.Config)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, tune: tune, net: newFaultNet(), ids: []string{"n1", "n2", "n3"},
+	return startTestClusterOf(t, 3, tune)
+}
+
+// startTestClusterOf starts size nodes, n1 to n<size>.
+func startTestClusterOf(t *testing.T, size int, tune func(*node.Config)) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, tune: tune, net: newFaultNet(),
 		dirs: map[string]string{}, raftAddr: map[string]string{}, nodes: map[string]*node.Node{},
 		clients: map[string]*fasthttp.HostClient{}}
+	for i := 1; i <= size; i++ {
+		c.ids = append(c.ids, fmt.Sprintf("n%d", i))
+	}
 	lns := map[string]net.Listener{}
 	for _, id := range c.ids {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

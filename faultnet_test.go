@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"time"
@@ -10,19 +11,27 @@ import (
 )
 
 // faultNet carries raft and forwarding traffic between in-process nodes
-// over real loopback TCP, and can isolate a node: its dials fail and its
-// open connections are closed, in both directions. Clients (the test's
-// buyers) are not affected, as a real partition between servers would not
-// cut a node off from a load balancer on its side.
+// over real loopback TCP, and breaks it on demand: a node isolated, links
+// between groups cut (a partition), every write delayed, connections
+// dropped at random (what loss does to TCP), a node stalled (its traffic
+// held until it resumes). Clients (the test's buyers) are not affected,
+// as a real partition between servers would not cut a node off from a
+// load balancer on its side.
 type faultNet struct {
 	mu       sync.Mutex
 	isolated map[string]bool
+	cut      map[[2]string]bool       // both directions of a cut link
+	stalled  map[string]chan struct{} // closed when the node resumes
+	delay    time.Duration            // added to every write between nodes, with up to as much again of jitter
+	dropRate float64                  // chance that a write closes its connection instead
+	rng      *rand.Rand
 	owner    map[string]string // listen address -> node id
 	conns    map[*faultConn]bool
 }
 
 func newFaultNet() *faultNet {
-	return &faultNet{isolated: map[string]bool{}, owner: map[string]string{}, conns: map[*faultConn]bool{}}
+	return &faultNet{isolated: map[string]bool{}, cut: map[[2]string]bool{}, stalled: map[string]chan struct{}{},
+		rng: rand.New(rand.NewPCG(1, 2)), owner: map[string]string{}, conns: map[*faultConn]bool{}}
 }
 
 // own records that addr belongs to node id.
@@ -35,9 +44,83 @@ func (f *faultNet) own(addr, id string) {
 func (f *faultNet) isolate(id string) {
 	f.mu.Lock()
 	f.isolated[id] = true
+	f.mu.Unlock()
+	f.closeBroken()
+}
+
+func (f *faultNet) heal(id string) {
+	f.mu.Lock()
+	delete(f.isolated, id)
+	f.mu.Unlock()
+}
+
+// partition cuts every link between nodes of different groups; nodes in
+// no group keep all their links.
+func (f *faultNet) partition(groups ...[]string) {
+	f.mu.Lock()
+	for i, g := range groups {
+		for _, h := range groups[i+1:] {
+			for _, a := range g {
+				for _, b := range h {
+					f.cut[[2]string{a, b}], f.cut[[2]string{b, a}] = true, true
+				}
+			}
+		}
+	}
+	f.mu.Unlock()
+	f.closeBroken()
+}
+
+// degrade delays every write between nodes by d (plus jitter up to d) and
+// drops connections with probability rate per write.
+func (f *faultNet) degrade(d time.Duration, rate float64) {
+	f.mu.Lock()
+	f.delay, f.dropRate = d, rate
+	f.mu.Unlock()
+}
+
+// stall holds every write from or to id until resume(id).
+func (f *faultNet) stall(id string) {
+	f.mu.Lock()
+	if f.stalled[id] == nil {
+		f.stalled[id] = make(chan struct{})
+	}
+	f.mu.Unlock()
+}
+
+func (f *faultNet) resume(id string) {
+	f.mu.Lock()
+	if ch := f.stalled[id]; ch != nil {
+		close(ch)
+		delete(f.stalled, id)
+	}
+	f.mu.Unlock()
+}
+
+// healAll ends every fault.
+func (f *faultNet) healAll() {
+	f.mu.Lock()
+	clear(f.isolated)
+	clear(f.cut)
+	for id, ch := range f.stalled {
+		close(ch)
+		delete(f.stalled, id)
+	}
+	f.delay, f.dropRate = 0, 0
+	f.mu.Unlock()
+}
+
+// brokenLocked reports whether traffic from one node to another is cut.
+func (f *faultNet) brokenLocked(from, to string) bool {
+	return f.isolated[from] || f.isolated[to] || f.cut[[2]string{from, to}]
+}
+
+// closeBroken closes the open connections of links that are now cut.
+func (f *faultNet) closeBroken() {
+	f.mu.Lock()
 	var doomed []*faultConn
 	for c := range f.conns {
-		if c.from == id || c.to == id {
+		if f.brokenLocked(c.from, c.to) {
 			doomed = append(doomed, c)
 		}
 	}
@@ -47,16 +130,10 @@ func (f *faultNet) isolate(id string) {
 	}
 }
 
-func (f *faultNet) heal(id string) {
-	f.mu.Lock()
-	delete(f.isolated, id)
-	f.mu.Unlock()
-}
-
 func (f *faultNet) dial(from, addr string, timeout time.Duration) (net.Conn, error) {
 	f.mu.Lock()
 	to := f.owner[addr]
-	cut := f.isolated[from] || f.isolated[to]
+	cut := f.brokenLocked(from, to)
 	f.mu.Unlock()
 	if cut {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: fmt.Errorf("link %s -> %s cut by the test", from, to)}
@@ -65,7 +142,7 @@ func (f *faultNet) dial(from, addr string, timeout time.Duration) (net.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	fc := &faultConn{Conn: c, net: f, from: from, to: to}
+	fc := &faultConn{Conn: c, net: f, from: from, to: to, closed: make(chan struct{})}
 	f.mu.Lock()
 	f.conns[fc] = true
 	f.mu.Unlock()
@@ -82,6 +159,42 @@ type faultConn struct {
 	net      *faultNet
 	from, to string
 	once     sync.Once
+	closed   chan struct{}
+}
+
+// Write applies the link's faults to what the dialing side sends: a cut
+// or a drop closes the connection (both directions die with it), a stall
+// holds the write until the node resumes, a delay sleeps first.
+func (c *faultConn) Write(p []byte) (int, error) {
+	f := c.net
+	f.mu.Lock()
+	stall := f.stalled[c.from]
+	if stall == nil {
+		stall = f.stalled[c.to]
+	}
+	broken := f.brokenLocked(c.from, c.to)
+	drop := f.dropRate > 0 && f.rng.Float64() < f.dropRate
+	var delay time.Duration
+	if f.delay > 0 {
+		delay = f.delay + time.Duration(f.rng.Int64N(int64(f.delay)))
+	}
+	f.mu.Unlock()
+	if stall != nil {
+		select {
+		case <-stall:
+			return c.Write(p) // the faults may have changed meanwhile
+		case <-c.closed:
+			return 0, net.ErrClosed
+		}
+	}
+	if broken || drop {
+		c.Close()
+		return 0, &net.OpError{Op: "write", Net: "tcp", Err: fmt.Errorf("link %s -> %s broken by the test", c.from, c.to)}
+	}
+	if delay > 0 {
+		time.Sleep(delay)
+	}
+	return c.Conn.Write(p)
 }
 
 func (c *faultConn) Close() error {
@@ -89,6 +202,7 @@ func (c *faultConn) Close() error {
 		c.net.mu.Lock()
 		delete(c.net.conns, c)
 		c.net.mu.Unlock()
+		close(c.closed)
 	})
 	return c.Conn.Close()
 }

@@ -1,0 +1,882 @@
+package main
+
+import (
+	"cmp"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/valyala/fasthttp"
+)
+
+// The nemesis: seeded random fault schedules against an in-process
+// cluster of real nodes, a sale running through them, and afterwards the
+// invariants of DESIGN.md plus a linearizability check of what buyers saw.
+//
+//	go test -run Nemesis .                      2 schedules, 3 nodes (the default suite)
+//	STOCKD_NEMESIS=20,5 go test -run Nemesis .  20 over three nodes, 5 over five
+//	go test -run Nemesis -seed 1234 .           replay one schedule (3 nodes; -nemesis.nodes 5)
+var (
+	nemesisSeed  = flag.Uint64("seed", 0, "TestNemesis: replay the schedule of this seed only")
+	nemesisNodes = flag.Int("nemesis.nodes", 3, "TestNemesis: cluster size for -seed")
+)
+
+// nemesisTotals add up what every schedule of this run did.
+var nemesisTotals struct {
+	schedules, faults, deducts, violations atomic.Int64
+}
+
+func TestNemesis(t *testing.T) {
+	type run struct {
+		nodes int
+		seed  uint64
+	}
+	var runs []run
+	if *nemesisSeed != 0 {
+		runs = append(runs, run{*nemesisNodes, *nemesisSeed})
+	} else {
+		three, five := 2, 0
+		if v := os.Getenv("STOCKD_NEMESIS"); v != "" {
+			a, b, _ := strings.Cut(v, ",")
+			var err error
+			if three, err = strconv.Atoi(a); err != nil {
+				t.Fatalf("STOCKD_NEMESIS=%q: want <three-node schedules>[,<five-node schedules>]", v)
+			}
+			if b != "" {
+				if five, err = strconv.Atoi(b); err != nil {
+					t.Fatalf("STOCKD_NEMESIS=%q: want <three-node schedules>[,<five-node schedules>]", v)
+				}
+			}
+		}
+		base := uint64(time.Now().UnixNano()) % 1_000_000_000
+		for i := range three {
+			runs = append(runs, run{3, base + uint64(i)})
+		}
+		for i := range five {
+			runs = append(runs, run{5, base + uint64(three+i)})
+		}
+	}
+	for _, r := range runs {
+		t.Run(fmt.Sprintf("nodes=%d/seed=%d", r.nodes, r.seed), func(t *testing.T) {
+			nemesisTotals.schedules.Add(1)
+			defer func() {
+				if t.Failed() {
+					nemesisTotals.violations.Add(1)
+					t.Logf("replay: go test -run Nemesis -seed %d -nemesis.nodes %d .", r.seed, r.nodes)
+				}
+			}()
+			runNemesis(t, r.nodes, r.seed)
+		})
+	}
+	t.Logf("nemesis summary: %d schedules, %d faults injected, %d deducts, %d schedules with violations",
+		nemesisTotals.schedules.Load(), nemesisTotals.faults.Load(), nemesisTotals.deducts.Load(), nemesisTotals.violations.Load())
+}
+
+// nemesisSale sizes one schedule's sale: demand above stock on the tv
+// SKUs tv0..tv3 (a per-user limit, re-sent request ids), holds on "box"
+// (confirmed, cancelled or left to expire). tv is split into SKUs so that
+// the linearizability check, which is exponential in the operations in
+// flight at once, runs SKU by SKU. A buyer b buys tv<b%tvSKUs>.
+const (
+	tvSKUs                                = 4
+	tvUnits, tvBuyers, tvUsers, tvPerUser = 40, 80, 30, 2 // per tv SKU
+	tvWorkers                             = 5             // per tv SKU
+	boxUnits, boxBuyers                   = 60, 100
+	boxHoldTTL                            = 800 * time.Millisecond
+	nemesisCallTimeout                    = 3 * time.Second
+)
+
+func runNemesis(t *testing.T, size int, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	began := time.Now()
+	phase := func(what string) { t.Logf("phase %s at %s", what, time.Since(began).Round(time.Millisecond)) }
+	c := startTestClusterOf(t, size, nil)
+	phase("cluster up")
+	for _, sale := range []string{
+		fmt.Sprintf(`PUT /v1/skus/box {"total":%d,"hold_ttl":"%s"}`, boxUnits, boxHoldTTL),
+		fmt.Sprintf(`PUT /v1/skus/tv0 {"total":%d,"per_user":%d}`, tvUnits, tvPerUser),
+		fmt.Sprintf(`PUT /v1/skus/tv1 {"total":%d,"per_user":%d}`, tvUnits, tvPerUser),
+		fmt.Sprintf(`PUT /v1/skus/tv2 {"total":%d,"per_user":%d}`, tvUnits, tvPerUser),
+		fmt.Sprintf(`PUT /v1/skus/tv3 {"total":%d,"per_user":%d}`, tvUnits, tvPerUser),
+	} {
+		method, rest, _ := strings.Cut(sale, " ")
+		path, body, _ := strings.Cut(rest, " ")
+		if code, out := call(t, c.client(c.ids[0]), method, path, body); code != 201 {
+			t.Fatalf("%s: %d %v", sale, code, out)
+		}
+	}
+	waitSaleEverywhere(t, c, "box")
+	for k := range tvSKUs {
+		waitSaleEverywhere(t, c, tvSKU(k))
+	}
+
+	// Buyers arrive at an even pace over the schedule's length, so that
+	// every fault strikes mid-sale.
+	schedule := nemesisSchedule(rng, size)
+	var span time.Duration
+	for _, f := range schedule {
+		span += f.dur
+	}
+	h := &nemesisHistory{start: time.Now()}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); h.buyTV(c, seed, span) }()
+	go func() { defer wg.Done(); h.buyBoxes(c, seed, span) }()
+	go func() { defer wg.Done(); h.readLeader(c, stop) }()
+
+	crashed := map[string]bool{}
+	for _, f := range schedule {
+		nemesisTotals.faults.Add(1)
+		t.Logf("%6.2fs %s", time.Since(h.start).Seconds(), f.run(t, c, rng, crashed))
+	}
+	phase("schedule done")
+	c.net.healAll()
+	for id := range crashed {
+		c.startWith(id, nil, nil)
+	}
+	close(stop)
+	wg.Wait()
+	waitReady(t, c)
+	nemesisTotals.deducts.Add(h.deducts.Load())
+
+	phase("buyers done")
+	// The sale runs to its end once healed: nothing may stay stranded.
+	for k := range tvSKUs {
+		sellOut(t, c, tvSKU(k), tvUnits, 1_000_000*(k+1))
+	}
+	phase("sold out")
+	leader := func() *fasthttp.HostClient {
+		var cl *fasthttp.HostClient
+		waitFor(t, 20*time.Second, "a leader", func() bool {
+			if id := c.leader(); id != "" {
+				cl = c.client(id)
+			}
+			return cl != nil
+		})
+		return cl
+	}
+	waitFor(t, 20*time.Second, "every hold on box confirmed, cancelled or expired, no lease left", func() bool {
+		cl := leader()
+		for k := range tvSKUs {
+			if _, tv := callQuiet(cl, "GET", "/v1/skus/"+tvSKU(k)+"/audit", ""); tv == nil || !nothingLeased(tv) {
+				return false
+			}
+		}
+		_, box := callQuiet(cl, "GET", "/v1/skus/box/audit", "")
+		return box != nil && box["held"] == 0.0 && nothingLeased(box)
+	})
+	phase("holds ended")
+	acked := h.tvAcked(t)
+	for k := range tvSKUs {
+		a := checkClusterLedgers(t, c, tvSKU(k), acked[k])
+		if a["available"] != 0.0 || a["sold"] != float64(tvUnits) || a["held"] != 0.0 {
+			t.Fatalf("%s after the sale: %v, want everything sold", tvSKU(k), a)
+		}
+	}
+	checkClusterLedgers(t, c, "box", nil)
+	h.checkBoxOrders(t, c)
+	phase("ledgers checked")
+	results := map[string]int{}
+	for _, op := range h.tvOps() {
+		in, out := op.Input.(tvIn), op.Output.(tvOut)
+		if in.read {
+			results["read"]++
+		} else {
+			results[out.result]++
+		}
+	}
+	t.Logf("tv operations: %v; answers taken as unknown: %v", results, h.unknownCodes)
+	for _, part := range partitionBy(h.tvOps(), func(op porcupine.Operation) any { return op.Input.(tvIn).sku }) {
+		n, d := maxOverlap(part)
+		t.Logf("part of %d ops: max overlap %d, longest %s", len(part), n, d)
+	}
+	checkLinearizable(t, tvModel(tvUnits, tvUsers, tvBuyers, tvPerUser), h.tvOps(), "tv")
+	checkLinearizable(t, holdModel(), h.boxOps(), "box")
+	t.Logf("clean: %d deducts, %d tv and %d box operations linearizable", h.deducts.Load(), len(h.tv), len(h.box))
+}
+
+func nothingLeased(audit map[string]any) bool {
+	leased, _ := audit["leased"].(map[string]any)
+	for _, v := range leased {
+		if v != 0.0 {
+			return false
+		}
+	}
+	return true
+}
+
+// nemesisFault is one step of a schedule.
+type nemesisFault struct {
+	kind string
+	dur  time.Duration
+}
+
+var nemesisFaultKinds = []string{
+	"isolate", "isolate-leader", "partition-minority", "flap", "degrade",
+	"crash", "crash-leader", "stall", "transfer-leadership", "snapshot",
+}
+
+func nemesisSchedule(rng *rand.Rand, size int) []nemesisFault {
+	steps := 3 + rng.IntN(3)
+	fs := make([]nemesisFault, steps)
+	for i := range fs {
+		fs[i] = nemesisFault{kind: nemesisFaultKinds[rng.IntN(len(nemesisFaultKinds))],
+			dur: time.Duration(300+rng.IntN(1200)) * time.Millisecond}
+	}
+	return fs
+}
+
+// run injects the fault for its duration (the fault's length, not a
+// wait for a condition) and ends it, except a crash whose node restarts
+// at the end of the schedule if the draw says so. It says what it did.
+func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed map[string]bool) string {
+	var up []string
+	for _, id := range c.ids {
+		if c.node(id) != nil {
+			up = append(up, id)
+		}
+	}
+	pick := func() string { return up[rng.IntN(len(up))] }
+	target := pick()
+	if l := c.leader(); l != "" && strings.HasSuffix(f.kind, "-leader") {
+		target = l
+	}
+	switch f.kind {
+	case "isolate", "isolate-leader":
+		c.net.isolate(target)
+		time.Sleep(f.dur)
+		c.net.heal(target)
+	case "partition-minority":
+		ids := append([]string(nil), c.ids...)
+		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		minority := ids[:(len(ids)-1)/2]
+		c.net.partition(minority, ids[len(minority):])
+		time.Sleep(f.dur)
+		c.net.healAll()
+		return fmt.Sprintf("partition %v from the rest for %s", minority, f.dur)
+	case "flap":
+		for range 4 {
+			c.net.isolate(target)
+			time.Sleep(f.dur / 8)
+			c.net.heal(target)
+			time.Sleep(f.dur / 8)
+		}
+	case "degrade":
+		delay, loss := time.Duration(1+rng.IntN(15))*time.Millisecond, rng.Float64()*0.05
+		c.net.degrade(delay, loss)
+		time.Sleep(f.dur)
+		c.net.degrade(0, 0)
+		return fmt.Sprintf("delay %s+jitter, drop %.1f%% of writes for %s", delay, loss*100, f.dur)
+	case "crash", "crash-leader":
+		if len(up)-1 < len(c.ids)/2+1 {
+			return f.kind + " skipped: a quorum must stay up"
+		}
+		c.crash(target)
+		time.Sleep(f.dur)
+		if rng.IntN(4) == 0 {
+			crashed[target] = true
+			return fmt.Sprintf("crash %s (restarts when the schedule ends)", target)
+		}
+		c.startWith(target, nil, nil)
+	case "stall":
+		c.net.stall(target)
+		time.Sleep(f.dur)
+		c.net.resume(target)
+	case "transfer-leadership":
+		if l := c.leader(); l != "" {
+			if err := c.node(l).Raft().TransferLeadership(); err != nil {
+				return fmt.Sprintf("transfer leadership from %s: %v", l, err)
+			}
+			return "transfer leadership from " + l
+		}
+		return "transfer leadership: no leader"
+	case "snapshot":
+		if err := c.node(target).Raft().Snapshot(); err != nil {
+			return fmt.Sprintf("snapshot on %s: %v", target, err)
+		}
+	}
+	return fmt.Sprintf("%s %s for %s", f.kind, target, f.dur)
+}
+
+// nemesisOp is one call a buyer or reader made, as porcupine sees it.
+type nemesisOp struct {
+	client    int
+	call, ret int64 // since the history's start; ret is MaxInt64 when the outcome is unknown
+	in        any
+	out       any
+}
+
+type nemesisHistory struct {
+	start   time.Time
+	deducts atomic.Int64
+
+	mu           sync.Mutex
+	tv           []nemesisOp
+	box          []nemesisOp
+	tvWins       map[int]map[string]bool // buyer -> orders acknowledged to it (tv<buyer%tvSKUs>)
+	boxFate      map[string]string       // order -> sold, released, or "" when unknown
+	unknownCodes map[string]int
+	clients      map[string]*fasthttp.HostClient // by HTTP address
+}
+
+func (h *nemesisHistory) now() int64 { return time.Since(h.start).Nanoseconds() }
+
+// client is a connection pool to node id while it runs, nil while it is
+// down. Pools are the history's own, large enough for every buyer of a
+// schedule, so that no call is turned away by the client itself.
+func (h *nemesisHistory) client(c *testCluster, id string) *fasthttp.HostClient {
+	n := c.node(id)
+	if n == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.clients == nil {
+		h.clients = map[string]*fasthttp.HostClient{}
+	}
+	cl := h.clients[n.HTTPAddr()]
+	if cl == nil {
+		cl = &fasthttp.HostClient{Addr: n.HTTPAddr(), MaxConns: 512, MaxConnWaitTimeout: nemesisCallTimeout,
+			ReadTimeout: nemesisCallTimeout, WriteTimeout: nemesisCallTimeout}
+		h.clients[n.HTTPAddr()] = cl
+	}
+	return cl
+}
+
+// nemesisCall is one HTTP call with the schedule's short timeout. Code 0:
+// no answer (transport error or timeout).
+func nemesisCall(cl *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
+	if cl == nil {
+		return 0, nil
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + cl.Addr + path)
+	req.Header.SetMethod(method)
+	req.SetBodyString(body)
+	if err := cl.DoTimeout(req, resp, nemesisCallTimeout); err != nil {
+		return 0, nil
+	}
+	var out map[string]any
+	_ = jsonUnmarshal(resp.Body(), &out)
+	return resp.StatusCode(), out
+}
+
+// tvIn and tvOut are a deduct on tv, or a read of its sold count.
+type tvIn struct {
+	read             bool
+	sku, buyer, user int // buyer and user count within the SKU
+}
+
+type tvOut struct {
+	result string // won, sold_out, user_limit, unknown; read: ""
+	sold   int
+}
+
+// buyTV sends tv's buyers at an even pace over span from tvWorkers
+// workers per SKU, each buyer retrying on one node after another until it
+// has a final answer; one buyer in 20 sends its request to two nodes at
+// once. The workers bound the calls in flight, and so the checker's work.
+func (h *nemesisHistory) buyTV(c *testCluster, seed uint64, span time.Duration) {
+	const workers = tvWorkers * tvSKUs
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := w; b < tvBuyers*tvSKUs; b += workers {
+				time.Sleep(time.Until(h.start.Add(span * time.Duration(b) / (tvBuyers * tvSKUs))))
+				var twice sync.WaitGroup
+				for k := range 1 + btoi(b%20 == 7) {
+					twice.Add(1)
+					go func() { defer twice.Done(); h.deductTV(c, seed, w+k*workers, b, b+k) }()
+				}
+				twice.Wait()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (h *nemesisHistory) deductTV(c *testCluster, seed uint64, client, buyer, firstNode int) {
+	sku := buyer % tvSKUs
+	user := buyer / tvSKUs % tvUsers
+	body := fmt.Sprintf(`{"user":"tv-u%d","request_id":"tv-%d-%d"}`, user, seed, buyer)
+	for attempt := range 40 {
+		cl := h.client(c, c.ids[(firstNode+attempt)%len(c.ids)])
+		if cl == nil {
+			continue
+		}
+		call := h.now()
+		code, out := nemesisCall(cl, "POST", "/v1/skus/"+tvSKU(sku)+"/deduct", body)
+		ret := h.now()
+		h.deducts.Add(1)
+		o := tvOut{result: "unknown"}
+		errCode, _ := out["error"].(string)
+		switch {
+		case code == 200:
+			o.result = "won"
+			order, _ := out["order_id"].(string)
+			h.mu.Lock()
+			if h.tvWins == nil {
+				h.tvWins = map[int]map[string]bool{}
+			}
+			if h.tvWins[buyer] == nil {
+				h.tvWins[buyer] = map[string]bool{}
+			}
+			h.tvWins[buyer][order] = true
+			h.mu.Unlock()
+		case code == 409 && (errCode == "sold_out" || errCode == "user_limit"):
+			o.result = errCode
+		case code == 429 || code == 503:
+			// try_again, rate_limited, unavailable: nothing was taken by
+			// this call (a 503 never follows a proposal whose fate is
+			// open); not an operation.
+			time.Sleep(20 * time.Millisecond)
+			continue
+		default:
+			ret = math.MaxInt64
+			h.mu.Lock()
+			if h.unknownCodes == nil {
+				h.unknownCodes = map[string]int{}
+			}
+			h.unknownCodes[fmt.Sprintf("%d %s", code, errCode)]++
+			h.mu.Unlock()
+		}
+		h.mu.Lock()
+		h.tv = append(h.tv, nemesisOp{client: client, call: call, ret: ret, in: tvIn{sku: sku, buyer: buyer / tvSKUs, user: user}, out: o})
+		h.mu.Unlock()
+		if o.result != "unknown" {
+			return
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+}
+
+// readLeader reads the tv SKUs' sold counts in turn from the node that leads, every few
+// milliseconds until stop; answers marked stale are left out.
+func (h *nemesisHistory) readLeader(c *testCluster, stop <-chan struct{}) {
+	var reads uint
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(15 * time.Millisecond):
+		}
+		id := c.leader()
+		if id == "" {
+			continue
+		}
+		call := h.now()
+		sku := int(reads % tvSKUs)
+		reads++
+		code, out := nemesisCall(h.client(c, id), "GET", "/v1/skus/"+tvSKU(sku), "")
+		ret := h.now()
+		if code != 200 || out["stale"] == true {
+			continue
+		}
+		sold, _ := out["sold"].(float64)
+		h.mu.Lock()
+		h.tv = append(h.tv, nemesisOp{client: 128, call: call, ret: ret, in: tvIn{read: true, sku: sku}, out: tvOut{sold: int(sold)}})
+		h.mu.Unlock()
+	}
+}
+
+// holdIn and holdOut are a confirm, cancel or expiry of one held order.
+type holdIn struct {
+	order string
+	op    string // confirm, cancel, expire (the janitor's, placed by the test)
+}
+
+type holdOut struct {
+	result string // ok, expired, invalid_state, unknown
+}
+
+// buyBoxes sends box's buyers at an even pace over span: each winner
+// confirms (half), cancels (a quarter) or leaves its hold to expire, after
+// a random pause around the hold time.
+func (h *nemesisHistory) buyBoxes(c *testCluster, seed uint64, span time.Duration) {
+	var wg sync.WaitGroup
+	for b := range boxBuyers {
+		time.Sleep(time.Until(h.start.Add(span * time.Duration(b) / boxBuyers)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(b)))
+			h.buyBox(c, rng, 64+b%64, b, fmt.Sprintf(`{"user":"box-u%d","request_id":"box-%d-%d"}`, b, seed, b))
+		}()
+	}
+	wg.Wait()
+}
+
+func (h *nemesisHistory) buyBox(c *testCluster, rng *rand.Rand, client, buyer int, body string) {
+	var order string
+	var called int64
+	for attempt := range 40 {
+		cl := h.client(c, c.ids[(buyer+attempt)%len(c.ids)])
+		if cl == nil {
+			continue
+		}
+		if called == 0 {
+			called = h.now()
+		}
+		code, out := nemesisCall(cl, "POST", "/v1/skus/box/deduct", body)
+		h.deducts.Add(1)
+		if code == 200 {
+			order, _ = out["order_id"].(string)
+			break
+		}
+		if code == 409 {
+			return
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	if order == "" {
+		return
+	}
+	// The janitor may expire the hold from the moment the first attempt
+	// was made plus the hold time.
+	h.mu.Lock()
+	h.box = append(h.box, nemesisOp{client: client, call: called + boxHoldTTL.Nanoseconds(), ret: math.MaxInt64,
+		in: holdIn{order: order, op: "expire"}, out: holdOut{result: "ok"}})
+	if h.boxFate == nil {
+		h.boxFate = map[string]string{}
+	}
+	h.boxFate[order] = "released" // unless confirmed below
+	h.mu.Unlock()
+	var op string
+	switch r := rng.IntN(4); {
+	case r < 2:
+		op = "confirm"
+	case r == 2:
+		op = "cancel"
+	default:
+		return
+	}
+	time.Sleep(time.Duration(rng.Int64N(int64(boxHoldTTL * 5 / 4))))
+	for attempt := range 40 {
+		cl := h.client(c, c.ids[(buyer+attempt+1)%len(c.ids)])
+		if cl == nil {
+			continue
+		}
+		call := h.now()
+		code, out := nemesisCall(cl, "POST", "/v1/orders/"+order+"/"+op, "")
+		ret := h.now()
+		o := holdOut{result: "unknown"}
+		errCode, _ := out["error"].(string)
+		switch {
+		case code == 200:
+			o.result = "ok"
+		case code == 409 && (errCode == "expired" || errCode == "invalid_state"):
+			o.result = errCode
+		default:
+			ret = math.MaxInt64
+		}
+		h.mu.Lock()
+		h.box = append(h.box, nemesisOp{client: client, call: call, ret: ret, in: holdIn{order: order, op: op}, out: o})
+		switch {
+		case o.result == "unknown":
+			h.boxFate[order] = ""
+		case op == "confirm" && o.result == "ok":
+			h.boxFate[order] = "sold"
+		}
+		h.mu.Unlock()
+		if o.result != "unknown" {
+			return
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+}
+
+// tvAcked checks that no buyer was told two different orders, and no
+// order went to two buyers, and returns the acknowledged orders of each tv
+// SKU.
+func (h *nemesisHistory) tvAcked(t *testing.T) []map[string]bool {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	acked := make([]map[string]bool, tvSKUs)
+	for k := range acked {
+		acked[k] = map[string]bool{}
+	}
+	owner := map[string]int{}
+	for b, orders := range h.tvWins {
+		if len(orders) > 1 {
+			t.Fatalf("buyer %d was told it won %d different orders: %v", b, len(orders), orders)
+		}
+		for o := range orders {
+			if other, ok := owner[o]; ok {
+				t.Fatalf("order %s acknowledged to buyers %d and %d", o, other, b)
+			}
+			owner[o], acked[b%tvSKUs][o] = b, true
+		}
+	}
+	for k := range acked {
+		if len(acked[k]) > tvUnits {
+			t.Fatalf("oversold: %d %s orders acknowledged for %d units", len(acked[k]), tvSKU(k), tvUnits)
+		}
+	}
+	return acked
+}
+
+func tvSKU(k int) string { return fmt.Sprintf("tv%d", k) }
+
+// checkBoxOrders reads every box order a buyer won on every node: a
+// confirmed one is sold, the rest released (cancelled or expired), once
+// every hold has ended.
+func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *testCluster) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for order, want := range h.boxFate {
+		for _, id := range c.ids {
+			code, o := callQuiet(c.client(id), "GET", "/v1/orders/"+order, "")
+			if code != 200 {
+				t.Fatalf("won box order %s on %s: %d %v", order, id, code, o)
+			}
+			if want != "" && o["state"] != want {
+				t.Fatalf("box order %s on %s is %v, want %s", order, id, o["state"], want)
+			}
+		}
+	}
+}
+
+// tvOps is tv's history. A call with no answer may take effect until its
+// buyer's request id is known to have won: after that a take of it would
+// be a repeat. So its open end closes at its buyer's first win, which
+// keeps the search small.
+func (h *nemesisHistory) tvOps() []porcupine.Operation {
+	ops := h.operations(h.tv)
+	firstWin := map[tvIn]int64{}
+	for _, op := range ops {
+		in, out := op.Input.(tvIn), op.Output.(tvOut)
+		if out.result == "won" {
+			if r, ok := firstWin[in]; !ok || op.Return < r {
+				firstWin[in] = op.Return
+			}
+		}
+	}
+	for i, op := range ops {
+		if r, ok := firstWin[op.Input.(tvIn)]; ok && op.Output.(tvOut).result == "unknown" && op.Call < r {
+			ops[i].Return = r
+		}
+	}
+	return ops
+}
+
+func (h *nemesisHistory) boxOps() []porcupine.Operation { return h.operations(h.box) }
+func (h *nemesisHistory) operations(ops []nemesisOp) []porcupine.Operation {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]porcupine.Operation, len(ops))
+	for i, o := range ops {
+		out[i] = porcupine.Operation{ClientId: o.client, Call: o.call, Return: o.ret, Input: o.in, Output: o.out}
+	}
+	return out
+}
+
+// checkLinearizable fails the test unless the history fits one order of
+// its operations under the model.
+func checkLinearizable(t *testing.T, m porcupine.Model, ops []porcupine.Operation, what string) {
+	t.Helper()
+	began := time.Now()
+	switch res := porcupine.CheckOperationsTimeout(m, ops, 20*time.Second); res {
+	case porcupine.Ok:
+		t.Logf("%s: %d operations linearizable (checked in %s)", what, len(ops), time.Since(began).Round(time.Millisecond))
+	case porcupine.Unknown:
+		t.Logf("%s: linearizability check of %d operations timed out; not judged", what, len(ops))
+	default:
+		t.Fatalf("%s: %d operations are not linearizable (%s)", what, len(ops), res)
+	}
+}
+
+// tvModel is SKUs with a per-user limit and no way for a unit to come
+// back, each checked on its own: a SKU's state is its units left, each
+// user's wins and which buyers (request ids) won, packed in a string so
+// that states compare cheaply.
+func tvModel(units, users, buyers, perUser int) porcupine.Model {
+	const head = 4 // units left, uint32
+	userAt := func(u int) int { return head + u }
+	bitAt := func(b int) (int, byte) { return head + users + b/8, 1 << (b % 8) }
+	left := func(s string) int {
+		return int(s[0]) | int(s[1])<<8 | int(s[2])<<16 | int(s[3])<<24
+	}
+	win := func(s string, in tvIn) string {
+		b := []byte(s)
+		n := left(s) - 1
+		b[0], b[1], b[2], b[3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+		b[userAt(in.user)]++
+		i, bit := bitAt(in.buyer)
+		b[i] |= bit
+		return string(b)
+	}
+	nm := porcupine.NondeterministicModel{
+		Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+			return partitionBy(history, func(op porcupine.Operation) any { return op.Input.(tvIn).sku })
+		},
+		Init: func() []any {
+			b := make([]byte, head+users+(buyers+7)/8)
+			b[0], b[1], b[2], b[3] = byte(units), byte(units>>8), byte(units>>16), byte(units>>24)
+			return []any{string(b)}
+		},
+		Step: func(state, input, output any) []any {
+			s, in, out := state.(string), input.(tvIn), output.(tvOut)
+			if in.read {
+				if units-left(s) == out.sold {
+					return []any{s}
+				}
+				return nil
+			}
+			i, bit := bitAt(in.buyer)
+			won := s[i]&bit != 0
+			canWin := !won && left(s) > 0 && int(s[userAt(in.user)]) < perUser
+			switch out.result {
+			case "won":
+				if won {
+					return []any{s} // a repeat of a win
+				}
+				if canWin {
+					return []any{win(s, in)}
+				}
+			case "sold_out":
+				if !won && left(s) == 0 {
+					return []any{s}
+				}
+			case "user_limit":
+				if !won && int(s[userAt(in.user)]) >= perUser {
+					return []any{s}
+				}
+			case "unknown":
+				if canWin {
+					return []any{s, win(s, in)}
+				}
+				return []any{s}
+			}
+			return nil
+		},
+		Equal: func(a, b any) bool { return a.(string) == b.(string) },
+		DescribeOperation: func(input, output any) string {
+			in, out := input.(tvIn), output.(tvOut)
+			if in.read {
+				return fmt.Sprintf("read sold=%d", out.sold)
+			}
+			return fmt.Sprintf("deduct buyer %d user %d -> %s", in.buyer, in.user, out.result)
+		},
+	}
+	return nm.ToModel()
+}
+
+// partitionBy splits a history into independent ones by key, in the order
+// keys first appear.
+func partitionBy(history []porcupine.Operation, key func(porcupine.Operation) any) [][]porcupine.Operation {
+	index := map[any]int{}
+	var out [][]porcupine.Operation
+	for _, op := range history {
+		k := key(op)
+		i, ok := index[k]
+		if !ok {
+			i = len(out)
+			index[k] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], op)
+	}
+	return out
+}
+
+// holdModel is one held order's life: held, then sold (confirm), or
+// released by a cancel or by the janitor's expiry. Orders are independent,
+// so the history is checked order by order.
+func holdModel() porcupine.Model {
+	nm := porcupine.NondeterministicModel{
+		Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+			return partitionBy(history, func(op porcupine.Operation) any { return op.Input.(holdIn).order })
+		},
+		Init: func() []any { return []any{"held"} },
+		Step: func(state, input, output any) []any {
+			s, in, out := state.(string), input.(holdIn), output.(holdOut)
+			switch in.op + "/" + out.result {
+			case "expire/ok":
+				if s == "held" {
+					return []any{"expired"}
+				}
+				return []any{s}
+			case "confirm/ok":
+				if s == "held" || s == "sold" {
+					return []any{"sold"}
+				}
+			case "confirm/expired":
+				if s == "expired" {
+					return []any{s}
+				}
+			case "confirm/invalid_state":
+				if s == "cancelled" {
+					return []any{s}
+				}
+			case "confirm/unknown":
+				if s == "held" {
+					return []any{s, "sold", "expired"}
+				}
+				return []any{s}
+			case "cancel/ok":
+				switch s {
+				case "held":
+					return []any{"cancelled"}
+				case "cancelled", "expired":
+					return []any{s}
+				}
+			case "cancel/invalid_state":
+				if s == "sold" {
+					return []any{s}
+				}
+			case "cancel/unknown":
+				if s == "held" {
+					return []any{s, "cancelled"}
+				}
+				return []any{s}
+			}
+			return nil
+		},
+		Equal: func(a, b any) bool { return a.(string) == b.(string) },
+	}
+	return nm.ToModel()
+}
+
+func maxOverlap(ops []porcupine.Operation) (int, time.Duration) {
+	type ev struct {
+		t int64
+		d int
+	}
+	var evs []ev
+	var longest int64
+	for _, op := range ops {
+		evs = append(evs, ev{op.Call, 1}, ev{op.Return, -1})
+		longest = max(longest, op.Return-op.Call)
+	}
+	slices.SortFunc(evs, func(a, b ev) int { return cmp.Compare(a.t, b.t)*2 + cmp.Compare(a.d, b.d) })
+	cur, best := 0, 0
+	for _, e := range evs {
+		cur += e.d
+		best = max(best, cur)
+	}
+	return best, time.Duration(longest)
+}
