@@ -866,3 +866,72 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 	// Its own registration, in its own name, is what a peer may send.
 	f("own registration", testClusterSecret, &raftfsm.Register{Node: follower, Addr: c.node(follower).HTTPAddr()}, 200)
 }
+
+// answerLoser is a peer connection that, while lose is set, loses every
+// answer: what a relay sees when the leader applies a call and dies, or
+// the network fails, before the answer comes back.
+type answerLoser struct {
+	net.Conn
+	lose *atomic.Bool
+}
+
+func (c answerLoser) Read(p []byte) (int, error) {
+	if c.lose.Load() {
+		c.Conn.Close()
+		return 0, fmt.Errorf("answer lost by the test")
+	}
+	return c.Conn.Read(p)
+}
+
+// TestCluster_RelayedConfirmWithALostAnswerIsOutcomeUnknown: a follower
+// relays a confirm to the leader, which applies it, and the answer is
+// lost. The follower used to answer 503 unavailable, which tells the
+// caller nothing happened; the order was sold. It must answer 504
+// outcome_unknown, and a retry must find the order sold.
+func TestCluster_RelayedConfirmWithALostAnswerIsOutcomeUnknown(t *testing.T) {
+	var lose atomic.Bool
+	c := startTestClusterWith(t, func(cfg *node.Config) {
+		dial := cfg.PeerDial
+		cfg.PeerDial = func(addr string) (net.Conn, error) {
+			conn, err := dial(addr)
+			if err != nil {
+				return nil, err
+			}
+			return answerLoser{Conn: conn, lose: &lose}, nil
+		}
+	})
+	leader := c.leader()
+	follower := c.ids[0]
+	if follower == leader {
+		follower = c.ids[1]
+	}
+	if code, body := call(t, c.client(leader), "PUT", "/v1/skus/lamp", `{"total":10,"hold_ttl":"1m"}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitSaleEverywhere(t, c, "lamp")
+	code, out := call(t, c.client(follower), "POST", "/v1/skus/lamp/deduct", `{"user":"a","request_id":"a"}`)
+	if code != 200 || out["state"] != "held" {
+		t.Fatalf("hold on %s: %d %v", follower, code, out)
+	}
+	order := out["order_id"].(string)
+
+	lose.Store(true)
+	code, out = callQuiet(c.client(follower), "POST", "/v1/orders/"+order+"/confirm", "")
+	lose.Store(false)
+	if code != 504 || out["error"] != "outcome_unknown" {
+		t.Fatalf("confirm relayed with its answer lost: %d %v, want 504 outcome_unknown", code, out)
+	}
+	// The leader got the confirm and applies it whatever became of the
+	// answer.
+	waitFor(t, 10*time.Second, "the order sold on the leader", func() bool {
+		_, o := call(t, c.client(leader), "GET", "/v1/orders/"+order, "")
+		return o["state"] == "sold"
+	})
+	if code, o := call(t, c.client(follower), "POST", "/v1/orders/"+order+"/confirm", ""); code != 200 || o["state"] != "sold" {
+		t.Fatalf("confirm retried: %d %v", code, o)
+	}
+	a := checkClusterLedgers(t, c, "lamp", map[string]bool{order: true})
+	if a["sold"] != 1.0 || a["held"] != 0.0 {
+		t.Fatalf("ledger: %v", a)
+	}
+}

@@ -588,10 +588,21 @@ func (h *nemesisHistory) buyBox(c *testCluster, rng *rand.Rand, client, buyer in
 			o.result = "ok"
 		case code == 409 && (errCode == "expired" || errCode == "invalid_state"):
 			o.result = errCode
+		case code == 503:
+			// Surely not applied (no leader, or the relay never reached
+			// it); not an operation.
+			time.Sleep(30 * time.Millisecond)
+			continue
 		default:
 			ret = math.MaxInt64
 		}
 		h.mu.Lock()
+		if o.result == "unknown" {
+			if h.unknownCodes == nil {
+				h.unknownCodes = map[string]int{}
+			}
+			h.unknownCodes[fmt.Sprintf("%s %d %s", op, code, errCode)]++
+		}
 		h.box = append(h.box, nemesisOp{client: client, call: call, ret: ret, in: holdIn{order: order, op: op}, out: o})
 		switch {
 		case o.result == "unknown":
@@ -683,7 +694,29 @@ func (h *nemesisHistory) tvOps() []porcupine.Operation {
 	return ops
 }
 
-func (h *nemesisHistory) boxOps() []porcupine.Operation { return h.operations(h.box) }
+// boxOps is box's history. Any definite answer about a hold (ok, expired,
+// invalid_state) means the hold has ended by then, and an ended hold
+// changes no more: so a call with no answer, or the janitor's expiry, has
+// its open end closed at the hold's first definite answer.
+func (h *nemesisHistory) boxOps() []porcupine.Operation {
+	ops := h.operations(h.box)
+	ended := map[string]int64{}
+	for _, op := range ops {
+		in, out := op.Input.(holdIn), op.Output.(holdOut)
+		if in.op != "expire" && out.result != "unknown" {
+			if r, ok := ended[in.order]; !ok || op.Return < r {
+				ended[in.order] = op.Return
+			}
+		}
+	}
+	for i, op := range ops {
+		if r, ok := ended[op.Input.(holdIn).order]; ok && op.Return == math.MaxInt64 {
+			ops[i].Return = max(r, op.Call+1)
+		}
+	}
+	return ops
+}
+
 func (h *nemesisHistory) operations(ops []nemesisOp) []porcupine.Operation {
 	h.mu.Lock()
 	defer h.mu.Unlock()

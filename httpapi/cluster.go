@@ -168,8 +168,9 @@ func (s *Server) relayed(ctx *fasthttp.RequestCtx) bool {
 }
 
 // proxyToLeader relays a request to the leader with the caller's own
-// headers (its Authorization above all) and the answer back. After a
-// success it waits, bounded, until this node has applied what the leader
+// headers (its Authorization above all) and the answer back: 503 when the
+// relay surely did not reach the leader, 504 outcome_unknown when it may
+// have. After a success it waits, bounded, until this node has applied what the leader
 // had, so the caller reads its write here too.
 func (s *Server) proxyToLeader(ctx *fasthttp.RequestCtx) {
 	addr := s.leaderHTTPAddr()
@@ -188,7 +189,13 @@ func (s *Server) proxyToLeader(ctx *fasthttp.RequestCtx) {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	if err := s.peers.do(addr, req, resp, proxyTimeout); err != nil {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "relay to the leader: "+err.Error())
+		if nothingSent(err) {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "relay to the leader: "+err.Error())
+			return
+		}
+		// The leader may have applied the call and its answer got lost:
+		// saying 503 here would tell the caller that nothing happened.
+		writeError(ctx, fasthttp.StatusGatewayTimeout, "outcome_unknown", "relay to the leader failed after sending; the call may have been applied, retry it: "+err.Error())
 		return
 	}
 	if index, err := strconv.ParseUint(string(resp.Header.Peek(headerAppliedIndex)), 10, 64); err == nil && resp.StatusCode() < 300 {
