@@ -6,7 +6,7 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build run test test-multiproc test-crowd test-memory vet lint bench bench-peers bench-go clean cluster cluster-stop
+.PHONY: build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -41,6 +41,20 @@ test-memory:
 # sent to two nodes at once, then SIGTERM to all three under the drain limit.
 test-crowd:
 	STOCKD_CROWD=1 $(GO) test -count=1 -v -timeout 10m -run MultiProcess_Crowd .
+
+# Seeded random fault schedules against an in-process cluster (DESIGN.md's
+# invariants and a linearizability check after each): 20 over three nodes
+# and 5 over five. A failure prints its seed and the command that replays
+# it. `make test` runs 2 of them.
+test-nemesis:
+	STOCKD_NEMESIS=20,5 $(GO) test -count=1 -v -timeout 15m -run 'Nemesis' . | scripts/nemesis-summary.sh
+
+# Many more schedules, four in five over three nodes, the rest over five:
+# make soak SEEDS=500. Prints each failing schedule's replay command and a
+# summary (schedules, faults injected, deducts, violations).
+SEEDS ?= 100
+soak:
+	STOCKD_NEMESIS=$$(( $(SEEDS) - $(SEEDS) / 5 )),$$(( $(SEEDS) / 5 )) $(GO) test -count=1 -v -timeout 0 -run 'Nemesis$$' . | scripts/nemesis-summary.sh
 
 vet:
 	$(GO) vet ./...
