@@ -30,6 +30,8 @@ type Ledger interface {
 	AuditAll() (map[string]raftfsm.Audit, error)
 	// PersistLag is how far the ledger's file is behind what it applied.
 	PersistLag() (entries uint64, changes int)
+	// PersistFailures counts failed writes of the ledger's file.
+	PersistFailures() uint64
 	SetObserver(o raftfsm.Observer)
 }
 

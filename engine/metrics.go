@@ -124,6 +124,9 @@ type Snapshot struct {
 	// is behind the applied state (write-behind), in log entries and in
 	// changes waiting.
 	LedgerPersistLagEntries uint64
+	// LedgerPersistFailures counts failed writes of ledger.db (a full or
+	// failing disk).
+	LedgerPersistFailures uint64
 	LedgerPendingChanges    int
 	// Tails are each sale's tail on this node: its first sold_out answer
 	// since stock last came back, and its last committed win.
@@ -136,6 +139,7 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s.ProposalsInFlight = len(e.localSlots) + len(e.forwardSlots)
 	s.TakeQueueLength = len(e.takeQueue)
 	s.LedgerPersistLagEntries, s.LedgerPendingChanges = e.ledger.PersistLag()
+	s.LedgerPersistFailures = e.ledger.PersistFailures()
 	s.CommitBlocked = e.commitBlocked.Load()
 	sales := *e.sales.Load()
 	s.BucketUnits = make(map[string]int64, len(sales))

@@ -75,6 +75,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
 	metrics.WriteGaugeUint64(&w, "stockd_ledger_persist_lag_entries", m.LedgerPersistLagEntries)
+	metrics.WriteCounterUint64(&w, "stockd_ledger_persist_failures_total", m.LedgerPersistFailures)
 	metrics.WriteGaugeUint64(&w, "stockd_ledger_pending_changes", uint64(m.LedgerPendingChanges))
 	for _, sku := range slices.Sorted(maps.Keys(m.Tails)) {
 		tail := m.Tails[sku]

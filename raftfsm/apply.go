@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/hashicorp/raft"
 	bolt "go.etcd.io/bbolt"
@@ -32,10 +33,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic("BUG: ApplyBatch on a closed ledger")
 	}
 	if _, changes := bh.lag(); changes > pendingChangesMax {
-		// The persister is behind: wait for it rather than grow.
-		if err := bh.flush(db); err != nil {
-			panic(fmt.Sprintf("ledger %s: %v", l.path, err))
-		}
+		l.waitForPersister(db, bh, changes)
 	}
 	bh.forgetPersisted()
 
@@ -54,6 +52,26 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	a.publish(last)
 	return results
+}
+
+// waitForPersister writes the pending changes on the FSM goroutine when
+// the persister is behind. While the disk fails, changes keep waiting in
+// memory up to pendingChangesHardMax; there Apply waits for a write up to
+// persistStallMax and then stops the node: everything it applied is in
+// the raft log, which replays it at the next start.
+func (l *Ledger) waitForPersister(db *bolt.DB, bh *behind, changes int) {
+	err := bh.flush(db)
+	if err == nil || changes <= pendingChangesHardMax {
+		return
+	}
+	deadline := time.Now().Add(persistStallMax)
+	for backoff := persistInterval; err != nil; backoff = min(2*backoff, persistRetryMax) {
+		if time.Now().After(deadline) {
+			panic(fmt.Sprintf("ledger %s: %d changes waiting and no write for %s: %v", l.path, changes, persistStallMax, err))
+		}
+		time.Sleep(backoff)
+		err = bh.flush(db)
+	}
 }
 
 // applyEntries applies every entry above applied and returns their

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -35,6 +36,14 @@ const (
 	// memory they take and the replay after a crash): Apply waits for the
 	// persister beyond it.
 	pendingChangesMax = 200_000
+	// pendingChangesHardMax is where Apply stops while the persister
+	// cannot write (a full or failing disk): up to it, applied changes
+	// wait in memory (the raft log holds them too); at it, Apply waits
+	// for a write up to persistStallMax, then the node stops.
+	pendingChangesHardMax = 4 * pendingChangesMax
+	persistStallMax       = 30 * time.Second
+	// persistRetryMax caps the backoff between failed writes.
+	persistRetryMax = 2 * time.Second
 	// persistFillPercent is how full bbolt fills a page before it splits
 	// it (bbolt's default, 0.5, suits random inserts).
 	persistFillPercent = 0.9
@@ -57,9 +66,12 @@ type behind struct {
 	forgotten uint64                             // pending holds nothing at or below this index
 
 	persistMu sync.Mutex
-	wake      chan struct{}
-	stop      chan struct{}
-	done      chan struct{}
+	// fault, when set, is asked before every write; an error fails the
+	// write as the disk would (tests of a full disk).
+	fault atomic.Pointer[func() error]
+	wake  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 func newBehind(persisted uint64) *behind {
@@ -143,6 +155,11 @@ func (b *behind) lag() (entries uint64, changes int) {
 func (b *behind) flush(db *bolt.DB) error {
 	b.persistMu.Lock()
 	defer b.persistMu.Unlock()
+	if f := b.fault.Load(); f != nil {
+		if err := (*f)(); err != nil {
+			return fmt.Errorf("persist ledger: %w", err)
+		}
+	}
 	type change struct {
 		key   string
 		value []byte
@@ -198,12 +215,22 @@ func (b *behind) flush(db *bolt.DB) error {
 	return nil
 }
 
+// persistHealth hears how the persister's writes go: failed after each
+// failure, recovered after the first success that follows failures.
+type persistHealth interface {
+	failed(err error, attempt int)
+	recovered()
+}
+
 // run is the persister goroutine: it flushes every persistInterval, or
-// sooner when many changes wait, until stop closes.
-func (b *behind) run(db *bolt.DB, onErr func(error)) {
+// sooner when many changes wait, until stop closes. A write that fails
+// leaves its changes pending (bbolt rolled the transaction back) and is
+// tried again after a backoff growing to persistRetryMax.
+func (b *behind) run(db *bolt.DB, health persistHealth) {
 	defer close(b.done)
 	t := time.NewTicker(persistInterval)
 	defer t.Stop()
+	failures := 0
 	for {
 		select {
 		case <-b.stop:
@@ -212,15 +239,28 @@ func (b *behind) run(db *bolt.DB, onErr func(error)) {
 		case <-b.wake:
 		}
 		if err := b.flush(db); err != nil {
-			onErr(err)
+			failures++
+			health.failed(err, failures)
+			backoff := time.NewTimer(min(persistInterval<<min(failures, 6), persistRetryMax))
+			select {
+			case <-b.stop:
+				backoff.Stop()
+				return
+			case <-backoff.C:
+			}
+			continue
+		}
+		if failures > 0 {
+			failures = 0
+			health.recovered()
 		}
 	}
 }
 
 // start runs the persister over db.
-func (b *behind) start(db *bolt.DB, onErr func(error)) {
+func (b *behind) start(db *bolt.DB, health persistHealth) {
 	b.stop, b.done = make(chan struct{}), make(chan struct{})
-	go b.run(db, onErr)
+	go b.run(db, health)
 }
 
 // halt stops the persister (it does not flush).

@@ -18,6 +18,7 @@ import (
 	"stockd/internal/hashfilter"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // bbolt buckets of the ledger file.
@@ -164,10 +165,32 @@ type Ledger struct {
 	// noPersist makes Close skip the final write (tests: a crash before
 	// the ledger write, with the persister halted).
 	noPersist bool
+
+	persistFault    atomic.Pointer[func() error]
+	persistFailing  atomic.Bool
+	persistFailures atomic.Uint64
 }
 
 // ErrLedgerClosed is returned by reads after Close.
 var ErrLedgerClosed = errors.New("ledger closed")
+
+// checkLedgerSize refuses a ledger file shorter than its own pages say
+// (cut short by a full disk, or a copy that did not finish): reading past
+// the end of the mapped file would kill the process instead of failing.
+func checkLedgerSize(db *bolt.DB, path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("open ledger %s: %w", path, err)
+	}
+	var need int64
+	if err := db.View(func(tx *bolt.Tx) error { need = tx.Size(); return nil }); err != nil {
+		return fmt.Errorf("open ledger %s: %w", path, err)
+	}
+	if st.Size() < need {
+		return fmt.Errorf("ledger %s is cut short: %d bytes on disk, its pages need %d (a disk that filled up, or a copy that did not finish); restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers", path, st.Size(), need)
+	}
+	return nil
+}
 
 // OpenLedger opens (or creates) the ledger file in dir and loads its mirrors.
 func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
@@ -186,8 +209,15 @@ func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 
 func (l *Ledger) open() error {
 	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return fmt.Errorf("open ledger %s: %w (another process has it open: is a node already running on this data dir?)", l.path, err)
+	}
 	if err != nil {
-		return fmt.Errorf("open ledger %s: %w", l.path, err)
+		return fmt.Errorf("open ledger %s: %w (a damaged file: restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers)", l.path, err)
+	}
+	if err := checkLedgerSize(db, l.path); err != nil {
+		db.Close()
+		return err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime} {
@@ -207,12 +237,55 @@ func (l *Ledger) open() error {
 	}
 	l.db = db
 	l.bh = newBehind(l.applied)
-	l.bh.start(db, func(err error) {
-		// The disk failed under the ledger: going on would answer from
-		// state that can never be written.
-		panic(fmt.Sprintf("ledger %s: %v", l.path, err))
-	})
+	if f := l.persistFault.Load(); f != nil {
+		l.bh.fault.Store(f)
+	}
+	l.bh.start(db, ledgerPersistHealth{l})
 	return nil
+}
+
+// ledgerPersistHealth logs the persister's failures and keeps the
+// ledger's PersistHealthy up to date.
+type ledgerPersistHealth struct{ l *Ledger }
+
+func (h ledgerPersistHealth) failed(err error, attempt int) {
+	h.l.persistFailures.Add(1)
+	if !h.l.persistFailing.Swap(true) || attempt%20 == 0 {
+		entries, changes := h.l.bh.lag()
+		h.l.logger.Error("cannot write the ledger; changes wait in memory and in the raft log, retrying",
+			"path", h.l.path, "attempt", attempt, "entries_behind", entries, "changes_waiting", changes, "err", err)
+	}
+}
+
+func (h ledgerPersistHealth) recovered() {
+	h.l.persistFailing.Store(false)
+	entries, _ := h.l.bh.lag()
+	h.l.logger.Info("ledger writes again", "path", h.l.path, "entries_behind", entries)
+}
+
+// PersistHealthy reports whether the last write of ledger.db succeeded.
+// While it fails, applied changes wait in memory (and in the raft log) up
+// to a bound; the node should not take new sales meanwhile.
+func (l *Ledger) PersistHealthy() bool { return !l.persistFailing.Load() }
+
+// PersistFailures counts failed writes of ledger.db since start.
+func (l *Ledger) PersistFailures() uint64 { return l.persistFailures.Load() }
+
+// SetPersistFault makes every write of ledger.db first call fault and
+// fail with its error, if any; nil removes it. For tests of a full or
+// failing disk.
+func (l *Ledger) SetPersistFault(fault func() error) {
+	if fault == nil {
+		l.persistFault.Store(nil)
+	} else {
+		l.persistFault.Store(&fault)
+	}
+	l.mu.RLock()
+	bh := l.bh
+	l.mu.RUnlock()
+	if bh != nil {
+		bh.fault.Store(l.persistFault.Load())
+	}
 }
 
 // Flush writes every applied change to bbolt now (the persister does so

@@ -72,3 +72,23 @@ func openLogStore(dir, want string, hlog hclog.Logger) (logStore, string, error)
 	}
 	return nil, kind, fmt.Errorf("raft log store %q: want %s or %s", want, LogStoreWAL, LogStoreBolt)
 }
+
+// faultyLogStore fails appends while fault returns an error: Config.LogFault.
+type faultyLogStore struct {
+	raft.LogStore
+	fault func() error
+}
+
+func (s faultyLogStore) StoreLog(l *raft.Log) error {
+	if err := s.fault(); err != nil {
+		return fmt.Errorf("append to the raft log: %w", err)
+	}
+	return s.LogStore.StoreLog(l)
+}
+
+func (s faultyLogStore) StoreLogs(ls []*raft.Log) error {
+	if err := s.fault(); err != nil {
+		return fmt.Errorf("append to the raft log: %w", err)
+	}
+	return s.LogStore.StoreLogs(ls)
+}

@@ -71,6 +71,9 @@ type Config struct {
 	// NoBootstrap leaves a new data dir without a cluster: the node waits
 	// to be added to an existing one (stockd serve -join).
 	NoBootstrap bool
+	// LogFault, when set, is asked before every append to the raft log;
+	// an error fails the append as a full disk would. For tests.
+	LogFault func() error
 	// LogStore picks the raft log store of a new data dir: LogStoreWAL
 	// (append-only segments, one fsync per append) or LogStoreBolt
 	// (raft-boltdb). A data dir that has one keeps it.
@@ -183,7 +186,11 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	}
 	cleanup = append(cleanup, closeTransport)
 	rc := raftConfig(&cfg, hlog)
-	cached, err := raft.NewLogCache(logCacheEntries, logStore)
+	var appends raft.LogStore = logStore
+	if cfg.LogFault != nil {
+		appends = faultyLogStore{LogStore: logStore, fault: cfg.LogFault}
+	}
+	cached, err := raft.NewLogCache(logCacheEntries, appends)
 	if err != nil {
 		return fail(fmt.Errorf("raft log cache: %w", err))
 	}
@@ -424,10 +431,14 @@ func translateRaftError(err error) error {
 }
 
 // CommitHealthy reports whether a proposal from this node could commit now:
-// it leads (a leader that loses its quorum steps down within the lease
-// timeout), or it follows a known leader it heard from within a heartbeat
-// timeout.
+// its ledger can be written (a node whose disk fails takes no new sales
+// until it can), and it leads (a leader that loses its quorum steps down
+// within the lease timeout) or follows a known leader it heard from within
+// a heartbeat timeout.
 func (n *Node) CommitHealthy() bool {
+	if !n.ledger.PersistHealthy() {
+		return false
+	}
 	if n.IsLeader() {
 		return true
 	}
