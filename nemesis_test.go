@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"stockd/node"
 
 	"github.com/anishathalye/porcupine"
 	"github.com/valyala/fasthttp"
@@ -100,7 +103,12 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	began := time.Now()
 	phase := func(what string) { t.Logf("phase %s at %s", what, time.Since(began).Round(time.Millisecond)) }
-	c := startTestClusterOf(t, size, nil)
+	// Each node's raft log can be made to fail its appends (a full disk).
+	disks := map[string]*diskFull{}
+	for i := 1; i <= size; i++ {
+		disks[fmt.Sprintf("n%d", i)] = &diskFull{}
+	}
+	c := startTestClusterOf(t, size, func(cfg *node.Config) { cfg.Raft.LogFault = disks[cfg.ID].fault })
 	phase("cluster up")
 	for _, sale := range []string{
 		fmt.Sprintf(`PUT /v1/skus/box {"total":%d,"hold_ttl":"%s"}`, boxUnits, boxHoldTTL),
@@ -138,7 +146,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	crashed := map[string]bool{}
 	for _, f := range schedule {
 		nemesisTotals.faults.Add(1)
-		t.Logf("%6.2fs %s", time.Since(h.start).Seconds(), f.run(t, c, rng, crashed))
+		t.Logf("%6.2fs %s", time.Since(h.start).Seconds(), f.run(t, c, rng, crashed, disks))
 	}
 	phase("schedule done")
 	c.net.healAll()
@@ -147,7 +155,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	}
 	close(stop)
 	wg.Wait()
-	waitReady(t, c)
+	nemesisWaitReady(t, c)
 	nemesisTotals.deducts.Add(h.deducts.Load())
 
 	phase("buyers done")
@@ -206,6 +214,31 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	t.Logf("clean: %d deducts, %d tv and %d box operations linearizable", h.deducts.Load(), len(h.tv), len(h.box))
 }
 
+// nemesisWaitReady is waitReady that says, when it gives up, why each
+// node was not ready.
+func nemesisWaitReady(t *testing.T, c *testCluster) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var why []string
+		for _, id := range c.ids {
+			if cl := c.client(id); cl != nil {
+				if code, out := callQuiet(cl, "GET", "/readyz", ""); code != 200 {
+					_, st := callQuiet(cl, "GET", "/v1/cluster", "")
+					why = append(why, fmt.Sprintf("%s: %d %v; cluster %v", id, code, out, st))
+				}
+			}
+		}
+		if len(why) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes not ready 30s after the faults ended:\n%s", strings.Join(why, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func nothingLeased(audit map[string]any) bool {
 	leased, _ := audit["leased"].(map[string]any)
 	for _, v := range leased {
@@ -224,7 +257,7 @@ type nemesisFault struct {
 
 var nemesisFaultKinds = []string{
 	"isolate", "isolate-leader", "partition-minority", "flap", "degrade",
-	"crash", "crash-leader", "stall", "transfer-leadership", "snapshot",
+	"crash", "crash-leader", "stall", "transfer-leadership", "snapshot", "disk-full",
 }
 
 func nemesisSchedule(rng *rand.Rand, size int) []nemesisFault {
@@ -240,7 +273,7 @@ func nemesisSchedule(rng *rand.Rand, size int) []nemesisFault {
 // run injects the fault for its duration (the fault's length, not a
 // wait for a condition) and ends it, except a crash whose node restarts
 // at the end of the schedule if the draw says so. It says what it did.
-func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed map[string]bool) string {
+func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed map[string]bool, disks map[string]*diskFull) string {
 	var up []string
 	for _, id := range c.ids {
 		if c.node(id) != nil {
@@ -301,6 +334,15 @@ func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed 
 			return "transfer leadership from " + l
 		}
 		return "transfer leadership: no leader"
+	case "disk-full":
+		// Both of the node's files stop taking writes: its raft log and
+		// its ledger.
+		ledger := c.node(target).Ledger()
+		ledger.SetPersistFault(disks[target].fault)
+		disks[target].on.Store(true)
+		time.Sleep(f.dur)
+		disks[target].on.Store(false)
+		ledger.SetPersistFault(nil)
 	case "snapshot":
 		if err := c.node(target).Raft().Snapshot(); err != nil {
 			return fmt.Sprintf("snapshot on %s: %v", target, err)
@@ -728,18 +770,42 @@ func (h *nemesisHistory) operations(ops []nemesisOp) []porcupine.Operation {
 }
 
 // checkLinearizable fails the test unless the history fits one order of
-// its operations under the model.
+// its operations under the model. On a failure it logs the first history
+// (partition) that does not fit, in call order, and writes porcupine's
+// visualization of the whole check to a file it names.
 func checkLinearizable(t *testing.T, m porcupine.Model, ops []porcupine.Operation, what string) {
 	t.Helper()
 	began := time.Now()
-	switch res := porcupine.CheckOperationsTimeout(m, ops, 20*time.Second); res {
+	res, info := porcupine.CheckOperationsVerbose(m, ops, 20*time.Second)
+	switch res {
 	case porcupine.Ok:
 		t.Logf("%s: %d operations linearizable (checked in %s)", what, len(ops), time.Since(began).Round(time.Millisecond))
+		return
 	case porcupine.Unknown:
 		t.Logf("%s: linearizability check of %d operations timed out; not judged", what, len(ops))
-	default:
-		t.Fatalf("%s: %d operations are not linearizable (%s)", what, len(ops), res)
+		return
 	}
+	for _, part := range m.Partition(ops) {
+		if porcupine.CheckOperations(m, part) {
+			continue
+		}
+		slices.SortFunc(part, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+		var b strings.Builder
+		for _, op := range part {
+			ret := "never"
+			if op.Return != math.MaxInt64 {
+				ret = fmt.Sprintf("%.3fs", float64(op.Return)/1e9)
+			}
+			fmt.Fprintf(&b, "\n  %.3fs..%s client %d: %s", float64(op.Call)/1e9, ret, op.ClientId, m.DescribeOperation(op.Input, op.Output))
+		}
+		t.Errorf("%s: this history of %d operations is not linearizable:%s", what, len(part), b.String())
+		break
+	}
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("stockd-nemesis-%s-%d.html", what, time.Now().UnixNano()))
+	if err := porcupine.VisualizePath(m, info, path); err == nil {
+		t.Logf("%s: porcupine's view of the check: %s", what, path)
+	}
+	t.FailNow()
 }
 
 // tvModel is SKUs with a per-user limit and no way for a unit to come
@@ -810,9 +876,9 @@ func tvModel(units, users, buyers, perUser int) porcupine.Model {
 		DescribeOperation: func(input, output any) string {
 			in, out := input.(tvIn), output.(tvOut)
 			if in.read {
-				return fmt.Sprintf("read sold=%d", out.sold)
+				return fmt.Sprintf("tv%d read sold=%d", in.sku, out.sold)
 			}
-			return fmt.Sprintf("deduct buyer %d user %d -> %s", in.buyer, in.user, out.result)
+			return fmt.Sprintf("tv%d deduct buyer %d user %d -> %s", in.sku, in.buyer, in.user, out.result)
 		},
 	}
 	return nm.ToModel()
@@ -845,6 +911,10 @@ func holdModel() porcupine.Model {
 			return partitionBy(history, func(op porcupine.Operation) any { return op.Input.(holdIn).order })
 		},
 		Init: func() []any { return []any{"held"} },
+		DescribeOperation: func(input, output any) string {
+			in, out := input.(holdIn), output.(holdOut)
+			return fmt.Sprintf("%s %s -> %s", in.op, in.order, out.result)
+		},
 		Step: func(state, input, output any) []any {
 			s, in, out := state.(string), input.(holdIn), output.(holdOut)
 			switch in.op + "/" + out.result {

@@ -139,9 +139,13 @@ type Node struct {
 	stopObserve  chan struct{}
 	observeDone  chan struct{}
 
-	closeOnce   sync.Once
-	contactMu   sync.Mutex
-	unreachable map[string]time.Time // peer id -> last contact, while heartbeats to it fail (leader only)
+	closeOnce sync.Once
+	// raftDown closes once raft has shut down: proposals still waiting
+	// then give up (ProposeEncoded).
+	raftDown     chan struct{}
+	raftDownOnce sync.Once
+	contactMu    sync.Mutex
+	unreachable  map[string]time.Time // peer id -> last contact, while heartbeats to it fail (leader only)
 }
 
 // StartNode starts raft over an open ledger: it bootstraps the cluster when
@@ -205,6 +209,7 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 		cfg: cfg, raft: r, ledger: ledger, logStore: logStore, transport: transport, logger: logger,
 		observations: make(chan raft.Observation, 64),
 		stopObserve:  make(chan struct{}),
+		raftDown:     make(chan struct{}),
 		observeDone:  make(chan struct{}),
 		unreachable:  make(map[string]time.Time),
 	}
@@ -405,7 +410,22 @@ func (n *Node) Propose(atUnixNano int64, c Command) (*Result, error) {
 // caller must not change b afterwards.
 func (n *Node) ProposeEncoded(b []byte) (*Result, error) {
 	f := n.raft.Apply(b, applyEnqueueTimeout)
-	if err := f.Error(); err != nil {
+	// raft never answers a proposal still queued for its leader loop when
+	// it shuts down (an Apply future does not watch for shutdown), so the
+	// wait also ends when this node has shut raft down.
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-n.raftDown:
+		select {
+		case err = <-done:
+		default:
+			return nil, fmt.Errorf("%w: raft shut down with the proposal in flight", ErrOutcomeUnknown)
+		}
+	}
+	if err != nil {
 		return nil, translateRaftError(err)
 	}
 	res, ok := f.Response().(*Result)
@@ -530,6 +550,7 @@ func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 // open: its owner closes it.
 func (n *Node) Close() error {
 	err := n.raft.Shutdown().Error()
+	n.raftDownOnce.Do(func() { close(n.raftDown) })
 	n.raft.DeregisterObserver(n.observer)
 	n.closeOnce.Do(func() { close(n.stopObserve) })
 	<-n.observeDone

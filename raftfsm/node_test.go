@@ -2,9 +2,11 @@ package raftfsm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -206,4 +208,66 @@ func TestNode_CrashBetweenCommitAndLedgerWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkAudit(t, l2, "a")
+}
+
+// TestNode_ProposalQueuedAtShutdownReturns: raft never answers a proposal
+// still queued for its leader loop when it shuts down. A node crashing
+// mid-sale in the nemesis hung for good: its engine waited for a lease
+// proposal stuck that way. Propose must return once raft is down.
+func TestNode_ProposalQueuedAtShutdownReturns(t *testing.T) {
+	dir := t.TempDir()
+	l, err := OpenLedger(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	release := make(chan struct{})
+	cfg := DefaultConfig()
+	cfg.Dir, cfg.RaftBind, cfg.Logger = dir, "127.0.0.1:0", testLogger(t)
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+	// Once armed, an append blocks until released and then fails: the
+	// leader loop is stuck in it while more proposals queue behind.
+	cfg.LogFault = func() error {
+		if armed.Load() {
+			<-release
+			return errors.New("disk gone")
+		}
+		return nil
+	}
+	n, err := StartNode(cfg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.WaitLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Propose(1, &CreateSale{SKU: "a", Sale: SaleConfig{Total: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	results := make(chan error, 8)
+	for range cap(results) {
+		go func() {
+			_, err := n.Propose(2, &Restock{SKU: "a", Qty: 1})
+			results <- err
+		}()
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close() }()
+	close(release)
+	<-closed
+	deadline := time.After(10 * time.Second)
+	for range cap(results) {
+		select {
+		case err := <-results:
+			if err == nil {
+				t.Fatal("a proposal succeeded while every append failed")
+			}
+		case <-deadline:
+			t.Fatal("a proposal queued when raft shut down never returned")
+		}
+	}
 }
