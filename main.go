@@ -204,8 +204,14 @@ func serve(args []string, stderr io.Writer) error {
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	got := <-sig
-	cfg.Logger.Info("stopping", "signal", got.String(), "drain_timeout", cfg.DrainTimeout)
+	select {
+	case got := <-sig:
+		cfg.Logger.Info("stopping", "signal", got.String(), "drain_timeout", cfg.DrainTimeout)
+	case <-n.Broken():
+		cfg.Logger.Error("stopping: this process can no longer trust its raft log; restart stockd on the same data dir once the disk can be written")
+		n.Stop(context.Background())
+		return errors.New("raft log append failed right after a truncation; restart stockd")
+	}
 	start := time.Now()
 	err = n.Stop(context.Background())
 	if node.Stopped(err) {

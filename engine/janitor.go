@@ -116,6 +116,9 @@ func (e *Engine) returnIdleLeases(now time.Time) {
 		if now.UnixNano()-s.lastUseNanos.Load() < int64(e.cfg.LeaseIdleReturn) {
 			continue
 		}
+		if e.ledger.AppliedIndex() < s.returnIndex.Load() {
+			continue // the last Return is not applied here yet: its row is stale
+		}
 		row, _, ok := e.ledger.SKU(s.sku)
 		if !ok {
 			continue
@@ -135,6 +138,7 @@ func (e *Engine) returnIdleLeases(now time.Time) {
 		res, err := e.propose(&raftfsm.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: qty})
 		switch {
 		case err == nil:
+			s.returnIndex.Store(res.Index)
 			e.metrics.leaseReturned.Add(uint64(res.Qty))
 			e.logger.Debug("returned idle lease", "sku", s.sku, "units", res.Qty)
 			if back := qty - res.Qty; back > 0 {

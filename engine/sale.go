@@ -24,6 +24,10 @@ type sale struct {
 	takesInFlight atomic.Int64 // units taken from buckets, not yet resolved by the ledger
 	leaseAtLeast  atomic.Int64 // the largest qty a waiting deduct needs; the next lease covers it
 	lastUseNanos  atomic.Int64 // last take or lease grant here; idle leases go back after LeaseIdleReturn
+	// returnIndex is the log index of the last idle Return: no other is
+	// proposed before this node's ledger has applied it, or a node whose
+	// ledger lags would return the same stale lease again at every tick.
+	returnIndex atomic.Uint64
 	// The sale's tail on this node: the first sold_out answer (0: none
 	// since stock last came back) and the last committed win.
 	firstSoldOutNanos atomic.Int64

@@ -226,6 +226,12 @@ func advertisedHTTP(bound, raftBind string) string {
 // HTTPAddr is the address the HTTP server listens on.
 func (n *Node) HTTPAddr() string { return n.httpAddr }
 
+// Broken closes when the node must stop and be restarted (its raft log
+// failed in a way raft does not recover from in place; the error is
+// logged). stockd serve exits non-zero then, for its supervisor to
+// restart it.
+func (n *Node) Broken() <-chan struct{} { return n.raft.Broken() }
+
 // Raft returns the node's raft member.
 func (n *Node) Raft() *raftfsm.Node { return n.raft }
 

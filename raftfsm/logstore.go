@@ -2,8 +2,11 @@ package raftfsm
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
@@ -91,4 +94,49 @@ func (s faultyLogStore) StoreLogs(ls []*raft.Log) error {
 		return fmt.Errorf("append to the raft log: %w", err)
 	}
 	return s.LogStore.StoreLogs(ls)
+}
+
+// guardedLogStore watches for the one log failure raft does not recover
+// from in place: a follower that drops a diverged suffix of its log
+// (DeleteRange) and then fails to append the leader's entries keeps a last
+// index its log no longer has (hashicorp/raft's appendEntries, "TODO:
+// leaving r.getLastLog() in the wrong state if there was a truncation
+// above"). From then on it rejects every append for good. The guard
+// closes broken, and the node stops: a restart reads the log's true end.
+type guardedLogStore struct {
+	raft.LogStore
+	truncated atomic.Bool // a suffix was deleted and no append has succeeded since
+	broken    chan struct{}
+	once      sync.Once
+	logger    *slog.Logger
+}
+
+func newGuardedLogStore(s raft.LogStore, logger *slog.Logger) *guardedLogStore {
+	return &guardedLogStore{LogStore: s, broken: make(chan struct{}), logger: logger}
+}
+
+func (g *guardedLogStore) DeleteRange(min, max uint64) error {
+	first, err := g.LogStore.FirstIndex()
+	if err == nil && min > first {
+		g.truncated.Store(true) // a suffix: raft is rewriting the log's end
+	}
+	return g.LogStore.DeleteRange(min, max)
+}
+
+func (g *guardedLogStore) StoreLog(l *raft.Log) error {
+	return g.StoreLogs([]*raft.Log{l})
+}
+
+func (g *guardedLogStore) StoreLogs(ls []*raft.Log) error {
+	err := g.LogStore.StoreLogs(ls)
+	switch {
+	case err == nil:
+		g.truncated.Store(false)
+	case g.truncated.Load():
+		g.once.Do(func() {
+			g.logger.Error("raft log append failed right after its end was rewritten; raft now believes entries that are gone and rejects every append: this node stops, restart it once the disk can be written", "err", err)
+			close(g.broken)
+		})
+	}
+	return err
 }

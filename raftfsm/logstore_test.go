@@ -61,3 +61,63 @@ func TestLogStore_TailTruncationSurvivesRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestLogStore_GuardStopsAfterAFailedAppendFollowingATruncation: raft
+// keeps a wrong last index when an append fails right after it dropped a
+// diverged suffix (the nemesis saw a follower reject every append for
+// good after a full disk). The guard must flag that case, and only that
+// one: a failed append after log compaction (a prefix) is not it.
+func TestLogStore_GuardStopsAfterAFailedAppendFollowingATruncation(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		deleteFrom uint64
+		broken     bool
+	}{
+		{"suffix dropped, then the append fails", 8, true},
+		{"prefix compacted, then the append fails", 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, _, err := openLogStore(t.TempDir(), LogStoreWAL, hclog.NewNullLogger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			var full bool
+			faulty := faultyLogStore{LogStore: store, fault: func() error {
+				if full {
+					return fmt.Errorf("no space left on device")
+				}
+				return nil
+			}}
+			g := newGuardedLogStore(faulty, testLogger(t))
+			var ls []*raft.Log
+			for i := uint64(1); i <= 10; i++ {
+				ls = append(ls, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand})
+			}
+			if err := g.StoreLogs(ls); err != nil {
+				t.Fatal(err)
+			}
+			to := uint64(10)
+			if tc.deleteFrom == 1 {
+				to = 5
+			}
+			if err := g.DeleteRange(tc.deleteFrom, to); err != nil {
+				t.Fatal(err)
+			}
+			full = true
+			if err := g.StoreLogs([]*raft.Log{{Index: 11, Term: 2, Type: raft.LogCommand}}); err == nil {
+				t.Fatal("append succeeded on a full disk")
+			}
+			select {
+			case <-g.broken:
+				if !tc.broken {
+					t.Fatal("flagged broken after a failed append following compaction")
+				}
+			default:
+				if tc.broken {
+					t.Fatal("not flagged after a failed append following a suffix truncation")
+				}
+			}
+		})
+	}
+}

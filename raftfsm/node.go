@@ -144,8 +144,11 @@ type Node struct {
 	// then give up (ProposeEncoded).
 	raftDown     chan struct{}
 	raftDownOnce sync.Once
-	contactMu    sync.Mutex
-	unreachable  map[string]time.Time // peer id -> last contact, while heartbeats to it fail (leader only)
+	// logBroken closes when raft's view of its log can no longer be
+	// trusted (guardedLogStore): the node must stop.
+	logBroken   chan struct{}
+	contactMu   sync.Mutex
+	unreachable map[string]time.Time // peer id -> last contact, while heartbeats to it fail (leader only)
 }
 
 // StartNode starts raft over an open ledger: it bootstraps the cluster when
@@ -194,7 +197,8 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 	if cfg.LogFault != nil {
 		appends = faultyLogStore{LogStore: logStore, fault: cfg.LogFault}
 	}
-	cached, err := raft.NewLogCache(logCacheEntries, appends)
+	guard := newGuardedLogStore(appends, logger)
+	cached, err := raft.NewLogCache(logCacheEntries, guard)
 	if err != nil {
 		return fail(fmt.Errorf("raft log cache: %w", err))
 	}
@@ -210,6 +214,7 @@ func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
 		observations: make(chan raft.Observation, 64),
 		stopObserve:  make(chan struct{}),
 		raftDown:     make(chan struct{}),
+		logBroken:    guard.broken,
 		observeDone:  make(chan struct{}),
 		unreachable:  make(map[string]time.Time),
 	}
@@ -456,7 +461,7 @@ func translateRaftError(err error) error {
 // within the lease timeout) or follows a known leader it heard from within
 // a heartbeat timeout.
 func (n *Node) CommitHealthy() bool {
-	if !n.ledger.PersistHealthy() {
+	if !n.ledger.PersistHealthy() || n.LogBroken() {
 		return false
 	}
 	if n.IsLeader() {
@@ -466,6 +471,21 @@ func (n *Node) CommitHealthy() bool {
 		return false
 	}
 	return time.Since(n.raft.LastContact()) <= n.cfg.HeartbeatTimeout
+}
+
+// Broken closes when this node must stop and be restarted: raft's view of
+// its log no longer matches the log (an append failed right after raft
+// rewrote the log's end; see guardedLogStore).
+func (n *Node) Broken() <-chan struct{} { return n.logBroken }
+
+// LogBroken reports whether Broken has closed.
+func (n *Node) LogBroken() bool {
+	select {
+	case <-n.logBroken:
+		return true
+	default:
+		return false
+	}
 }
 
 // IsLeader reports whether this node is the leader now.
