@@ -36,7 +36,7 @@ var (
 
 // nemesisTotals add up what every schedule of this run did.
 var nemesisTotals struct {
-	schedules, faults, deducts, violations atomic.Int64
+	schedules, faults, deducts, violations, restores atomic.Int64
 }
 
 func TestNemesis(t *testing.T) {
@@ -81,8 +81,9 @@ func TestNemesis(t *testing.T) {
 			runNemesis(t, r.nodes, r.seed)
 		})
 	}
-	t.Logf("nemesis summary: %d schedules, %d faults injected, %d deducts, %d schedules with violations",
-		nemesisTotals.schedules.Load(), nemesisTotals.faults.Load(), nemesisTotals.deducts.Load(), nemesisTotals.violations.Load())
+	t.Logf("nemesis summary: %d schedules, %d faults injected, %d deducts, %d snapshots installed on running followers, %d schedules with violations",
+		nemesisTotals.schedules.Load(), nemesisTotals.faults.Load(), nemesisTotals.deducts.Load(),
+		nemesisTotals.restores.Load(), nemesisTotals.violations.Load())
 }
 
 // nemesisSale sizes one schedule's sale: demand above stock on the tv
@@ -109,7 +110,13 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	for i := 1; i <= size; i++ {
 		disks[fmt.Sprintf("n%d", i)] = &diskFull{}
 	}
-	c := startTestClusterOf(t, size, func(cfg *node.Config) { cfg.Raft.LogFault = disks[cfg.ID].fault })
+	c := startTestClusterOf(t, size, func(cfg *node.Config) {
+		cfg.Raft.LogFault = disks[cfg.ID].fault
+		// Snapshots keep little log behind them, so a node that was down
+		// or cut off through one catches up by installing the leader's
+		// snapshot (a restore mid-sale), not by replaying entries.
+		cfg.Raft.SnapshotThreshold, cfg.Raft.TrailingLogs, cfg.Raft.SnapshotInterval = 64, 16, 300*time.Millisecond
+	})
 	phase("cluster up")
 	for _, sale := range []string{
 		fmt.Sprintf(`PUT /v1/skus/box {"total":%d,"hold_ttl":"%s"}`, boxUnits, boxHoldTTL),
@@ -160,6 +167,9 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	wg.Wait()
 	nemesisWaitReady(t, c)
 	nemesisTotals.deducts.Add(h.deducts.Load())
+	for _, id := range c.ids {
+		nemesisTotals.restores.Add(int64(c.node(id).Ledger().Restores()))
+	}
 
 	phase("buyers done")
 	// The sale runs to its end once healed: nothing may stay stranded.

@@ -166,6 +166,7 @@ type Ledger struct {
 	// the ledger write, with the persister halted).
 	noPersist bool
 
+	restores        atomic.Uint64 // snapshots restored since start
 	persistFault    atomic.Pointer[func() error]
 	persistFailing  atomic.Bool
 	persistFailures atomic.Uint64
@@ -267,6 +268,10 @@ func (h ledgerPersistHealth) recovered() {
 // While it fails, applied changes wait in memory (and in the raft log) up
 // to a bound; the node should not take new sales meanwhile.
 func (l *Ledger) PersistHealthy() bool { return !l.persistFailing.Load() }
+
+// Restores counts the snapshots this ledger was restored from since start
+// (raft installs one on a node too far behind the leader's log).
+func (l *Ledger) Restores() uint64 { return l.restores.Load() }
 
 // PersistFailures counts failed writes of ledger.db since start.
 func (l *Ledger) PersistFailures() uint64 { return l.persistFailures.Load() }

@@ -46,6 +46,8 @@ func (s *ledgerSnapshot) Release() { _ = s.tx.Rollback() }
 // mirrors; the observer then sees EventReplaced.
 func (l *Ledger) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	l.restores.Add(1)
+	l.logger.Info("restoring the ledger from a snapshot")
 	tmp := l.path + ".restore"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
