@@ -233,3 +233,44 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 		})
 	}
 }
+
+// TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends: a follower's raft
+// log refuses appends for a second mid-sale, so it rejects what the leader
+// sends. With hashicorp/raft's pipelined replication that rejection ended
+// the pipeline's reader while its sender waited, and the leader never sent
+// that follower anything again (the nemesis found it stuck minutes
+// behind). Once the disk has room the follower must catch up.
+func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
+	disks := map[string]*diskFull{"n1": {}, "n2": {}, "n3": {}}
+	c := startTestClusterWith(t, func(cfg *node.Config) { cfg.Raft.LogFault = disks[cfg.ID].fault })
+	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/tv", `{"total":100000}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitSaleEverywhere(t, c, "tv")
+	leader := c.leader()
+	follower := c.ids[0]
+	if follower == leader {
+		follower = c.ids[1]
+	}
+	var waves []map[int]buyerResult
+	next := 0
+	for round := range 12 {
+		// Buyers on the other nodes keep the leader appending while the
+		// follower's disk is full.
+		done := make(chan map[int]buyerResult, 1)
+		go func() { done <- buyWave(c, "tv", next, next+600, 16, nil) }()
+		disks[follower].on.Store(true)
+		waitFor(t, 10*time.Second, follower+" refusing appends", func() bool {
+			return c.node(follower).Raft().Status().AppliedIndex < c.node(c.leader()).Raft().Status().CommitIndex
+		})
+		time.Sleep(300 * time.Millisecond) // the fault's length, not a wait for a condition
+		disks[follower].on.Store(false)
+		waves = append(waves, <-done)
+		next += 600
+		waitFor(t, 20*time.Second, fmt.Sprintf("round %d: %s caught up with the leader", round, follower), func() bool {
+			l := c.node(c.leader())
+			return l != nil && c.node(follower).Raft().Status().AppliedIndex >= l.Raft().Status().CommitIndex
+		})
+	}
+	checkClusterLedgers(t, c, "tv", ackedOrders(t, waves...))
+}

@@ -237,10 +237,16 @@ func newTransport(cfg *Config, hlog hclog.Logger) (raft.Transport, func(), error
 	if cfg.Transport != nil {
 		return cfg.Transport, func() {}, nil
 	}
+	// No pipelining (MaxRPCsInFlight 1): in hashicorp/raft v1.8.0 a
+	// pipelined follower that rejects one append (a full disk, a log
+	// mismatch) ends the pipeline's reader while the sender waits to hand
+	// it the next request, and replication to that follower stops for good
+	// (the nemesis found it: a follower stuck minutes behind the leader).
+	// Plain AppendEntries retries with backoff instead.
+	tc := &raft.NetworkTransportConfig{MaxPool: transportPoolConns, Timeout: transportIOTimeout, Logger: hlog, MaxRPCsInFlight: 1}
 	if cfg.StreamLayer != nil {
-		nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: cfg.StreamLayer, MaxPool: transportPoolConns, Timeout: transportIOTimeout, Logger: hlog,
-		})
+		tc.Stream = cfg.StreamLayer
+		nt := raft.NewNetworkTransportWithConfig(tc)
 		return nt, func() { nt.Close() }, nil
 	}
 	var advertise net.Addr
@@ -250,7 +256,7 @@ func newTransport(cfg *Config, hlog hclog.Logger) (raft.Transport, func(), error
 			return nil, nil, fmt.Errorf("resolve raft advertise address %q: %w", cfg.Advertise, err)
 		}
 	}
-	tcp, err := raft.NewTCPTransportWithLogger(cfg.RaftBind, advertise, transportPoolConns, transportIOTimeout, hlog)
+	tcp, err := raft.NewTCPTransportWithConfig(cfg.RaftBind, advertise, tc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen for raft on %s: %w", cfg.RaftBind, err)
 	}
