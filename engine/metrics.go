@@ -127,7 +127,7 @@ type Snapshot struct {
 	// LedgerPersistFailures counts failed writes of ledger.db (a full or
 	// failing disk).
 	LedgerPersistFailures uint64
-	LedgerPendingChanges    int
+	LedgerPendingChanges  int
 	// Tails are each sale's tail on this node: its first sold_out answer
 	// since stock last came back, and its last committed win.
 	Tails map[string]SaleTail
