@@ -68,10 +68,11 @@ type behind struct {
 	persistMu sync.Mutex
 	// fault, when set, is asked before every write; an error fails the
 	// write as the disk would (tests of a full disk).
-	fault atomic.Pointer[func() error]
-	wake  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	fault    atomic.Pointer[func() error]
+	wake     chan struct{}
+	stop     chan struct{}
+	stopping atomic.Bool // stop is closed
+	done     chan struct{}
 }
 
 func newBehind(persisted uint64) *behind {
@@ -260,6 +261,7 @@ func (b *behind) run(db *bolt.DB, health persistHealth) {
 // start runs the persister over db.
 func (b *behind) start(db *bolt.DB, health persistHealth) {
 	b.stop, b.done = make(chan struct{}), make(chan struct{})
+	b.stopping.Store(false)
 	go b.run(db, health)
 }
 
@@ -268,9 +270,23 @@ func (b *behind) halt() {
 	if b.stop == nil {
 		return
 	}
-	close(b.stop)
+	b.stopAsync()
 	<-b.done
 	b.stop = nil
+}
+
+// stopAsync tells the persister to stop without waiting for it; wait
+// waits. A write in progress may still finish into the file.
+func (b *behind) stopAsync() {
+	if b.stop != nil && b.stopping.CompareAndSwap(false, true) {
+		close(b.stop)
+	}
+}
+
+func (b *behind) wait() {
+	if b.done != nil {
+		<-b.done
+	}
 }
 
 // ascend calls fn for every key of bucket in order, pending changes over

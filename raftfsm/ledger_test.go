@@ -542,3 +542,55 @@ func TestLedger_FiltersNeverMissWhatTheLedgerHolds(t *testing.T) {
 		t.Fatal("filters lost an entry across a reopen")
 	}
 }
+
+// TestLedger_RestoreWhileItsOwnSnapshotIsOpen: raft may still be writing
+// out a snapshot of this ledger (holding a read transaction, waiting for
+// raft's main loop) when the leader installs a newer one, and the main
+// loop waits for that Restore. Restore used to close the old file first,
+// which waits for every read transaction: a deadlock the nemesis found.
+// Restore must finish while the old snapshot is still open.
+func TestLedger_RestoreWhileItsOwnSnapshotIsOpen(t *testing.T) {
+	src := newTestLedger(t)
+	src.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
+	src.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
+	src.apply(take("n1", "a", "u1", "o1", 2))
+	snap, err := src.l.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink bufferSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+
+	dst := newTestLedger(t)
+	dst.apply(legacyCommand{Op: OpCreateSale, SKU: "old", Sale: &SaleConfig{Total: 1}})
+	open, err := dst.l.Snapshot() // raft has not written it out yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := make(chan error, 1)
+	go func() { restored <- dst.l.Restore(io.NopCloser(&sink)) }()
+	select {
+	case err := <-restored:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Restore waited for a snapshot of the ledger it replaces")
+	}
+	// The old snapshot still reads the old state, and then goes.
+	var old bufferSink
+	if err := open.Persist(&old); err != nil {
+		t.Fatalf("persist the snapshot taken before the restore: %v", err)
+	}
+	open.Release()
+	if _, _, ok := dst.l.SKU("old"); ok {
+		t.Fatal("restore kept state from before the snapshot")
+	}
+	if row, _, ok := dst.l.SKU("a"); !ok || row.Sold != 2 {
+		t.Fatalf("restored row: %+v %v", row, ok)
+	}
+	checkAudit(t, dst.l, "a")
+}

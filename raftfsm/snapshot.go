@@ -65,14 +65,17 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("close %s: %w", tmp, err)
 	}
 
+	// The old file is not closed here: bbolt's Close waits for every read
+	// transaction, and one may be a snapshot of this ledger that raft is
+	// still writing out, waiting for raft's main loop, which waits for this
+	// Restore (the nemesis found that deadlock). The new file goes in place
+	// under the old one's name; the old one, already unlinked, is closed
+	// once its readers are done. What was pending goes with it: the
+	// snapshot replaces everything.
 	l.mu.Lock()
-	if l.db != nil {
-		// The snapshot replaces everything: what is pending goes with it.
-		l.bh.halt()
-		if err := l.db.Close(); err != nil {
-			l.mu.Unlock()
-			return fmt.Errorf("close ledger for restore: %w", err)
-		}
+	old, oldBH := l.db, l.bh
+	if old != nil {
+		oldBH.stopAsync()
 		l.db = nil
 	}
 	if err := os.Rename(tmp, l.path); err != nil {
@@ -82,6 +85,14 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 	err = l.open()
 	applied := l.applied
 	l.mu.Unlock()
+	if old != nil {
+		go func() {
+			oldBH.wait()
+			if err := old.Close(); err != nil {
+				l.logger.Warn("close the ledger file a snapshot replaced", "err", err)
+			}
+		}()
+	}
 	if err != nil {
 		return err
 	}
