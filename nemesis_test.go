@@ -252,6 +252,7 @@ func nemesisWaitReady(t *testing.T, c *testCluster) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
+		restartBroken(t, c, deadline.Add(-30*time.Second))
 		var why []string
 		for _, id := range c.ids {
 			if cl := c.client(id); cl != nil {

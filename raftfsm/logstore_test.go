@@ -121,3 +121,64 @@ func TestLogStore_GuardStopsAfterAFailedAppendFollowingATruncation(t *testing.T)
 		})
 	}
 }
+
+// TestLogStore_AppendsAfterAnInstalledSnapshot: a follower far behind gets
+// the leader's snapshot; raft compacts its log up to the snapshot's index
+// (past the entries the follower has) and then appends the entries that
+// follow the snapshot. The log store must take them: with raft-wal, a
+// follower in the nemesis was refused ("non-monotonic log entries: tried to
+// append index 1056 after 242") and never caught up.
+func TestLogStore_AppendsAfterAnInstalledSnapshot(t *testing.T) {
+	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
+		t.Run(kind, func(t *testing.T) {
+			s, got, err := openLogStore(t.TempDir(), kind, hclog.NewNullLogger())
+			if err != nil || got != kind {
+				t.Fatalf("open %s: %v (%s)", kind, err, got)
+			}
+			defer s.Close()
+			var ls []*raft.Log
+			for i := uint64(1); i <= 242; i++ {
+				ls = append(ls, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand})
+			}
+			if err := s.StoreLogs(ls); err != nil {
+				t.Fatal(err)
+			}
+			// The snapshot covers up to 1055; raft keeps 16 trailing entries
+			// back from its new last index and compacts the rest.
+			first, _ := s.FirstIndex()
+			if err := s.DeleteRange(first, 1055-16); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.StoreLogs([]*raft.Log{{Index: 1056, Term: 3, Type: raft.LogCommand}}); err != nil {
+				t.Fatalf("append after the snapshot: %v", err)
+			}
+			var l raft.Log
+			if err := s.GetLog(1056, &l); err != nil || l.Term != 3 {
+				t.Fatalf("read back: %v %+v", err, l)
+			}
+		})
+	}
+}
+
+// TestLogStore_WrappersSayWhetherAppendsMustBeContiguous: raft asks the
+// log store whether it takes only contiguous appends (raft-wal does) to
+// decide what to do with old entries after installing a snapshot. The
+// fault and guard wrappers hid raft-wal's answer, and a follower that
+// caught up through a snapshot was then refused every append.
+func TestLogStore_WrappersSayWhetherAppendsMustBeContiguous(t *testing.T) {
+	for kind, want := range map[string]bool{LogStoreWAL: true, LogStoreBolt: false} {
+		s, _, err := openLogStore(t.TempDir(), kind, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wrapped := newGuardedLogStore(faultyLogStore{LogStore: s, fault: func() error { return nil }}, testLogger(t))
+		cache, err := raft.NewLogCache(8, wrapped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := isMonotonic(cache); got != want {
+			t.Errorf("%s behind the wrappers and raft's cache: monotonic %v, want %v", kind, got, want)
+		}
+		s.Close()
+	}
+}
