@@ -467,3 +467,41 @@ func TestEngine_IdleReturnRepairsTheLocalLaw(t *testing.T) {
 		t.Fatalf("sold %d of 20: units stayed stranded", a.Row.Sold)
 	}
 }
+
+// laggingReturns answers Return proposals as the leader would while this
+// node's ledger lags far behind: committed at an index not applied here.
+type laggingReturns struct {
+	Proposer
+	returns atomic.Int64
+}
+
+func (p *laggingReturns) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
+	if _, ok := c.(*raftfsm.Return); ok {
+		p.returns.Add(1)
+		return &raftfsm.Result{Outcome: raftfsm.OutcomeOK, Index: 1 << 40}, nil
+	}
+	return p.Proposer.Propose(at, c)
+}
+
+// TestEngine_LaggingNodeReturnsAnIdleLeaseOnce: a node whose ledger lags
+// reads a stale lease and used to propose the same idle Return at every
+// janitor tick (the nemesis saw a 37,000-entry storm from one stuck
+// follower). No second Return goes out before the first is applied here.
+func TestEngine_LaggingNodeReturnsAnIdleLeaseOnce(t *testing.T) {
+	p := &laggingReturns{}
+	tn := startTestNodeWith(t, t.TempDir(), func(c *Config) { c.LeaseIdleReturn = 50 * time.Millisecond },
+		func(inner Proposer) Proposer { p.Proposer = inner; return p })
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if r := tn.deduct("a", "u0", "r0", 1, false); r.Status != StatusOK {
+		t.Fatalf("deduct: %s", r.Status)
+	}
+	waitUntil(t, "the idle lease proposed back", func() bool { return p.returns.Load() > 0 })
+	// Absence over many janitor ticks is what this asserts: the wait is
+	// the observation window, not a synchronisation.
+	time.Sleep(20 * janitorTick)
+	if n := p.returns.Load(); n != 1 {
+		t.Fatalf("%d Returns proposed for one stale lease, want 1", n)
+	}
+}
