@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -30,13 +31,15 @@ var (
 )
 
 const (
-	raftLogFileName     = "raft.db"  // raft-boltdb's file
-	raftWALDirName      = "raft-wal" // raft-wal's segments and meta
-	snapshotsRetained   = 2
-	logCacheEntries     = 512
-	transportPoolConns  = 3
-	transportIOTimeout  = 10 * time.Second
-	applyEnqueueTimeout = 2 * time.Second
+	raftLogFileName    = "raft.db"  // raft-boltdb's file
+	raftWALDirName     = "raft-wal" // raft-wal's segments and meta
+	snapshotsRetained  = 2
+	logCacheEntries    = 512
+	transportPoolConns = 3
+	// leaderBarrierTimeout bounds one try of a new leader's first commit.
+	leaderBarrierTimeout = 5 * time.Second
+	transportIOTimeout   = 10 * time.Second
+	applyEnqueueTimeout  = 2 * time.Second
 )
 
 // Peer is one voter of the initial cluster.
@@ -146,7 +149,10 @@ type Node struct {
 	raftDownOnce sync.Once
 	// logBroken closes when raft's view of its log can no longer be
 	// trusted (guardedLogStore): the node must stop.
-	logBroken   chan struct{}
+	logBroken chan struct{}
+	// freshTerm is the term in which this node, leading, has applied
+	// everything committed before it (catchUpAsLeader).
+	freshTerm   atomic.Uint64
 	contactMu   sync.Mutex
 	unreachable map[string]time.Time // peer id -> last contact, while heartbeats to it fail (leader only)
 }
@@ -335,7 +341,30 @@ func (n *Node) observe() {
 				clear(n.unreachable) // a new leader starts with a clean slate
 				n.contactMu.Unlock()
 				n.logger.Info("leader changed", "leader", d.LeaderID, "leader_addr", d.LeaderAddr)
+				if string(d.LeaderID) == n.cfg.NodeID {
+					go n.catchUpAsLeader()
+				}
 			}
+		}
+	}
+}
+
+// catchUpAsLeader commits a barrier in this node's new term. Until then a
+// new leader may not have applied what the old one committed (it learns
+// of that commit only by committing in its own term), so its reads are
+// stale and CommitHealthy says no (the nemesis caught a new leader, unable
+// to reach a quorum, serving a count older than an acknowledged sale).
+func (n *Node) catchUpAsLeader() {
+	for n.IsLeader() {
+		term := n.raft.CurrentTerm()
+		if err := n.raft.Barrier(leaderBarrierTimeout).Error(); err == nil {
+			n.freshTerm.Store(term)
+			return
+		}
+		select {
+		case <-n.stopObserve:
+			return
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
@@ -463,15 +492,16 @@ func translateRaftError(err error) error {
 
 // CommitHealthy reports whether a proposal from this node could commit now:
 // its ledger can be written (a node whose disk fails takes no new sales
-// until it can), and it leads (a leader that loses its quorum steps down
-// within the lease timeout) or follows a known leader it heard from within
+// until it can), and it leads, having applied everything committed before
+// its term (catchUpAsLeader; a leader that loses its quorum steps down
+// within the lease timeout), or follows a known leader it heard from within
 // a heartbeat timeout.
 func (n *Node) CommitHealthy() bool {
 	if !n.ledger.PersistHealthy() || n.LogBroken() {
 		return false
 	}
 	if n.IsLeader() {
-		return true
+		return n.freshTerm.Load() == n.raft.CurrentTerm()
 	}
 	if id, _ := n.Leader(); id == "" {
 		return false
