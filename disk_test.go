@@ -274,3 +274,51 @@ func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
 	}
 	checkClusterLedgers(t, c, "tv", ackedOrders(t, waves...))
 }
+
+// TestDisk_NewLeaderWithoutAQuorumReadsStale: a node that has just become
+// leader has not applied what the old leader committed until it commits
+// in its own term. CI's nemesis caught such a leader, unable to commit (one
+// node down, another's disk full), serving a sold count older than an
+// acknowledged sale and calling it fresh. Until its first commit its reads
+// must say stale and its deducts 503.
+func TestDisk_NewLeaderWithoutAQuorumReadsStale(t *testing.T) {
+	disks := map[string]*diskFull{"n1": {}, "n2": {}, "n3": {}}
+	c := startTestClusterWith(t, func(cfg *node.Config) { cfg.Raft.LogFault = disks[cfg.ID].fault })
+	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitSaleEverywhere(t, c, "tv")
+	old := c.leader()
+	var down, heir string
+	for _, id := range c.ids {
+		if id != old {
+			if down == "" {
+				down = id
+			} else {
+				heir = id
+			}
+		}
+	}
+	c.crash(down)
+	// The old leader's disk fills up; it hands leadership over. The heir
+	// then cannot commit anything: its only peer cannot append.
+	disks[old].on.Store(true)
+	if err := c.node(old).Raft().TransferLeadershipTo(heir, c.raftAddr[heir]); err != nil {
+		t.Fatalf("transfer leadership from %s: %v", old, err)
+	}
+	waitFor(t, 10*time.Second, heir+" leading", func() bool { return c.node(heir).Raft().IsLeader() })
+	for range 5 {
+		code, sku := call(t, c.client(heir), "GET", "/v1/skus/tv", "")
+		if code != 200 || sku["stale"] != true {
+			t.Fatalf("read on a leader that has not committed in its term: %d %v, want stale", code, sku)
+		}
+		if code, out := callQuiet(c.client(heir), "POST", "/v1/skus/tv/deduct", `{"user":"u","request_id":"r"}`); code == 200 {
+			t.Fatalf("deduct acknowledged by a leader that cannot commit: %v", out)
+		}
+	}
+	disks[old].on.Store(false)
+	waitFor(t, 15*time.Second, heir+" fresh once it can commit", func() bool {
+		_, sku := callQuiet(c.client(heir), "GET", "/v1/skus/tv", "")
+		return sku != nil && sku["stale"] == nil
+	})
+}

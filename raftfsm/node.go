@@ -599,6 +599,15 @@ func (n *Node) TransferLeadership() error {
 	return nil
 }
 
+// TransferLeadershipTo hands leadership to the voter id at addr (leader
+// only).
+func (n *Node) TransferLeadershipTo(id, addr string) error {
+	if err := n.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(addr)).Error(); err != nil {
+		return translateRaftError(err)
+	}
+	return nil
+}
+
 // Snapshot asks raft for a snapshot now (tests and operators).
 func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 
