@@ -261,13 +261,19 @@ func buyWave(sc salesCluster, sku string, from, to, workers int, acked *atomic.I
 // callQuiet is call without failing the test on transport errors, which
 // are expected while nodes crash.
 func callQuiet(c *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
+	return callWithin(c, 15*time.Second, method, path, body)
+}
+
+// callWithin is one call bounded by timeout. Code 0: no answer (transport
+// error or timeout).
+func callWithin(c *fasthttp.HostClient, timeout time.Duration, method, path, body string) (int, map[string]any) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + c.Addr + path)
 	req.Header.SetMethod(method)
 	req.SetBodyString(body)
-	if err := c.DoTimeout(req, resp, 15*time.Second); err != nil {
+	if err := c.DoTimeout(req, resp, timeout); err != nil {
 		return 0, nil
 	}
 	var out map[string]any

@@ -24,6 +24,33 @@ func (d *diskFull) fault() error {
 	return nil
 }
 
+// startDiskCluster starts size nodes whose raft logs fail every append
+// while their switch is on; tune adjusts each config further.
+func startDiskCluster(t *testing.T, size int, tune func(*node.Config)) (*testCluster, map[string]*diskFull) {
+	t.Helper()
+	disks := map[string]*diskFull{}
+	for i := 1; i <= size; i++ {
+		disks[fmt.Sprintf("n%d", i)] = &diskFull{}
+	}
+	c := startTestClusterOf(t, size, func(cfg *node.Config) {
+		cfg.Raft.LogFault = disks[cfg.ID].fault
+		if tune != nil {
+			tune(cfg)
+		}
+	})
+	return c, disks
+}
+
+// createSaleEverywhere creates a plain sale of total units and waits until
+// every running node knows it.
+func createSaleEverywhere(t *testing.T, c *testCluster, sku string, total int) {
+	t.Helper()
+	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
+		t.Fatalf("create sale %s: %d %v", sku, code, body)
+	}
+	waitSaleEverywhere(t, c, sku)
+}
+
 // TestDisk_LedgerWritesFailMidSale: a node's ledger.db stops being
 // writable mid-sale (a full disk), on a follower and then on the leader.
 // The node answers 503 instead of selling, the rest of the cluster goes
@@ -241,12 +268,8 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 // that follower anything again (the nemesis found it stuck minutes
 // behind). Once the disk has room the follower must catch up.
 func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
-	disks := map[string]*diskFull{"n1": {}, "n2": {}, "n3": {}}
-	c := startTestClusterWith(t, func(cfg *node.Config) { cfg.Raft.LogFault = disks[cfg.ID].fault })
-	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/tv", `{"total":100000}`); code != 201 {
-		t.Fatalf("create sale: %d %v", code, body)
-	}
-	waitSaleEverywhere(t, c, "tv")
+	c, disks := startDiskCluster(t, 3, nil)
+	createSaleEverywhere(t, c, "tv", 100000)
 	leader := c.leader()
 	follower := c.ids[0]
 	if follower == leader {
@@ -282,12 +305,8 @@ func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
 // acknowledged sale and calling it fresh. Until its first commit its reads
 // must say stale and its deducts 503.
 func TestDisk_NewLeaderWithoutAQuorumReadsStale(t *testing.T) {
-	disks := map[string]*diskFull{"n1": {}, "n2": {}, "n3": {}}
-	c := startTestClusterWith(t, func(cfg *node.Config) { cfg.Raft.LogFault = disks[cfg.ID].fault })
-	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
-		t.Fatalf("create sale: %d %v", code, body)
-	}
-	waitSaleEverywhere(t, c, "tv")
+	c, disks := startDiskCluster(t, 3, nil)
+	createSaleEverywhere(t, c, "tv", 100)
 	old := c.leader()
 	var down, heir string
 	for _, id := range c.ids {
@@ -321,4 +340,7 @@ func TestDisk_NewLeaderWithoutAQuorumReadsStale(t *testing.T) {
 		_, sku := callQuiet(c.client(heir), "GET", "/v1/skus/tv", "")
 		return sku != nil && sku["stale"] == nil
 	})
+	c.startWith(down, nil, nil)
+	waitReady(t, c)
+	checkClusterLedgers(t, c, "tv", nil)
 }

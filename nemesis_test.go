@@ -106,12 +106,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	began := time.Now()
 	phase := func(what string) { t.Logf("phase %s at %s", what, time.Since(began).Round(time.Millisecond)) }
 	// Each node's raft log can be made to fail its appends (a full disk).
-	disks := map[string]*diskFull{}
-	for i := 1; i <= size; i++ {
-		disks[fmt.Sprintf("n%d", i)] = &diskFull{}
-	}
-	c := startTestClusterOf(t, size, func(cfg *node.Config) {
-		cfg.Raft.LogFault = disks[cfg.ID].fault
+	c, disks := startDiskCluster(t, size, func(cfg *node.Config) {
 		// Snapshots keep little log behind them, so a node that was down
 		// or cut off through one catches up by installing the leader's
 		// snapshot (a restore mid-sale), not by replaying entries.
@@ -429,24 +424,13 @@ func (h *nemesisHistory) client(c *testCluster, id string) *fasthttp.HostClient 
 	return cl
 }
 
-// nemesisCall is one HTTP call with the schedule's short timeout. Code 0:
-// no answer (transport error or timeout).
+// nemesisCall is one HTTP call with the schedule's short timeout; a node
+// that is down (nil client) answers code 0 like one that does not answer.
 func nemesisCall(cl *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
 	if cl == nil {
 		return 0, nil
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + cl.Addr + path)
-	req.Header.SetMethod(method)
-	req.SetBodyString(body)
-	if err := cl.DoTimeout(req, resp, nemesisCallTimeout); err != nil {
-		return 0, nil
-	}
-	var out map[string]any
-	_ = jsonUnmarshal(resp.Body(), &out)
-	return resp.StatusCode(), out
+	return callWithin(cl, nemesisCallTimeout, method, path, body)
 }
 
 // tvIn and tvOut are a deduct on tv, or a read of its sold count.

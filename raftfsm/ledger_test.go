@@ -215,6 +215,21 @@ func (s *bufferSink) ID() string    { return "test" }
 func (s *bufferSink) Cancel() error { s.cancelled = true; return nil }
 func (s *bufferSink) Close() error  { return nil }
 
+// snapshotOf writes a snapshot of l out, as raft would, and releases it.
+func snapshotOf(t *testing.T, l *Ledger) *bufferSink {
+	t.Helper()
+	snap, err := l.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink bufferSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	return &sink
+}
+
 func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
 	src := newTestLedger(t)
 	src.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50, PerUser: 2}})
@@ -224,21 +239,13 @@ func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
 	src.apply(take("n1", "a", "u1", "o1", 2))
 	src.apply(take("n2", "b", "u1", "o2", 1))
 
-	snap, err := src.l.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink bufferSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
+	sink := snapshotOf(t, src.l)
 	// Changes after the snapshot must not leak into it.
 	src.apply(legacyCommand{Op: OpRestock, SKU: "a", Qty: 1})
 
 	dst := newTestLedger(t)
 	dst.apply(legacyCommand{Op: OpCreateSale, SKU: "stale", Sale: &SaleConfig{Total: 1}})
-	if err := dst.l.Restore(io.NopCloser(&sink)); err != nil {
+	if err := dst.l.Restore(io.NopCloser(sink)); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, ok := dst.l.SKU("stale"); ok {
@@ -554,15 +561,7 @@ func TestLedger_RestoreWhileItsOwnSnapshotIsOpen(t *testing.T) {
 	src.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
 	src.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
 	src.apply(take("n1", "a", "u1", "o1", 2))
-	snap, err := src.l.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink bufferSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
+	sink := snapshotOf(t, src.l)
 
 	dst := newTestLedger(t)
 	dst.apply(legacyCommand{Op: OpCreateSale, SKU: "old", Sale: &SaleConfig{Total: 1}})
@@ -571,7 +570,7 @@ func TestLedger_RestoreWhileItsOwnSnapshotIsOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	restored := make(chan error, 1)
-	go func() { restored <- dst.l.Restore(io.NopCloser(&sink)) }()
+	go func() { restored <- dst.l.Restore(io.NopCloser(sink)) }()
 	select {
 	case err := <-restored:
 		if err != nil {
