@@ -217,10 +217,11 @@ func (b *behind) flush(db *bolt.DB) error {
 }
 
 // persistHealth hears how the persister's writes go: failed after each
-// failure, recovered after the first success that follows failures.
+// failure, succeeded after each success (a ledger's writes may have failed
+// in a persister a snapshot restore has since replaced).
 type persistHealth interface {
 	failed(err error, attempt int)
-	recovered()
+	succeeded()
 }
 
 // run is the persister goroutine: it flushes every persistInterval, or
@@ -251,10 +252,8 @@ func (b *behind) run(db *bolt.DB, health persistHealth) {
 			}
 			continue
 		}
-		if failures > 0 {
-			failures = 0
-			health.recovered()
-		}
+		failures = 0
+		health.succeeded()
 	}
 }
 

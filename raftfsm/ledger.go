@@ -258,10 +258,10 @@ func (h ledgerPersistHealth) failed(err error, attempt int) {
 	}
 }
 
-func (h ledgerPersistHealth) recovered() {
-	h.l.persistFailing.Store(false)
-	entries, _ := h.l.bh.lag()
-	h.l.logger.Info("ledger writes again", "path", h.l.path, "entries_behind", entries)
+func (h ledgerPersistHealth) succeeded() {
+	if h.l.persistFailing.Swap(false) {
+		h.l.logger.Info("ledger writes again", "path", h.l.path)
+	}
 }
 
 // PersistHealthy reports whether the last write of ledger.db succeeded.

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"reflect"
@@ -591,5 +592,35 @@ func TestLedger_RestoreWhileItsOwnSnapshotIsOpen(t *testing.T) {
 	if row, _, ok := dst.l.SKU("a"); !ok || row.Sold != 2 {
 		t.Fatalf("restored row: %+v %v", row, ok)
 	}
+	checkAudit(t, dst.l, "a")
+}
+
+// TestLedger_HealthyAgainAfterARestoreDuringAFullDisk: the ledger's writes
+// fail (a full disk), a snapshot restore replaces its file and its writer
+// meanwhile, then the disk has room. The ledger used to stay unhealthy for
+// good, since only the writer that had failed could say it recovered, and
+// the node refused deducts forever (CI's nemesis caught it).
+func TestLedger_HealthyAgainAfterARestoreDuringAFullDisk(t *testing.T) {
+	src := newTestLedger(t)
+	src.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 5}})
+	sink := snapshotOf(t, src.l)
+
+	dst := newTestLedger(t)
+	dst.l.SetPersistFault(func() error { return errors.New("no space left on device") })
+	dst.apply(legacyCommand{Op: OpCreateSale, SKU: "b", Sale: &SaleConfig{Total: 1}})
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	eventually("the ledger unhealthy on a full disk", func() bool { return !dst.l.PersistHealthy() })
+	if err := dst.l.Restore(io.NopCloser(sink)); err != nil {
+		t.Fatal(err)
+	}
+	dst.l.SetPersistFault(nil)
+	eventually("the ledger healthy once it writes again", dst.l.PersistHealthy)
 	checkAudit(t, dst.l, "a")
 }
