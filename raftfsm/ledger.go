@@ -241,18 +241,21 @@ func (l *Ledger) open() error {
 	if f := l.persistFault.Load(); f != nil {
 		l.bh.fault.Store(f)
 	}
-	l.bh.start(db, ledgerPersistHealth{l})
+	l.bh.start(db, ledgerPersistHealth{l: l, bh: l.bh})
 	return nil
 }
 
 // ledgerPersistHealth logs the persister's failures and keeps the
 // ledger's PersistHealthy up to date.
-type ledgerPersistHealth struct{ l *Ledger }
+type ledgerPersistHealth struct {
+	l  *Ledger
+	bh *behind // the persister reporting (l.bh changes on a restore)
+}
 
 func (h ledgerPersistHealth) failed(err error, attempt int) {
 	h.l.persistFailures.Add(1)
 	if !h.l.persistFailing.Swap(true) || attempt%20 == 0 {
-		entries, changes := h.l.bh.lag()
+		entries, changes := h.bh.lag()
 		h.l.logger.Error("cannot write the ledger; changes wait in memory and in the raft log, retrying",
 			"path", h.l.path, "attempt", attempt, "entries_behind", entries, "changes_waiting", changes, "err", err)
 	}
