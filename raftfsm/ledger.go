@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -177,12 +178,23 @@ var ErrLedgerClosed = errors.New("ledger closed")
 
 // checkLedgerSize refuses a ledger file shorter than its own pages say
 // (cut short by a full disk, or a copy that did not finish): reading past
-// the end of the mapped file would kill the process instead of failing.
-func checkLedgerSize(db *bolt.DB, path string) error {
+// the end of the mapped file kills the process with SIGBUS instead of
+// failing. It looks before the file is opened for writing, because that
+// open already reads the free-page list, which may lie past the end; a
+// read-only open reads only the two meta pages.
+func checkLedgerSize(path string) error {
 	st, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && st.Size() == 0) {
+		return nil // a new ledger
+	}
 	if err != nil {
 		return fmt.Errorf("open ledger %s: %w", path, err)
 	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: ledgerOpenTimeout})
+	if err != nil {
+		return ledgerOpenError(path, err)
+	}
+	defer db.Close()
 	var need int64
 	if err := db.View(func(tx *bolt.Tx) error { need = tx.Size(); return nil }); err != nil {
 		return fmt.Errorf("open ledger %s: %w", path, err)
@@ -191,6 +203,15 @@ func checkLedgerSize(db *bolt.DB, path string) error {
 		return fmt.Errorf("ledger %s is cut short: %d bytes on disk, its pages need %d (a disk that filled up, or a copy that did not finish); restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers", path, st.Size(), need)
 	}
 	return nil
+}
+
+// ledgerOpenError says what a failed open of the ledger file means and
+// what the operator can do.
+func ledgerOpenError(path string, err error) error {
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return fmt.Errorf("open ledger %s: %w (another process has it open: is a node already running on this data dir?)", path, err)
+	}
+	return fmt.Errorf("open ledger %s: %w (a damaged file: restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers)", path, err)
 }
 
 // OpenLedger opens (or creates) the ledger file in dir and loads its mirrors.
@@ -209,16 +230,12 @@ func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 }
 
 func (l *Ledger) open() error {
-	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return fmt.Errorf("open ledger %s: %w (another process has it open: is a node already running on this data dir?)", l.path, err)
-	}
-	if err != nil {
-		return fmt.Errorf("open ledger %s: %w (a damaged file: restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers)", l.path, err)
-	}
-	if err := checkLedgerSize(db, l.path); err != nil {
-		db.Close()
+	if err := checkLedgerSize(l.path); err != nil {
 		return err
+	}
+	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
+	if err != nil {
+		return ledgerOpenError(l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime} {
