@@ -214,6 +214,24 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 		{"cut to its meta pages", func(path string) error {
 			return os.Truncate(path, int64(2*os.Getpagesize()))
 		}},
+		{"overwritten past its meta pages", func(path string) error {
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			st, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			metaPages := int64(2 * os.Getpagesize())
+			junk := make([]byte, st.Size()-metaPages)
+			for i := range junk {
+				junk[i] = byte(i*7 + 1)
+			}
+			_, err = f.WriteAt(junk, metaPages)
+			return err
+		}},
 		{"overwritten", func(path string) error {
 			f, err := os.OpenFile(path, os.O_WRONLY, 0)
 			if err != nil {

@@ -230,12 +230,38 @@ func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 }
 
 func (l *Ledger) open() error {
-	if err := checkLedgerSize(l.path); err != nil {
+	db, err := l.openFile()
+	if err != nil {
 		return err
 	}
-	db, err := bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
+	l.db = db
+	l.bh = newBehind(l.applied)
+	if f := l.persistFault.Load(); f != nil {
+		l.bh.fault.Store(f)
+	}
+	l.bh.start(db, ledgerPersistHealth{l: l, bh: l.bh})
+	return nil
+}
+
+// openFile opens the ledger file for writing and loads the mirrors from
+// it. bbolt panics on a page it cannot make sense of (a file overwritten
+// in the middle); that becomes an error naming the file, as a file cut
+// short does.
+func (l *Ledger) openFile() (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if db != nil {
+				db.Close()
+			}
+			db, err = nil, fmt.Errorf("ledger %s is damaged: %v (restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers)", l.path, r)
+		}
+	}()
+	if err := checkLedgerSize(l.path); err != nil {
+		return nil, err
+	}
+	db, err = bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
 	if err != nil {
-		return ledgerOpenError(l.path, err)
+		return nil, ledgerOpenError(l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime} {
@@ -251,15 +277,9 @@ func (l *Ledger) open() error {
 	}
 	if err != nil {
 		db.Close()
-		return fmt.Errorf("load ledger %s: %w", l.path, err)
+		return nil, fmt.Errorf("load ledger %s: %w", l.path, err)
 	}
-	l.db = db
-	l.bh = newBehind(l.applied)
-	if f := l.persistFault.Load(); f != nil {
-		l.bh.fault.Store(f)
-	}
-	l.bh.start(db, ledgerPersistHealth{l: l, bh: l.bh})
-	return nil
+	return db, nil
 }
 
 // ledgerPersistHealth logs the persister's failures and keeps the
