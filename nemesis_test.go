@@ -29,9 +29,11 @@ import (
 //	go test -run Nemesis .                      2 schedules, 3 nodes (the default suite)
 //	STOCKD_NEMESIS=20,5 go test -run Nemesis .  20 over three nodes, 5 over five
 //	go test -run Nemesis -seed 1234 .           replay one schedule (3 nodes; -nemesis.nodes 5)
+//	go test -run Nemesis -nemesis.faults crash,remove-join .   only these faults
 var (
-	nemesisSeed  = flag.Uint64("seed", 0, "TestNemesis: replay the schedule of this seed only")
-	nemesisNodes = flag.Int("nemesis.nodes", 3, "TestNemesis: cluster size for -seed")
+	nemesisSeed   = flag.Uint64("seed", 0, "TestNemesis: replay the schedule of this seed only")
+	nemesisNodes  = flag.Int("nemesis.nodes", 3, "TestNemesis: cluster size for -seed")
+	nemesisFaults = flag.String("nemesis.faults", "", "TestNemesis: draw only these fault kinds (comma-separated), e.g. remove-join,crash")
 )
 
 // nemesisTotals add up what every schedule of this run did.
@@ -133,7 +135,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 
 	// Buyers arrive at an even pace over the schedule's length, so that
 	// every fault strikes mid-sale.
-	schedule := nemesisSchedule(rng, size)
+	schedule := nemesisSchedule(t, rng)
 	var span time.Duration
 	for _, f := range schedule {
 		span += f.dur
@@ -286,13 +288,23 @@ type nemesisFault struct {
 var nemesisFaultKinds = []string{
 	"isolate", "isolate-leader", "partition-minority", "flap", "degrade",
 	"crash", "crash-leader", "stall", "transfer-leadership", "snapshot", "disk-full",
+	"remove-join",
 }
 
-func nemesisSchedule(rng *rand.Rand, size int) []nemesisFault {
+func nemesisSchedule(t *testing.T, rng *rand.Rand) []nemesisFault {
+	kinds := nemesisFaultKinds
+	if *nemesisFaults != "" {
+		kinds = strings.Split(*nemesisFaults, ",")
+		for _, k := range kinds {
+			if !slices.Contains(nemesisFaultKinds, k) {
+				t.Fatalf("-nemesis.faults: no fault %q; the faults are %s", k, strings.Join(nemesisFaultKinds, ","))
+			}
+		}
+	}
 	steps := 3 + rng.IntN(3)
 	fs := make([]nemesisFault, steps)
 	for i := range fs {
-		fs[i] = nemesisFault{kind: nemesisFaultKinds[rng.IntN(len(nemesisFaultKinds))],
+		fs[i] = nemesisFault{kind: kinds[rng.IntN(len(kinds))],
 			dur: time.Duration(300+rng.IntN(1200)) * time.Millisecond}
 	}
 	return fs
@@ -371,12 +383,64 @@ func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed 
 		time.Sleep(f.dur)
 		disks[target].on.Store(false)
 		ledger.SetPersistFault(nil)
+	case "remove-join":
+		return removeAndJoin(c, rng, up, f.dur)
 	case "snapshot":
 		if err := c.node(target).Raft().Snapshot(); err != nil {
 			return fmt.Sprintf("snapshot on %s: %v", target, err)
 		}
 	}
 	return fmt.Sprintf("%s %s for %s", f.kind, target, f.dur)
+}
+
+// removeAndJoin takes a node out of the cluster (DELETE
+// /v1/cluster/nodes/{id} through another node), the leader as likely as
+// any, either still running (a node decommissioned) or crashed first (a
+// dead machine written off), and brings a replacement in under the same
+// id on an empty data dir with -join, as an operator replacing a machine
+// would. Every node must be up when it starts, so the cluster keeps a
+// quorum without the removed one.
+func removeAndJoin(c *testCluster, rng *rand.Rand, up []string, dur time.Duration) string {
+	if len(up) < len(c.ids) {
+		return "remove-join skipped: every node must be up"
+	}
+	target := up[rng.IntN(len(up))]
+	var via string
+	for via == "" || via == target {
+		via = up[rng.IntN(len(up))]
+	}
+	crashFirst := rng.IntN(2) == 0
+	if crashFirst {
+		c.crash(target)
+	}
+	// A leader election from the step before may still be running.
+	deadline := time.Now().Add(10 * time.Second)
+	code, out := 0, map[string]any(nil)
+	for time.Now().Before(deadline) {
+		if code, out = callWithin(c.client(via), 3*time.Second, "DELETE", "/v1/cluster/nodes/"+target, ""); code == 200 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code != 200 {
+		if crashFirst {
+			c.startWith(target, nil, nil)
+		}
+		return fmt.Sprintf("remove %s through %s: %d %v; it stays a member", target, via, code, out)
+	}
+	time.Sleep(dur / 2) // the cluster runs without it
+	if !crashFirst {
+		c.crash(target)
+	}
+	c.dirs[target] = c.t.TempDir()
+	joinVia := "http://" + c.node(via).HTTPAddr()
+	c.startWith(target, nil, func(cfg *node.Config) { cfg.Peers, cfg.Join = nil, joinVia })
+	time.Sleep(dur / 2)
+	how := "removed while running"
+	if crashFirst {
+		how = "crashed, then removed"
+	}
+	return fmt.Sprintf("remove-join %s (%s, %v reclaimed) through %s, rejoined on an empty data dir, for %s", target, how, out["reclaimed_units"], via, dur)
 }
 
 // nemesisOp is one call a buyer or reader made, as porcupine sees it.

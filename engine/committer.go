@@ -219,9 +219,11 @@ func (e *Engine) finishWhenApplied(index uint64, batch []*pendingTake) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), applyWaitMax)
+		// A node that stops (or crashed) does not wait for what it
+		// will never apply.
+		ctx, cancel := context.WithTimeout(e.stopped, applyWaitMax)
 		defer cancel()
-		if err := e.ledger.WaitApplied(ctx, index); err != nil {
+		if err := e.ledger.WaitApplied(ctx, index); err != nil && e.stopped.Err() == nil {
 			e.logger.Warn("a committed take batch is not applied here yet", "index", index, "err", err)
 		}
 		finish()

@@ -47,7 +47,10 @@ type Engine struct {
 	closing atomic.Bool // deducts answer unavailable: the node is stopping
 	closed  atomic.Bool
 	stop    chan struct{}
-	wg      sync.WaitGroup
+	// stopped is done once stop is closed, for waits that take a context.
+	stopped    context.Context
+	endStopped context.CancelFunc
+	wg         sync.WaitGroup
 
 	metrics   *Metrics
 	admission *admission
@@ -88,6 +91,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 	// orders a crash lost: the sequence starts at the boot time in
 	// microseconds, far above any earlier run's sequence.
 	e.orderIDs = newOrderIDs(cfg.NodeID, uint64(cfg.Now().UnixMicro()))
+	e.stopped, e.endStopped = context.WithCancel(context.Background())
 	empty := map[string]*sale{}
 	e.sales.Store(&empty)
 	e.rebuild()
@@ -120,7 +124,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		return nil
 	}
 	if e.proposer == nil { // never started: nothing queued, nothing to return
-		close(e.stop)
+		e.halt()
 		return nil
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -144,7 +148,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		if giveUp {
 			n := e.pendingOrd.len()
 			e.logger.Warn("closing with takes not yet committed; their buyers were told outcome_unknown", "takes", n, "leader_reachable", e.LeaderReachable())
-			close(e.stop)
+			e.halt()
 			e.wg.Wait()
 			return fmt.Errorf("%w: %d takes not committed", ErrDrainIncomplete, n)
 		}
@@ -163,7 +167,13 @@ func (e *Engine) Close(ctx context.Context) error {
 		}
 		e.logger.Info("returned unused lease", "sku", s.sku, "units", res.Qty)
 	}
-	close(e.stop)
+	e.halt()
 	e.wg.Wait()
 	return nil
+}
+
+// halt tells the engine's goroutines to end.
+func (e *Engine) halt() {
+	close(e.stop)
+	e.endStopped()
 }

@@ -35,6 +35,13 @@ func startTestNode(t *testing.T, dir string, tune func(*Config)) *testNode {
 // wrap (nil: the raft node itself).
 func startTestNodeWith(t *testing.T, dir string, tune func(*Config), wrap func(Proposer) Proposer) *testNode {
 	t.Helper()
+	return startTestNodeWrapped(t, dir, tune, wrap, nil)
+}
+
+// startTestNodeWrapped is startTestNodeWith with the ledger the engine
+// reads wrapped by wrapLedger (nil: the ledger itself).
+func startTestNodeWrapped(t *testing.T, dir string, tune func(*Config), wrap func(Proposer) Proposer, wrapLedger func(*raftfsm.Ledger) Ledger) *testNode {
+	t.Helper()
 	logger := slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ledger, err := raftfsm.OpenLedger(dir, logger)
 	if err != nil {
@@ -45,7 +52,11 @@ func startTestNodeWith(t *testing.T, dir string, tune func(*Config), wrap func(P
 	if tune != nil {
 		tune(&cfg)
 	}
-	e, err := New(cfg, ledger)
+	var read Ledger = ledger
+	if wrapLedger != nil {
+		read = wrapLedger(ledger)
+	}
+	e, err := New(cfg, read)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,5 +514,79 @@ func TestEngine_LaggingNodeReturnsAnIdleLeaseOnce(t *testing.T) {
 	time.Sleep(20 * janitorTick)
 	if n := p.returns.Load(); n != 1 {
 		t.Fatalf("%d Returns proposed for one stale lease, want 1", n)
+	}
+}
+
+// farAhead is a log index this node never applies.
+const farAhead = 1 << 40
+
+// takesCommittedElsewhere answers take batches as a leader would while
+// this node's ledger is cut off from the log (a node just removed from
+// the cluster): committed at an index never applied here.
+type takesCommittedElsewhere struct{ Proposer }
+
+func (p takesCommittedElsewhere) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
+	res, err := p.Proposer.Propose(at, c)
+	if _, ok := c.(*raftfsm.Take); ok && err == nil {
+		moved := *res
+		moved.Index = farAhead
+		return &moved, nil
+	}
+	return res, err
+}
+
+// waitsRecorded records how waits for an index never applied here ended.
+type waitsRecorded struct {
+	*raftfsm.Ledger
+	mu    sync.Mutex
+	ended []error
+}
+
+func (l *waitsRecorded) WaitApplied(ctx context.Context, index uint64) error {
+	if index < farAhead {
+		return l.Ledger.WaitApplied(ctx, index)
+	}
+	<-ctx.Done()
+	l.mu.Lock()
+	l.ended = append(l.ended, ctx.Err())
+	l.mu.Unlock()
+	return ctx.Err()
+}
+
+// TestEngine_CloseDoesNotWaitForBatchesItWillNeverApply: a node removed
+// from the cluster while buyers were on it has batches committed at
+// indexes it will never apply. Stopping it waited out each batch's apply
+// wait (5 s) instead of ending at once (the nemesis's remove-join found
+// the crash of such a node taking 5 s).
+func TestEngine_CloseDoesNotWaitForBatchesItWillNeverApply(t *testing.T) {
+	var waits *waitsRecorded
+	tn := startTestNodeWrapped(t, t.TempDir(), nil,
+		func(inner Proposer) Proposer { return takesCommittedElsewhere{inner} },
+		func(l *raftfsm.Ledger) Ledger { waits = &waitsRecorded{Ledger: l}; return waits })
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 20}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if r := tn.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false); r.Status != StatusOK {
+			t.Fatalf("deduct: %s", r.Status)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a crash: nothing is drained
+	if err := tn.engine.Close(ctx); !errors.Is(err, ErrDrainIncomplete) {
+		t.Fatalf("close: %v, want ErrDrainIncomplete (the takes are not applied here)", err)
+	}
+	tn.engine = nil
+	tn.node.Close()
+	tn.ledger.Close()
+	waits.mu.Lock()
+	defer waits.mu.Unlock()
+	if len(waits.ended) == 0 {
+		t.Fatal("no wait for the batches' index: the test does not test what it says")
+	}
+	for _, err := range waits.ended {
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a wait for an index never applied here ended with %v, want it cancelled by Close", err)
+		}
 	}
 }
