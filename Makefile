@@ -51,11 +51,12 @@ test-nemesis:
 
 # Many more schedules, four in five over three nodes, the rest over five:
 # make soak SEEDS=500. Prints each failing schedule's replay command and a
-# summary (schedules, faults injected, deducts, violations). A run that
-# hangs ends at a minute per schedule with every goroutine's stack.
+# summary (schedules, faults injected, deducts, violations); the whole
+# output goes to soak.log. A run that hangs ends at a minute per schedule
+# with every goroutine's stack.
 SEEDS ?= 100
 soak:
-	STOCKD_NEMESIS=$$(( $(SEEDS) - $(SEEDS) / 5 )),$$(( $(SEEDS) / 5 )) $(GO) test -count=1 -v -timeout $$(( $(SEEDS) * 60 ))s -run 'Nemesis$$' . | scripts/nemesis-summary.sh
+	STOCKD_NEMESIS=$$(( $(SEEDS) - $(SEEDS) / 5 )),$$(( $(SEEDS) / 5 )) $(GO) test -count=1 -v -timeout $$(( $(SEEDS) * 60 ))s -run 'Nemesis$$' . | NEMESIS_LOG=soak.log scripts/nemesis-summary.sh
 
 vet:
 	$(GO) vet ./...
