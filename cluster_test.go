@@ -81,7 +81,7 @@ func startTestClusterOf(t *testing.T, size int, tune func(*node.Config)) *testCl
 		c.mu.Lock()
 		nodes := maps.Clone(c.nodes)
 		c.mu.Unlock()
-		for _, n := range nodes {
+		for id, n := range nodes {
 			if n != nil {
 				// Bounded: a node cut off from the quorum cannot drain its
 				// takes.
@@ -89,6 +89,7 @@ func startTestClusterOf(t *testing.T, size int, tune func(*node.Config)) *testCl
 				n.Stop(ctx)
 				cancel()
 			}
+			c.net.closeNode(id)
 		}
 	})
 	waitReady(t, c)
@@ -150,6 +151,7 @@ func (c *testCluster) crash(id string) {
 	c.nodes[id], c.clients[id] = nil, nil
 	c.mu.Unlock()
 	n.Crash()
+	c.net.closeNode(id)
 }
 
 func (c *testCluster) client(id string) *fasthttp.HostClient {

@@ -117,17 +117,31 @@ func (f *faultNet) brokenLocked(from, to string) bool {
 
 // closeBroken closes the open connections of links that are now cut.
 func (f *faultNet) closeBroken() {
+	f.closeWhere(func(c *faultConn) bool { return f.brokenLocked(c.from, c.to) })
+}
+
+// closeWhere closes the open connections doomed says to (called with
+// f.mu held).
+func (f *faultNet) closeWhere(doomed func(*faultConn) bool) {
 	f.mu.Lock()
-	var doomed []*faultConn
+	var closing []*faultConn
 	for c := range f.conns {
-		if f.brokenLocked(c.from, c.to) {
-			doomed = append(doomed, c)
+		if doomed(c) {
+			closing = append(closing, c)
 		}
 	}
 	f.mu.Unlock()
-	for _, c := range doomed {
+	for _, c := range closing {
 		c.Close()
 	}
+}
+
+// closeNode closes every connection from or to node id, as the kernel
+// does when its process dies: an in-process node that stops leaves the
+// connections its raft transport accepted open, with a goroutine each,
+// and its peers' pooled connections to it half alive.
+func (f *faultNet) closeNode(id string) {
+	f.closeWhere(func(c *faultConn) bool { return c.from == id || c.to == id })
 }
 
 func (f *faultNet) dial(from, addr string, timeout time.Duration) (net.Conn, error) {

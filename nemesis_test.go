@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +72,11 @@ func TestNemesis(t *testing.T) {
 			runs = append(runs, run{5, base + uint64(three+i)})
 		}
 	}
+	// A harness that leaks grows with every schedule of a long soak.
+	goroutinesBefore := runtime.NumGoroutine()
+	defer func() {
+		t.Logf("goroutines: %d before the first schedule, %d after the last", goroutinesBefore, runtime.NumGoroutine())
+	}()
 	for _, r := range runs {
 		t.Run(fmt.Sprintf("nodes=%d/seed=%d", r.nodes, r.seed), func(t *testing.T) {
 			nemesisTotals.schedules.Add(1)
