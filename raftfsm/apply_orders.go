@@ -1,6 +1,35 @@
 package raftfsm
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// orderSeq splits an order id of the engine's shape, "<node>-<sequence
+// base 36>-<random base 36>", into the node that minted it and its
+// sequence, which never repeats on that node. The node is everything
+// before the last two dashes, so an id has one owner whoever proposes it.
+// ok is false for an id of another shape.
+func orderSeq(id string) (owner string, seq uint64, ok bool) {
+	last := strings.LastIndexByte(id, '-')
+	if last <= 0 || last == len(id)-1 {
+		return "", 0, false
+	}
+	prev := strings.LastIndexByte(id[:last], '-')
+	if prev <= 0 || prev == last-1 {
+		return "", 0, false
+	}
+	seq, err := strconv.ParseUint(id[prev+1:last], 36, 64)
+	return id[:prev], seq, err == nil
+}
+
+// newerThanAll reports whether no order with id can exist: its sequence
+// is above the highest its node minted among the ledger's orders.
+func (a *applier) newerThanAll(id string) bool {
+	owner, seq, ok := orderSeq(id)
+	return ok && seq > a.ledger.orderSeqHigh[owner]
+}
 
 func (a *applier) getOrder(id string) (*Order, error) {
 	v, err := a.get(bucketOrders, []byte(id))
@@ -15,6 +44,9 @@ func (a *applier) getOrder(id string) (*Order, error) {
 }
 
 func (a *applier) putOrder(o *Order) error {
+	if owner, seq, ok := orderSeq(o.ID); ok && seq > a.ledger.orderSeqHigh[owner] {
+		a.ledger.orderSeqHigh[owner] = seq
+	}
 	size := 2 + 3*maxVarintBytes + 5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
 	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(make([]byte, 0, size), o))
 	return nil
@@ -33,9 +65,14 @@ func (a *applier) take(c *Take) (*Result, error) {
 			continue
 		}
 		// The same order id again: a re-proposal after an unknown outcome.
-		prior, err := a.getOrder(e.OrderID)
-		if err != nil {
-			return nil, err
+		// An id above the highest its node minted so far is surely new
+		// (the common case), without a lookup.
+		var prior *Order
+		if !a.newerThanAll(e.OrderID) {
+			var err error
+			if prior, err = a.getOrder(e.OrderID); err != nil {
+				return nil, err
+			}
 		}
 		if prior == nil && e.RequestID != "" {
 			id, ok, err := a.requestOrder(e.RequestID)

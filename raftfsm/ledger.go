@@ -156,6 +156,11 @@ type Ledger struct {
 	nodes       map[string]string // node id -> HTTP address
 	holds       map[string]int64  // held order id -> expires at (unix nanos)
 	bought      map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
+	// orderSeqHigh is, per node, the highest sequence among the order ids
+	// it minted that the ledger holds (or held): a take whose id is above
+	// it is new without a lookup. Read and written on the FSM goroutine
+	// only (and by loadMirrors before raft starts or inside Restore).
+	orderSeqHigh map[string]uint64
 
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
@@ -364,6 +369,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	nodes := make(map[string]string)
 	holds := make(map[string]int64)
 	bought := make(map[string]int64)
+	seqHigh := make(map[string]uint64)
 	var applied uint64
 	err := db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
@@ -405,6 +411,9 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 			if o.State == OrderHeld {
 				holds[o.ID] = o.ExpiresAtUnixNano
 			}
+			if owner, seq, ok := orderSeq(o.ID); ok && seq > seqHigh[owner] {
+				seqHigh[owner] = seq
+			}
 			return nil
 		})
 		if err != nil {
@@ -421,6 +430,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		return err
 	}
 	l.applied, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, skus, requests, nodes, holds, bought
+	l.orderSeqHigh = seqHigh
 	l.reqFilter.Store(requests.filter)
 	l.buyerFilter.Store(buyers)
 	return nil

@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -285,6 +286,7 @@ type ledgerMachine struct {
 	nodes  []string
 	skus   []string
 	orders []string
+	taken  []string // order ids a take created
 	next   int
 }
 
@@ -314,7 +316,21 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 	c := legacyCommand{Op: OpTake, Node: rapid.SampledFrom(m.nodes).Draw(t, "node")}
 	for i := 0; i < n; i++ {
 		m.next++
+		// Order ids of the engine's shape ("<node>-<seq>-<random>") take
+		// the ledger's no-lookup path for new ids; sequences out of order,
+		// an id in another node's name and a re-proposed id must not get
+		// past it as new.
 		id := fmt.Sprintf("o%d", m.next)
+		switch rapid.IntRange(0, 3).Draw(t, "id_shape") {
+		case 1, 2:
+			owner := rapid.SampledFrom(m.nodes).Draw(t, "id_owner")
+			seq := rapid.Uint64Range(1, 30).Draw(t, "id_seq")
+			id = fmt.Sprintf("%s-%s-%d", owner, strconv.FormatUint(seq, 36), m.next)
+		case 3:
+			if len(m.taken) > 0 {
+				id = rapid.SampledFrom(m.taken).Draw(t, "reproposed")
+			}
+		}
 		req := fmt.Sprintf("r%d", m.next)
 		if len(m.orders) > 0 && rapid.IntRange(0, 9).Draw(t, "dup") == 0 {
 			req = "r" + rapid.SampledFrom(m.orders).Draw(t, "dup_of")[1:] // a repeated request id
@@ -323,7 +339,11 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 			User: rapid.SampledFrom([]string{"u1", "u2", "u3"}).Draw(t, "user"), RequestID: req, OrderID: id})
 		m.orders = append(m.orders, id)
 	}
-	m.at(c)
+	for i, r := range m.at(c).Takes {
+		if r.Outcome == OutcomeOK {
+			m.taken = append(m.taken, c.Takes[i].OrderID)
+		}
+	}
 }
 
 func (m *ledgerMachine) Confirm(t *rapid.T) {
@@ -401,6 +421,20 @@ func (m *ledgerMachine) Prune(t *rapid.T) {
 	}
 }
 
+// Reopen closes the ledger and opens its file again, as a restart does:
+// the mirrors, and the order sequences behind the no-lookup path, are
+// rebuilt from disk.
+func (m *ledgerMachine) Reopen(t *rapid.T) {
+	if err := m.tl.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := OpenLedger(m.tl.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.tl.l = l
+}
+
 func (m *ledgerMachine) Check(t *rapid.T) {
 	for _, sku := range m.skus {
 		checkAudit(t, m.tl.l, sku)
@@ -460,6 +494,8 @@ type mirrors struct {
 	Requests []int64 // the creation times the request index holds (its hashes are per process)
 	Holds    map[string]int64
 	Bought   map[string]int64
+	// OrderSeqHigh as kept while applying must be what a reopen finds.
+	OrderSeqHigh map[string]uint64
 }
 
 func mirrorsOf(l *Ledger) mirrors {
@@ -473,7 +509,7 @@ func mirrorsOf(l *Ledger) mirrors {
 		times = append(times, at)
 	}
 	slices.Sort(times)
-	return mirrors{SKUs: l.skus, Requests: times, Holds: l.holds, Bought: l.bought}
+	return mirrors{SKUs: l.skus, Requests: times, Holds: l.holds, Bought: l.bought, OrderSeqHigh: l.orderSeqHigh}
 }
 
 // TestLedger_AuditBetweenCommitAndMirrorUpdate audits in the window where
@@ -623,4 +659,51 @@ func TestLedger_HealthyAgainAfterARestoreDuringAFullDisk(t *testing.T) {
 	dst.l.SetPersistFault(nil)
 	eventually("the ledger healthy once it writes again", dst.l.PersistHealthy)
 	checkAudit(t, dst.l, "a")
+}
+
+// TestLedger_ReproposedOrderIDOfTheEnginesShapeAppliesOnce: order ids of
+// the engine's shape ("<node>-<seq>-<random>") skip the lookup for a
+// repeat when their sequence is above the highest their node minted. A
+// re-proposed id, an id minted in another node's name and the same ids
+// after a restart must still be found as the orders they are.
+func TestLedger_ReproposedOrderIDOfTheEnginesShapeAppliesOnce(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 5})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n2", SKU: "a", Qty: 5})
+	withRequest := func(c legacyCommand, req string) legacyCommand {
+		c.Takes[0].RequestID = req
+		return c
+	}
+	first := tl.apply(withRequest(take("n1", "a", "u1", "n1-k2-x1", 1), "r1")).Takes[0]
+	if first.Outcome != OutcomeOK {
+		t.Fatalf("first take: %s", first.Outcome)
+	}
+	// An earlier sequence, then the first id again with a new request id
+	// (a re-proposal after an unknown outcome), then by another node.
+	tl.apply(withRequest(take("n1", "a", "u2", "n1-k1-x2", 1), "r2"))
+	if r := tl.apply(withRequest(take("n1", "a", "u1", "n1-k2-x1", 1), "r3")).Takes[0]; r.Outcome != OutcomeSame {
+		t.Fatalf("re-proposed id: %s, want same", r.Outcome)
+	}
+	// n2 takes an id in n1's name; n1 then proposes that id itself.
+	tl.apply(withRequest(take("n2", "a", "u3", "n1-k9-x3", 1), "r4"))
+	if r := tl.apply(withRequest(take("n1", "a", "u3", "n1-k9-x3", 1), "r5")).Takes[0]; r.Outcome != OutcomeSame {
+		t.Fatalf("an id another node took first: %s, want same", r.Outcome)
+	}
+	if err := tl.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := OpenLedger(tl.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl.l = l
+	defer l.Close()
+	if r := tl.apply(withRequest(take("n1", "a", "u3", "n1-k9-x3", 1), "r6")).Takes[0]; r.Outcome != OutcomeSame {
+		t.Fatalf("after a restart: %s, want same", r.Outcome)
+	}
+	if s := tl.row("a"); s.Sold != 3 {
+		t.Fatalf("sold %d, want the 3 distinct orders", s.Sold)
+	}
+	checkAudit(t, tl.l, "a")
 }
