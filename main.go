@@ -115,6 +115,8 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 	fs.IntVar(&cfg.Engine.MaxInFlight, "max-inflight", cfg.Engine.MaxInFlight, "deducts served at once on this node (0: no cap); the rest get 429")
 	fs.IntVar(&cfg.Engine.ProposalsInFlightMax, "proposals-in-flight", cfg.Engine.ProposalsInFlightMax, "Take batches proposed at once while leading; a new batch gathers every win queued meanwhile")
 	fs.IntVar(&cfg.Engine.ForwardedInFlightMax, "forwarded-in-flight", cfg.Engine.ForwardedInFlightMax, "Take batches forwarded to the leader at once while following")
+	fs.DurationVar(&cfg.Engine.ForwardLinger, "forward-linger", cfg.Engine.ForwardLinger, "how long a following node's Take batch waits for more takes before it is forwarded (0: at once)")
+	fs.DurationVar(&cfg.Engine.ProposeLinger, "propose-linger", cfg.Engine.ProposeLinger, "how long the leader's own Take batch waits for more takes before it is proposed (0: at once)")
 	fs.DurationVar(&cfg.Engine.RequestRetention, "request-retention", cfg.Engine.RequestRetention, "how long a request_id keeps answering with its first order")
 	fs.Int64Var(&cfg.Engine.RequestMaxKeep, "request-max-keep", cfg.Engine.RequestMaxKeep, "most request_ids remembered; the oldest beyond this are forgotten first")
 	fs.DurationVar(&cfg.Engine.AuditInterval, "audit-interval", cfg.Engine.AuditInterval, "how often every node audits its ledger (stockd_audit_drift_units)")

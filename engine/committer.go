@@ -19,6 +19,7 @@ import (
 func (e *Engine) runCommitter() {
 	defer e.wg.Done()
 	var carry *pendingTake // a take that did not fit the last batch
+	lastBatch := 0         // takes in the last batch
 	for {
 		first := carry
 		carry = nil
@@ -55,6 +56,19 @@ func (e *Engine) runCommitter() {
 				break gather
 			}
 		}
+		// Under load buyers arrive in waves behind the batch that just
+		// came back: waiting a moment sends one raft entry for the wave
+		// instead of several, and in a cluster every entry costs every
+		// node an fsync, an RPC and an apply. A node whose last batch was
+		// a lone take is not under load and sends at once; so does a
+		// node alone, whose entries cost one fsync and which only loses
+		// time by waiting (BENCHMARKS.md, "Batches that wait").
+		if lastBatch > 1 && carry == nil {
+			if d := e.lingerFor(slots); d > 0 {
+				batch, size, carry = e.linger(batch, size, d)
+			}
+		}
+		lastBatch = len(batch)
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
@@ -62,6 +76,37 @@ func (e *Engine) runCommitter() {
 			<-slots
 		}()
 	}
+}
+
+// lingerFor is how long a batch about to use slots waits for more takes.
+func (e *Engine) lingerFor(slots chan struct{}) time.Duration {
+	if slots == e.forwardSlots {
+		return e.cfg.ForwardLinger
+	}
+	if e.cfg.ProposeLinger > 0 && len(e.ledger.NodeAddrs()) > 1 {
+		return e.cfg.ProposeLinger
+	}
+	return 0
+}
+
+// linger adds takes to a batch for up to d, within the batch's limits.
+func (e *Engine) linger(batch []*pendingTake, size int, d time.Duration) ([]*pendingTake, int, *pendingTake) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for len(batch) < maxTakeBatchEntries {
+		select {
+		case p := <-e.takeQueue:
+			if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
+				return batch, size, p
+			}
+			batch = append(batch, p)
+		case <-t.C:
+			return batch, size, nil
+		case <-e.stop:
+			return batch, size, nil
+		}
+	}
+	return batch, size, nil
 }
 
 // abandon answers a take that was never proposed and gives its unit back.

@@ -109,6 +109,13 @@ type Config struct {
 	// three").
 	ProposalsInFlightMax int
 	ForwardedInFlightMax int
+	// ForwardLinger lets a following node's Take batch wait up to this
+	// long for more takes before it is forwarded (0: send at once). Each
+	// forwarded batch is a raft entry that every node fsyncs and applies.
+	ForwardLinger time.Duration
+	// ProposeLinger is ForwardLinger for the leader's own Take batches,
+	// in a cluster only: a node alone proposes at once.
+	ProposeLinger time.Duration
 	// TakeBatchBytesMax bounds one Take batch's encoded size, well under
 	// raft's suggested 512 KiB per entry and the internal wire's cap.
 	TakeBatchBytesMax int
@@ -171,6 +178,8 @@ func DefaultConfig() Config {
 		CommitWait:           5 * time.Second,
 		ProposalsInFlightMax: 1,
 		ForwardedInFlightMax: 1,
+		ForwardLinger:        time.Millisecond,
+		ProposeLinger:        time.Millisecond,
 		TakeBatchBytesMax:    256 << 10,
 		TakeQueueMax:         1 << 16,
 		LeaseIdleReturn:      time.Second,

@@ -590,3 +590,28 @@ func TestEngine_CloseDoesNotWaitForBatchesItWillNeverApply(t *testing.T) {
 		}
 	}
 }
+
+// TestEngine_LeaderLingersOnlyInACluster: a leader alone proposes its
+// batches at once (waiting only cost throughput there); in a cluster, and
+// while following, a batch under load waits its linger for more takes.
+func TestEngine_LeaderLingersOnlyInACluster(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), func(c *Config) {
+		c.ProposeLinger, c.ForwardLinger = 3*time.Millisecond, 2*time.Millisecond
+	})
+	e := tn.engine
+	if _, err := e.propose(&raftfsm.Register{Node: e.cfg.NodeID, Addr: "127.0.0.1:2"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.lingerFor(e.localSlots); d != 0 {
+		t.Fatalf("a node alone lingers %s, want 0", d)
+	}
+	if d := e.lingerFor(e.forwardSlots); d != 2*time.Millisecond {
+		t.Fatalf("forwarding lingers %s, want the forward linger", d)
+	}
+	if _, err := e.propose(&raftfsm.Register{Node: "n2", Addr: "127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.lingerFor(e.localSlots); d != 3*time.Millisecond {
+		t.Fatalf("a leader with a peer lingers %s, want the propose linger", d)
+	}
+}
