@@ -65,7 +65,7 @@ func (e *Engine) runCommitter() {
 		// time by waiting (BENCHMARKS.md, "Batches that wait").
 		if lastBatch > 1 && carry == nil {
 			if d := e.lingerFor(slots); d > 0 {
-				batch, size, carry = e.linger(batch, size, d)
+				batch, carry = e.linger(batch, size, d)
 			}
 		}
 		lastBatch = len(batch)
@@ -90,23 +90,23 @@ func (e *Engine) lingerFor(slots chan struct{}) time.Duration {
 }
 
 // linger adds takes to a batch for up to d, within the batch's limits.
-func (e *Engine) linger(batch []*pendingTake, size int, d time.Duration) ([]*pendingTake, int, *pendingTake) {
+func (e *Engine) linger(batch []*pendingTake, size int, d time.Duration) ([]*pendingTake, *pendingTake) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for len(batch) < maxTakeBatchEntries {
 		select {
 		case p := <-e.takeQueue:
 			if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
-				return batch, size, p
+				return batch, p
 			}
 			batch = append(batch, p)
 		case <-t.C:
-			return batch, size, nil
+			return batch, nil
 		case <-e.stop:
-			return batch, size, nil
+			return batch, nil
 		}
 	}
-	return batch, size, nil
+	return batch, nil
 }
 
 // abandon answers a take that was never proposed and gives its unit back.
