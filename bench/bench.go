@@ -51,6 +51,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 	// stockd target sets: launched clusters (kept up for every scenario)
 	// or the given targets.
 	var targetSets [][]string
+	var targetPIDs [][]int // the launched nodes of each set; nil for -target
 	if len(o.Launches) > 0 {
 		for _, n := range o.Launches {
 			nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, n), n)
@@ -65,10 +66,13 @@ func Main(args []string, stdout, stderr io.Writer) error {
 				}
 			}()
 			var urls []string
+			var pids []int
 			for _, l := range nodes {
 				urls = append(urls, l.url)
+				pids = append(pids, l.cmd.Process.Pid)
 			}
 			targetSets = append(targetSets, urls)
+			targetPIDs = append(targetPIDs, pids)
 		}
 	} else if len(o.Targets) > 0 {
 		targetSets = [][]string{o.Targets}
@@ -89,7 +93,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		strategies, skipped := buildStrategies(ctx, &o, targetSets, bin, dir)
+		strategies, skipped := buildStrategies(ctx, &o, targetSets, targetPIDs, bin, dir)
 		for _, why := range skipped {
 			report.Runs = append(report.Runs, &Run{Scenario: name, Strategy: why[0], Skipped: why[1], Total: sc.TotalUnits()})
 		}
@@ -102,7 +106,11 @@ func Main(args []string, stdout, stderr io.Writer) error {
 			if err != nil {
 				return err
 			}
+			cpu := startCPUMeter(st)
 			run, err := runOne(ctx, st, sc, &o, progress)
+			if err == nil {
+				cpu.record(run)
+			}
 			st.Close()
 			if err != nil {
 				return err
@@ -131,7 +139,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 
 // buildStrategies makes every selected strategy that can run, and a
 // one-line reason for each that cannot.
-func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, bin, dir string) ([]Strategy, [][2]string) {
+func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, targetPIDs [][]int, bin, dir string) ([]Strategy, [][2]string) {
 	want := func(name string) bool { return len(o.Strategies) == 0 || slices.Contains(o.Strategies, name) }
 	var out []Strategy
 	var skipped [][2]string
@@ -142,8 +150,12 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, bin
 		if len(targetSets) == 0 {
 			skipped = append(skipped, [2]string{mode, "no -target or -launch given"})
 		}
-		for _, targets := range targetSets {
-			out = append(out, newStockd(targets, o.Conns, o.AdminToken, o.ServiceToken, mode == "stockd-none"))
+		for i, targets := range targetSets {
+			st := newStockd(targets, o.Conns, o.AdminToken, o.ServiceToken, mode == "stockd-none")
+			if i < len(targetPIDs) {
+				st.pids = targetPIDs[i]
+			}
+			out = append(out, st)
 		}
 	}
 	if want("noop") {

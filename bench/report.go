@@ -87,10 +87,18 @@ func (r *Report) PrintTables(w io.Writer) {
 	fmt.Fprintln(w)
 	for _, run := range r.Runs {
 		if run.Skipped == "" {
-			fmt.Fprintf(w, "oversold: %d  flips: %d  late wins: %d  tail: %s  (%s, %s)\n", run.Oversold, run.Flips, run.LateWins,
-				fmtDur(time.Duration(run.TailMs*float64(time.Millisecond))), run.Scenario, run.Strategy)
+			fmt.Fprintf(w, "oversold: %d  flips: %d  late wins: %d  tail: %s  cpu per request: client %.1f µs, server %s  (%s, %s)\n", run.Oversold, run.Flips, run.LateWins,
+				fmtDur(time.Duration(run.TailMs*float64(time.Millisecond))), run.ClientCPUus, serverCPUText(run.ServerCPUus), run.Scenario, run.Strategy)
 		}
 	}
+}
+
+// serverCPUText is a server's CPU per request, or why it is not known.
+func serverCPUText(us float64) string {
+	if us == 0 {
+		return "not measured (not launched by the harness)"
+	}
+	return fmt.Sprintf("%.1f µs", us)
 }
 
 func lossText(losses map[string]int) string {

@@ -37,12 +37,17 @@ type Run struct {
 	// longest), request ids answered both a win and a loss, and wins of
 	// deducts that started after a sold_out answer of their SKU had ended.
 	// Flips and late wins must be 0.
-	TailMs   float64       `json:"tail_ms"`
-	Flips    int           `json:"flips"`
-	LateWins int           `json:"late_wins"`
-	VsStockd float64       `json:"vs_stockd"` // requests/s over the stockd-commit row's
-	Timeline []Slot        `json:"timeline"`  // throughput and latency over time
-	Stock    []StockSample `json:"stock"`     // remaining stock over time
+	TailMs   float64 `json:"tail_ms"`
+	Flips    int     `json:"flips"`
+	LateWins int     `json:"late_wins"`
+	VsStockd float64 `json:"vs_stockd"` // requests/s over the stockd-commit row's
+	// CPU per request sent, in µs: this process (the client side of an
+	// HTTP strategy) and the server processes the harness launched (0:
+	// not known).
+	ClientCPUus float64       `json:"client_cpu_us_per_request"`
+	ServerCPUus float64       `json:"server_cpu_us_per_request,omitempty"`
+	Timeline    []Slot        `json:"timeline"` // throughput and latency over time
+	Stock       []StockSample `json:"stock"`    // remaining stock over time
 }
 
 // Slot is one slotWidth of the run.

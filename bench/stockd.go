@@ -62,7 +62,10 @@ type stockdStrategy struct {
 	// deductPaths is each SKU's deduct path, built once per scenario.
 	deductPaths []string
 	sc          *Scenario
+	pids        []int // the nodes' processes, when the harness launched them
 }
+
+func (s *stockdStrategy) serverPIDs() []int { return s.pids }
 
 func newStockd(targets []string, conns int, token, service string, noWait bool) *stockdStrategy {
 	name := "stockd-commit"
@@ -293,6 +296,7 @@ func (n *noopStrategy) Remaining(context.Context) (int64, error) {
 }
 func (n *noopStrategy) Final(context.Context) (Final, error) { return Final{Valid: true}, nil }
 func (n *noopStrategy) Close() error                         { return n.proc.stop() }
+func (n *noopStrategy) serverPIDs() []int                    { return []int{n.proc.cmd.Process.Pid} }
 
 func (n *noopStrategy) Deduct(_ context.Context, worker int, r *Request) Outcome {
 	code, a, err := n.clients.deduct(worker, "/v1/skus/noop/deduct", "", r)
