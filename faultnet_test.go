@@ -120,8 +120,8 @@ func (f *faultNet) closeBroken() {
 	f.closeWhere(func(c *faultConn) bool { return f.brokenLocked(c.from, c.to) })
 }
 
-// closeWhere closes the open connections doomed says to (called with
-// f.mu held).
+// closeWhere closes the open connections doomed says to (doomed runs
+// with f.mu held).
 func (f *faultNet) closeWhere(doomed func(*faultConn) bool) {
 	f.mu.Lock()
 	var closing []*faultConn

@@ -43,19 +43,7 @@ func (e *Engine) runCommitter() {
 		batch := make([]*pendingTake, 1, 64)
 		batch[0] = first
 		size := raftfsm.TakeHeaderSize(e.cfg.NodeID) + first.entry.EncodedSize()
-	gather:
-		for len(batch) < maxTakeBatchEntries {
-			select {
-			case p := <-e.takeQueue:
-				if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
-					carry = p
-					break gather
-				}
-				batch = append(batch, p)
-			default:
-				break gather
-			}
-		}
+		batch, size, carry = e.fill(batch, size, nil)
 		// Under load buyers arrive in waves behind the batch that just
 		// came back: waiting a moment sends one raft entry for the wave
 		// instead of several, and in a cluster every entry costs every
@@ -65,7 +53,9 @@ func (e *Engine) runCommitter() {
 		// time by waiting (BENCHMARKS.md, "Batches that wait").
 		if lastBatch > 1 && carry == nil {
 			if d := e.lingerFor(slots); d > 0 {
-				batch, carry = e.linger(batch, size, d)
+				t := time.NewTimer(d)
+				batch, _, carry = e.fill(batch, size, t.C)
+				t.Stop()
 			}
 		}
 		lastBatch = len(batch)
@@ -89,24 +79,34 @@ func (e *Engine) lingerFor(slots chan struct{}) time.Duration {
 	return 0
 }
 
-// linger adds takes to a batch for up to d, within the batch's limits.
-func (e *Engine) linger(batch []*pendingTake, size int, d time.Duration) ([]*pendingTake, *pendingTake) {
-	t := time.NewTimer(d)
-	defer t.Stop()
+// fill adds queued takes to a batch, up to maxTakeBatchEntries and
+// TakeBatchBytesMax encoded; carry is a take that did not fit. With until
+// nil it takes only what is queued now; otherwise it also waits for more
+// until that fires (or the engine stops).
+func (e *Engine) fill(batch []*pendingTake, size int, until <-chan time.Time) (_ []*pendingTake, _ int, carry *pendingTake) {
 	for len(batch) < maxTakeBatchEntries {
-		select {
-		case p := <-e.takeQueue:
-			if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
-				return batch, p
+		var p *pendingTake
+		if until == nil {
+			select {
+			case p = <-e.takeQueue:
+			default:
+				return batch, size, nil
 			}
-			batch = append(batch, p)
-		case <-t.C:
-			return batch, nil
-		case <-e.stop:
-			return batch, nil
+		} else {
+			select {
+			case p = <-e.takeQueue:
+			case <-until:
+				return batch, size, nil
+			case <-e.stop:
+				return batch, size, nil
+			}
 		}
+		if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
+			return batch, size, p
+		}
+		batch = append(batch, p)
 	}
-	return batch, nil
+	return batch, size, nil
 }
 
 // abandon answers a take that was never proposed and gives its unit back.

@@ -24,6 +24,13 @@ func orderSeq(id string) (owner string, seq uint64, ok bool) {
 	return id[:prev], seq, err == nil
 }
 
+// raiseOrderSeq counts order id in high, each node's highest sequence.
+func raiseOrderSeq(high map[string]uint64, id string) {
+	if owner, seq, ok := orderSeq(id); ok && seq > high[owner] {
+		high[owner] = seq
+	}
+}
+
 // newerThanAll reports whether no order with id can exist: its sequence
 // is above the highest its node minted among the ledger's orders.
 func (a *applier) newerThanAll(id string) bool {
@@ -44,9 +51,7 @@ func (a *applier) getOrder(id string) (*Order, error) {
 }
 
 func (a *applier) putOrder(o *Order) error {
-	if owner, seq, ok := orderSeq(o.ID); ok && seq > a.ledger.orderSeqHigh[owner] {
-		a.ledger.orderSeqHigh[owner] = seq
-	}
+	raiseOrderSeq(a.ledger.orderSeqHigh, o.ID)
 	size := 2 + 3*maxVarintBytes + 5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
 	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(make([]byte, 0, size), o))
 	return nil

@@ -205,10 +205,13 @@ func checkLedgerSize(path string) error {
 		return fmt.Errorf("open ledger %s: %w", path, err)
 	}
 	if st.Size() < need {
-		return fmt.Errorf("ledger %s is cut short: %d bytes on disk, its pages need %d (a disk that filled up, or a copy that did not finish); restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers", path, st.Size(), need)
+		return fmt.Errorf("ledger %s is cut short: %d bytes on disk, its pages need %d (a disk that filled up, or a copy that did not finish); %s", path, st.Size(), need, ledgerRepair)
 	}
 	return nil
 }
+
+// ledgerRepair is what an operator can do about a damaged ledger.db.
+const ledgerRepair = "restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers"
 
 // ledgerOpenError says what a failed open of the ledger file means and
 // what the operator can do.
@@ -216,7 +219,7 @@ func ledgerOpenError(path string, err error) error {
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return fmt.Errorf("open ledger %s: %w (another process has it open: is a node already running on this data dir?)", path, err)
 	}
-	return fmt.Errorf("open ledger %s: %w (a damaged file: restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers)", path, err)
+	return fmt.Errorf("open ledger %s: %w (a damaged file: %s)", path, err, ledgerRepair)
 }
 
 // OpenLedger opens (or creates) the ledger file in dir and loads its mirrors.
@@ -258,7 +261,7 @@ func (l *Ledger) openFile() (db *bolt.DB, err error) {
 			if db != nil {
 				db.Close()
 			}
-			db, err = nil, fmt.Errorf("ledger %s is damaged: %v (restore it from a backup, or move it away and the node rebuilds it from its raft log, snapshots and peers)", l.path, r)
+			db, err = nil, fmt.Errorf("ledger %s is damaged: %v (%s)", l.path, r, ledgerRepair)
 		}
 	}()
 	if err := checkLedgerSize(l.path); err != nil {
@@ -411,9 +414,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 			if o.State == OrderHeld {
 				holds[o.ID] = o.ExpiresAtUnixNano
 			}
-			if owner, seq, ok := orderSeq(o.ID); ok && seq > seqHigh[owner] {
-				seqHigh[owner] = seq
-			}
+			raiseOrderSeq(seqHigh, o.ID)
 			return nil
 		})
 		if err != nil {
