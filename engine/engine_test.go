@@ -571,6 +571,9 @@ func TestEngine_CloseDoesNotWaitForBatchesItWillNeverApply(t *testing.T) {
 			t.Fatalf("deduct: %s", r.Status)
 		}
 	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 3 {
+		t.Fatalf("sold %d, want the 3 orders once each", a.Row.Sold)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // a crash: nothing is drained
 	if err := tn.engine.Close(ctx); !errors.Is(err, ErrDrainIncomplete) {
