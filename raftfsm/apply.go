@@ -41,11 +41,13 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		requestChanges: map[string]requestChange{}, holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
 	defer a.closeTx()
+	a.startFeed()
 	results, last := a.applyEntries(logs, applied)
 	if last == applied {
 		return results
 	}
 	a.checkAndStageRows(last)
+	l.feed.stage(a.feed.events) // before the persister can see the batch
 	bh.merge(a.batch, last)
 	if l.testHookAfterCommit != nil {
 		l.testHookAfterCommit()
@@ -122,6 +124,9 @@ func (a *applier) checkAndStageRows(last uint64) {
 // waiters on the applied index, then the observer's events.
 func (a *applier) publish(last uint64) {
 	l := a.ledger
+	// The feed first: a reader that sees applied at last may be sent to
+	// read events up to it.
+	a.publishFeed()
 	l.mu.Lock()
 	for sku, s := range a.touched {
 		l.skus[sku] = s
@@ -154,6 +159,7 @@ type applier struct {
 	at      int64 // the proposer's clock for the entry being applied
 	touched map[string]*SKU
 	events  []Event
+	feed    feedBatch
 
 	requestChanges map[string]requestChange // request id -> its order, or a deletion
 	requestDelta   int64                    // request ids added less those deleted by this batch
@@ -285,6 +291,10 @@ func (a *applier) apply(c Command) (*Result, error) {
 		return a.expire(c)
 	case *PruneRequests:
 		return a.pruneRequests(c)
+	case *AckConsumer:
+		return a.ackConsumer(c)
+	case *PruneEvents:
+		return a.pruneEvents(c)
 	}
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }

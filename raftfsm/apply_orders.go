@@ -100,10 +100,12 @@ func (a *applier) take(c *Take) (*Result, error) {
 		s := a.sku(e.SKU)
 		if s == nil {
 			r.Outcome = OutcomeUnknownSKU
+			a.turnedDown(c.Node, e, r.Outcome)
 			continue
 		}
 		if s.Leased[c.Node] < e.Qty {
 			r.Outcome = OutcomeLeaseShort
+			a.turnedDown(c.Node, e, r.Outcome)
 			continue
 		}
 		if s.Config.PerUser > 0 {
@@ -113,6 +115,7 @@ func (a *applier) take(c *Take) (*Result, error) {
 			}
 			if bought+e.Qty > s.Config.PerUser {
 				r.Outcome = OutcomeUserLimit
+				a.turnedDown(c.Node, e, r.Outcome)
 				continue
 			}
 		}
@@ -145,6 +148,7 @@ func (a *applier) take(c *Take) (*Result, error) {
 		if o.State == OrderHeld {
 			a.holdChanges[o.ID] = o.ExpiresAtUnixNano
 		}
+		a.feedEvent(FeedOrderCreated, &o)
 		r.Outcome, r.Order = OutcomeOK, o
 	}
 	return res, nil
@@ -181,6 +185,7 @@ func (a *applier) confirm(c *Confirm) (*Result, error) {
 	s.Sold += o.Qty
 	o.State = OrderSold
 	a.holdChanges[o.ID] = -1
+	a.feedEvent(FeedOrderConfirmed, o)
 	return &Result{Outcome: OutcomeOK, Order: o}, a.putOrder(o)
 }
 
@@ -233,6 +238,7 @@ func (a *applier) releaseHeld(o *Order, reason string) error {
 	}
 	a.holdChanges[o.ID] = -1
 	a.event(Event{Kind: EventStockChanged, SKU: o.SKU, Qty: o.Qty})
+	a.feedEvent(FeedOrderReleased, o)
 	return a.putOrder(o)
 }
 

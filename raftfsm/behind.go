@@ -66,6 +66,8 @@ type behind struct {
 	forgotten uint64                             // pending holds nothing at or below this index
 
 	persistMu sync.Mutex
+	// feed's events are written in the same transactions as the changes.
+	feed *feed
 	// fault, when set, is asked before every write; an error fails the
 	// write as the disk would (tests of a full disk).
 	fault    atomic.Pointer[func() error]
@@ -180,6 +182,7 @@ func (b *behind) flush(db *bolt.DB) error {
 		}
 	}
 	b.mu.RUnlock()
+	var feedGen, feedSeq uint64
 	err := db.Update(func(tx *bolt.Tx) error {
 		for bucket, cs := range byBucket {
 			bk := tx.Bucket([]byte(bucket))
@@ -203,6 +206,12 @@ func (b *behind) flush(db *bolt.DB) error {
 				}
 			}
 		}
+		if b.feed != nil {
+			var err error
+			if feedGen, feedSeq, err = b.feed.persist(tx, target); err != nil {
+				return fmt.Errorf("order feed: %w", err)
+			}
+		}
 		var idx [8]byte
 		binary.BigEndian.PutUint64(idx[:], target)
 		return tx.Bucket(bucketMeta).Put(keyApplied, idx[:])
@@ -213,6 +222,9 @@ func (b *behind) flush(db *bolt.DB) error {
 	b.mu.Lock()
 	b.persisted = target
 	b.mu.Unlock()
+	if b.feed != nil {
+		b.feed.written(feedGen, feedSeq)
+	}
 	return nil
 }
 

@@ -21,12 +21,15 @@ const (
 	OpRegister
 	OpExpire
 	OpPruneRequests
+	OpAckConsumer
+	OpPruneEvents
 )
 
 var opNames = [...]string{
 	OpCreateSale: "create_sale", OpRestock: "restock", OpLease: "lease", OpReturn: "return",
 	OpTake: "take", OpConfirm: "confirm", OpRelease: "release", OpReclaim: "reclaim",
 	OpRegister: "register", OpExpire: "expire", OpPruneRequests: "prune_requests",
+	OpAckConsumer: "ack_consumer", OpPruneEvents: "prune_events",
 }
 
 func (o Op) String() string {
@@ -110,6 +113,19 @@ type PruneRequests struct {
 	MaxKeep        int64
 }
 
+// AckConsumer sets the cursor consumer Name of the order feed has
+// acknowledged (registering the consumer), or with Drop removes it.
+type AckConsumer struct {
+	Name   string
+	Cursor Cursor
+	Drop   bool
+}
+
+// PruneEvents forgets the order feed's events up to and including
+// Through, a cursor of the feed. The leader proposes it; every node then
+// refuses the same cursors.
+type PruneEvents struct{ Through Cursor }
+
 // SaleConfig is what an operator sets when creating a sale.
 type SaleConfig struct {
 	Total           int64 `json:"total"`
@@ -153,6 +169,8 @@ func (*Reclaim) Op() Op       { return OpReclaim }
 func (*Register) Op() Op      { return OpRegister }
 func (*Expire) Op() Op        { return OpExpire }
 func (*PruneRequests) Op() Op { return OpPruneRequests }
+func (*AckConsumer) Op() Op   { return OpAckConsumer }
+func (*PruneEvents) Op() Op   { return OpPruneEvents }
 
 // newCommand returns an empty command of op, or nil for an unknown op.
 func newCommand(op Op) Command {
@@ -179,6 +197,10 @@ func newCommand(op Op) Command {
 		return &Expire{}
 	case OpPruneRequests:
 		return &PruneRequests{}
+	case OpAckConsumer:
+		return &AckConsumer{}
+	case OpPruneEvents:
+		return &PruneEvents{}
 	}
 	return nil
 }
@@ -281,6 +303,34 @@ func (c *PruneRequests) appendFields(b []byte) []byte {
 }
 func (c *PruneRequests) decodeFields(d *decoder) {
 	c.BeforeUnixNano, c.MaxKeep = d.varint(), d.varint()
+}
+
+func (c *AckConsumer) appendFields(b []byte) []byte {
+	b = appendString(b, c.Name)
+	b = appendUvarint(appendUvarint(b, c.Cursor.Index), c.Cursor.Seq)
+	if c.Drop {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func (c *AckConsumer) decodeFields(d *decoder) {
+	c.Name = d.string()
+	c.Cursor = Cursor{Index: d.uvarint(), Seq: d.uvarint()}
+	switch d.uvarint() {
+	case 0:
+	case 1:
+		c.Drop = true
+	default:
+		d.fail("drop flag")
+	}
+}
+
+func (c *PruneEvents) appendFields(b []byte) []byte {
+	return appendUvarint(appendUvarint(b, c.Through.Index), c.Through.Seq)
+}
+func (c *PruneEvents) decodeFields(d *decoder) {
+	c.Through = Cursor{Index: d.uvarint(), Seq: d.uvarint()}
 }
 
 // commandFormat is the first byte of every binary log entry. A JSON entry

@@ -161,6 +161,10 @@ type Ledger struct {
 	// it is new without a lookup. Read and written on the FSM goroutine
 	// only (and by loadMirrors before raft starts or inside Restore).
 	orderSeqHigh map[string]uint64
+	// feed is the order feed; feedOff stops recording it (every node of
+	// a cluster must agree, from its first start).
+	feed    feed
+	feedOff atomic.Bool
 
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
@@ -244,6 +248,7 @@ func (l *Ledger) open() error {
 	}
 	l.db = db
 	l.bh = newBehind(l.applied)
+	l.bh.feed = &l.feed
 	if f := l.persistFault.Load(); f != nil {
 		l.bh.fault.Store(f)
 	}
@@ -272,7 +277,7 @@ func (l *Ledger) openFile() (db *bolt.DB, err error) {
 		return nil, ledgerOpenError(l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime} {
+		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime, bucketEvents, bucketConsumers} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -420,12 +425,16 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
-		return tx.Bucket(bucketRequestsByTime).ForEach(func(k, v []byte) error {
+		err = tx.Bucket(bucketRequestsByTime).ForEach(func(k, v []byte) error {
 			if len(k) > 8 {
 				requests.add(string(k[8:]), int64(binary.BigEndian.Uint64(k[:8])))
 			}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		return l.feed.load(tx)
 	})
 	if err != nil {
 		return err
@@ -461,8 +470,14 @@ func (l *Ledger) Close() error {
 		err = cerr
 	}
 	l.db = nil
+	l.feed.wake()
 	return err
 }
+
+// SetFeed turns the recording of order events on or off (on by default).
+// Every node of a cluster must run with the same setting from its first
+// start: the feed's numbering is part of the replicated state.
+func (l *Ledger) SetFeed(on bool) { l.feedOff.Store(!on) }
 
 // NodeAddrs returns the HTTP address every registered node gave.
 func (l *Ledger) NodeAddrs() map[string]string {

@@ -288,6 +288,7 @@ type ledgerMachine struct {
 	orders []string
 	taken  []string // order ids a take created
 	next   int
+	feed   feedTally // the order feed read so far
 }
 
 func (m *ledgerMachine) at(c legacyCommand) *Result {
@@ -435,9 +436,52 @@ func (m *ledgerMachine) Reopen(t *rapid.T) {
 	m.tl.l = l
 }
 
+// PruneFeed prunes the order feed through a random event read so far, or
+// names a cursor the feed never had (refused).
+func (m *ledgerMachine) PruneFeed(t *rapid.T) {
+	if m.feed.last.Seq == 0 {
+		t.Skip("no events")
+	}
+	seq := rapid.Uint64Range(1, m.feed.last.Seq).Draw(t, "through")
+	c, ok, err := m.tl.l.FeedCursorAt(seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := m.tl.l.FeedStats()
+	if !ok {
+		if seq > st.Floor.Seq {
+			t.Fatalf("event %d above the floor %s is missing", seq, st.Floor)
+		}
+		return
+	}
+	if seq > st.Floor.Seq && rapid.IntRange(0, 4).Draw(t, "bogus") == 0 {
+		c.Index++ // names no event
+		if res := m.tl.applyTyped(m.clock, &PruneEvents{Through: c}); res.Outcome != OutcomeInvalid {
+			t.Fatalf("prune through a cursor the feed never had: %s", res.Outcome)
+		}
+		return
+	}
+	res := m.tl.applyTyped(m.clock, &PruneEvents{Through: c})
+	if res.Outcome != OutcomeOK && res.Outcome != OutcomeSame {
+		t.Fatalf("prune events through %s: %s %s", c, res.Outcome, res.Detail)
+	}
+	if _, err := m.tl.l.ReadFeed(Cursor{Index: 1, Seq: 1}, 1); seq > 1 && !errors.Is(err, ErrCursorExpired) {
+		t.Fatalf("read after a pruned cursor: %v, want ErrCursorExpired", err)
+	}
+}
+
 func (m *ledgerMachine) Check(t *rapid.T) {
 	for _, sku := range m.skus {
 		checkAudit(t, m.tl.l, sku)
+	}
+	// The order feed, read on from where the last check stopped, tallies
+	// to the rows: every held and sold unit has its events.
+	m.feed.readAll(t, m.tl.l)
+	for _, sku := range m.skus {
+		row, _, _ := m.tl.l.SKU(sku)
+		if h, s := m.feed.held[sku], m.feed.sold[sku]; h != row.Held || s != row.Sold {
+			t.Fatalf("feed tallies sku %s to held %d sold %d; the row holds %d sold %d", sku, h, s, row.Held, row.Sold)
+		}
 	}
 	// Held orders in the mirror are exactly the held order records.
 	var held int64

@@ -85,6 +85,7 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 	err = l.open()
 	applied := l.applied
 	l.mu.Unlock()
+	l.feed.wake()
 	if old != nil {
 		go func() {
 			oldBH.wait()

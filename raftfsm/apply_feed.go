@@ -1,0 +1,194 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// The applier's side of the order feed: a batch numbers its events after
+// the feed's last one, and keeps its consumer and floor changes until the
+// batch is published.
+
+// maxConsumerNameBytes bounds a consumer's name.
+const maxConsumerNameBytes = 128
+
+// feedBatch is one batch's share of the feed.
+type feedBatch struct {
+	on        bool // the ledger records order events
+	seq       uint64
+	floor     uint64
+	floorAt   Cursor
+	events    []FeedEvent
+	consumers map[string]*Consumer // nil: dropped
+	newFloor  bool
+}
+
+func (a *applier) startFeed() {
+	f := &a.ledger.feed
+	f.mu.RLock()
+	a.feed = feedBatch{on: !a.ledger.feedOff.Load(), seq: f.seq, floor: f.floor, floorAt: f.floorAt}
+	f.mu.RUnlock()
+}
+
+// feedEvent records what just happened to o.
+func (a *applier) feedEvent(t FeedEventType, o *Order) {
+	if !a.feed.on {
+		return
+	}
+	a.feed.seq++
+	a.feed.events = append(a.feed.events, FeedEvent{Seq: a.feed.seq, Index: a.index, Type: t, At: a.at, Order: *o})
+}
+
+// turnedDown records a take entry the ledger refused: an order its node
+// may have promised (wait=none) that never came to be.
+func (a *applier) turnedDown(node string, e *TakeEntry, outcome Outcome) {
+	var reason string
+	switch outcome {
+	case OutcomeUserLimit:
+		reason = ReleaseTurnedDownUserLimit
+	case OutcomeLeaseShort:
+		reason = ReleaseTurnedDownLeaseShort
+	case OutcomeUnknownSKU:
+		reason = ReleaseTurnedDownUnknownSKU
+	default:
+		return
+	}
+	a.feedEvent(FeedOrderReleased, &Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
+		Node: node, State: OrderReleased, ReleaseReason: reason, CreatedAtUnixNano: a.at})
+}
+
+// feedEventIndex is the log index of event seq as this batch sees it.
+func (a *applier) feedEventIndex(seq uint64) (uint64, bool, error) {
+	if n := len(a.feed.events); n > 0 && seq >= a.feed.events[0].Seq {
+		return a.feed.events[seq-a.feed.events[0].Seq].Index, true, nil
+	}
+	f := &a.ledger.feed
+	f.mu.RLock()
+	e, ok := f.memEvent(seq)
+	f.mu.RUnlock()
+	if ok {
+		return e.Index, true, nil
+	}
+	tx, err := a.readTx()
+	if err != nil {
+		return 0, false, err
+	}
+	var key [8]byte
+	binary.BigEndian.PutUint64(key[:], seq)
+	v := tx.Bucket(bucketEvents).Get(key[:])
+	if v == nil {
+		return 0, false, nil
+	}
+	ev, err := decodeFeedEvent(seq, v)
+	if err != nil {
+		return 0, false, err
+	}
+	return ev.Index, true, nil
+}
+
+// checkFeedCursor is nil when c names an event of the feed at or after
+// its floor (or the start, or the floor itself), else a result saying why.
+func (a *applier) checkFeedCursor(c Cursor) (*Result, error) {
+	switch {
+	case c.Seq == 0 && c.Index == 0:
+		return nil, nil
+	case c.Seq == 0 || c.Index == 0:
+		return invalid("cursor %s: both parts must be positive", c), nil
+	case c.Seq > a.feed.seq:
+		return invalid("cursor %s is beyond the feed's newest event", c), nil
+	case c.Seq < a.feed.floor:
+		return &Result{Outcome: OutcomeExpired, Detail: fmt.Sprintf("cursor %s is older than the feed's retention (pruned up to %s)", c, a.feed.floorAt)}, nil
+	case c.Seq == a.feed.floor:
+		if c != a.feed.floorAt {
+			return invalid("cursor %s names no event of the feed", c), nil
+		}
+		return nil, nil
+	}
+	index, ok, err := a.feedEventIndex(c.Seq)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		panic(fmt.Sprintf("BUG: feed event %d above the floor %d is missing", c.Seq, a.feed.floor))
+	}
+	if index != c.Index {
+		return invalid("cursor %s names no event of the feed", c), nil
+	}
+	return nil, nil
+}
+
+func (a *applier) ackConsumer(c *AckConsumer) (*Result, error) {
+	if c.Name == "" || len(c.Name) > maxConsumerNameBytes {
+		return invalid("consumer name must be 1..%d bytes", maxConsumerNameBytes), nil
+	}
+	if c.Drop {
+		if !a.hasConsumer(c.Name) {
+			return &Result{Outcome: OutcomeNotFound}, nil
+		}
+		a.put(bucketConsumers, []byte(c.Name), nil)
+		a.stageConsumer(c.Name, nil)
+		return &Result{Outcome: OutcomeOK}, nil
+	}
+	if res, err := a.checkFeedCursor(c.Cursor); res != nil || err != nil {
+		return res, err
+	}
+	cons := &Consumer{Name: c.Name, Cursor: c.Cursor, AckedUnixNano: a.at}
+	a.put(bucketConsumers, []byte(c.Name), encodeConsumer(cons))
+	a.stageConsumer(c.Name, cons)
+	return &Result{Outcome: OutcomeOK}, nil
+}
+
+func (a *applier) hasConsumer(name string) bool {
+	if c, ok := a.feed.consumers[name]; ok {
+		return c != nil
+	}
+	f := &a.ledger.feed
+	f.mu.RLock()
+	_, ok := f.consumers[name]
+	f.mu.RUnlock()
+	return ok
+}
+
+func (a *applier) stageConsumer(name string, c *Consumer) {
+	if a.feed.consumers == nil {
+		a.feed.consumers = map[string]*Consumer{}
+	}
+	a.feed.consumers[name] = c
+}
+
+func (a *applier) pruneEvents(c *PruneEvents) (*Result, error) {
+	if c.Through.Seq == 0 || c.Through.Index == 0 {
+		return invalid("prune_events needs a cursor"), nil
+	}
+	if c.Through.Seq <= a.feed.floor {
+		return &Result{Outcome: OutcomeSame}, nil
+	}
+	if res, err := a.checkFeedCursor(c.Through); res != nil || err != nil {
+		return res, err
+	}
+	pruned := c.Through.Seq - a.feed.floor
+	a.feed.floor, a.feed.floorAt, a.feed.newFloor = c.Through.Seq, c.Through, true
+	a.put(bucketMeta, keyFeedFloor, encodeCursor(c.Through))
+	return &Result{Outcome: OutcomeOK, Qty: int64(pruned)}, nil
+}
+
+// publishFeed makes the batch's feed changes visible. The caller has
+// already staged the events (before the persister could see the batch).
+func (a *applier) publishFeed() {
+	f := &a.ledger.feed
+	if len(a.feed.consumers) > 0 || a.feed.newFloor {
+		f.mu.Lock()
+		for name, c := range a.feed.consumers {
+			if c == nil {
+				delete(f.consumers, name)
+			} else {
+				f.consumers[name] = *c
+			}
+		}
+		if a.feed.newFloor {
+			f.floor, f.floorAt = a.feed.floor, a.feed.floorAt
+		}
+		f.mu.Unlock()
+	}
+	f.publish()
+}

@@ -1,0 +1,608 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The order feed (DESIGN.md, "Orders flow out"): every order event the
+// ledger applies (an order created, confirmed or released) gets the next
+// sequence number of the feed, in log order. Every node applies the same
+// log, so every node numbers the same events the same way, and a consumer
+// may read a page from one node and the next from another.
+//
+// Events live in bbolt (bucket events, keyed by sequence) and, until the
+// persister has written them and for a while after, in memory: the newest
+// events, which long-polling consumers read, never touch bbolt. The feed
+// is pruned through the log (PruneEvents): every node refuses the same
+// cursors. The persister deletes pruned events from bbolt lazily.
+
+// FeedEventType says what happened to an order.
+type FeedEventType uint8
+
+// Feed event types. Values are part of the ledger's format.
+const (
+	FeedOrderCreated   FeedEventType = iota + 1 // a take committed: the order is held or sold
+	FeedOrderConfirmed                          // a held order became sold
+	FeedOrderReleased                           // a held order was cancelled or expired, or a take was turned down
+)
+
+var feedEventNames = [...]string{
+	FeedOrderCreated: "order_created", FeedOrderConfirmed: "order_confirmed", FeedOrderReleased: "order_released",
+}
+
+func (t FeedEventType) String() string {
+	if int(t) < len(feedEventNames) && feedEventNames[t] != "" {
+		return feedEventNames[t]
+	}
+	return fmt.Sprintf("event(%d)", uint8(t))
+}
+
+// Release reasons of takes the ledger turned down: an order a node
+// promised (wait=none) that never came to be. No order_created precedes
+// such an event.
+const (
+	ReleaseTurnedDownUserLimit  = "turned_down_user_limit"
+	ReleaseTurnedDownLeaseShort = "turned_down_lease_short"
+	ReleaseTurnedDownUnknownSKU = "turned_down_unknown_sku"
+)
+
+// FeedEvent is one event of the order feed: the order as it stood right
+// after the command, at the command's time.
+type FeedEvent struct {
+	Seq   uint64 // the event's place in the feed, from 1
+	Index uint64 // the log index of the command
+	Type  FeedEventType
+	At    int64 // the command's time, unix nanos
+	Order Order
+}
+
+// Cursor names a place in the feed: the event with sequence Seq, applied
+// at log index Index. The zero cursor is the feed's start.
+type Cursor struct {
+	Index uint64
+	Seq   uint64
+}
+
+// Cursor is the event's own cursor: reading after it returns the events
+// that follow it.
+func (e *FeedEvent) Cursor() Cursor { return Cursor{Index: e.Index, Seq: e.Seq} }
+
+// String is the cursor's wire form, "<log index>-<sequence>"; the zero
+// cursor is "0".
+func (c Cursor) String() string {
+	if c == (Cursor{}) {
+		return "0"
+	}
+	return strconv.FormatUint(c.Index, 10) + "-" + strconv.FormatUint(c.Seq, 10)
+}
+
+// ErrBadCursor marks a cursor that is not of the wire form, or that names
+// no event this feed ever had.
+var ErrBadCursor = errors.New("bad cursor")
+
+// ErrCursorExpired marks a cursor older than the feed's retention: events
+// after it were pruned.
+var ErrCursorExpired = errors.New("cursor older than the feed's retention")
+
+// ParseCursor reads a cursor's wire form; "" and "0" are the start.
+func ParseCursor(s string) (Cursor, error) {
+	if s == "" || s == "0" {
+		return Cursor{}, nil
+	}
+	i, q, ok := strings.Cut(s, "-")
+	if !ok {
+		return Cursor{}, fmt.Errorf("%w %q: want <log index>-<sequence>", ErrBadCursor, s)
+	}
+	index, err1 := strconv.ParseUint(i, 10, 64)
+	seq, err2 := strconv.ParseUint(q, 10, 64)
+	if err1 != nil || err2 != nil || seq == 0 || index == 0 {
+		return Cursor{}, fmt.Errorf("%w %q: want <log index>-<sequence>, both positive", ErrBadCursor, s)
+	}
+	return Cursor{Index: index, Seq: seq}, nil
+}
+
+// feedMemoryEvents is how many events already in bbolt the feed keeps in
+// memory besides those not yet written: consumers that keep up read from
+// memory.
+const feedMemoryEvents = 16384
+
+// feedDeleteMax bounds the pruned events one write deletes from bbolt.
+const feedDeleteMax = 50_000
+
+var (
+	bucketEvents    = []byte("events")
+	bucketConsumers = []byte("consumers")
+	keyFeedSeq      = []byte("feed_seq")   // the last event in bucket events
+	keyFeedFloor    = []byte("feed_floor") // events at or below this sequence are pruned
+)
+
+// feed is the ledger's order feed. The FSM goroutine stages a batch's
+// events before it hands the batch to the persister and publishes them
+// with the batch; readers see published events only.
+type feed struct {
+	mu sync.RWMutex
+	// mem holds events mem[0].Seq.. in order: every event not yet in
+	// bbolt, and up to feedMemoryEvents before them.
+	mem       []FeedEvent
+	seq       uint64 // the last event staged
+	visible   uint64 // the last event published
+	persisted uint64 // the last event in bbolt
+	floor     uint64 // events at or below are pruned: readers after an older cursor get ErrCursorExpired
+	floorAt   Cursor // the cursor of event floor (zero when nothing was pruned)
+	notify    chan struct{}
+	consumers map[string]Consumer
+	// gen counts loads: a persister of a ledger file a restore replaced
+	// may finish a write after the load, and must not count it.
+	gen uint64
+}
+
+// Consumer is a named reader of the feed and the cursor it acknowledged:
+// the feed keeps every event after the slowest consumer's cursor (up to
+// its size cap).
+type Consumer struct {
+	Name          string
+	Cursor        Cursor
+	AckedUnixNano int64 // the time of the command that set the cursor
+}
+
+// load reads the feed's state from a ledger file.
+func (f *feed) load(tx *bolt.Tx) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen++
+	f.mem, f.seq, f.floor, f.floorAt = nil, 0, 0, Cursor{}
+	f.consumers = map[string]Consumer{}
+	meta := tx.Bucket(bucketMeta)
+	if v := meta.Get(keyFeedSeq); len(v) == 8 {
+		f.seq = binary.BigEndian.Uint64(v)
+	}
+	if v := meta.Get(keyFeedFloor); v != nil {
+		c, err := decodeCursor(v)
+		if err != nil {
+			return fmt.Errorf("feed floor: %w", err)
+		}
+		f.floor, f.floorAt = c.Seq, c
+	}
+	f.visible, f.persisted = f.seq, f.seq
+	return tx.Bucket(bucketConsumers).ForEach(func(k, v []byte) error {
+		c, err := decodeConsumer(string(k), v)
+		if err != nil {
+			return err
+		}
+		f.consumers[c.Name] = c
+		return nil
+	})
+}
+
+// stage adds a batch's events (numbered after f.seq by the applier).
+func (f *feed) stage(events []FeedEvent) {
+	if len(events) == 0 {
+		return
+	}
+	f.mu.Lock()
+	f.mem = append(f.mem, events...)
+	f.seq = events[len(events)-1].Seq
+	f.mu.Unlock()
+}
+
+// publish makes every staged event visible and wakes waiting readers.
+func (f *feed) publish() {
+	f.mu.Lock()
+	if f.visible == f.seq {
+		f.mu.Unlock()
+		return
+	}
+	f.visible = f.seq
+	ch := f.notify
+	f.notify = nil
+	f.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+}
+
+// wake wakes waiting readers without new events (a restore, a close).
+func (f *feed) wake() {
+	f.mu.Lock()
+	ch := f.notify
+	f.notify = nil
+	f.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+}
+
+// changed returns a channel closed at the next publish.
+func (f *feed) changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.notify == nil {
+		f.notify = make(chan struct{})
+	}
+	return f.notify
+}
+
+// memEvent returns event seq from memory.
+func (f *feed) memEvent(seq uint64) (FeedEvent, bool) {
+	if len(f.mem) == 0 || seq < f.mem[0].Seq {
+		return FeedEvent{}, false
+	}
+	i := seq - f.mem[0].Seq
+	if i >= uint64(len(f.mem)) {
+		return FeedEvent{}, false
+	}
+	return f.mem[i], true
+}
+
+// persist writes to tx, inside the persister's transaction that takes
+// bbolt to index target, the events applied up to target, and deletes
+// pruned events (up to feedDeleteMax a write). It returns the feed's
+// generation and the last event written, for written.
+func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error) {
+	f.mu.RLock()
+	gen, last = f.gen, f.persisted
+	var batch []FeedEvent
+	if len(f.mem) > 0 {
+		start := 0
+		if f.persisted >= f.mem[0].Seq {
+			start = int(f.persisted - f.mem[0].Seq + 1)
+		}
+		end := start + sort.Search(len(f.mem)-start, func(i int) bool { return f.mem[start+i].Index > target })
+		batch = f.mem[start:end]
+	}
+	f.mu.RUnlock()
+	events := tx.Bucket(bucketEvents)
+	events.FillPercent = persistFillPercent
+	// bbolt keeps the key and value slices until the transaction ends:
+	// one buffer for all, carved up, never reused.
+	size := 0
+	for i := range batch {
+		size += 8 + feedEventSize(&batch[i])
+	}
+	buf := make([]byte, 0, size+8)
+	for i := range batch {
+		e := &batch[i]
+		start := len(buf)
+		buf = binary.BigEndian.AppendUint64(buf, e.Seq)
+		mid := len(buf)
+		buf = encodeFeedEvent(buf, e)
+		if err := events.Put(buf[start:mid:mid], buf[mid:len(buf):len(buf)]); err != nil {
+			return 0, 0, err
+		}
+		last = e.Seq
+	}
+	if len(batch) > 0 {
+		if err := tx.Bucket(bucketMeta).Put(keyFeedSeq, binary.BigEndian.AppendUint64(nil, last)); err != nil {
+			return 0, 0, err
+		}
+	}
+	// The floor as of target: the pending changes this transaction wrote
+	// include it.
+	var floor uint64
+	if v := tx.Bucket(bucketMeta).Get(keyFeedFloor); v != nil {
+		if c, err := decodeCursor(v); err == nil {
+			floor = c.Seq
+		}
+	}
+	cur := events.Cursor()
+	deleted := 0
+	for k, _ := cur.First(); k != nil && len(k) == 8 && binary.BigEndian.Uint64(k) <= floor && deleted < feedDeleteMax; k, _ = cur.First() {
+		if err := cur.Delete(); err != nil {
+			return 0, 0, err
+		}
+		deleted++
+	}
+	return gen, last, nil
+}
+
+// written records that bbolt holds the events up to seq, and trims
+// memory to the unwritten events and feedMemoryEvents before them (pruned
+// ones go), in steps large enough that the copies stay cheap.
+func (f *feed) written(gen, seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if gen != f.gen || seq <= f.persisted {
+		return
+	}
+	f.persisted = seq
+	keepFrom := f.floor + 1
+	if f.persisted > feedMemoryEvents {
+		keepFrom = max(keepFrom, f.persisted-feedMemoryEvents+1)
+	}
+	if len(f.mem) == 0 || f.mem[0].Seq >= keepFrom {
+		return
+	}
+	drop := min(keepFrom-f.mem[0].Seq, uint64(len(f.mem)))
+	if drop < feedMemoryEvents/4 && drop < uint64(len(f.mem)) {
+		return
+	}
+	f.mem = slices.Clone(f.mem[drop:])
+}
+
+// encodeFeedEvent appends e's record: format, type, index, time, order id,
+// then the order's record.
+func encodeFeedEvent(dst []byte, e *FeedEvent) []byte {
+	dst = append(dst, feedRecordFormat, byte(e.Type))
+	dst = appendUvarint(dst, e.Index)
+	dst = appendVarint(dst, e.At)
+	dst = appendString(dst, e.Order.ID)
+	return encodeOrderRecord(dst, &e.Order)
+}
+
+const feedRecordFormat byte = 0xE1
+
+// feedEventSize bounds the bytes encodeFeedEvent appends for e.
+func feedEventSize(e *FeedEvent) int {
+	o := &e.Order
+	return 2 + 2*maxVarintBytes + maxVarintBytes + len(o.ID) + 2 + 3*maxVarintBytes +
+		5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
+}
+
+func decodeFeedEvent(seq uint64, b []byte) (FeedEvent, error) {
+	if len(b) < 2 || b[0] != feedRecordFormat {
+		return FeedEvent{}, fmt.Errorf("%w: feed event %d: not an event record", ErrMalformed, seq)
+	}
+	e := FeedEvent{Seq: seq, Type: FeedEventType(b[1])}
+	d := decoder{b: b[2:]}
+	e.Index = d.uvarint()
+	e.At = d.varint()
+	id := d.string()
+	if d.err != nil {
+		return FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, d.err)
+	}
+	o, err := decodeOrderRecord(id, d.b)
+	if err != nil {
+		return FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, err)
+	}
+	e.Order = o
+	return e, nil
+}
+
+func encodeCursor(c Cursor) []byte {
+	return appendUvarint(appendUvarint(make([]byte, 0, 2*maxVarintBytes), c.Index), c.Seq)
+}
+
+func decodeCursor(b []byte) (Cursor, error) {
+	d := decoder{b: b}
+	c := Cursor{Index: d.uvarint(), Seq: d.uvarint()}
+	return c, d.finish()
+}
+
+func encodeConsumer(c *Consumer) []byte {
+	b := encodeCursor(c.Cursor)
+	return appendVarint(b, c.AckedUnixNano)
+}
+
+func decodeConsumer(name string, b []byte) (Consumer, error) {
+	d := decoder{b: b}
+	c := Consumer{Name: name, Cursor: Cursor{Index: d.uvarint(), Seq: d.uvarint()}, AckedUnixNano: d.varint()}
+	if err := d.finish(); err != nil {
+		return Consumer{}, fmt.Errorf("consumer %q: %w", name, err)
+	}
+	return c, nil
+}
+
+// FeedPage is one read of the order feed.
+type FeedPage struct {
+	Events []FeedEvent
+	// Head is the newest event this node has applied (zero: none yet).
+	Head Cursor
+	// Behind: the cursor read after lies beyond this node's applied log.
+	// The node is catching up; the same read succeeds once it has.
+	Behind bool
+}
+
+// FeedStats is the feed's state on this node.
+type FeedStats struct {
+	Head      Cursor
+	HeadAt    int64  // the newest event's time, unix nanos (0: none)
+	Floor     Cursor // events up to this cursor are pruned
+	Retained  uint64 // events kept: Head.Seq - Floor.Seq
+	Consumers []Consumer
+}
+
+// event reads event seq from memory or, failing that, from bbolt.
+func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
+	l.feed.mu.RLock()
+	e, ok := l.feed.memEvent(seq)
+	l.feed.mu.RUnlock()
+	if ok {
+		return e, true, nil
+	}
+	var found bool
+	err := l.view(func(tx *bolt.Tx) error {
+		var key [8]byte
+		binary.BigEndian.PutUint64(key[:], seq)
+		v := tx.Bucket(bucketEvents).Get(key[:])
+		if v == nil {
+			return nil
+		}
+		var err error
+		e, err = decodeFeedEvent(seq, v)
+		found = err == nil
+		return err
+	})
+	return e, found, err
+}
+
+// checkCursor verifies that c names an event this feed had (or the
+// start); floor and floorAt are the feed's as read by the caller.
+func (l *Ledger) checkCursor(c Cursor, floor uint64, floorAt Cursor) error {
+	switch {
+	case c.Seq == 0:
+		return nil
+	case c.Seq < floor:
+		return fmt.Errorf("%w: %s (events up to %s are pruned)", ErrCursorExpired, c, floorAt)
+	case c.Seq == floor:
+		if c != floorAt {
+			return fmt.Errorf("%w: %s names no event of this feed", ErrBadCursor, c)
+		}
+		return nil
+	}
+	e, ok, err := l.event(c.Seq)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s (events up to it were pruned)", ErrCursorExpired, c)
+	}
+	if e.Index != c.Index {
+		return fmt.Errorf("%w: %s names no event of this feed", ErrBadCursor, c)
+	}
+	return nil
+}
+
+// ReadFeed returns up to limit events after cursor after, in order.
+// Errors: ErrCursorExpired for a cursor older than retention,
+// ErrBadCursor for one that names no event of the feed.
+func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
+	f := &l.feed
+	f.mu.RLock()
+	visible, floor, floorAt := f.visible, f.floor, f.floorAt
+	var memFirst uint64
+	if len(f.mem) > 0 {
+		memFirst = f.mem[0].Seq
+	}
+	f.mu.RUnlock()
+	page := FeedPage{}
+	if visible > 0 {
+		head, ok, err := l.event(visible)
+		if err != nil {
+			return page, err
+		}
+		if ok {
+			page.Head = head.Cursor()
+		}
+	}
+	if after.Seq > visible {
+		if after.Index > l.AppliedIndex() {
+			page.Behind = true
+			return page, nil
+		}
+		return page, fmt.Errorf("%w: %s is beyond the feed's newest event %s", ErrBadCursor, after, page.Head)
+	}
+	if err := l.checkCursor(after, floor, floorAt); err != nil {
+		return page, err
+	}
+	from := max(after.Seq, floor) + 1
+	to := min(visible, from+uint64(limit)-1)
+	if from > to {
+		return page, nil
+	}
+	page.Events = make([]FeedEvent, 0, to-from+1)
+	if memFirst == 0 || from < memFirst {
+		// The older part is in bbolt only.
+		end := to
+		if memFirst != 0 {
+			end = min(to, memFirst-1)
+		}
+		err := l.view(func(tx *bolt.Tx) error {
+			cur := tx.Bucket(bucketEvents).Cursor()
+			var key [8]byte
+			binary.BigEndian.PutUint64(key[:], from)
+			want := from
+			for k, v := cur.Seek(key[:]); k != nil && want <= end; k, v = cur.Next() {
+				seq := binary.BigEndian.Uint64(k)
+				if seq != want {
+					break // pruned under us
+				}
+				e, err := decodeFeedEvent(seq, v)
+				if err != nil {
+					return err
+				}
+				page.Events = append(page.Events, e)
+				want++
+			}
+			if want <= end {
+				return fmt.Errorf("%w: %s (events after it were pruned while reading)", ErrCursorExpired, after)
+			}
+			return nil
+		})
+		if err != nil {
+			return page, err
+		}
+		from = end + 1
+	}
+	f.mu.RLock()
+	for seq := from; seq <= to; seq++ {
+		e, ok := f.memEvent(seq)
+		if !ok {
+			break // trimmed under us: the caller reads on from the last event
+		}
+		page.Events = append(page.Events, e)
+	}
+	f.mu.RUnlock()
+	return page, nil
+}
+
+// FeedChanged returns a channel closed when new events are published (or
+// the ledger is replaced or closed): long-polling readers wait on it.
+func (l *Ledger) FeedChanged() <-chan struct{} { return l.feed.changed() }
+
+// FeedStats reads the feed's head, floor and consumers.
+func (l *Ledger) FeedStats() (FeedStats, error) {
+	f := &l.feed
+	f.mu.RLock()
+	st := FeedStats{Floor: f.floorAt, Retained: f.visible - min(f.floor, f.visible)}
+	visible := f.visible
+	for _, c := range f.consumers {
+		st.Consumers = append(st.Consumers, c)
+	}
+	f.mu.RUnlock()
+	slices.SortFunc(st.Consumers, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
+	if visible > 0 {
+		e, ok, err := l.event(visible)
+		if err != nil {
+			return st, err
+		}
+		if ok {
+			st.Head, st.HeadAt = e.Cursor(), e.At
+		}
+	}
+	return st, nil
+}
+
+// FeedCursorBefore is the cursor of the newest event older than
+// atUnixNano, and whether there is one after the floor: retention by time
+// prunes up to it.
+func (l *Ledger) FeedCursorBefore(atUnixNano int64) (Cursor, bool, error) {
+	f := &l.feed
+	f.mu.RLock()
+	lo, hi := f.floor+1, f.visible // search (floor, visible]
+	f.mu.RUnlock()
+	var best Cursor
+	found := false
+	for lo <= hi {
+		mid := lo + (hi-lo)/2
+		e, ok, err := l.event(mid)
+		if err != nil {
+			return Cursor{}, false, err
+		}
+		if !ok { // pruned meanwhile: look above
+			lo = mid + 1
+			continue
+		}
+		if e.At < atUnixNano {
+			best, found = e.Cursor(), true
+			lo = mid + 1
+		} else {
+			hi = mid - 1
+		}
+	}
+	return best, found, nil
+}
+
+// FeedCursorAt is the cursor of event seq, if the feed still holds it.
+func (l *Ledger) FeedCursorAt(seq uint64) (Cursor, bool, error) {
+	e, ok, err := l.event(seq)
+	return e.Cursor(), ok, err
+}

@@ -1,0 +1,280 @@
+package raftfsm
+
+import (
+	"errors"
+	"io"
+	"reflect"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+// applyTyped applies a typed command at the next log index.
+func (t *testLedger) applyTyped(at int64, c Command) *Result {
+	t.tb.Helper()
+	t.index++
+	res, _ := t.l.Apply(&raft.Log{Index: t.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, at, c)}).(*Result)
+	if res == nil {
+		t.tb.Fatalf("apply %s at %d: no result", c.Op(), t.index)
+	}
+	return res
+}
+
+// feedTally replays the order feed into per-SKU held and sold units, the
+// way a consumer would, and checks the feed's own order as it goes.
+type feedTally struct {
+	last   Cursor
+	orders map[string]Order
+	held   map[string]int64
+	sold   map[string]int64
+	events []FeedEvent
+}
+
+type fataler interface {
+	Helper()
+	Fatalf(string, ...any)
+}
+
+func (f *feedTally) add(t fataler, e FeedEvent) {
+	t.Helper()
+	if f.orders == nil {
+		f.orders, f.held, f.sold = map[string]Order{}, map[string]int64{}, map[string]int64{}
+	}
+	if e.Seq != f.last.Seq+1 || e.Index < f.last.Index {
+		t.Fatalf("event %s follows %s: not the next in log order", e.Cursor(), f.last)
+	}
+	f.last = e.Cursor()
+	f.events = append(f.events, e)
+	o, prior := f.orders[e.Order.ID]
+	switch e.Type {
+	case FeedOrderCreated:
+		if prior {
+			t.Fatalf("order %s created twice (event %s)", e.Order.ID, e.Cursor())
+		}
+		switch e.Order.State {
+		case OrderHeld:
+			f.held[e.Order.SKU] += e.Order.Qty
+		case OrderSold:
+			f.sold[e.Order.SKU] += e.Order.Qty
+		default:
+			t.Fatalf("order %s created %s", e.Order.ID, e.Order.State)
+		}
+	case FeedOrderConfirmed:
+		if !prior || o.State != OrderHeld || e.Order.State != OrderSold {
+			t.Fatalf("confirm of order %s in state %q (known %v) to %s", e.Order.ID, o.State, prior, e.Order.State)
+		}
+		f.held[o.SKU] -= o.Qty
+		f.sold[o.SKU] += o.Qty
+	case FeedOrderReleased:
+		if !prior {
+			break // a take turned down: no order
+		}
+		if o.State != OrderHeld || e.Order.State != OrderReleased || e.Order.ReleaseReason == "" {
+			t.Fatalf("release of order %s in state %s to %s (%q)", e.Order.ID, o.State, e.Order.State, e.Order.ReleaseReason)
+		}
+		f.held[o.SKU] -= o.Qty
+	default:
+		t.Fatalf("event %s of type %d", e.Cursor(), e.Type)
+	}
+	if e.Type != FeedOrderReleased || prior {
+		f.orders[e.Order.ID] = e.Order
+	}
+}
+
+func (f *feedTally) readAll(t fataler, l *Ledger) {
+	t.Helper()
+	for {
+		page, err := l.ReadFeed(f.last, 7)
+		if err != nil {
+			t.Fatalf("read feed after %s: %v", f.last, err)
+		}
+		if len(page.Events) == 0 {
+			return
+		}
+		for _, e := range page.Events {
+			f.add(t, e)
+		}
+	}
+}
+
+func TestFeed_OrderEventsSurviveReopenCrashAndRestore(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "h", Sale: &SaleConfig{Total: 10, HoldTTLNanos: 100}})
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "p", Sale: &SaleConfig{Total: 10, PerUser: 1}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "h", Qty: 10})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "p", Qty: 10})
+	tl.apply(legacyCommand{Op: OpTake, Node: "n1", AtUnixNano: 10, Takes: []TakeEntry{
+		{SKU: "h", Qty: 1, User: "u1", OrderID: "o1"}, {SKU: "h", Qty: 2, User: "u2", OrderID: "o2"},
+		{SKU: "h", Qty: 1, User: "u3", OrderID: "o3"}, {SKU: "p", Qty: 1, User: "u1", OrderID: "o4"},
+		{SKU: "p", Qty: 1, User: "u1", OrderID: "o5"}, // over the per-user limit: turned down
+	}})
+	tl.apply(legacyCommand{Op: OpConfirm, OrderID: "o1", AtUnixNano: 20})
+	tl.apply(legacyCommand{Op: OpRelease, OrderID: "o2", Reason: ReleaseCancelled, AtUnixNano: 30})
+	tl.apply(legacyCommand{Op: OpExpire, OrderIDs: []string{"o3"}, AtUnixNano: 200})
+	tl.apply(legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "p", Qty: 1, User: "u1", OrderID: "o4"}}}) // re-proposed: no event
+
+	var got feedTally
+	got.readAll(t, tl.l)
+	type ev struct {
+		typ   FeedEventType
+		order string
+		state OrderState
+	}
+	want := []ev{{FeedOrderCreated, "o1", OrderHeld}, {FeedOrderCreated, "o2", OrderHeld}, {FeedOrderCreated, "o3", OrderHeld},
+		{FeedOrderCreated, "o4", OrderSold}, {FeedOrderReleased, "o5", OrderReleased},
+		{FeedOrderConfirmed, "o1", OrderSold}, {FeedOrderReleased, "o2", OrderReleased}, {FeedOrderReleased, "o3", OrderReleased}}
+	if len(got.events) != len(want) {
+		t.Fatalf("%d events, want %d: %+v", len(got.events), len(want), got.events)
+	}
+	for i, w := range want {
+		e := got.events[i]
+		if e.Type != w.typ || e.Order.ID != w.order || e.Order.State != w.state {
+			t.Fatalf("event %d: %s %s %s, want %s %s %s", i, e.Type, e.Order.ID, e.Order.State, w.typ, w.order, w.state)
+		}
+	}
+	if r := got.events[4].Order.ReleaseReason; r != ReleaseTurnedDownUserLimit {
+		t.Fatalf("turned-down take released with reason %q", r)
+	}
+	if r := got.events[7].Order.ReleaseReason; r != ReleaseExpired {
+		t.Fatalf("expired hold released with reason %q", r)
+	}
+	for _, sku := range []string{"h", "p"} {
+		row := tl.row(sku)
+		if got.held[sku] != row.Held || got.sold[sku] != row.Sold {
+			t.Fatalf("feed tally of %s: held %d sold %d; row %+v", sku, got.held[sku], got.sold[sku], row)
+		}
+	}
+
+	// A clean reopen reads the same events from the file.
+	if err := tl.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := OpenLedger(tl.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again feedTally
+	again.readAll(t, l2)
+	if !reflect.DeepEqual(again.events, got.events) {
+		t.Fatalf("events after reopen differ:\n got %+v\nwant %+v", again.events, got.events)
+	}
+
+	// A crash after applying, before the ledger's write: raft replays the
+	// entries and the feed numbers their events as it did the first time.
+	l2.bh.halt()
+	l2.noPersist = true
+	tl.l = l2
+	tl.apply(legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "h", Qty: 1, User: "u9", OrderID: "o9"}}})
+	crashed := tl.index
+	var before feedTally
+	before.readAll(t, l2)
+	entry := logOf(t, crashed, legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "h", Qty: 1, User: "u9", OrderID: "o9"}}})
+	if err := l2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l3, err := OpenLedger(tl.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l3.Close()
+	if l3.AppliedIndex() >= crashed {
+		t.Fatalf("the crash kept index %d", l3.AppliedIndex())
+	}
+	l3.ApplyBatch([]*raft.Log{entry})
+	var replayed feedTally
+	replayed.readAll(t, l3)
+	if !reflect.DeepEqual(replayed.events, before.events) {
+		t.Fatalf("events after crash and replay differ:\n got %+v\nwant %+v", replayed.events, before.events)
+	}
+
+	// A snapshot carries the feed; the restored node reads the same.
+	sink := snapshotOf(t, l3)
+	dst := newTestLedger(t)
+	if err := dst.l.Restore(io.NopCloser(sink)); err != nil {
+		t.Fatal(err)
+	}
+	var restored feedTally
+	restored.readAll(t, dst.l)
+	if !reflect.DeepEqual(restored.events, before.events) {
+		t.Fatalf("events after restore differ")
+	}
+}
+
+func TestFeed_CursorsAndPruning(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 100})
+	for i := range 20 {
+		tl.apply(take("n1", "a", "u", "o"+string(rune('a'+i)), 1))
+	}
+	var all feedTally
+	all.readAll(t, tl.l)
+	if len(all.events) != 20 {
+		t.Fatalf("%d events, want 20", len(all.events))
+	}
+	c5 := all.events[4].Cursor()
+
+	// A consumer acknowledges event 5; a cursor the feed never had is refused.
+	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: c5}); r.Outcome != OutcomeOK {
+		t.Fatalf("ack: %s %s", r.Outcome, r.Detail)
+	}
+	bogus := Cursor{Index: c5.Index + 1, Seq: c5.Seq}
+	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: bogus}); r.Outcome != OutcomeInvalid {
+		t.Fatalf("ack of a bogus cursor: %s", r.Outcome)
+	}
+	if _, err := tl.l.ReadFeed(bogus, 10); !errors.Is(err, ErrBadCursor) {
+		t.Fatalf("read after a bogus cursor: %v", err)
+	}
+	st, err := tl.l.FeedStats()
+	if err != nil || len(st.Consumers) != 1 || st.Consumers[0].Cursor != c5 || st.Head != all.events[19].Cursor() {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+
+	// Pruning through event 8: cursors before it are expired, after it fine.
+	c8 := all.events[7].Cursor()
+	if r := tl.applyTyped(0, &PruneEvents{Through: c8}); r.Outcome != OutcomeOK || r.Qty != 8 {
+		t.Fatalf("prune: %s %d %s", r.Outcome, r.Qty, r.Detail)
+	}
+	if _, err := tl.l.ReadFeed(c5, 10); !errors.Is(err, ErrCursorExpired) {
+		t.Fatalf("read after a pruned cursor: %v, want ErrCursorExpired", err)
+	}
+	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: c5}); r.Outcome != OutcomeExpired {
+		t.Fatalf("ack of a pruned cursor: %s", r.Outcome)
+	}
+	page, err := tl.l.ReadFeed(c8, 100)
+	if err != nil || len(page.Events) != 12 || page.Events[0].Seq != 9 {
+		t.Fatalf("read after the floor: %d events %v", len(page.Events), err)
+	}
+	page, err = tl.l.ReadFeed(Cursor{}, 3)
+	if err != nil || len(page.Events) != 3 || page.Events[0].Seq != 9 {
+		t.Fatalf("read from the start after pruning: %+v %v", page.Events, err)
+	}
+	// A cursor beyond this ledger's log: the node is behind, not the cursor bad.
+	page, err = tl.l.ReadFeed(Cursor{Index: tl.index + 5, Seq: 99}, 10)
+	if err != nil || !page.Behind {
+		t.Fatalf("cursor ahead of the log: behind %v err %v", page.Behind, err)
+	}
+
+	// The persister deletes pruned events from the file; a reopen keeps the floor.
+	if err := tl.l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := OpenLedger(tl.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if _, ok, _ := l2.FeedCursorAt(8); ok {
+		t.Fatal("a pruned event is still in the file")
+	}
+	if _, err := l2.ReadFeed(c5, 10); !errors.Is(err, ErrCursorExpired) {
+		t.Fatalf("after reopen, read after a pruned cursor: %v", err)
+	}
+	st, _ = l2.FeedStats()
+	if st.Floor != c8 || st.Retained != 12 || len(st.Consumers) != 1 {
+		t.Fatalf("stats after reopen %+v", st)
+	}
+}
