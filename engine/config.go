@@ -22,6 +22,10 @@ var (
 	ErrExpired      = errors.New("hold expired")
 	ErrInvalidState = errors.New("order state does not allow this")
 	ErrTooManySKUs  = errors.New("too many skus")
+	// ErrCursorExpired: the feed's events after the cursor were pruned.
+	ErrCursorExpired = errors.New("cursor older than the feed's retention")
+	// ErrBadCursor: the cursor names no event of the feed.
+	ErrBadCursor = errors.New("bad cursor")
 	// ErrUnavailable: the ledger could not take the command (no leader, no
 	// quorum, shutting down); nothing was applied.
 	ErrUnavailable = errors.New("ledger unavailable")
@@ -135,6 +139,17 @@ type Config struct {
 	RequestMaxKeep   int64
 	// AuditInterval paces the periodic self-audit of every sale.
 	AuditInterval time.Duration
+	// The order feed's retention, which the leader enforces every
+	// FeedPruneInterval: events are kept for FeedRetention and until every
+	// consumer has acknowledged them, but never more than FeedCap events
+	// (the oldest beyond it go even if a consumer has not read them, with
+	// a warning).
+	FeedRetention     time.Duration
+	FeedCap           uint64
+	FeedPruneInterval time.Duration
+	// FeedOff: the ledger records no order feed (reads answer
+	// unavailable).
+	FeedOff bool
 	// RateLimit caps deducts per second on this node (0: no cap), with
 	// RateBurst of headroom; MaxInFlight caps deducts being served at once
 	// (0: no cap). Both answer 429 with a retry time; sold-out and
@@ -187,6 +202,9 @@ func DefaultConfig() Config {
 		RequestRetention:     24 * time.Hour,
 		RequestMaxKeep:       1_000_000,
 		AuditInterval:        30 * time.Second,
+		FeedRetention:        24 * time.Hour,
+		FeedCap:              10_000_000,
+		FeedPruneInterval:    10 * time.Second,
 		RateBurst:            1000,
 		MaxInFlight:          10_000,
 		Now:                  time.Now,
@@ -220,6 +238,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("engine: request retention %s must be > 0 and request max keep %d >= 1", c.RequestRetention, c.RequestMaxKeep)
 	case c.AuditInterval <= 0:
 		return fmt.Errorf("engine: audit interval %s must be > 0", c.AuditInterval)
+	case c.FeedRetention <= 0 || c.FeedCap < 1 || c.FeedPruneInterval <= 0:
+		return fmt.Errorf("engine: event retention %s and prune interval %s must be > 0, event cap %d >= 1", c.FeedRetention, c.FeedPruneInterval, c.FeedCap)
 	case c.RateLimit < 0 || c.MaxInFlight < 0 || (c.RateLimit > 0 && c.RateBurst < 1):
 		return fmt.Errorf("engine: rate limit %g and max in flight %d must be >= 0, rate burst %d >= 1 with a rate", c.RateLimit, c.MaxInFlight, c.RateBurst)
 	}

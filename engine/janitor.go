@@ -27,7 +27,7 @@ func (e *Engine) runJanitor() {
 	defer e.wg.Done()
 	t := time.NewTicker(janitorTick)
 	defer t.Stop()
-	var lastSlow, lastPrune, lastAudit time.Time
+	var lastSlow, lastPrune, lastFeedPrune, lastAudit time.Time
 	reclaimTried := map[string]time.Time{}
 	for {
 		select {
@@ -53,6 +53,10 @@ func (e *Engine) runJanitor() {
 		if now.Sub(lastPrune) >= pruneInterval {
 			lastPrune = now
 			e.pruneRequests(now)
+		}
+		if now.Sub(lastFeedPrune) >= e.cfg.FeedPruneInterval {
+			lastFeedPrune = now
+			e.pruneFeed(now)
 		}
 		// Lease and membership duties need proposals; pace them slower.
 		if now.Sub(lastSlow) < min(e.cfg.LeaseIdleReturn/4, 250*time.Millisecond) {

@@ -33,6 +33,13 @@ type Ledger interface {
 	// PersistFailures counts failed writes of the ledger's file.
 	PersistFailures() uint64
 	SetObserver(o raftfsm.Observer)
+	// The order feed: pages of events after a cursor, a channel closed
+	// when new ones are published, its state, and lookups for retention.
+	ReadFeed(after raftfsm.Cursor, limit int) (raftfsm.FeedPage, error)
+	FeedChanged() <-chan struct{}
+	FeedStats() (raftfsm.FeedStats, error)
+	FeedEvent(seq uint64) (raftfsm.FeedEvent, bool, error)
+	FeedCursorBefore(atUnixNano int64) (raftfsm.Cursor, bool, error)
 }
 
 var _ Ledger = (*raftfsm.Ledger)(nil)

@@ -36,6 +36,8 @@ type Metrics struct {
 	leaseGivenBack   atomic.Uint64 // units returned because another node wanted them
 	takeSplits       atomic.Uint64 // batches the leader refused as too large or malformed, split
 	holdsExpired     atomic.Uint64
+	feedUnreadPruned atomic.Uint64 // feed events pruned at the cap before a consumer acknowledged them
+	feedAtCap        atomic.Bool   // the last prune cut into a consumer's unacknowledged events
 
 	driftMu sync.Mutex
 	drift   map[string]int64 // sku -> units of drift found by the last audit
@@ -108,6 +110,10 @@ type Snapshot struct {
 	TakeSplits       uint64
 	CommitBlocked    bool
 	HoldsExpired     uint64
+	// FeedUnreadPruned counts feed events pruned at the cap before a
+	// consumer acknowledged them; FeedAtCap: the last prune did so.
+	FeedUnreadPruned uint64
+	FeedAtCap        bool
 	AuditDrift       map[string]int64 // units, per sku, from the last periodic audit
 	BatchSizeBounds  []float64
 	BatchSizeCounts  []uint64 // per bucket of BatchSizeBounds, then +Inf
@@ -172,6 +178,8 @@ func (m *Metrics) snapshot() Snapshot {
 		LeaseGivenBack:   m.leaseGivenBack.Load(),
 		TakeSplits:       m.takeSplits.Load(),
 		HoldsExpired:     m.holdsExpired.Load(),
+		FeedUnreadPruned: m.feedUnreadPruned.Load(),
+		FeedAtCap:        m.feedAtCap.Load(),
 		BatchSizeBounds:  batchSizeBounds[:],
 		BatchSizeCounts:  make([]uint64, len(m.takeBatchSizes)),
 		CommitBounds:     commitSecondsBounds[:],

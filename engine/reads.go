@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 
 	"stockd/raftfsm"
 )
@@ -90,10 +91,22 @@ type LocalAudit struct {
 // Ledger types the engine's callers see, so that they need not import
 // raftfsm.
 type (
-	Order  = raftfsm.Order
-	Audit  = raftfsm.Audit
-	SKURow = raftfsm.SKU
+	Order     = raftfsm.Order
+	Audit     = raftfsm.Audit
+	SKURow    = raftfsm.SKU
+	Cursor    = raftfsm.Cursor
+	FeedEvent = raftfsm.FeedEvent
+	FeedPage  = raftfsm.FeedPage
 )
+
+// ParseCursor reads a feed cursor's wire form ("" and "0": the start).
+func ParseCursor(s string) (Cursor, error) {
+	c, err := raftfsm.ParseCursor(s)
+	if err != nil {
+		return c, fmt.Errorf("%w: %w", ErrBadCursor, err)
+	}
+	return c, nil
+}
 
 // NodeAddrs returns the HTTP addresses nodes registered in the ledger.
 func (e *Engine) NodeAddrs() map[string]string { return e.ledger.NodeAddrs() }

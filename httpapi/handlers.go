@@ -113,8 +113,10 @@ func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
 		f(fasthttp.StatusConflict, "expired")
 	case errors.Is(err, engine.ErrInvalidState):
 		f(fasthttp.StatusConflict, "invalid_state")
-	case errors.Is(err, engine.ErrInvalid):
+	case errors.Is(err, engine.ErrInvalid), errors.Is(err, engine.ErrBadCursor):
 		f(fasthttp.StatusBadRequest, "bad_request")
+	case errors.Is(err, engine.ErrCursorExpired):
+		f(fasthttp.StatusGone, "cursor_expired")
 	case errors.Is(err, engine.ErrOutcomeUnknown):
 		f(fasthttp.StatusGatewayTimeout, "outcome_unknown")
 	default:

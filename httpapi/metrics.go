@@ -105,6 +105,17 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 			}
 		}
 	}
+	if v, err := s.engine.Feed(); err == nil {
+		metrics.WriteGaugeUint64(&w, "stockd_feed_head_sequence", v.Head.Seq)
+		metrics.WriteGaugeUint64(&w, "stockd_feed_retained_events", v.Retained)
+		metrics.WriteGaugeUint64(&w, "stockd_feed_cap_events", v.Cap)
+		for _, c := range v.Consumers {
+			metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_feed_consumer_lag_events{consumer=%q}`, c.Name), c.LagEvents)
+			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_feed_consumer_lag_seconds{consumer=%q}`, c.Name), c.LagSeconds)
+		}
+	}
+	metrics.WriteCounterUint64(&w, "stockd_feed_unacknowledged_pruned_events_total", m.FeedUnreadPruned)
+	metrics.WriteGaugeUint64(&w, "stockd_feed_at_cap", boolGauge(m.FeedAtCap))
 	metrics.WriteProcessMetrics(&w)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/plain; version=0.0.4")

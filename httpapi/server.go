@@ -56,6 +56,11 @@ type Engine interface {
 	// WaitApplied blocks until it reaches index or ctx ends.
 	AppliedIndex() uint64
 	WaitApplied(ctx context.Context, index uint64) error
+	// The order feed.
+	Events(ctx context.Context, after engine.Cursor, limit int, wait time.Duration) (engine.FeedPage, error)
+	Feed() (engine.FeedView, error)
+	AckConsumer(name string, c engine.Cursor) error
+	DropConsumer(name string) error
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
@@ -204,6 +209,7 @@ var (
 	pathV1SKUs         = []byte("/v1/skus/")
 	pathV1Orders       = []byte("/v1/orders/")
 	pathV1ClusterNodes = []byte("/v1/cluster/nodes/")
+	pathV1Consumers    = []byte("/v1/consumers/")
 	pathInternal       = []byte("/internal/v1/")
 	pathDebugPprof     = []byte("/debug/pprof/")
 	suffixDeduct       = []byte("/deduct")
@@ -228,6 +234,16 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.routeSKU(ctx, method, path[len(pathV1SKUs):])
 	case bytes.HasPrefix(path, pathV1Orders):
 		s.routeOrder(ctx, method, path[len(pathV1Orders):])
+	case string(path) == "/v1/events":
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
+			s.handleEvents(ctx)
+		}
+	case string(path) == "/v1/consumers":
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
+			s.handleConsumers(ctx)
+		}
+	case bytes.HasPrefix(path, pathV1Consumers):
+		s.routeConsumer(ctx, method, path[len(pathV1Consumers):])
 	case string(path) == "/v1/cluster":
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleCluster(ctx)

@@ -35,7 +35,11 @@ type Config struct {
 	// DrainTimeout bounds Stop: in-flight requests, queued takes and
 	// lease returns get this long; then the stores close regardless.
 	DrainTimeout time.Duration
-	Logger       *slog.Logger
+	// NoOrderFeed stops recording the order feed (GET /v1/events then
+	// answers 503). For measuring what the feed costs: every node of a
+	// cluster must run with the same setting from its first start.
+	NoOrderFeed bool
+	Logger      *slog.Logger
 	Version      string
 
 	HTTP   httpapi.Config
@@ -169,6 +173,8 @@ func Start(cfg Config) (*Node, error) {
 		httpLn.Close()
 		return nil, err
 	}
+	ledger.SetFeed(!cfg.NoOrderFeed)
+	cfg.Engine.FeedOff = cfg.NoOrderFeed
 	n := &Node{cfg: cfg, logger: logger, ledger: ledger}
 	fail := func(err error) (*Node, error) {
 		httpLn.Close()

@@ -601,8 +601,5 @@ func (l *Ledger) FeedCursorBefore(atUnixNano int64) (Cursor, bool, error) {
 	return best, found, nil
 }
 
-// FeedCursorAt is the cursor of event seq, if the feed still holds it.
-func (l *Ledger) FeedCursorAt(seq uint64) (Cursor, bool, error) {
-	e, ok, err := l.event(seq)
-	return e.Cursor(), ok, err
-}
+// FeedEvent reads event seq, if the feed still holds it.
+func (l *Ledger) FeedEvent(seq uint64) (FeedEvent, bool, error) { return l.event(seq) }

@@ -267,7 +267,7 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	if _, ok, _ := l2.FeedCursorAt(8); ok {
+	if _, ok, _ := l2.FeedEvent(8); ok {
 		t.Fatal("a pruned event is still in the file")
 	}
 	if _, err := l2.ReadFeed(c5, 10); !errors.Is(err, ErrCursorExpired) {

@@ -443,7 +443,8 @@ func (m *ledgerMachine) PruneFeed(t *rapid.T) {
 		t.Skip("no events")
 	}
 	seq := rapid.Uint64Range(1, m.feed.last.Seq).Draw(t, "through")
-	c, ok, err := m.tl.l.FeedCursorAt(seq)
+	e, ok, err := m.tl.l.FeedEvent(seq)
+	c := e.Cursor()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,493 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/node"
+)
+
+// feedEvent is one event of GET /v1/events as a consumer reads it.
+type feedEvent struct {
+	Cursor  string `json:"cursor"`
+	Type    string `json:"type"`
+	OrderID string `json:"order_id"`
+	SKU     string `json:"sku"`
+	Qty     int64  `json:"qty"`
+	State   string `json:"state"`
+	Reason  string `json:"reason"`
+}
+
+type feedPage struct {
+	Events     []feedEvent `json:"events"`
+	Next       string      `json:"next"`
+	Head       string      `json:"head"`
+	NodeBehind bool        `json:"node_behind"`
+}
+
+// feedSeq is the sequence part of a cursor "<index>-<seq>".
+func feedSeq(t *testing.T, cursor string) (index, seq uint64) {
+	t.Helper()
+	i, s, ok := strings.Cut(cursor, "-")
+	if !ok {
+		t.Fatalf("cursor %q is not <index>-<seq>", cursor)
+	}
+	index, err1 := strconv.ParseUint(i, 10, 64)
+	seq, err2 := strconv.ParseUint(s, 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("cursor %q is not <index>-<seq>", cursor)
+	}
+	return index, seq
+}
+
+// readEvents is one GET /v1/events; code 0: the node did not answer.
+func readEvents(c *fasthttp.HostClient, after string, limit int, wait time.Duration) (int, feedPage, string) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(fmt.Sprintf("http://%s/v1/events?after=%s&limit=%d&wait=%s", c.Addr, after, limit, wait))
+	if err := c.DoTimeout(req, resp, wait+5*time.Second); err != nil {
+		return 0, feedPage{}, err.Error()
+	}
+	var p feedPage
+	if resp.StatusCode() == 200 {
+		if err := jsonUnmarshal(resp.Body(), &p); err != nil {
+			return 0, p, err.Error()
+		}
+	}
+	return resp.StatusCode(), p, string(resp.Body())
+}
+
+// feedConsumer is what a shop's order service does with the feed: it
+// reads pages after its cursor from one node, moves to the next node when
+// that one stops answering, acknowledges each page, and keeps its own
+// tally of held and sold units.
+type feedConsumer struct {
+	t    *testing.T
+	c    *testCluster
+	name string
+
+	mu     sync.Mutex
+	cursor string
+	node   int // index into c.ids of the node it reads from
+	seen   map[uint64]feedEvent
+	last   [2]uint64 // index and seq of the last event
+	orders map[string]feedEvent
+	held   map[string]int64
+	sold   map[string]int64
+	moves  int
+	// readElsewhere counts events read after the first move.
+	readElsewhere int
+}
+
+func newFeedConsumer(t *testing.T, c *testCluster, name string, startNode int) *feedConsumer {
+	return &feedConsumer{t: t, c: c, name: name, cursor: "0", node: startNode, seen: map[uint64]feedEvent{},
+		orders: map[string]feedEvent{}, held: map[string]int64{}, sold: map[string]int64{}}
+}
+
+func (f *feedConsumer) reading() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.c.ids[f.node]
+}
+
+// step reads one page (long-polling briefly) and acknowledges it. It
+// returns the number of events read.
+func (f *feedConsumer) step() int {
+	f.mu.Lock()
+	id, after := f.c.ids[f.node], f.cursor
+	f.mu.Unlock()
+	cl := f.c.client(id)
+	code := 0
+	var page feedPage
+	var body string
+	if cl != nil {
+		code, page, body = readEvents(cl, after, 97, 200*time.Millisecond)
+	}
+	if code != 200 {
+		if code != 0 && code != 503 {
+			f.t.Errorf("consumer %s: read after %s from %s: %d %s", f.name, after, id, code, body)
+		}
+		f.mu.Lock()
+		f.node = (f.node + 1) % len(f.c.ids)
+		f.moves++
+		f.mu.Unlock()
+		f.t.Logf("consumer %s: %s did not answer (%d); reading from %s after %s", f.name, id, code, f.reading(), after)
+		return 0
+	}
+	f.mu.Lock()
+	for _, e := range page.Events {
+		f.add(e)
+	}
+	if f.moves > 0 {
+		f.readElsewhere += len(page.Events)
+	}
+	f.cursor = page.Next
+	cursor := f.cursor
+	f.mu.Unlock()
+	if len(page.Events) > 0 {
+		// Acknowledged through whichever node answers (followers relay).
+		for attempt := 0; attempt < len(f.c.ids); attempt++ {
+			if ac := f.c.client(f.c.ids[(f.node+attempt)%len(f.c.ids)]); ac != nil {
+				if code, _ := callQuiet(ac, "PUT", "/v1/consumers/"+f.name, `{"cursor":"`+cursor+`"}`); code == 200 {
+					break
+				}
+			}
+		}
+	}
+	return len(page.Events)
+}
+
+// add takes one event into the tally; the caller holds f.mu.
+func (f *feedConsumer) add(e feedEvent) {
+	t := f.t
+	index, seq := feedSeq(t, e.Cursor)
+	if _, dup := f.seen[seq]; dup {
+		t.Errorf("event %s seen twice", e.Cursor)
+		return
+	}
+	if seq != f.last[1]+1 || index < f.last[0] {
+		t.Errorf("event %s after %d-%d: not the next in log order", e.Cursor, f.last[0], f.last[1])
+	}
+	f.seen[seq], f.last = e, [2]uint64{index, seq}
+	prior, known := f.orders[e.OrderID]
+	switch e.Type {
+	case "order_created":
+		if known {
+			t.Errorf("order %s created twice", e.OrderID)
+		}
+		switch e.State {
+		case "held":
+			f.held[e.SKU] += e.Qty
+		case "sold":
+			f.sold[e.SKU] += e.Qty
+		}
+		f.orders[e.OrderID] = e
+	case "order_confirmed":
+		if !known || prior.State != "held" {
+			t.Errorf("order %s confirmed from state %q", e.OrderID, prior.State)
+		}
+		f.held[e.SKU] -= e.Qty
+		f.sold[e.SKU] += e.Qty
+		f.orders[e.OrderID] = e
+	case "order_released":
+		if known {
+			if prior.State != "held" {
+				t.Errorf("order %s released from state %q", e.OrderID, prior.State)
+			}
+			f.held[e.SKU] -= e.Qty
+			f.orders[e.OrderID] = e
+		}
+	default:
+		t.Errorf("event %s of type %q", e.Cursor, e.Type)
+	}
+}
+
+// TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies runs a sale with
+// holds (some confirmed, some cancelled, some left to expire) over three
+// nodes while a consumer reads the order feed from one of them; that node
+// is killed mid-sale and the consumer goes on from its cursor on another.
+// At the end the consumer has seen every event once, in log order, and its
+// tally of held and sold units is the ledger's.
+func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
+	const units, holdTTL = 240, 1500 * time.Millisecond
+	c := startTestCluster(t)
+	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/feed", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitForSaleEverywhere(t, c, "feed")
+
+	// The consumer reads from a follower.
+	start := 0
+	for i, id := range c.ids {
+		if id != c.leader() {
+			start = i
+			break
+		}
+	}
+	cons := newFeedConsumer(t, c, "shop", start)
+	stop := make(chan struct{})
+	consumerDone := make(chan struct{})
+	go func() {
+		defer close(consumerDone)
+		for i := 0; i < 20000; i++ { // bounded; ends when told and caught up
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cons.step()
+		}
+	}()
+
+	// Buyers hold units; half confirm, a quarter cancel, a quarter let the
+	// hold expire.
+	var confirmed, cancelled atomic.Int64
+	settle := func(wave map[int]buyerResult) {
+		var wg sync.WaitGroup
+		i := 0
+		for _, r := range wave {
+			if r.code != 200 {
+				continue
+			}
+			i++
+			op := ""
+			switch i % 4 {
+			case 0, 1:
+				op = "confirm"
+			case 2:
+				op = "cancel"
+			default:
+				continue // left to expire
+			}
+			wg.Add(1)
+			go func(order, op string, n int) {
+				defer wg.Done()
+				for attempt := 0; attempt < 40; attempt++ {
+					cl := c.client(c.ids[(n+attempt)%len(c.ids)])
+					if cl == nil {
+						continue
+					}
+					code, _ := callQuiet(cl, "POST", "/v1/orders/"+order+"/"+op, "")
+					if code == 200 {
+						if op == "confirm" {
+							confirmed.Add(1)
+						} else {
+							cancelled.Add(1)
+						}
+						return
+					}
+					if code == 409 {
+						return // expired first
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}(r.order, op, i)
+		}
+		wg.Wait()
+	}
+	first := buyWave(c, "feed", 0, 160, 12, nil)
+	settle(first)
+
+	// Kill the node the consumer reads from, mid-sale.
+	victim := cons.reading()
+	waitFor(t, 20*time.Second, "the consumer to read part of the sale", func() bool {
+		cons.mu.Lock()
+		defer cons.mu.Unlock()
+		return len(cons.seen) > 50
+	})
+	t.Logf("crashing %s, which the consumer reads from", victim)
+	c.crash(victim)
+	second := buyWave(c, "feed", 1000, 1200, 12, nil)
+	settle(second)
+	// The victim stays down until the consumer has gone on elsewhere.
+	waitFor(t, 30*time.Second, "the consumer to read on from another node", func() bool {
+		cons.mu.Lock()
+		defer cons.mu.Unlock()
+		return cons.moves > 0 && cons.readElsewhere > 0
+	})
+	third := buyWave(c, "feed", 2000, 2200, 12, nil)
+	settle(third)
+	c.start(victim, nil)
+	waitReady(t, c)
+
+	// Every hold left to expire expires; then the consumer catches up.
+	waitFor(t, 30*time.Second, "every hold confirmed, cancelled or expired", func() bool {
+		_, a := call(t, c.client(c.ids[0]), "GET", "/v1/skus/feed/audit", "")
+		return a["held"] == 0.0
+	})
+	acked := ackedOrders(t, first, second, third)
+	a := checkClusterLedgers(t, c, "feed", nil) // released orders are neither sold nor held
+	var head string
+	waitFor(t, 10*time.Second, "the feed's head", func() bool {
+		code, p, _ := readEvents(c.client(c.ids[0]), "0", 1, 0)
+		head = p.Head
+		return code == 200 && head != "0"
+	})
+	_, headSeq := feedSeq(t, head)
+	waitFor(t, 30*time.Second, "the consumer to reach the head", func() bool {
+		cons.mu.Lock()
+		defer cons.mu.Unlock()
+		return cons.last[1] >= headSeq
+	})
+	close(stop)
+	<-consumerDone
+
+	cons.mu.Lock()
+	defer cons.mu.Unlock()
+	if cons.moves == 0 {
+		t.Fatal("the consumer never moved to another node")
+	}
+	if uint64(len(cons.seen)) != headSeq {
+		t.Fatalf("the consumer saw %d events; the feed's head is %d", len(cons.seen), headSeq)
+	}
+	if cons.held["feed"] != int64(a["held"].(float64)) || cons.sold["feed"] != int64(a["sold"].(float64)) {
+		t.Fatalf("the consumer's tally: held %d sold %d; the ledger: held %v sold %v", cons.held["feed"], cons.sold["feed"], a["held"], a["sold"])
+	}
+	// Every acknowledged order has its creation in the feed.
+	for o := range acked {
+		if e, ok := cons.orders[o]; !ok {
+			t.Fatalf("acknowledged order %s has no events", o)
+		} else if e.Type == "order_created" && e.State != "held" {
+			t.Fatalf("order %s created %s in a sale with holds", o, e.State)
+		}
+	}
+	if cons.sold["feed"] != confirmed.Load() {
+		t.Fatalf("%d orders confirmed, the feed sold %d", confirmed.Load(), cons.sold["feed"])
+	}
+	t.Logf("%d events, %d of them read after the consumer's node died; consumer moved %d times; %d confirmed, %d cancelled, sold %d", len(cons.seen), cons.readElsewhere, cons.moves, confirmed.Load(), cancelled.Load(), cons.sold["feed"])
+
+	// The consumer's acknowledged cursor is replicated: every node reports it.
+	for _, id := range c.ids {
+		waitFor(t, 10*time.Second, id+" to report the consumer's cursor", func() bool {
+			_, out := call(t, c.client(id), "GET", "/v1/consumers", "")
+			cs, _ := out["consumers"].([]any)
+			return len(cs) == 1 && cs[0].(map[string]any)["cursor"] == cons.cursor && cs[0].(map[string]any)["lag_events"] == 0.0
+		})
+	}
+}
+
+// logBuffer collects a node's log lines for a test to look at.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// metricFloat reads one series of a node's /metrics as a number.
+func metricFloat(t *testing.T, c *fasthttp.HostClient, name string) float64 {
+	t.Helper()
+	v := metricValue(t, c, name)
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("metric %s: %q", name, v)
+	}
+	return f
+}
+
+// TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther: events older
+// than the retention stay while a consumer has not acknowledged them, up
+// to the cap; beyond it the oldest go with a warning and a metric, and a
+// cursor older than what is kept gets 410.
+func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
+	const eventCap = 50
+	logs := &logBuffer{}
+	cfg := testNodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg.Engine.FeedRetention = time.Millisecond // only the consumer holds events
+	cfg.Engine.FeedCap = eventCap
+	cfg.Engine.FeedPruneInterval = 20 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n, err := node.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop(context.Background()) })
+	cl := clientOf(n, 4)
+	waitFor(t, 10*time.Second, "node ready", func() bool { code, _ := call(t, cl, "GET", "/readyz", ""); return code == 200 })
+	if code, body := call(t, cl, "PUT", "/v1/skus/cap", `{"total":1000}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	buy := func(from, to int) {
+		for b := from; b < to; b++ {
+			if code, body := call(t, cl, "POST", "/v1/skus/cap/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)); code != 200 {
+				t.Fatalf("deduct %d: %d %v", b, code, body)
+			}
+		}
+	}
+	// The consumer registers before the sale: it holds every event.
+	if code, body := call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"0"}`); code != 200 {
+		t.Fatalf("register: %d %v", code, body)
+	}
+	buy(0, 10)
+	code, page, _ := readEvents(cl, "0", 100, 0)
+	if code != 200 || len(page.Events) != 10 {
+		t.Fatalf("first read: %d, %d events", code, len(page.Events))
+	}
+	slow := page.Events[9].Cursor // the consumer acknowledges 10 events, then stops
+	if code, body := call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"`+slow+`"}`); code != 200 {
+		t.Fatalf("ack: %d %v", code, body)
+	}
+	buy(10, 30)
+	consumers := func() map[string]any {
+		_, out := call(t, cl, "GET", "/v1/consumers", "")
+		return out
+	}
+	// The leader prunes what the consumer acknowledged, and no further.
+	waitFor(t, 10*time.Second, "pruning up to the consumer's cursor", func() bool { return consumers()["floor"] == slow })
+	if out := consumers(); out["retained_events"] != 20.0 {
+		t.Fatalf("after pruning to the consumer: %v", out)
+	}
+	if v := metricFloat(t, cl, "stockd_feed_unacknowledged_pruned_events_total"); v != 0 {
+		t.Fatalf("%v unacknowledged events pruned below the cap", v)
+	}
+
+	// Past the cap the oldest events go even though the consumer has not
+	// read them.
+	buy(30, 90)
+	waitFor(t, 10*time.Second, "pruning down to the cap", func() bool { return consumers()["retained_events"] == float64(eventCap) })
+	out := consumers()
+	if _, floor := feedSeq(t, out["floor"].(string)); floor != 90-eventCap {
+		t.Fatalf("floor %v, want event %d", out["floor"], 90-eventCap)
+	}
+	lag := out["consumers"].([]any)[0].(map[string]any)
+	if lag["cursor"] != slow || lag["lag_events"] != 80.0 {
+		t.Fatalf("the consumer's lag: %v", lag)
+	}
+	if v := metricFloat(t, cl, "stockd_feed_unacknowledged_pruned_events_total"); v != 90-eventCap-10 {
+		t.Fatalf("%v unacknowledged events pruned, want %d", v, 90-eventCap-10)
+	}
+	if v := metricFloat(t, cl, "stockd_feed_at_cap"); v != 1 {
+		t.Fatalf("stockd_feed_at_cap %v", v)
+	}
+	if v := metricFloat(t, cl, `stockd_feed_consumer_lag_events{consumer="slow"}`); v != 80 {
+		t.Fatalf("consumer lag metric %v", v)
+	}
+	if !strings.Contains(logs.String(), "order feed at its cap") || !strings.Contains(logs.String(), "consumer=slow") {
+		t.Fatalf("no warning naming the consumer in the log:\n%s", logs.String())
+	}
+
+	// The consumer's cursor is older than what is kept: 410, for reads and acks.
+	if code, _, body := readEvents(cl, slow, 10, 0); code != 410 || !strings.Contains(body, "cursor_expired") {
+		t.Fatalf("read after an expired cursor: %d %s", code, body)
+	}
+	if code, body := call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"`+slow+`"}`); code != 410 {
+		t.Fatalf("ack of an expired cursor: %d %v", code, body)
+	}
+	// From the start, a reader gets what is kept; bad cursors are 400.
+	code, page, _ = readEvents(cl, "0", 1000, 0)
+	if code != 200 || len(page.Events) != eventCap {
+		t.Fatalf("read from the start: %d, %d events", code, len(page.Events))
+	}
+	for _, bad := range []string{"x", "5", "1-0", page.Events[3].Cursor + "0"} {
+		if code, _, body := readEvents(cl, bad, 10, 0); code != 400 {
+			t.Fatalf("cursor %q: %d %s", bad, code, body)
+		}
+	}
+	// Dropping the consumer lets retention go back to time alone.
+	if code, body := call(t, cl, "DELETE", "/v1/consumers/slow", ""); code != 200 {
+		t.Fatalf("drop: %d %v", code, body)
+	}
+	waitFor(t, 10*time.Second, "time retention once the consumer is gone", func() bool { return consumers()["retained_events"] == 0.0 })
+	checkLedger(t, cl, "cap")
+}

@@ -1,0 +1,177 @@
+package httpapi
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/engine"
+)
+
+// The order feed's routes (DESIGN.md, "Orders flow out"): GET /v1/events,
+// GET /v1/consumers, PUT and DELETE /v1/consumers/{name}.
+
+// eventJSON is one event of GET /v1/events.
+type eventJSON struct {
+	Cursor    string `json:"cursor"`
+	Type      string `json:"type"`
+	OrderID   string `json:"order_id"`
+	SKU       string `json:"sku"`
+	User      string `json:"user"`
+	Qty       int64  `json:"qty"`
+	State     string `json:"state"`
+	RequestID string `json:"request_id,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	Node      string `json:"node,omitempty"`
+	At        string `json:"at"`
+	ExpiresAt string `json:"expires_at,omitempty"`
+}
+
+// eventsResponse is GET /v1/events: Next is the cursor to read after next
+// time (the last event's, or the one given when there were none).
+type eventsResponse struct {
+	Events []eventJSON `json:"events"`
+	Next   string      `json:"next"`
+	Head   string      `json:"head"`
+	// NodeBehind: the cursor lies beyond this node's log; it is catching up.
+	NodeBehind bool `json:"node_behind,omitempty"`
+}
+
+func stamp(unixNano int64) string {
+	if unixNano == 0 {
+		return ""
+	}
+	return time.Unix(0, unixNano).UTC().Format(time.RFC3339Nano)
+}
+
+// feedDefaultLimit is a read's page size when the caller gives none.
+const feedDefaultLimit = 100
+
+func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
+	args := ctx.QueryArgs()
+	after, err := engine.ParseCursor(string(args.Peek("after")))
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	limit := feedDefaultLimit
+	if v := args.Peek("limit"); len(v) > 0 {
+		n, err := strconv.Atoi(string(v))
+		if err != nil || n < 1 || n > engine.FeedLimitMax {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("limit must be from 1 to %d", engine.FeedLimitMax))
+			return
+		}
+		limit = n
+	}
+	var wait time.Duration
+	if v := args.Peek("wait"); len(v) > 0 {
+		wait, err = time.ParseDuration(string(v))
+		if err != nil || wait < 0 || wait > engine.FeedWaitMax {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("wait must be a duration from 0 to %s", engine.FeedWaitMax))
+			return
+		}
+	}
+	page, err := s.engine.Events(ctx, after, limit, wait)
+	if err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	out := eventsResponse{Events: make([]eventJSON, len(page.Events)), Next: after.String(), Head: page.Head.String(), NodeBehind: page.Behind}
+	for i := range page.Events {
+		e := &page.Events[i]
+		o := &e.Order
+		out.Events[i] = eventJSON{Cursor: e.Cursor().String(), Type: e.Type.String(), OrderID: o.ID, SKU: o.SKU, User: o.User,
+			Qty: o.Qty, State: string(o.State), RequestID: o.RequestID, Reason: o.ReleaseReason, Node: o.Node,
+			At: stamp(e.At), ExpiresAt: stamp(o.ExpiresAtUnixNano)}
+		out.Next = out.Events[i].Cursor
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// consumerJSON is one consumer of GET /v1/consumers.
+type consumerJSON struct {
+	Name       string  `json:"name"`
+	Cursor     string  `json:"cursor"`
+	AckedAt    string  `json:"acked_at"`
+	LagEvents  uint64  `json:"lag_events"`
+	LagSeconds float64 `json:"lag_seconds"`
+}
+
+// consumersResponse is GET /v1/consumers: the feed's state on this node
+// and every consumer's position.
+type consumersResponse struct {
+	Head             string         `json:"head"`
+	HeadAt           string         `json:"head_at,omitempty"`
+	Floor            string         `json:"floor"`
+	RetainedEvents   uint64         `json:"retained_events"`
+	CapEvents        uint64         `json:"cap_events"`
+	RetentionSeconds float64        `json:"retention_seconds"`
+	Consumers        []consumerJSON `json:"consumers"`
+}
+
+func (s *Server) handleConsumers(ctx *fasthttp.RequestCtx) {
+	v, err := s.engine.Feed()
+	if err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	out := consumersResponse{Head: v.Head.String(), Floor: v.Floor.String(), RetainedEvents: v.Retained,
+		CapEvents: v.Cap, RetentionSeconds: v.Retention.Seconds(), Consumers: make([]consumerJSON, 0, len(v.Consumers))}
+	if !v.HeadAt.IsZero() {
+		out.HeadAt = v.HeadAt.UTC().Format(time.RFC3339Nano)
+	}
+	for _, c := range v.Consumers {
+		out.Consumers = append(out.Consumers, consumerJSON{Name: c.Name, Cursor: c.Cursor.String(),
+			AckedAt: c.AckedAt.UTC().Format(time.RFC3339Nano), LagEvents: c.LagEvents, LagSeconds: c.LagSeconds})
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// routeConsumer serves PUT and DELETE /v1/consumers/{name} (admin; a
+// follower relays them to the leader).
+func (s *Server) routeConsumer(ctx *fasthttp.RequestCtx, method, name []byte) {
+	if string(method) != fasthttp.MethodPut && string(method) != fasthttp.MethodDelete {
+		ctx.Response.Header.Set("Allow", "PUT, DELETE")
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", "use PUT or DELETE")
+		return
+	}
+	if !s.admin(ctx) || s.relayed(ctx) {
+		return
+	}
+	if !validID(name) {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "a consumer name is 1 to 128 of a-z A-Z 0-9 . _ - :")
+		return
+	}
+	if string(method) == fasthttp.MethodDelete {
+		if err := s.engine.DropConsumer(string(name)); err != nil {
+			writeEngineError(ctx, err)
+			return
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]string{"name": string(name), "state": "dropped"})
+		s.markApplied(ctx)
+		return
+	}
+	var req struct {
+		Cursor *string `json:"cursor"`
+	}
+	if !decodeBody(ctx, &req) {
+		return
+	}
+	if req.Cursor == nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `the body needs "cursor": the last event the consumer has handled ("0": none yet)`)
+		return
+	}
+	c, err := engine.ParseCursor(*req.Cursor)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	if err := s.engine.AckConsumer(string(name), c); err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"name": string(name), "cursor": c.String()})
+	s.markApplied(ctx)
+}
