@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -490,4 +491,71 @@ func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "time retention once the consumer is gone", func() bool { return consumers()["retained_events"] == 0.0 })
 	checkLedger(t, cl, "cap")
+}
+
+// TestFeed_ExampleConsumerPrintsAndAcknowledges runs `stockd feed`, the
+// example consumer, against a node: it prints every event once as a JSON
+// line, acknowledges them, starts the next run where the last stopped, and
+// skips a node that does not answer.
+func TestFeed_ExampleConsumerPrintsAndAcknowledges(t *testing.T) {
+	n := startTestNode(t, t.TempDir())
+	cl := clientOf(n, 2)
+	if code, body := call(t, cl, "PUT", "/v1/skus/ex", `{"total":100}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	buy := func(from, to int) {
+		for b := from; b < to; b++ {
+			if code, body := call(t, cl, "POST", "/v1/skus/ex/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)); code != 200 {
+				t.Fatalf("deduct %d: %d %v", b, code, body)
+			}
+		}
+	}
+	// A dead node first: the consumer moves on to the live one.
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadURL := "http://" + dead.Addr().String()
+	dead.Close()
+	consume := func() []feedEvent {
+		t.Helper()
+		var out, errs bytes.Buffer
+		args := []string{"feed", "-target", deadURL + ",http://" + n.HTTPAddr(), "-consumer", "orders-svc", "-limit", "3", "-wait", "0s", "-exit-when-idle"}
+		if code := run(args, &out, &errs); code != 0 {
+			t.Fatalf("stockd feed exited %d: %s", code, errs.String())
+		}
+		var events []feedEvent
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var e feedEvent
+			if err := jsonUnmarshal([]byte(line), &e); err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			events = append(events, e)
+		}
+		return events
+	}
+	buy(0, 7)
+	first := consume()
+	if len(first) != 7 {
+		t.Fatalf("first run printed %d events, want 7", len(first))
+	}
+	for i, e := range first {
+		if _, seq := feedSeq(t, e.Cursor); seq != uint64(i+1) || e.Type != "order_created" || e.State != "sold" {
+			t.Fatalf("event %d: %+v", i, e)
+		}
+	}
+	buy(7, 10)
+	second := consume()
+	if len(second) != 3 || second[0].Cursor == first[6].Cursor {
+		t.Fatalf("second run printed %+v; it should start after the acknowledged cursor %s", second, first[6].Cursor)
+	}
+	_, out := call(t, cl, "GET", "/v1/consumers", "")
+	cs := out["consumers"].([]any)
+	if len(cs) != 1 || cs[0].(map[string]any)["cursor"] != second[2].Cursor {
+		t.Fatalf("consumers after two runs: %v", out)
+	}
+	checkLedger(t, cl, "ex")
 }

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"stockd/bench"
+	"stockd/feed"
 	"stockd/node"
 	"stockd/raftfsm"
 )
@@ -72,14 +73,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		return 0
+	case "feed":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := feed.Main(ctx, args, stdout, stderr); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			fmt.Fprintln(stderr, "stockd feed:", err)
+			return 1
+		}
+		return 0
 	case "version":
 		fmt.Fprintf(stdout, "stockd %s %s\n", version, runtime.Version())
 		return 0
 	case "help", "-h", "--help":
-		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd version\nstockd serve -h lists the flags.")
+		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd version\nstockd serve -h lists the flags.")
 		return 0
 	}
-	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, version)\n", cmd)
+	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, version)\n", cmd)
 	return 2
 }
 

@@ -40,7 +40,7 @@ type Config struct {
 	// cluster must run with the same setting from its first start.
 	NoOrderFeed bool
 	Logger      *slog.Logger
-	Version      string
+	Version     string
 
 	HTTP   httpapi.Config
 	Raft   raftfsm.Config
