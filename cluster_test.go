@@ -323,6 +323,7 @@ func checkClusterLedgers(t *testing.T, sc salesCluster, sku string, acked map[st
 		}
 	}
 	checkOrdersEverywhere(t, sc, acked)
+	checkFeedEverywhere(t, sc, sku, ref)
 	return ref
 }
 

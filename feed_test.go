@@ -81,19 +81,29 @@ type feedConsumer struct {
 	mu     sync.Mutex
 	cursor string
 	node   int // index into c.ids of the node it reads from
-	seen   map[uint64]feedEvent
-	last   [2]uint64 // index and seq of the last event
-	orders map[string]feedEvent
-	held   map[string]int64
-	sold   map[string]int64
-	moves  int
+	feedTally
+	moves int
 	// readElsewhere counts events read after the first move.
 	readElsewhere int
 }
 
+// feedTally is a consumer's own books: every event once, in log order,
+// and the held and sold units per SKU they add up to.
+type feedTally struct {
+	seen   map[uint64]feedEvent
+	list   []feedEvent
+	last   [2]uint64 // index and seq of the last event
+	orders map[string]feedEvent
+	held   map[string]int64
+	sold   map[string]int64
+}
+
+func newFeedTally() feedTally {
+	return feedTally{seen: map[uint64]feedEvent{}, orders: map[string]feedEvent{}, held: map[string]int64{}, sold: map[string]int64{}}
+}
+
 func newFeedConsumer(t *testing.T, c *testCluster, name string, startNode int) *feedConsumer {
-	return &feedConsumer{t: t, c: c, name: name, cursor: "0", node: startNode, seen: map[uint64]feedEvent{},
-		orders: map[string]feedEvent{}, held: map[string]int64{}, sold: map[string]int64{}}
+	return &feedConsumer{t: t, c: c, name: name, cursor: "0", node: startNode, feedTally: newFeedTally()}
 }
 
 func (f *feedConsumer) reading() string {
@@ -128,7 +138,7 @@ func (f *feedConsumer) step() int {
 	}
 	f.mu.Lock()
 	for _, e := range page.Events {
-		f.add(e)
+		f.add(f.t, e)
 	}
 	if f.moves > 0 {
 		f.readElsewhere += len(page.Events)
@@ -149,9 +159,8 @@ func (f *feedConsumer) step() int {
 	return len(page.Events)
 }
 
-// add takes one event into the tally; the caller holds f.mu.
-func (f *feedConsumer) add(e feedEvent) {
-	t := f.t
+// add takes one event into the tally.
+func (f *feedTally) add(t *testing.T, e feedEvent) {
 	index, seq := feedSeq(t, e.Cursor)
 	if _, dup := f.seen[seq]; dup {
 		t.Errorf("event %s seen twice", e.Cursor)
@@ -161,6 +170,7 @@ func (f *feedConsumer) add(e feedEvent) {
 		t.Errorf("event %s after %d-%d: not the next in log order", e.Cursor, f.last[0], f.last[1])
 	}
 	f.seen[seq], f.last = e, [2]uint64{index, seq}
+	f.list = append(f.list, e)
 	prior, known := f.orders[e.OrderID]
 	switch e.Type {
 	case "order_created":
@@ -558,4 +568,48 @@ func TestFeed_ExampleConsumerPrintsAndAcknowledges(t *testing.T) {
 		t.Fatalf("consumers after two runs: %v", out)
 	}
 	checkLedger(t, cl, "ex")
+}
+
+// checkFeedEverywhere reads the whole order feed from every node (which
+// have applied the same index) and fails unless every node serves the same
+// events, each once and in log order, and they tally to the sale's held
+// and sold units in audit.
+func checkFeedEverywhere(t *testing.T, sc salesCluster, sku string, audit map[string]any) {
+	t.Helper()
+	var ref []feedEvent
+	for i, id := range sc.nodeIDs() {
+		tally := newFeedTally()
+		after := "0"
+		for pages := 0; ; pages++ {
+			if pages > 10_000 {
+				t.Fatalf("%s: the feed does not end", id)
+			}
+			code, p, body := readEvents(sc.client(id), after, 1000, 0)
+			if code != 200 {
+				t.Fatalf("%s: read the feed after %s: %d %s", id, after, code, body)
+			}
+			if len(p.Events) == 0 {
+				break
+			}
+			for _, e := range p.Events {
+				tally.add(t, e)
+			}
+			after = p.Next
+		}
+		if held, sold := tally.held[sku], tally.sold[sku]; float64(held) != audit["held"] || float64(sold) != audit["sold"] {
+			t.Fatalf("%s: the feed tallies %s to held %d sold %d; the ledger holds %v sold %v", id, sku, held, sold, audit["held"], audit["sold"])
+		}
+		if i == 0 {
+			ref = tally.list
+			continue
+		}
+		if len(tally.list) != len(ref) {
+			t.Fatalf("%s serves %d feed events, %s %d", id, len(tally.list), sc.nodeIDs()[0], len(ref))
+		}
+		for k := range ref {
+			if tally.list[k] != ref[k] {
+				t.Fatalf("feed event %d differs: %s has %+v, %s %+v", k, id, tally.list[k], sc.nodeIDs()[0], ref[k])
+			}
+		}
+	}
 }
