@@ -358,6 +358,9 @@ func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 	}
 	t.Logf("%d events, %d of them read after the consumer's node died; consumer moved %d times; %d confirmed, %d cancelled, sold %d", len(cons.seen), cons.readElsewhere, cons.moves, confirmed.Load(), cancelled.Load(), cons.sold["feed"])
 
+	// The consumer reconciles its books with a node's order stream.
+	reconcile(t, c.client(victim), "feed", cons.orders, a)
+
 	// The consumer's acknowledged cursor is replicated: every node reports it.
 	for _, id := range c.ids {
 		waitFor(t, 10*time.Second, id+" to report the consumer's cursor", func() bool {
@@ -567,7 +570,13 @@ func TestFeed_ExampleConsumerPrintsAndAcknowledges(t *testing.T) {
 	if len(cs) != 1 || cs[0].(map[string]any)["cursor"] != second[2].Cursor {
 		t.Fatalf("consumers after two runs: %v", out)
 	}
-	checkLedger(t, cl, "ex")
+	reconcile(t, cl, "ex", nil, checkLedger(t, cl, "ex"))
+	if code, _ := call(t, cl, "GET", "/v1/skus/nope/orders", ""); code != 404 {
+		t.Fatalf("orders of an unknown sale: %d", code)
+	}
+	if code, _ := call(t, cl, "GET", "/v1/skus/ex/orders?state=lost", ""); code != 400 {
+		t.Fatalf("orders in a bad state: %d", code)
+	}
 }
 
 // checkFeedEverywhere reads the whole order feed from every node (which
@@ -611,5 +620,87 @@ func checkFeedEverywhere(t *testing.T, sc salesCluster, sku string, audit map[st
 				t.Fatalf("feed event %d differs: %s has %+v, %s %+v", k, id, tally.list[k], sc.nodeIDs()[0], ref[k])
 			}
 		}
+	}
+}
+
+// streamOrders reads GET /v1/skus/{sku}/orders?query: the orders, and the
+// stream's last line.
+func streamOrders(t *testing.T, c *fasthttp.HostClient, sku, query string) ([]map[string]any, map[string]any) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + "/v1/skus/" + sku + "/orders?" + query)
+	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode() != 200 {
+		t.Fatalf("orders of %s?%s: %d %s", sku, query, resp.StatusCode(), resp.Body())
+	}
+	lines := strings.Split(strings.TrimSpace(string(resp.Body())), "\n")
+	var orders []map[string]any
+	for _, line := range lines[:len(lines)-1] {
+		var o map[string]any
+		if err := jsonUnmarshal([]byte(line), &o); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		orders = append(orders, o)
+	}
+	var end map[string]any
+	if err := jsonUnmarshal([]byte(lines[len(lines)-1]), &end); err != nil || end["done"] != true {
+		t.Fatalf("last line %q: %v", lines[len(lines)-1], err)
+	}
+	if int(end["orders"].(float64)) != len(orders) {
+		t.Fatalf("the stream says %v orders, it held %d", end["orders"], len(orders))
+	}
+	return orders, end
+}
+
+// reconcile checks a consumer's books against a node's order stream: the
+// same orders in the same states, and the stream's units by state are the
+// ledger's held and sold.
+func reconcile(t *testing.T, c *fasthttp.HostClient, sku string, books map[string]feedEvent, audit map[string]any) {
+	t.Helper()
+	orders, end := streamOrders(t, c, sku, "")
+	units := map[string]float64{}
+	for _, o := range orders {
+		id, state := o["order_id"].(string), o["state"].(string)
+		units[state] += o["qty"].(float64)
+		if books != nil && books[id].State != state {
+			t.Fatalf("order %s: the stream says %s, the consumer's books %q", id, state, books[id].State)
+		}
+	}
+	if units["held"] != audit["held"] || units["sold"] != audit["sold"] {
+		t.Fatalf("the order stream of %s holds %v held and %v sold; the ledger %v and %v", sku, units["held"], units["sold"], audit["held"], audit["sold"])
+	}
+	if books != nil {
+		n := 0
+		for _, e := range books { // real orders only: a turned-down take never enters the books
+			if e.SKU == sku {
+				n++
+			}
+		}
+		if n != len(orders) {
+			t.Fatalf("the consumer's books hold %d orders of %s, the stream %d", n, sku, len(orders))
+		}
+	}
+	// Filtered by state, and resumed after an order id.
+	sold, _ := streamOrders(t, c, sku, "state=sold")
+	for _, o := range sold {
+		if o["state"] != "sold" {
+			t.Fatalf("state=sold streamed %v", o)
+		}
+	}
+	if float64(len(sold)) > units["sold"] {
+		t.Fatalf("%d sold orders for %v sold units", len(sold), units["sold"])
+	}
+	if len(orders) > 2 {
+		rest, _ := streamOrders(t, c, sku, "after="+orders[1]["order_id"].(string))
+		if len(rest) != len(orders)-2 || rest[0]["order_id"] != orders[2]["order_id"] {
+			t.Fatalf("resumed after the second order: %d orders from %v", len(rest), rest[0]["order_id"])
+		}
+	}
+	if end["feed_cursor"] == "0" || end["applied_index"].(float64) == 0 {
+		t.Fatalf("the stream's end line: %v", end)
 	}
 }

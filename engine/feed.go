@@ -188,3 +188,26 @@ func (e *Engine) pruneFeed(now time.Time) {
 	}
 	e.logger.Debug("pruned the order feed", "through", through.String(), "events", res.Qty)
 }
+
+// SaleOrders calls fn for every order of sku (in state, if set) whose id
+// sorts after after, in order id order, from one consistent state of this
+// node's ledger; it says which log index and feed cursor that state
+// reflects. For reconciliation: it scans every order of the ledger.
+func (e *Engine) SaleOrders(sku string, state string, after string, fn func(*Order) error) (OrdersSnapshot, error) {
+	switch raftfsm.OrderState(state) {
+	case "", raftfsm.OrderHeld, raftfsm.OrderSold, raftfsm.OrderReleased:
+	default:
+		return OrdersSnapshot{}, fmt.Errorf("%w: state %q is not held, sold or released", ErrInvalid, state)
+	}
+	if _, _, ok := e.ledger.SKU(sku); !ok {
+		return OrdersSnapshot{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	}
+	snap, err := e.ledger.SaleOrders(sku, raftfsm.OrderState(state), after, fn)
+	if err != nil && !errors.Is(err, ErrStreamStopped) {
+		return snap, fmt.Errorf("%w: read the orders of %q: %w", ErrUnavailable, sku, err)
+	}
+	return snap, err
+}
+
+// ErrStreamStopped is what a SaleOrders callback returns to stop early.
+var ErrStreamStopped = errors.New("stream stopped")

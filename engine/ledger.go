@@ -40,6 +40,7 @@ type Ledger interface {
 	FeedStats() (raftfsm.FeedStats, error)
 	FeedEvent(seq uint64) (raftfsm.FeedEvent, bool, error)
 	FeedCursorBefore(atUnixNano int64) (raftfsm.Cursor, bool, error)
+	SaleOrders(sku string, state raftfsm.OrderState, after string, fn func(*raftfsm.Order) error) (raftfsm.OrdersSnapshot, error)
 }
 
 var _ Ledger = (*raftfsm.Ledger)(nil)

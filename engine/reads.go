@@ -97,6 +97,8 @@ type (
 	Cursor    = raftfsm.Cursor
 	FeedEvent = raftfsm.FeedEvent
 	FeedPage  = raftfsm.FeedPage
+	// OrdersSnapshot says which state a SaleOrders read reflects.
+	OrdersSnapshot = raftfsm.OrdersSnapshot
 )
 
 // ParseCursor reads a feed cursor's wire form ("" and "0": the start).

@@ -1,6 +1,9 @@
 package httpapi
 
 import (
+	"bufio"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -174,4 +177,70 @@ func (s *Server) routeConsumer(ctx *fasthttp.RequestCtx, method, name []byte) {
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"name": string(name), "cursor": c.String()})
 	s.markApplied(ctx)
+}
+
+// ordersEnd is the last line of GET /v1/skus/{sku}/orders: a stream
+// without it was cut short (resume with after=<the last order id read>).
+type ordersEnd struct {
+	Done   bool   `json:"done"`
+	Orders int    `json:"orders"`
+	Error  string `json:"error,omitempty"`
+	// AppliedIndex and FeedCursor are the state the orders reflect: go on
+	// reading the feed after FeedCursor.
+	AppliedIndex uint64 `json:"applied_index"`
+	FeedCursor   string `json:"feed_cursor"`
+}
+
+// handleSaleOrders streams a sale's orders as NDJSON, for reconciliation:
+// one order per line (as GET /v1/orders/{id} shows it), in order id
+// order, then one ordersEnd line.
+func (s *Server) handleSaleOrders(ctx *fasthttp.RequestCtx, sku []byte) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	args := ctx.QueryArgs()
+	state, after := string(args.Peek("state")), string(args.Peek("after"))
+	switch state {
+	case "", "held", "sold", "released":
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "state must be held, sold or released")
+		return
+	}
+	if after != "" && !validID([]byte(after)) {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "after must be an order id")
+		return
+	}
+	if _, ok := s.engine.SKU(string(sku)); !ok {
+		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+		return
+	}
+	name := string(sku)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/x-ndjson")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		end := ordersEnd{}
+		snap, err := s.engine.SaleOrders(name, state, after, func(o *engine.Order) error {
+			b, err := json.Marshal(orderJSON(*o))
+			if err != nil {
+				return err
+			}
+			w.Write(b)
+			w.WriteByte('\n')
+			if end.Orders++; end.Orders%256 == 0 && w.Flush() != nil {
+				return engine.ErrStreamStopped // the client went away
+			}
+			return nil
+		})
+		if errors.Is(err, engine.ErrStreamStopped) {
+			return
+		}
+		end.Done, end.AppliedIndex, end.FeedCursor = err == nil, snap.Applied, snap.FeedCursor.String()
+		if err != nil {
+			end.Error = err.Error()
+		}
+		b, _ := json.Marshal(end)
+		w.Write(b)
+		w.WriteByte('\n')
+	})
 }

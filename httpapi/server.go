@@ -41,6 +41,7 @@ type Engine interface {
 	CreateSale(sku string, spec engine.SaleSpec) (bool, error)
 	Restock(sku string, qty int64) error
 	SKU(sku string) (engine.SKUView, bool)
+	SaleOrders(sku, state, after string, fn func(*engine.Order) error) (engine.OrdersSnapshot, error)
 	Order(id string) (engine.Order, bool, error)
 	Confirm(id string) (engine.Order, error)
 	Cancel(id string) (engine.Order, error)
@@ -215,6 +216,7 @@ var (
 	suffixDeduct       = []byte("/deduct")
 	suffixRestock      = []byte("/restock")
 	suffixAudit        = []byte("/audit")
+	suffixOrders       = []byte("/orders")
 	suffixConfirm      = []byte("/confirm")
 	suffixCancel       = []byte("/cancel")
 )
@@ -291,6 +293,10 @@ func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 	case bytes.HasSuffix(rest, suffixAudit):
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleAudit(ctx, rest[:len(rest)-len(suffixAudit)])
+		}
+	case bytes.HasSuffix(rest, suffixOrders):
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
+			s.handleSaleOrders(ctx, rest[:len(rest)-len(suffixOrders)])
 		}
 	case string(method) == fasthttp.MethodPut:
 		if s.admin(ctx) && !s.relayed(ctx) {

@@ -56,6 +56,9 @@ func (f *fakeEngine) WaitApplied(context.Context, uint64) error { return nil }
 func (f *fakeEngine) Events(context.Context, engine.Cursor, int, time.Duration) (engine.FeedPage, error) {
 	return engine.FeedPage{}, nil
 }
+func (f *fakeEngine) SaleOrders(string, string, string, func(*engine.Order) error) (engine.OrdersSnapshot, error) {
+	return engine.OrdersSnapshot{}, nil
+}
 func (f *fakeEngine) Feed() (engine.FeedView, error)          { return engine.FeedView{}, nil }
 func (f *fakeEngine) AckConsumer(string, engine.Cursor) error { return nil }
 func (f *fakeEngine) DropConsumer(string) error               { return nil }

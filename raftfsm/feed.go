@@ -603,3 +603,64 @@ func (l *Ledger) FeedCursorBefore(atUnixNano int64) (Cursor, bool, error) {
 
 // FeedEvent reads event seq, if the feed still holds it.
 func (l *Ledger) FeedEvent(seq uint64) (FeedEvent, bool, error) { return l.event(seq) }
+
+// OrdersSnapshot is where a reconciliation read of a sale's orders
+// stands: the orders as of log index Applied, which are the effects of
+// the feed's events up to FeedCursor. A consumer that reconciles from it
+// goes on reading the feed after FeedCursor.
+type OrdersSnapshot struct {
+	Applied    uint64
+	FeedCursor Cursor
+}
+
+// SaleOrders calls fn, in order id order, for every order of sku (in
+// state, if not empty) whose id sorts after after, from one consistent
+// state of the ledger file; fn returning an error stops the scan. It
+// writes pending changes first, and scans every order of the ledger (the
+// file has no per-sale index): a reconciliation read, not a hot path.
+func (l *Ledger) SaleOrders(sku string, state OrderState, after string, fn func(*Order) error) (OrdersSnapshot, error) {
+	if err := l.Flush(); err != nil {
+		return OrdersSnapshot{}, err
+	}
+	var snap OrdersSnapshot
+	err := l.view(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get(keyApplied); len(v) == 8 {
+			snap.Applied = binary.BigEndian.Uint64(v)
+		}
+		if v := meta.Get(keyFeedSeq); len(v) == 8 {
+			seq := binary.BigEndian.Uint64(v)
+			if ev := tx.Bucket(bucketEvents).Get(v); ev != nil {
+				if e, err := decodeFeedEvent(seq, ev); err == nil {
+					snap.FeedCursor = e.Cursor()
+				}
+			} else if fv := meta.Get(keyFeedFloor); fv != nil {
+				if c, err := decodeCursor(fv); err == nil && c.Seq == seq {
+					snap.FeedCursor = c // the newest event was pruned
+				}
+			}
+		}
+		cur := tx.Bucket(bucketOrders).Cursor()
+		k, v := cur.First()
+		if after != "" {
+			k, v = cur.Seek([]byte(after))
+			if k != nil && string(k) == after {
+				k, v = cur.Next()
+			}
+		}
+		for ; k != nil; k, v = cur.Next() {
+			o, err := decodeOrderRecord(string(k), v)
+			if err != nil {
+				return err
+			}
+			if o.SKU != sku || (state != "" && o.State != state) {
+				continue
+			}
+			if err := fn(&o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return snap, err
+}
