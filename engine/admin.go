@@ -58,6 +58,49 @@ func (e *Engine) Restock(sku string, qty int64) error {
 		return nil
 	case raftfsm.OutcomeUnknownSKU:
 		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	case raftfsm.OutcomeClosed:
+		return fmt.Errorf("%w: %q takes no restock", ErrSaleClosed, sku)
+	}
+	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+}
+
+// CloseSale stops a sale: new deducts get closed, every node's lease goes
+// back to available; held orders may still be confirmed until they
+// expire.
+func (e *Engine) CloseSale(sku string) error {
+	res, err := e.propose(&raftfsm.CloseSale{SKU: sku})
+	if err != nil {
+		return err
+	}
+	switch res.Outcome {
+	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
+		return nil
+	case raftfsm.OutcomeUnknownSKU:
+		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	}
+	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+}
+
+// ArchiveSale takes a closed sale's orders out of the ledger (its totals
+// stay): the leader then removes them in bounded steps, and every node
+// compacts its ledger file once they are gone.
+func (e *Engine) ArchiveSale(sku string) error {
+	res, err := e.propose(&raftfsm.ArchiveSale{SKU: sku})
+	if err != nil {
+		return err
+	}
+	switch res.Outcome {
+	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
+		e.wakePurge()
+		return nil
+	case raftfsm.OutcomeUnknownSKU:
+		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	case raftfsm.OutcomeNotClosed:
+		return fmt.Errorf("%w: %s", ErrNotClosed, res.Detail)
+	case raftfsm.OutcomeHoldsPending:
+		return fmt.Errorf("%w: %s", ErrHoldsPending, res.Detail)
+	case raftfsm.OutcomeUnconsumed:
+		return fmt.Errorf("%w: %s", ErrUnconsumed, res.Detail)
 	}
 	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
 }

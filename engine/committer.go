@@ -230,6 +230,10 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
 		r = DeductResult{Status: StatusUnavailable, Detail: "this node's lease was reclaimed; retry"}
 	case raftfsm.OutcomeUnknownSKU:
 		r = DeductResult{Status: StatusUnknownSKU}
+	case raftfsm.OutcomeClosed:
+		// The sale closed while the take was in flight: its lease went
+		// back to available, this unit with it.
+		r = DeductResult{Status: StatusClosed}
 	default:
 		e.logger.Error("BUG: ledger turned down a take as malformed", "order", p.entry.OrderID, "outcome", tr.Outcome)
 		e.putBack(s, p.hint, qty)

@@ -26,6 +26,13 @@ var (
 	ErrCursorExpired = errors.New("cursor older than the feed's retention")
 	// ErrBadCursor: the cursor names no event of the feed.
 	ErrBadCursor = errors.New("bad cursor")
+	// ErrSaleClosed: the sale was closed.
+	ErrSaleClosed = errors.New("sale closed")
+	// Archive refusals: the sale is open, has held units, or has events a
+	// consumer of the order feed has not acknowledged.
+	ErrNotClosed    = errors.New("sale not closed")
+	ErrHoldsPending = errors.New("units still held")
+	ErrUnconsumed   = errors.New("events not acknowledged by every consumer")
 	// ErrUnavailable: the ledger could not take the command (no leader, no
 	// quorum, shutting down); nothing was applied.
 	ErrUnavailable = errors.New("ledger unavailable")

@@ -23,13 +23,14 @@ const (
 	StatusOutcomeUnknown                   // the commit did not finish in time; retry with the same request id
 	StatusRateLimited                      // refused by admission control
 	StatusTryAgain                         // other nodes still hold units; none reached this node within LeaseWait
+	StatusClosed                           // the sale was closed
 )
 
 var statusNames = [...]string{
 	StatusOK: "ok", StatusAccepted: "accepted", StatusSoldOut: "sold_out", StatusUserLimit: "user_limit",
 	StatusNotStarted: "not_started", StatusUnknownSKU: "unknown_sku", StatusBadRequest: "bad_request",
 	StatusUnavailable: "unavailable", StatusOutcomeUnknown: "outcome_unknown", StatusRateLimited: "rate_limited",
-	StatusTryAgain: "try_again",
+	StatusTryAgain: "try_again", StatusClosed: "closed",
 }
 
 func (s Status) String() string {
@@ -43,7 +44,7 @@ func (s Status) String() string {
 func (s Status) Won() bool { return s == StatusOK || s == StatusAccepted }
 
 // statusCount sizes per-status counters.
-const statusCount = int(StatusTryAgain) + 1
+const statusCount = int(StatusClosed) + 1
 
 // DeductRequest is one buyer's attempt. The byte slices are only read during
 // Deduct and may be reused by the caller afterwards.
@@ -101,6 +102,10 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 	s := e.lookupSale(req.SKU)
 	if s == nil {
 		res.Status = StatusUnknownSKU
+		return nil
+	}
+	if s.closed.Load() {
+		res.Status = StatusClosed
 		return nil
 	}
 	if e.closing.Load() {
@@ -236,6 +241,10 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 		row, _, ok := e.ledger.SKU(s.sku)
 		if !ok {
 			res.Status = StatusUnknownSKU
+			return false
+		}
+		if row.Closed() {
+			res.Status = StatusClosed
 			return false
 		}
 		if row.Available+row.LeasedTotal() < req.Qty {

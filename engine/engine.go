@@ -33,6 +33,7 @@ type Engine struct {
 	forwardSlots chan struct{} // semaphore of Take proposals forwarded to a leader
 	refills      chan *sale
 	giveBacks    chan *sale
+	purgeWake    chan struct{} // an archive was applied: the leader takes its orders out
 
 	ignoreEventsUpTo atomic.Uint64 // events at or below this index are already in the buckets
 
@@ -83,6 +84,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		forwardSlots: make(chan struct{}, cfg.ForwardedInFlightMax),
 		refills:      make(chan *sale, MaxSKUs),
 		giveBacks:    make(chan *sale, MaxSKUs),
+		purgeWake:    make(chan struct{}, 1),
 		stop:         make(chan struct{}),
 		metrics:      newMetrics(),
 		admission:    newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
@@ -103,10 +105,11 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 // Call it once, before Close.
 func (e *Engine) Start(proposer Proposer) {
 	e.proposer = proposer
-	e.wg.Add(3)
+	e.wg.Add(4)
 	go e.runCommitter()
 	go e.runLeaser()
 	go e.runJanitor()
+	go e.runPurger()
 }
 
 func (e *Engine) nextOrderID() string { return e.orderIDs.next() }

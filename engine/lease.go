@@ -70,7 +70,7 @@ func (e *Engine) lease(s *sale) {
 		s.stockChanged.broadcast()
 	}()
 	row, _, ok := e.ledger.SKU(s.sku)
-	if !ok {
+	if !ok || row.Closed() {
 		return
 	}
 	demand := row.Available <= 0

@@ -32,6 +32,8 @@ type Ledger interface {
 	PersistLag() (entries uint64, changes int)
 	// PersistFailures counts failed writes of the ledger's file.
 	PersistFailures() uint64
+	// FileBytes is the ledger file's size on disk.
+	FileBytes() int64
 	SetObserver(o raftfsm.Observer)
 	// The order feed: pages of events after a cursor, a channel closed
 	// when new ones are published, its state, and lookups for retention.

@@ -112,6 +112,7 @@ type Snapshot struct {
 	HoldsExpired     uint64
 	// FeedUnreadPruned counts feed events pruned at the cap before a
 	// consumer acknowledged them; FeedAtCap: the last prune did so.
+	LedgerFileBytes  int64
 	FeedUnreadPruned uint64
 	FeedAtCap        bool
 	AuditDrift       map[string]int64 // units, per sku, from the last periodic audit
@@ -146,6 +147,7 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s.TakeQueueLength = len(e.takeQueue)
 	s.LedgerPersistLagEntries, s.LedgerPendingChanges = e.ledger.PersistLag()
 	s.LedgerPersistFailures = e.ledger.PersistFailures()
+	s.LedgerFileBytes = e.ledger.FileBytes()
 	s.CommitBlocked = e.commitBlocked.Load()
 	sales := *e.sales.Load()
 	s.BucketUnits = make(map[string]int64, len(sales))

@@ -18,6 +18,7 @@ const (
 	StateUpcoming = "upcoming"
 	StateOpen     = "open"
 	StateSoldOut  = "sold_out"
+	StateClosed   = "closed"
 )
 
 // SKU reads a sale from the local ledger.
@@ -28,6 +29,8 @@ func (e *Engine) SKU(sku string) (SKUView, bool) {
 	}
 	v := SKUView{Row: row, State: StateOpen}
 	switch {
+	case row.Closed():
+		v.State = StateClosed
 	case row.Remaining() <= 0:
 		v.State = StateSoldOut
 	case row.Config.StartAtUnixNano > e.cfg.Now().UnixNano():

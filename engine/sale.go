@@ -18,6 +18,7 @@ type sale struct {
 	holdTTL         time.Duration
 
 	soldOut       atomic.Bool  // no unit here and none available in the ledger
+	closed        atomic.Bool  // the sale was closed: no deduct may win
 	refillQueued  atomic.Bool  // a lease request is queued or in flight
 	giveQueued    atomic.Bool  // a give-back (another node wants units) is queued or in flight
 	lowWatermark  atomic.Int64 // refill when the buckets hold fewer units
@@ -42,6 +43,7 @@ func (e *Engine) rebuild() {
 	e.ignoreEventsUpTo.Store(applied)
 	for i := range rows {
 		s, _ := e.saleFor(&rows[i])
+		s.closed.Store(rows[i].Closed())
 		s.buckets.Drain()
 		if units := rows[i].Leased[e.cfg.NodeID] - s.takesInFlight.Load(); units > 0 {
 			s.buckets.Load(units)
@@ -70,6 +72,7 @@ func (e *Engine) saleFor(row *raftfsm.SKU) (*sale, bool) {
 		holdTTL:         time.Duration(row.Config.HoldTTLNanos),
 	}
 	s.lowWatermark.Store(1)
+	s.closed.Store(row.Closed())
 	next := make(map[string]*sale, len(old)+1)
 	for k, v := range old {
 		next[k] = v
@@ -155,6 +158,17 @@ func (e *Engine) Applied(events []raftfsm.Event) {
 			if s := e.lookupSale([]byte(ev.SKU)); s != nil {
 				e.requestGiveBack(s)
 			}
+		case raftfsm.EventSaleClosed:
+			s := e.lookupSale([]byte(ev.SKU))
+			if s == nil {
+				continue
+			}
+			// The ledger took every lease back: what the buckets hold is
+			// no longer this node's, and waiting buyers learn it is over.
+			s.closed.Store(true)
+			s.buckets.Drain()
+			s.stockChanged.broadcast()
+			e.logger.Info("sale closed", "sku", ev.SKU, "units_back", ev.Qty)
 		case raftfsm.EventReclaimed:
 			e.metrics.leaseReclaimed.Add(uint64(ev.Qty))
 			if ev.Node != e.cfg.NodeID {

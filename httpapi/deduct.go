@@ -16,6 +16,7 @@ var (
 	bodySoldOut     = precomputedError("sold_out", "no units left")
 	bodyUserLimit   = precomputedError("user_limit", "this user has bought the most units the sale allows")
 	bodyUnknownSKU  = precomputedError("unknown_sku", "no sale with this sku")
+	bodyClosed      = precomputedError("closed", "the sale is closed")
 	bodyRateLimited = precomputedError("rate_limited", "too many requests; retry after the given seconds")
 	bodyTryAgain    = precomputedError("try_again", "the last units are still held by other nodes; retry after the given seconds")
 	bodyBadJSON     = precomputedError("bad_request", `body must be a JSON object {"user": string, "qty": integer, "request_id": string}`)
@@ -153,6 +154,8 @@ func (s *Server) writeDeductResult(ctx *fasthttp.RequestCtx, sc *deductScratch) 
 		writeRaw(ctx, fasthttp.StatusConflict, bodyUserLimit)
 	case engine.StatusUnknownSKU:
 		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+	case engine.StatusClosed:
+		writeRaw(ctx, fasthttp.StatusConflict, bodyClosed)
 	case engine.StatusNotStarted:
 		left := time.Until(res.StartAt)
 		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(int64(left.Seconds())+1, 10))

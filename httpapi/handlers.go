@@ -34,6 +34,12 @@ type skuResponse struct {
 	StartsIn  int64  `json:"starts_in_ms,omitempty"`
 	PerUser   int64  `json:"per_user,omitempty"`
 	HoldTTL   string `json:"hold_ttl,omitempty"`
+	ClosedAt  string `json:"closed_at,omitempty"`
+	// Archived: the sale's orders are leaving (or have left, ArchiveDone)
+	// the ledger; ArchivedOrders have so far.
+	Archived       bool  `json:"archived,omitempty"`
+	ArchivedOrders int64 `json:"archived_orders,omitempty"`
+	ArchiveDone    bool  `json:"archive_done,omitempty"`
 	// Stale: this node cannot reach a leader now; the figures are its last
 	// applied state.
 	Stale bool `json:"stale,omitempty"`
@@ -55,7 +61,25 @@ func skuJSON(v engine.SKUView) skuResponse {
 	if r.Config.HoldTTLNanos != 0 {
 		out.HoldTTL = time.Duration(r.Config.HoldTTLNanos).String()
 	}
+	if r.Closed() {
+		out.ClosedAt = time.Unix(0, r.ClosedAtUnixNano).UTC().Format(time.RFC3339Nano)
+	}
+	out.Archived, out.ArchivedOrders, out.ArchiveDone = r.Archived, r.ArchivedOrders, r.PurgeDone
 	return out
+}
+
+// handleSaleCommand runs close or archive on a sale and answers its row.
+func (s *Server) handleSaleCommand(ctx *fasthttp.RequestCtx, sku []byte, run func(string) error) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	if err := run(string(sku)); err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	v, _ := s.engine.SKU(string(sku))
+	writeJSON(ctx, fasthttp.StatusOK, skuJSON(v))
 }
 
 // orderResponse is GET /v1/orders/{id}.
@@ -117,6 +141,14 @@ func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
 		f(fasthttp.StatusBadRequest, "bad_request")
 	case errors.Is(err, engine.ErrCursorExpired):
 		f(fasthttp.StatusGone, "cursor_expired")
+	case errors.Is(err, engine.ErrSaleClosed):
+		f(fasthttp.StatusConflict, "closed")
+	case errors.Is(err, engine.ErrNotClosed):
+		f(fasthttp.StatusConflict, "not_closed")
+	case errors.Is(err, engine.ErrHoldsPending):
+		f(fasthttp.StatusConflict, "holds_pending")
+	case errors.Is(err, engine.ErrUnconsumed):
+		f(fasthttp.StatusConflict, "unconsumed_events")
 	case errors.Is(err, engine.ErrOutcomeUnknown):
 		f(fasthttp.StatusGatewayTimeout, "outcome_unknown")
 	default:

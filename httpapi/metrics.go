@@ -77,6 +77,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteGaugeUint64(&w, "stockd_ledger_persist_lag_entries", m.LedgerPersistLagEntries)
 	metrics.WriteCounterUint64(&w, "stockd_ledger_persist_failures_total", m.LedgerPersistFailures)
 	metrics.WriteGaugeUint64(&w, "stockd_ledger_pending_changes", uint64(m.LedgerPendingChanges))
+	metrics.WriteGaugeUint64(&w, "stockd_ledger_file_bytes", uint64(max(m.LedgerFileBytes, 0)))
 	for _, sku := range slices.Sorted(maps.Keys(m.Tails)) {
 		tail := m.Tails[sku]
 		metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_tail_seconds{sku=%q}`, sku), tail.Length().Seconds())

@@ -40,6 +40,8 @@ type Engine interface {
 	Deduct(req *engine.DeductRequest, res *engine.DeductResult)
 	CreateSale(sku string, spec engine.SaleSpec) (bool, error)
 	Restock(sku string, qty int64) error
+	CloseSale(sku string) error
+	ArchiveSale(sku string) error
 	SKU(sku string) (engine.SKUView, bool)
 	SaleOrders(sku, state, after string, fn func(*engine.Order) error) (engine.OrdersSnapshot, error)
 	Order(id string) (engine.Order, bool, error)
@@ -217,6 +219,8 @@ var (
 	suffixRestock      = []byte("/restock")
 	suffixAudit        = []byte("/audit")
 	suffixOrders       = []byte("/orders")
+	suffixClose        = []byte("/close")
+	suffixArchive      = []byte("/archive")
 	suffixConfirm      = []byte("/confirm")
 	suffixCancel       = []byte("/cancel")
 )
@@ -293,6 +297,16 @@ func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 	case bytes.HasSuffix(rest, suffixAudit):
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleAudit(ctx, rest[:len(rest)-len(suffixAudit)])
+		}
+	case bytes.HasSuffix(rest, suffixClose):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
+			s.handleSaleCommand(ctx, rest[:len(rest)-len(suffixClose)], s.engine.CloseSale)
+			s.markApplied(ctx)
+		}
+	case bytes.HasSuffix(rest, suffixArchive):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
+			s.handleSaleCommand(ctx, rest[:len(rest)-len(suffixArchive)], s.engine.ArchiveSale)
+			s.markApplied(ctx)
 		}
 	case bytes.HasSuffix(rest, suffixOrders):
 		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {

@@ -33,11 +33,11 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic("BUG: ApplyBatch on a closed ledger")
 	}
 	if _, changes := bh.lag(); changes > pendingChangesMax {
-		l.waitForPersister(db, bh, changes)
+		l.waitForPersister(bh, changes)
 	}
 	bh.forgetPersisted()
 
-	a := applier{ledger: l, db: db, bh: bh, batch: map[string]map[string][]byte{}, touched: make(map[string]*SKU),
+	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, touched: make(map[string]*SKU),
 		requestChanges: map[string]requestChange{}, holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
 	defer a.closeTx()
@@ -53,6 +53,9 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		l.testHookAfterCommit()
 	}
 	a.publish(last)
+	if a.purgeDone {
+		l.compactAsync()
+	}
 	return results
 }
 
@@ -61,8 +64,8 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 // memory up to pendingChangesHardMax; there Apply waits for a write up to
 // persistStallMax and then stops the node: everything it applied is in
 // the raft log, which replays it at the next start.
-func (l *Ledger) waitForPersister(db *bolt.DB, bh *behind, changes int) {
-	err := bh.flush(db)
+func (l *Ledger) waitForPersister(bh *behind, changes int) {
+	err := bh.flush()
 	if err == nil || changes <= pendingChangesHardMax {
 		return
 	}
@@ -72,7 +75,7 @@ func (l *Ledger) waitForPersister(db *bolt.DB, bh *behind, changes int) {
 			panic(fmt.Sprintf("ledger %s: %d changes waiting and no write for %s: %v", l.path, changes, persistStallMax, err))
 		}
 		time.Sleep(backoff)
-		err = bh.flush(db)
+		err = bh.flush()
 	}
 }
 
@@ -151,7 +154,6 @@ func (a *applier) publish(last uint64) {
 // take on once the transaction has committed.
 type applier struct {
 	ledger  *Ledger
-	db      *bolt.DB
 	tx      *bolt.Tx // a read transaction, opened at the first read that pending cannot answer
 	bh      *behind
 	batch   map[string]map[string][]byte // this batch's changes: bucket -> key -> value (nil: deleted)
@@ -160,6 +162,9 @@ type applier struct {
 	touched map[string]*SKU
 	events  []Event
 	feed    feedBatch
+	// purgeDone: an archived sale's last orders left in this batch (the
+	// file may then be compacted).
+	purgeDone bool
 
 	requestChanges map[string]requestChange // request id -> its order, or a deletion
 	requestDelta   int64                    // request ids added less those deleted by this batch
@@ -186,7 +191,7 @@ func (a *applier) get(bucket, key []byte) ([]byte, error) {
 
 func (a *applier) readTx() (*bolt.Tx, error) {
 	if a.tx == nil {
-		tx, err := a.db.Begin(false)
+		tx, err := a.ledger.beginRead()
 		if err != nil {
 			return nil, fmt.Errorf("read ledger: %w", err)
 		}
@@ -295,6 +300,12 @@ func (a *applier) apply(c Command) (*Result, error) {
 		return a.ackConsumer(c)
 	case *PruneEvents:
 		return a.pruneEvents(c)
+	case *CloseSale:
+		return a.closeSale(c), nil
+	case *ArchiveSale:
+		return a.archiveSale(c), nil
+	case *PurgeArchived:
+		return a.purgeArchived(c)
 	}
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }
@@ -327,6 +338,9 @@ func (a *applier) restock(c *Restock) *Result {
 	if s == nil {
 		return &Result{Outcome: OutcomeUnknownSKU}
 	}
+	if s.Closed() {
+		return &Result{Outcome: OutcomeClosed}
+	}
 	s.Total += c.Qty
 	s.Available += c.Qty
 	a.event(Event{Kind: EventStockChanged, SKU: c.SKU, Qty: c.Qty})
@@ -340,6 +354,9 @@ func (a *applier) lease(c *Lease) *Result {
 	s := a.sku(c.SKU)
 	if s == nil {
 		return &Result{Outcome: OutcomeUnknownSKU}
+	}
+	if s.Closed() {
+		return &Result{Outcome: OutcomeClosed}
 	}
 	grant := min(c.Want, s.Available)
 	if short := c.Want - grant; short > 0 && s.LeasedTotal()-s.Leased[c.Node] > 0 {

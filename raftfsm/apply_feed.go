@@ -37,6 +37,9 @@ func (a *applier) feedEvent(t FeedEventType, o *Order) {
 	}
 	a.feed.seq++
 	a.feed.events = append(a.feed.events, FeedEvent{Seq: a.feed.seq, Index: a.index, Type: t, At: a.at, Order: *o})
+	if s := a.sku(o.SKU); s != nil {
+		s.LastEventSeq = a.feed.seq
+	}
 }
 
 // turnedDown records a take entry the ledger refused: an order its node
@@ -50,6 +53,8 @@ func (a *applier) turnedDown(node string, e *TakeEntry, outcome Outcome) {
 		reason = ReleaseTurnedDownLeaseShort
 	case OutcomeUnknownSKU:
 		reason = ReleaseTurnedDownUnknownSKU
+	case OutcomeClosed:
+		reason = ReleaseTurnedDownClosed
 	default:
 		return
 	}

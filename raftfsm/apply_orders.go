@@ -73,7 +73,8 @@ func (a *applier) take(c *Take) (*Result, error) {
 		// An id above the highest its node minted so far is surely new
 		// (the common case), without a lookup.
 		var prior *Order
-		if !a.newerThanAll(e.OrderID) {
+		fresh := a.newerThanAll(e.OrderID)
+		if !fresh {
 			var err error
 			if prior, err = a.getOrder(e.OrderID); err != nil {
 				return nil, err
@@ -101,6 +102,15 @@ func (a *applier) take(c *Take) (*Result, error) {
 		if s == nil {
 			r.Outcome = OutcomeUnknownSKU
 			a.turnedDown(c.Node, e, r.Outcome)
+			continue
+		}
+		if s.Closed() {
+			r.Outcome = OutcomeClosed
+			// An id the ledger may have held is not reported: it may
+			// be a re-proposal of an order an archive took out.
+			if fresh {
+				a.turnedDown(c.Node, e, r.Outcome)
+			}
 			continue
 		}
 		if s.Leased[c.Node] < e.Qty {

@@ -66,6 +66,8 @@ type behind struct {
 	forgotten uint64                             // pending holds nothing at or below this index
 
 	persistMu sync.Mutex
+	// db is the file written, under persistMu (a compaction swaps it).
+	db *bolt.DB
 	// feed's events are written in the same transactions as the changes.
 	feed *feed
 	// fault, when set, is asked before every write; an error fails the
@@ -152,12 +154,18 @@ func (b *behind) lag() (entries uint64, changes int) {
 	return b.applied - b.persisted, b.changes
 }
 
-// flush writes every pending change to db in one transaction with the
-// index it reaches. Safe from any goroutine; it does not remove the
+// flush writes every pending change to the file in one transaction with
+// the index it reaches. Safe from any goroutine; it does not remove the
 // changes from pending (forgetPersisted does, on the FSM goroutine).
-func (b *behind) flush(db *bolt.DB) error {
+func (b *behind) flush() error {
 	b.persistMu.Lock()
 	defer b.persistMu.Unlock()
+	return b.flushLocked()
+}
+
+// flushLocked is flush for a caller holding persistMu.
+func (b *behind) flushLocked() error {
+	db := b.db
 	if f := b.fault.Load(); f != nil {
 		if err := (*f)(); err != nil {
 			return fmt.Errorf("persist ledger: %w", err)
@@ -240,7 +248,7 @@ type persistHealth interface {
 // sooner when many changes wait, until stop closes. A write that fails
 // leaves its changes pending (bbolt rolled the transaction back) and is
 // tried again after a backoff growing to persistRetryMax.
-func (b *behind) run(db *bolt.DB, health persistHealth) {
+func (b *behind) run(health persistHealth) {
 	defer close(b.done)
 	t := time.NewTicker(persistInterval)
 	defer t.Stop()
@@ -252,7 +260,7 @@ func (b *behind) run(db *bolt.DB, health persistHealth) {
 		case <-t.C:
 		case <-b.wake:
 		}
-		if err := b.flush(db); err != nil {
+		if err := b.flush(); err != nil {
 			failures++
 			health.failed(err, failures)
 			backoff := time.NewTimer(min(persistInterval<<min(failures, 6), persistRetryMax))
@@ -273,7 +281,10 @@ func (b *behind) run(db *bolt.DB, health persistHealth) {
 func (b *behind) start(db *bolt.DB, health persistHealth) {
 	b.stop, b.done = make(chan struct{}), make(chan struct{})
 	b.stopping.Store(false)
-	go b.run(db, health)
+	b.persistMu.Lock()
+	b.db = db
+	b.persistMu.Unlock()
+	go b.run(health)
 }
 
 // halt stops the persister (it does not flush).
@@ -304,14 +315,23 @@ func (b *behind) wait() {
 // bbolt's, with batch's (the running batch's changes) over both; it stops
 // when fn returns false.
 func ascend(tx *bolt.Tx, b *behind, batch map[string][]byte, bucket []byte, fn func(k, v []byte) bool) {
+	ascendAfter(tx, b, batch, bucket, nil, fn)
+}
+
+// ascendAfter is ascend over the keys after from (all keys when from is nil).
+func ascendAfter(tx *bolt.Tx, b *behind, batch map[string][]byte, bucket, from []byte, fn func(k, v []byte) bool) {
 	over := map[string][]byte{}
 	b.mu.RLock()
 	for k, pv := range b.pending[string(bucket)] {
-		over[k] = pv.value
+		if from == nil || k > string(from) {
+			over[k] = pv.value
+		}
 	}
 	b.mu.RUnlock()
 	for k, v := range batch {
-		over[k] = v
+		if from == nil || k > string(from) {
+			over[k] = v
+		}
 	}
 	keys := make([]string, 0, len(over))
 	for k := range over {
@@ -320,6 +340,12 @@ func ascend(tx *bolt.Tx, b *behind, batch map[string][]byte, bucket []byte, fn f
 	slices.Sort(keys)
 	cur := tx.Bucket(bucket).Cursor()
 	k, v := cur.First()
+	if from != nil {
+		k, v = cur.Seek(from)
+		if k != nil && bytes.Equal(k, from) {
+			k, v = cur.Next()
+		}
+	}
 	i := 0
 	for k != nil || i < len(keys) {
 		var key, val []byte

@@ -23,6 +23,9 @@ const (
 	OpPruneRequests
 	OpAckConsumer
 	OpPruneEvents
+	OpCloseSale
+	OpArchiveSale
+	OpPurgeArchived
 )
 
 var opNames = [...]string{
@@ -30,6 +33,7 @@ var opNames = [...]string{
 	OpTake: "take", OpConfirm: "confirm", OpRelease: "release", OpReclaim: "reclaim",
 	OpRegister: "register", OpExpire: "expire", OpPruneRequests: "prune_requests",
 	OpAckConsumer: "ack_consumer", OpPruneEvents: "prune_events",
+	OpCloseSale: "close_sale", OpArchiveSale: "archive_sale", OpPurgeArchived: "purge_archived",
 }
 
 func (o Op) String() string {
@@ -126,6 +130,25 @@ type AckConsumer struct {
 // refuses the same cursors.
 type PruneEvents struct{ Through Cursor }
 
+// CloseSale stops a sale: no new takes, leases or restocks; every lease
+// goes back to available.
+type CloseSale struct{ SKU string }
+
+// ArchiveSale takes a closed sale's orders out of the ledger (its totals
+// stay): allowed once no unit is held and every consumer of the order
+// feed has acknowledged the sale's last event. PurgeArchived commands do
+// the taking out, in bounded steps.
+type ArchiveSale struct{ SKU string }
+
+// PurgeArchived deletes the orders of archived sale SKU among the next
+// (at most) Scan order records after order id After; the result's Order
+// names where the next step starts (Detail "done" when none is left).
+type PurgeArchived struct {
+	SKU   string
+	After string
+	Scan  int64
+}
+
 // SaleConfig is what an operator sets when creating a sale.
 type SaleConfig struct {
 	Total           int64 `json:"total"`
@@ -171,6 +194,9 @@ func (*Expire) Op() Op        { return OpExpire }
 func (*PruneRequests) Op() Op { return OpPruneRequests }
 func (*AckConsumer) Op() Op   { return OpAckConsumer }
 func (*PruneEvents) Op() Op   { return OpPruneEvents }
+func (*CloseSale) Op() Op     { return OpCloseSale }
+func (*ArchiveSale) Op() Op   { return OpArchiveSale }
+func (*PurgeArchived) Op() Op { return OpPurgeArchived }
 
 // newCommand returns an empty command of op, or nil for an unknown op.
 func newCommand(op Op) Command {
@@ -201,6 +227,12 @@ func newCommand(op Op) Command {
 		return &AckConsumer{}
 	case OpPruneEvents:
 		return &PruneEvents{}
+	case OpCloseSale:
+		return &CloseSale{}
+	case OpArchiveSale:
+		return &ArchiveSale{}
+	case OpPurgeArchived:
+		return &PurgeArchived{}
 	}
 	return nil
 }
@@ -333,6 +365,18 @@ func (c *PruneEvents) decodeFields(d *decoder) {
 	c.Through = Cursor{Index: d.uvarint(), Seq: d.uvarint()}
 }
 
+func (c *CloseSale) appendFields(b []byte) []byte   { return appendString(b, c.SKU) }
+func (c *CloseSale) decodeFields(d *decoder)        { c.SKU = d.string() }
+func (c *ArchiveSale) appendFields(b []byte) []byte { return appendString(b, c.SKU) }
+func (c *ArchiveSale) decodeFields(d *decoder)      { c.SKU = d.string() }
+
+func (c *PurgeArchived) appendFields(b []byte) []byte {
+	return appendVarint(appendString(appendString(b, c.SKU), c.After), c.Scan)
+}
+func (c *PurgeArchived) decodeFields(d *decoder) {
+	c.SKU, c.After, c.Scan = d.string(), d.string(), d.varint()
+}
+
 // commandFormat is the first byte of every binary log entry. A JSON entry
 // of an earlier version starts with '{' and is still read.
 const commandFormat byte = 0xC1
@@ -391,12 +435,18 @@ const (
 	OutcomeExpired      // the hold's deadline passed before the confirm
 	OutcomeInvalidState // the order's state does not allow the command
 	OutcomeInvalid      // the command itself is malformed
+	OutcomeClosed       // the sale is closed
+	OutcomeNotClosed    // archive of a sale that is not closed
+	OutcomeHoldsPending // archive of a sale with units still held
+	OutcomeUnconsumed   // archive of a sale whose events a consumer has not acknowledged
 )
 
 var outcomeNames = [...]string{
 	OutcomeOK: "ok", OutcomeSame: "same", OutcomeConflict: "conflict", OutcomeUnknownSKU: "unknown_sku",
 	OutcomeLeaseShort: "lease_short", OutcomeUserLimit: "user_limit", OutcomeNotFound: "not_found",
 	OutcomeExpired: "expired", OutcomeInvalidState: "invalid_state", OutcomeInvalid: "invalid",
+	OutcomeClosed: "closed", OutcomeNotClosed: "not_closed", OutcomeHoldsPending: "holds_pending",
+	OutcomeUnconsumed: "unconsumed_events",
 }
 
 func (o Outcome) String() string {

@@ -53,6 +53,7 @@ const (
 	ReleaseTurnedDownUserLimit  = "turned_down_user_limit"
 	ReleaseTurnedDownLeaseShort = "turned_down_lease_short"
 	ReleaseTurnedDownUnknownSKU = "turned_down_unknown_sku"
+	ReleaseTurnedDownClosed     = "turned_down_closed"
 )
 
 // FeedEvent is one event of the order feed: the order as it stood right

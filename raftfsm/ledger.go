@@ -61,7 +61,25 @@ type SKU struct {
 	Sold              int64            `json:"sold"`
 	Config            SaleConfig       `json:"config"`
 	CreatedAtUnixNano int64            `json:"created_at"`
+	// ClosedAtUnixNano: the sale was closed then (0: open). A closed sale
+	// takes no new deducts, leases or restocks; its holds may still be
+	// confirmed until they expire.
+	ClosedAtUnixNano int64 `json:"closed_at,omitempty"`
+	// Archived: the sale's orders are leaving (or have left) the ledger;
+	// its totals stay. ArchivedOrders counts the orders taken out, and
+	// PurgeDone says none is left.
+	Archived       bool   `json:"archived,omitempty"`
+	ArchivedOrders int64  `json:"archived_orders,omitempty"`
+	ArchivedSold   int64  `json:"archived_sold,omitempty"` // units of the sold orders taken out
+	PurgeAfter     string `json:"purge_after,omitempty"`   // the order id the purge has scanned up to
+	PurgeDone      bool   `json:"purge_done,omitempty"`
+	// LastEventSeq is the order feed's last event about this sale: it may
+	// be archived once every consumer has acknowledged it.
+	LastEventSeq uint64 `json:"last_event_seq,omitempty"`
 }
+
+// Closed reports whether the sale was closed.
+func (s *SKU) Closed() bool { return s.ClosedAtUnixNano != 0 }
 
 // LeasedTotal is Σ Leased[n].
 func (s *SKU) LeasedTotal() int64 {
@@ -113,6 +131,7 @@ const (
 	EventReplaced                            // the whole state was replaced by a snapshot restore
 	EventNodeRegistered                      // Node registered (or changed) its HTTP address
 	EventLeaseWanted                         // Node wanted Qty more units of SKU than available; others hold leases
+	EventSaleClosed                          // SKU was closed: every lease went back to available
 )
 
 // Event is a state change an engine must react to, with the log index that
@@ -175,6 +194,11 @@ type Ledger struct {
 	// noPersist makes Close skip the final write (tests: a crash before
 	// the ledger write, with the persister halted).
 	noPersist bool
+
+	// compactMu serialises compactions; closing tells one to give up and
+	// makes Close wait for it.
+	compactMu sync.Mutex
+	closing   atomic.Bool
 
 	restores        atomic.Uint64 // snapshots restored since start
 	persistFault    atomic.Pointer[func() error]
@@ -355,7 +379,7 @@ func (l *Ledger) Flush() error {
 	if db == nil {
 		return ErrLedgerClosed
 	}
-	return bh.flush(db)
+	return bh.flush()
 }
 
 // PersistLag is how far bbolt is behind the applied state: log entries,
@@ -434,6 +458,9 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
+		if err := loadOrderSeqs(tx.Bucket(bucketMeta), seqHigh); err != nil {
+			return err
+		}
 		return l.feed.load(tx)
 	})
 	if err != nil {
@@ -456,6 +483,10 @@ func (l *Ledger) SetObserver(o Observer) {
 
 // Close writes what is still pending and closes the ledger file.
 func (l *Ledger) Close() error {
+	// A compaction holds the persister: let it finish or give up first.
+	l.closing.Store(true)
+	l.compactMu.Lock()
+	defer l.compactMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.db == nil {
@@ -464,7 +495,7 @@ func (l *Ledger) Close() error {
 	l.bh.halt()
 	var err error
 	if !l.noPersist {
-		err = l.bh.flush(l.db)
+		err = l.bh.flush()
 	}
 	if cerr := l.db.Close(); err == nil {
 		err = cerr
@@ -531,13 +562,23 @@ func (l *Ledger) database() *bolt.DB {
 
 // view runs fn in a bbolt read transaction without holding l.mu, so a long
 // read (an audit) never holds up Apply, which takes l.mu to update the
-// mirrors. A Restore that swaps the file waits for the transaction to end.
+// mirrors. The transaction begins under l.mu: a Restore or a compaction
+// that swaps the file closes the old one only once it has ended.
 func (l *Ledger) view(fn func(tx *bolt.Tx) error) error {
-	l.mu.RLock()
-	db := l.db
-	l.mu.RUnlock()
-	if db == nil {
-		return ErrLedgerClosed
+	tx, err := l.beginRead()
+	if err != nil {
+		return err
 	}
-	return db.View(fn)
+	defer tx.Rollback()
+	return fn(tx)
+}
+
+// beginRead begins a read transaction on the current file.
+func (l *Ledger) beginRead() (*bolt.Tx, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.db == nil {
+		return nil, ErrLedgerClosed
+	}
+	return l.db.Begin(false)
 }

@@ -287,8 +287,11 @@ type ledgerMachine struct {
 	skus   []string
 	orders []string
 	taken  []string // order ids a take created
-	next   int
-	feed   feedTally // the order feed read so far
+	// takenSKU is each created order's sale: a re-proposal is of the
+	// same take.
+	takenSKU map[string]string
+	next     int
+	feed     feedTally // the order feed read so far
 }
 
 func (m *ledgerMachine) at(c legacyCommand) *Result {
@@ -332,17 +335,22 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 				id = rapid.SampledFrom(m.taken).Draw(t, "reproposed")
 			}
 		}
+		sku := rapid.SampledFrom(m.skus).Draw(t, "sku")
+		if s, ok := m.takenSKU[id]; ok {
+			sku = s // a node re-proposes a take as it was
+		}
 		req := fmt.Sprintf("r%d", m.next)
 		if len(m.orders) > 0 && rapid.IntRange(0, 9).Draw(t, "dup") == 0 {
 			req = "r" + rapid.SampledFrom(m.orders).Draw(t, "dup_of")[1:] // a repeated request id
 		}
-		c.Takes = append(c.Takes, TakeEntry{SKU: rapid.SampledFrom(m.skus).Draw(t, "sku"), Qty: rapid.Int64Range(1, 2).Draw(t, "qty"),
+		c.Takes = append(c.Takes, TakeEntry{SKU: sku, Qty: rapid.Int64Range(1, 2).Draw(t, "qty"),
 			User: rapid.SampledFrom([]string{"u1", "u2", "u3"}).Draw(t, "user"), RequestID: req, OrderID: id})
 		m.orders = append(m.orders, id)
 	}
 	for i, r := range m.at(c).Takes {
 		if r.Outcome == OutcomeOK {
 			m.taken = append(m.taken, c.Takes[i].OrderID)
+			m.takenSKU[c.Takes[i].OrderID] = c.Takes[i].SKU
 		}
 	}
 }
@@ -471,6 +479,46 @@ func (m *ledgerMachine) PruneFeed(t *rapid.T) {
 	}
 }
 
+// CloseAndArchive now and then closes a sale and, once nothing is held,
+// archives it and takes its orders out in steps of random size.
+func (m *ledgerMachine) CloseAndArchive(t *rapid.T) {
+	if rapid.IntRange(0, 3).Draw(t, "close") != 0 {
+		t.Skip("not this time")
+	}
+	sku := rapid.SampledFrom(m.skus).Draw(t, "sku")
+	if res := m.tl.applyTyped(m.clock, &CloseSale{SKU: sku}); res.Outcome != OutcomeOK && res.Outcome != OutcomeSame {
+		t.Fatalf("close %s: %s", sku, res.Outcome)
+	}
+	row, _, _ := m.tl.l.SKU(sku)
+	if row.LeasedTotal() != 0 {
+		t.Fatalf("closed %s still leases %d units", sku, row.LeasedTotal())
+	}
+	res := m.tl.applyTyped(m.clock, &ArchiveSale{SKU: sku})
+	switch {
+	case row.Archived && res.Outcome == OutcomeSame:
+	case row.Held > 0 && res.Outcome == OutcomeHoldsPending:
+		return
+	case row.Held == 0 && res.Outcome == OutcomeOK:
+	default:
+		t.Fatalf("archive %s (held %d, archived %v): %s", sku, row.Held, row.Archived, res.Outcome)
+	}
+	for step := 0; ; step++ {
+		row, _, _ = m.tl.l.SKU(sku)
+		if row.PurgeDone {
+			break
+		}
+		if step > 1000 {
+			t.Fatalf("the purge of %s does not end", sku)
+		}
+		m.tl.applyTyped(m.clock, &PurgeArchived{SKU: sku, After: row.PurgeAfter, Scan: rapid.Int64Range(1, 5).Draw(t, "scan")})
+	}
+	for _, id := range m.taken {
+		if o, ok, _ := m.tl.l.Order(id); ok && o.SKU == sku {
+			t.Fatalf("order %s of archived sale %s still held", id, sku)
+		}
+	}
+}
+
 func (m *ledgerMachine) Check(t *rapid.T) {
 	for _, sku := range m.skus {
 		checkAudit(t, m.tl.l, sku)
@@ -505,7 +553,7 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 
 func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}}
+		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}, takenSKU: map[string]string{}}
 		for _, sku := range m.skus {
 			m.at(legacyCommand{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
 				Total:        rapid.Int64Range(0, 40).Draw(rt, "total"),

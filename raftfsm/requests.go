@@ -22,6 +22,10 @@ type requestIndex struct {
 	// filter holds every hash added, for lock-free "surely not held"
 	// answers; ids removed stay in it until it is rebuilt.
 	filter *hashfilter.Filter
+	// peak is the most ids held since byHash was last built: Go maps never
+	// shrink, so one that lost most of its ids (an archived sale) is
+	// rebuilt.
+	peak int
 }
 
 // requestFilterLog2Bits sizes the request id filter: 2 MiB, two million
@@ -72,6 +76,7 @@ func (r *requestIndex) add(requestID string, at int64) {
 		return
 	}
 	r.byHash[h] = at
+	r.peak = max(r.peak, len(r.byHash))
 }
 
 // remove forgets a request id the ledger holds, created at at.
@@ -83,6 +88,13 @@ func (r *requestIndex) remove(requestID string, at int64) {
 	h := maphash.String(r.seed, requestID)
 	if r.byHash[h] == at {
 		delete(r.byHash, h)
+	}
+	if r.peak > 4096 && len(r.byHash) < r.peak/4 {
+		m := make(map[uint64]int64, len(r.byHash)) // sized to what is left, unlike a clone
+		for k, v := range r.byHash {
+			m[k] = v
+		}
+		r.byHash, r.peak = m, len(m)
 	}
 }
 

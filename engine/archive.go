@@ -1,0 +1,85 @@
+package engine
+
+import (
+	"time"
+
+	"stockd/raftfsm"
+)
+
+// purgeStep is how many order records one PurgeArchived step reads: a
+// step is one raft entry every node applies, so it stays short (tens of
+// milliseconds) and the sale's other traffic goes on between steps.
+const purgeStep = 20_000
+
+// purgeCheck paces the purger's look for archived sales with orders left
+// (after a leader change, say); an archive wakes it at once.
+const purgeCheck = time.Second
+
+func (e *Engine) wakePurge() {
+	select {
+	case e.purgeWake <- struct{}{}:
+	default:
+	}
+}
+
+// runPurger is the leader's side of archiving: it proposes PurgeArchived
+// steps for every archived sale until its orders are gone.
+func (e *Engine) runPurger() {
+	defer e.wg.Done()
+	t := time.NewTicker(purgeCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		case <-e.purgeWake:
+		}
+		if e.cfg.Cluster != nil && !e.cfg.Cluster.IsLeader() || e.commitBlocked.Load() {
+			continue
+		}
+		rows, _ := e.ledger.SKUs()
+		for i := range rows {
+			if rows[i].Archived && !rows[i].PurgeDone {
+				e.purge(rows[i].SKU)
+			}
+		}
+	}
+}
+
+// purge proposes steps for one archived sale until it is done, an error
+// (the next check goes on from where the ledger says), or a stop.
+func (e *Engine) purge(sku string) {
+	started, removed := time.Now(), int64(0)
+	for {
+		select {
+		case <-e.stop:
+			return
+		default:
+		}
+		row, _, ok := e.ledger.SKU(sku)
+		if !ok || !row.Archived || row.PurgeDone {
+			if ok {
+				e.logger.Info("archived sale's orders are out of the ledger", "sku", sku, "orders", row.ArchivedOrders,
+					"this_run", removed, "took", time.Since(started).Round(time.Millisecond))
+			}
+			return
+		}
+		res, err := e.propose(&raftfsm.PurgeArchived{SKU: sku, After: row.PurgeAfter, Scan: purgeStep})
+		if err != nil {
+			e.logger.Warn("archive step not committed; trying again later", "sku", sku, "err", err)
+			return
+		}
+		if res.Outcome != raftfsm.OutcomeOK && res.Outcome != raftfsm.OutcomeSame {
+			e.logger.Error("archive step refused", "sku", sku, "outcome", res.Outcome.String(), "detail", res.Detail)
+			return
+		}
+		removed += res.Qty
+		if e.cfg.Cluster == nil {
+			continue // a node alone has applied its own step
+		}
+		if !e.cfg.Cluster.IsLeader() {
+			return
+		}
+	}
+}

@@ -1,0 +1,187 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+)
+
+// orderSeqPrefix keys, in the meta bucket, a node's highest order
+// sequence once orders of it were archived (the orders themselves no
+// longer tell it).
+const orderSeqPrefix = "order_seq/"
+
+func orderSeqKey(node string) []byte { return []byte(orderSeqPrefix + node) }
+
+// loadOrderSeqs raises high to the marks kept in meta.
+func loadOrderSeqs(meta interface{ ForEach(func(k, v []byte) error) error }, high map[string]uint64) error {
+	return meta.ForEach(func(k, v []byte) error {
+		if node, ok := strings.CutPrefix(string(k), orderSeqPrefix); ok && len(v) == 8 {
+			high[node] = max(high[node], binary.BigEndian.Uint64(v))
+		}
+		return nil
+	})
+}
+
+// Closing and archiving a sale (DESIGN.md, "Orders flow out"): a closed
+// sale takes nothing new; an archived one's orders leave the ledger in
+// bounded PurgeArchived steps, its totals stay.
+
+// purgeScanMax bounds the order records one PurgeArchived step reads.
+const purgeScanMax = 100_000
+
+func (a *applier) closeSale(c *CloseSale) *Result {
+	s := a.sku(c.SKU)
+	if s == nil {
+		return &Result{Outcome: OutcomeUnknownSKU}
+	}
+	if s.Closed() {
+		return &Result{Outcome: OutcomeSame}
+	}
+	s.ClosedAtUnixNano = max(a.at, 1)
+	var back int64
+	for _, n := range s.Leased {
+		back += n
+	}
+	s.Available += back
+	s.Leased = nil
+	a.event(Event{Kind: EventSaleClosed, SKU: c.SKU, Qty: back})
+	return &Result{Outcome: OutcomeOK, Qty: back}
+}
+
+func (a *applier) archiveSale(c *ArchiveSale) *Result {
+	s := a.sku(c.SKU)
+	switch {
+	case s == nil:
+		return &Result{Outcome: OutcomeUnknownSKU}
+	case s.Archived:
+		return &Result{Outcome: OutcomeSame}
+	case !s.Closed():
+		return &Result{Outcome: OutcomeNotClosed, Detail: "close the sale first"}
+	case s.Held > 0:
+		return &Result{Outcome: OutcomeHoldsPending, Detail: fmt.Sprintf("%d units are still held: they may be confirmed until they expire", s.Held)}
+	}
+	for _, cons := range a.consumers() {
+		if cons.Cursor.Seq < s.LastEventSeq {
+			return &Result{Outcome: OutcomeUnconsumed, Detail: fmt.Sprintf("consumer %q has acknowledged up to event %d; the sale's last is %d", cons.Name, cons.Cursor.Seq, s.LastEventSeq)}
+		}
+	}
+	s.Archived = true
+	return &Result{Outcome: OutcomeOK}
+}
+
+// consumers is every consumer of the feed as this batch sees it.
+func (a *applier) consumers() []Consumer {
+	f := &a.ledger.feed
+	f.mu.RLock()
+	out := make([]Consumer, 0, len(f.consumers))
+	for name, c := range f.consumers {
+		if staged, ok := a.feed.consumers[name]; ok {
+			if staged != nil {
+				out = append(out, *staged)
+			}
+			continue
+		}
+		out = append(out, c)
+	}
+	f.mu.RUnlock()
+	for name, c := range a.feed.consumers {
+		if _, ok := f.consumers[name]; !ok && c != nil {
+			out = append(out, *c)
+		}
+	}
+	return out
+}
+
+// purgeArchived takes the archived sale's orders out of the next records
+// after c.After (which must be where the last step stopped), with their
+// request ids and per-user counts.
+func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
+	s := a.sku(c.SKU)
+	switch {
+	case s == nil:
+		return &Result{Outcome: OutcomeUnknownSKU}, nil
+	case !s.Archived:
+		return &Result{Outcome: OutcomeInvalidState, Detail: "the sale is not archived"}, nil
+	case s.PurgeDone || c.After != s.PurgeAfter:
+		return &Result{Outcome: OutcomeSame}, nil // a step proposed twice
+	case c.Scan < 1 || c.Scan > purgeScanMax:
+		return invalid("purge scan %d outside 1..%d", c.Scan, purgeScanMax), nil
+	}
+	tx, err := a.readTx()
+	if err != nil {
+		return nil, err
+	}
+	var from []byte
+	if c.After != "" {
+		from = []byte(c.After)
+	}
+	var doomed []Order
+	scanned, last := int64(0), c.After
+	var decodeErr error
+	ascendAfter(tx, a.bh, a.batch[string(bucketOrders)], bucketOrders, from, func(k, v []byte) bool {
+		if scanned == c.Scan {
+			return false
+		}
+		scanned++
+		last = string(k)
+		o, err := decodeOrderRecord(last, v)
+		if err != nil {
+			decodeErr = err
+			return false
+		}
+		if o.SKU == c.SKU {
+			doomed = append(doomed, o)
+		}
+		return true
+	})
+	if decodeErr != nil {
+		return nil, decodeErr
+	}
+	// The orders leave, their ids' sequences stay known: a take of an id
+	// at or below them is never taken for new (newerThanAll), here or on a
+	// node that rebuilds the marks from the file.
+	marked := map[string]bool{}
+	for i := range doomed {
+		if owner, _, ok := orderSeq(doomed[i].ID); ok && !marked[owner] {
+			marked[owner] = true
+			a.put(bucketMeta, orderSeqKey(owner), binary.BigEndian.AppendUint64(nil, a.ledger.orderSeqHigh[owner]))
+		}
+	}
+	for i := range doomed {
+		o := &doomed[i]
+		if o.State == OrderHeld {
+			panic(fmt.Sprintf("BUG: held order %q of archived sale %q", o.ID, o.SKU))
+		}
+		a.put(bucketOrders, []byte(o.ID), nil)
+		if o.RequestID != "" {
+			key := requestTimeKey(o.CreatedAtUnixNano, o.RequestID)
+			v, err := a.get(bucketRequestsByTime, key)
+			if err != nil {
+				return nil, err
+			}
+			if string(v) == o.ID {
+				a.put(bucketRequestsByTime, key, nil)
+				a.requestChanges[o.RequestID] = requestChange{at: o.CreatedAtUnixNano}
+				a.requestDelta--
+			}
+		}
+		if s.Config.PerUser > 0 {
+			key := appendBuyerKey(nil, o.SKU, o.User)
+			a.put(bucketBuyers, key, nil)
+			a.boughtChanges[string(key)] = 0
+		}
+		if o.State == OrderSold {
+			s.ArchivedSold += o.Qty
+		}
+		s.ArchivedOrders++
+	}
+	s.PurgeAfter = last
+	res := &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}
+	if scanned < c.Scan {
+		s.PurgeDone = true
+		res.Detail = "done"
+		a.purgeDone = true
+	}
+	return res, nil
+}
