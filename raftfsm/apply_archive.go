@@ -14,7 +14,9 @@ const orderSeqPrefix = "order_seq/"
 func orderSeqKey(node string) []byte { return []byte(orderSeqPrefix + node) }
 
 // loadOrderSeqs raises high to the marks kept in meta.
-func loadOrderSeqs(meta interface{ ForEach(func(k, v []byte) error) error }, high map[string]uint64) error {
+func loadOrderSeqs(meta interface {
+	ForEach(func(k, v []byte) error) error
+}, high map[string]uint64) error {
 	return meta.ForEach(func(k, v []byte) error {
 		if node, ok := strings.CutPrefix(string(k), orderSeqPrefix); ok && len(v) == 8 {
 			high[node] = max(high[node], binary.BigEndian.Uint64(v))
