@@ -704,3 +704,128 @@ func reconcile(t *testing.T, c *fasthttp.HostClient, sku string, books map[strin
 		t.Fatalf("the stream's end line: %v", end)
 	}
 }
+
+// TestFeed_ClosedSaleArchivedAcrossTheCluster: a closed sale turns buyers
+// away; it is archived once its consumer has acknowledged its events; its
+// orders then leave every node's ledger and its totals stay.
+func TestFeed_ClosedSaleArchivedAcrossTheCluster(t *testing.T) {
+	const units = 150
+	c := startTestCluster(t)
+	cl := c.client(c.ids[0])
+	for _, sku := range []string{"old", "new"} {
+		if code, body := call(t, cl, "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+			t.Fatalf("create %s: %d %v", sku, code, body)
+		}
+		waitForSaleEverywhere(t, c, sku)
+	}
+	if code, body := call(t, cl, "PUT", "/v1/consumers/shop", `{"cursor":"0"}`); code != 200 {
+		t.Fatalf("register consumer: %d %v", code, body)
+	}
+	wave := buyWave(c, "old", 0, units, 8, nil)
+	acked := ackedOrders(t, wave)
+	buyWave(c, "new", 1000, 1050, 8, nil)
+
+	// Archive needs the sale closed, then its events acknowledged.
+	if code, out := call(t, cl, "POST", "/v1/skus/old/archive", ""); code != 409 || out["error"] != "not_closed" {
+		t.Fatalf("archive of an open sale: %d %v", code, out)
+	}
+	if code, out := call(t, c.client(c.ids[1]), "POST", "/v1/skus/old/close", ""); code != 200 || out["state"] != "closed" {
+		t.Fatalf("close through %s: %d %v", c.ids[1], code, out)
+	}
+	for _, id := range c.ids {
+		waitFor(t, 10*time.Second, id+" to see the sale closed", func() bool {
+			code, out := call(t, c.client(id), "POST", "/v1/skus/old/deduct", `{"user":"late","request_id":"late-`+id+`"}`)
+			return code == 409 && out["error"] == "closed"
+		})
+	}
+	if code, out := call(t, cl, "POST", "/v1/skus/old/archive", ""); code != 409 || out["error"] != "unconsumed_events" {
+		t.Fatalf("archive with unacknowledged events: %d %v", code, out)
+	}
+	_, page, _ := readEvents(cl, "0", 1000, 0)
+	if code, body := call(t, cl, "PUT", "/v1/consumers/shop", `{"cursor":"`+page.Head+`"}`); code != 200 {
+		t.Fatalf("ack: %d %v", code, body)
+	}
+	before := checkLedger(t, cl, "old")
+	if code, out := call(t, c.client(c.ids[2]), "POST", "/v1/skus/old/archive", ""); code != 200 || out["archived"] != true {
+		t.Fatalf("archive through %s: %d %v", c.ids[2], code, out)
+	}
+	for _, id := range c.ids {
+		waitFor(t, 20*time.Second, id+" to take the archived orders out", func() bool {
+			_, out := call(t, c.client(id), "GET", "/v1/skus/old", "")
+			return out["archive_done"] == true
+		})
+		_, out := call(t, c.client(id), "GET", "/v1/skus/old", "")
+		if out["archived_orders"] != float64(units) || out["sold"] != before["sold"] || out["total"] != before["total"] {
+			t.Fatalf("%s: archived sale %v; before %v", id, out, before)
+		}
+		for o := range acked {
+			if code, _ := call(t, c.client(id), "GET", "/v1/orders/"+o, ""); code != 404 {
+				t.Fatalf("%s: archived order %s: %d", id, o, code)
+			}
+			break
+		}
+		if orders, _ := streamOrders(t, c.client(id), "old", ""); len(orders) != 0 {
+			t.Fatalf("%s streams %d orders of the archived sale", id, len(orders))
+		}
+	}
+	a := checkClusterLedgers(t, c, "old", nil)
+	if a["orders"] != 0.0 || a["sold"] != float64(units) {
+		t.Fatalf("audit of the archived sale: %v", a)
+	}
+	checkClusterLedgers(t, c, "new", nil)
+	if orders, _ := streamOrders(t, cl, "new", ""); len(orders) != 50 {
+		t.Fatalf("the other sale streams %d orders, want 50", len(orders))
+	}
+}
+
+// TestFeed_ACursorAheadOfALaggingNodeWaitsForIt: a consumer that read on
+// from a node ahead of the one it now asks is not refused: the lagging
+// node says it is behind, and a long-poll answers once it has caught up.
+func TestFeed_ACursorAheadOfALaggingNodeWaitsForIt(t *testing.T) {
+	c := startTestCluster(t)
+	leader := c.leader()
+	var lagging string
+	for _, id := range c.ids {
+		if id != leader {
+			lagging = id
+			break
+		}
+	}
+	if code, body := call(t, c.client(leader), "PUT", "/v1/skus/lag", `{"total":100}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitForSaleEverywhere(t, c, "lag")
+	c.net.isolate(lagging)
+	for b := range 20 {
+		if code, body := call(t, c.client(leader), "POST", "/v1/skus/lag/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"lag-%d"}`, b, b)); code != 200 {
+			t.Fatalf("deduct %d: %d %v", b, code, body)
+		}
+	}
+	code, page, _ := readEvents(c.client(leader), "0", 1000, 0)
+	if code != 200 || len(page.Events) < 20 {
+		t.Fatalf("read on the leader: %d, %d events", code, len(page.Events))
+	}
+	fifth := page.Events[4].Cursor
+	code, behind, body := readEvents(c.client(lagging), fifth, 100, 200*time.Millisecond)
+	if code != 200 || !behind.NodeBehind || len(behind.Events) != 0 || behind.Next != fifth {
+		t.Fatalf("a cursor ahead of the isolated node: %d %s", code, body)
+	}
+	type result struct {
+		code int
+		page feedPage
+	}
+	got := make(chan result, 1)
+	go func() {
+		code, p, _ := readEvents(c.client(lagging), fifth, 100, 20*time.Second)
+		got <- result{code, p}
+	}()
+	c.net.heal(lagging)
+	r := <-got
+	if r.code != 200 || r.page.NodeBehind || len(r.page.Events) == 0 {
+		t.Fatalf("the long-poll after the node caught up: %d %+v", r.code, r.page)
+	}
+	if _, seq := feedSeq(t, r.page.Events[0].Cursor); seq != 6 || r.page.Events[0].OrderID != page.Events[5].OrderID {
+		t.Fatalf("the caught-up node went on with %+v, want event 6 %+v", r.page.Events[0], page.Events[5])
+	}
+	checkClusterLedgers(t, c, "lag", nil)
+}

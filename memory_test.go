@@ -19,8 +19,9 @@ import (
 
 // The memory test fills one stockd process with a million sold orders,
 // each with its request id, and reads the process's peak resident memory
-// (VmHWM, mapped pages of ledger.db and the raft log included). It has its
-// own target:
+// (VmHWM, mapped pages of ledger.db and the raft log included). Then it
+// closes and archives the sale and reads memory and ledger.db again. It
+// has its own target:
 //
 //	make test-memory   (STOCKD_MEMORY=1 go test -run Memory .)
 
@@ -147,4 +148,62 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 	if hwm > memoryHWMMaxKiB {
 		t.Fatalf("peak resident memory %d MiB, the most allowed is %d MiB", hwm>>10, memoryHWMMaxKiB>>10)
 	}
+
+	// The sale ends: closed, then archived. Its orders leave the ledger,
+	// the file is compacted, memory is given back; the totals stay.
+	if code, out := call(t, c, "POST", "/v1/skus/mem/close", ""); code != 200 {
+		t.Fatalf("close: %d %v", code, out)
+	}
+	archived := time.Now()
+	if code, out := call(t, c, "POST", "/v1/skus/mem/archive", ""); code != 200 {
+		t.Fatalf("archive: %d %v", code, out)
+	}
+	var after map[string]any
+	waitFor(t, 5*time.Minute, "the archived orders out and the file compacted", func() bool {
+		_, after = callQuiet(c, "GET", "/v1/skus/mem", "")
+		st, err := os.Stat(filepath.Join(dir, "data", "ledger.db"))
+		return after != nil && after["archive_done"] == true && err == nil && st.Size() < ledger.Size()/2
+	})
+	took := time.Since(archived)
+	if after["total"] != sku["total"] || after["sold"] != sku["sold"] || after["archived_orders"] != float64(memoryOrders) {
+		t.Fatalf("the archived sale %v; before %v", after, sku)
+	}
+	checkLedger(t, c, "mem")
+	// Memory goes back to the system in the background: wait for it, then
+	// read it.
+	var rssAfter int64
+	deadline := time.Now().Add(time.Minute)
+	for rssAfter = procKiB(t, pid, "VmRSS"); rssAfter >= rss/2; rssAfter = procKiB(t, pid, "VmRSS") {
+		if time.Now().After(deadline) {
+			_, heap := callRaw(c, "/debug/pprof/heap?debug=1")
+			var stats []string
+			for _, line := range strings.Split(heap, "\n") {
+				if strings.HasPrefix(line, "# Heap") || strings.HasPrefix(line, "# Sys") || strings.HasPrefix(line, "# Stack") || strings.HasPrefix(line, "# MSpan") || strings.HasPrefix(line, "# GCSys") || strings.HasPrefix(line, "# OtherSys") {
+					stats = append(stats, strings.TrimPrefix(line, "# "))
+				}
+			}
+			t.Fatalf("resident memory %d MiB (%d anonymous, %d file-backed) a minute after the archive, %d MiB before it: not below half; Go's memory: %s",
+				rssAfter>>10, procKiB(t, pid, "RssAnon")>>10, procKiB(t, pid, "RssFile")>>10, rss>>10, strings.Join(stats, ", "))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ledgerAfter, _ := os.Stat(filepath.Join(dir, "data", "ledger.db"))
+	t.Logf("archived %d orders in %s: resident %d MiB -> %d MiB (%d anonymous, %d file-backed); ledger.db %d MiB -> %d MiB; total %v and sold %v unchanged",
+		memoryOrders, took.Round(time.Millisecond), rss>>10, rssAfter>>10, procKiB(t, pid, "RssAnon")>>10, procKiB(t, pid, "RssFile")>>10,
+		ledger.Size()>>20, ledgerAfter.Size()>>20, after["total"], after["sold"])
+	if code, _ := call(t, c, "POST", "/v1/skus/mem/deduct", `{"user":"user-0","request_id":"request-0"}`); code != 409 {
+		t.Fatalf("a repeat after the archive: %d, want 409 closed", code)
+	}
+}
+
+// callRaw is a GET returning the body as text.
+func callRaw(c *fasthttp.HostClient, path string) (int, string) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + path)
+	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
+		return 0, err.Error()
+	}
+	return resp.StatusCode(), string(resp.Body())
 }

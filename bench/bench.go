@@ -52,9 +52,10 @@ func Main(args []string, stdout, stderr io.Writer) error {
 	// or the given targets.
 	var targetSets [][]string
 	var targetPIDs [][]int // the launched nodes of each set; nil for -target
+	var targetNoFeed []bool
 	if len(o.Launches) > 0 {
-		for _, n := range o.Launches {
-			nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, n), n)
+		for i, ln := range o.Launches {
+			nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, i), ln.Nodes, ln.NoFeed)
 			if err != nil {
 				return err
 			}
@@ -73,6 +74,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 			}
 			targetSets = append(targetSets, urls)
 			targetPIDs = append(targetPIDs, pids)
+			targetNoFeed = append(targetNoFeed, ln.NoFeed)
 		}
 	} else if len(o.Targets) > 0 {
 		targetSets = [][]string{o.Targets}
@@ -93,7 +95,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		strategies, skipped := buildStrategies(ctx, &o, targetSets, targetPIDs, bin, dir)
+		strategies, skipped := buildStrategies(ctx, &o, targetSets, targetPIDs, targetNoFeed, bin, dir)
 		for _, why := range skipped {
 			report.Runs = append(report.Runs, &Run{Scenario: name, Strategy: why[0], Skipped: why[1], Total: sc.TotalUnits()})
 		}
@@ -107,9 +109,13 @@ func Main(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 			cpu := startCPUMeter(st)
+			feed := startFeedReader(ctx, st, o.FeedReader)
 			run, err := runOne(ctx, st, sc, &o, progress)
 			if err == nil {
 				cpu.record(run)
+				feed.record(run)
+			} else {
+				feed.stop()
 			}
 			st.Close()
 			if err != nil {
@@ -139,7 +145,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 
 // buildStrategies makes every selected strategy that can run, and a
 // one-line reason for each that cannot.
-func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, targetPIDs [][]int, bin, dir string) ([]Strategy, [][2]string) {
+func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, targetPIDs [][]int, targetNoFeed []bool, bin, dir string) ([]Strategy, [][2]string) {
 	want := func(name string) bool { return len(o.Strategies) == 0 || slices.Contains(o.Strategies, name) }
 	var out []Strategy
 	var skipped [][2]string
@@ -155,6 +161,7 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 			if i < len(targetPIDs) {
 				st.pids = targetPIDs[i]
 			}
+			st.noFeed = i < len(targetNoFeed) && targetNoFeed[i]
 			out = append(out, st)
 		}
 	}

@@ -44,7 +44,7 @@ func freeLoopbackPort() (string, error) {
 // launchCluster starts `stockd serve` (this very binary) n times on free
 // loopback ports, as one cluster (-peers) when n > 1, with data and logs
 // under dir, and waits until every node's /readyz answers 200.
-func launchCluster(binary, dir string, n int) ([]*launched, error) {
+func launchCluster(binary, dir string, n int, noFeed bool) ([]*launched, error) {
 	type addrs struct{ http, raft string }
 	nodes := make([]addrs, n)
 	var peers []string
@@ -75,6 +75,9 @@ func launchCluster(binary, dir string, n int) ([]*launched, error) {
 		args := []string{"serve", "-id", id, "-http", a.http, "-raft", a.raft, "-data", filepath.Join(dir, id), "-log-level", "warn"}
 		if n > 1 {
 			args = append(args, "-peers", strings.Join(peers, ","))
+		}
+		if noFeed {
+			args = append(args, "-no-order-feed")
 		}
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			stopAll()

@@ -22,8 +22,11 @@ const (
 
 // Options is one bench run's configuration.
 type Options struct {
-	Targets      []string // stockd node base URLs; empty with Launches
-	Launches     []int    // launch a local stockd cluster of each size in turn (1, 3)
+	Targets  []string // stockd node base URLs; empty with Launches
+	Launches []Launch // launch a local stockd cluster of each kind in turn
+	// FeedReader reads the order feed from a stockd row's first node while
+	// the row runs, and reports the events per second it got.
+	FeedReader   bool
 	Scenarios    []string
 	Strategies   []string // empty: all
 	Units        int64    // flash, retry-storm, holds: units on sale; hot-cold: per SKU
@@ -51,7 +54,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs := flag.NewFlagSet("stockd bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&targets, "target", "", "comma-separated stockd node URLs to load, e.g. http://127.0.0.1:8080 (requests are spread over them)")
-	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load)")
+	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load); 1nofeed or 3nofeed launch them with -no-order-feed")
+	fs.BoolVar(&o.FeedReader, "feed-reader", false, "while each stockd row runs, read the order feed from its first node (long-polling, 1000 events a page) and report the events per second it got")
 	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", "))
 	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
 	fs.Int64Var(&o.Units, "units", 1000, "units on sale (hot-cold: per SKU; plentiful: ignored, stock is twice the requests)")
@@ -97,11 +101,12 @@ hot-cold (Zipf over many SKUs), retry-storm (re-sent request ids), holds
 		o.Targets = append(o.Targets, strings.TrimRight(t, "/"))
 	}
 	for _, part := range splitList(launch) {
-		n, err := strconv.Atoi(part)
+		nodes, noFeed := strings.CutSuffix(part, "nofeed")
+		n, err := strconv.Atoi(nodes)
 		if err != nil || (n != 1 && n != 3) {
-			return o, fmt.Errorf("-launch %q: each entry must be 1 or 3", launch)
+			return o, fmt.Errorf("-launch %q: each entry must be 1, 3, 1nofeed or 3nofeed", launch)
 		}
-		o.Launches = append(o.Launches, n)
+		o.Launches = append(o.Launches, Launch{Nodes: n, NoFeed: noFeed})
 	}
 	o.Scenarios = splitList(scenarios)
 	if len(o.Scenarios) == 1 && o.Scenarios[0] == "all" {
@@ -109,6 +114,13 @@ hot-cold (Zipf over many SKUs), retry-storm (re-sent request ids), holds
 	}
 	o.Strategies = splitList(strategies)
 	return o, o.validate()
+}
+
+// Launch is one local cluster the harness starts: its size, and whether
+// its nodes record the order feed.
+type Launch struct {
+	Nodes  int
+	NoFeed bool
 }
 
 func splitList(s string) []string {

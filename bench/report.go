@@ -89,6 +89,9 @@ func (r *Report) PrintTables(w io.Writer) {
 		if run.Skipped == "" {
 			fmt.Fprintf(w, "oversold: %d  flips: %d  late wins: %d  tail: %s  cpu per request: client %.1f µs, server %s  (%s, %s)\n", run.Oversold, run.Flips, run.LateWins,
 				fmtDur(time.Duration(run.TailMs*float64(time.Millisecond))), run.ClientCPUus, serverCPUText(run.ServerCPUus), run.Scenario, run.Strategy)
+			if run.FeedEvents > 0 || run.FeedNote != "" {
+				fmt.Fprintf(w, "    order feed read during the row: %d events, %.0f/s, %d behind the head at the end %s\n", run.FeedEvents, run.FeedPerSec, run.FeedBehind, run.FeedNote)
+			}
 		}
 	}
 }

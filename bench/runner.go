@@ -44,10 +44,17 @@ type Run struct {
 	// CPU per request sent, in µs: this process (the client side of an
 	// HTTP strategy) and the server processes the harness launched (0:
 	// not known).
-	ClientCPUus float64       `json:"client_cpu_us_per_request"`
-	ServerCPUus float64       `json:"server_cpu_us_per_request,omitempty"`
-	Timeline    []Slot        `json:"timeline"` // throughput and latency over time
-	Stock       []StockSample `json:"stock"`    // remaining stock over time
+	ClientCPUus float64 `json:"client_cpu_us_per_request"`
+	ServerCPUus float64 `json:"server_cpu_us_per_request,omitempty"`
+	// The order feed, read from the row's first node while it ran
+	// (-feed-reader): events read, their rate, and how many the reader
+	// was behind the feed's head when the row ended.
+	FeedEvents int64         `json:"feed_events,omitempty"`
+	FeedPerSec float64       `json:"feed_events_per_sec,omitempty"`
+	FeedBehind int64         `json:"feed_behind_at_end,omitempty"`
+	FeedNote   string        `json:"feed_note,omitempty"`
+	Timeline   []Slot        `json:"timeline"` // throughput and latency over time
+	Stock      []StockSample `json:"stock"`    // remaining stock over time
 }
 
 // Slot is one slotWidth of the run.

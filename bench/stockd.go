@@ -63,6 +63,7 @@ type stockdStrategy struct {
 	deductPaths []string
 	sc          *Scenario
 	pids        []int // the nodes' processes, when the harness launched them
+	noFeed      bool  // the launched nodes record no order feed
 }
 
 func (s *stockdStrategy) serverPIDs() []int { return s.pids }
@@ -76,8 +77,13 @@ func newStockd(targets []string, conns int, token, service string, noWait bool) 
 }
 
 func (s *stockdStrategy) Name() string {
-	if s.nodes > 1 {
+	switch {
+	case s.nodes > 1 && s.noFeed:
+		return fmt.Sprintf("%s (%d nodes, no feed)", s.name, s.nodes)
+	case s.nodes > 1:
 		return fmt.Sprintf("%s (%d nodes)", s.name, s.nodes)
+	case s.noFeed:
+		return s.name + " (no feed)"
 	}
 	return s.name
 }

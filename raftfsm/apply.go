@@ -26,6 +26,8 @@ func (l *Ledger) Apply(log *raft.Log) interface{} {
 // entry would break the conservation law: a node must not go on from a
 // state it cannot trust.
 func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
+	l.applyMu.Lock()
+	defer l.applyMu.Unlock()
 	l.mu.RLock()
 	db, applied, bh := l.db, l.applied, l.bh
 	l.mu.RUnlock()

@@ -68,6 +68,11 @@ type behind struct {
 	persistMu sync.Mutex
 	// db is the file written, under persistMu (a compaction swaps it).
 	db *bolt.DB
+	// applying is held by the FSM goroutine for each batch: the persister
+	// drops what it wrote from pending only while no batch runs (a batch
+	// reads pending, then the file, and must see every change in one of
+	// them), so an idle ledger does not keep its last changes twice.
+	applying *sync.Mutex
 	// feed's events are written in the same transactions as the changes.
 	feed *feed
 	// fault, when set, is asked before every write; an error fails the
@@ -124,8 +129,9 @@ func (b *behind) signal() {
 	}
 }
 
-// forgetPersisted drops the changes bbolt now holds. Only the FSM
-// goroutine calls it, before it opens a read transaction for a batch.
+// forgetPersisted drops the changes bbolt now holds. The FSM goroutine
+// calls it before it opens a read transaction for a batch, the persister
+// while no batch runs (forgetIfIdle).
 func (b *behind) forgetPersisted() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -144,6 +150,16 @@ func (b *behind) forgetPersisted() {
 			delete(b.pending, bucket)
 		}
 	}
+}
+
+// forgetIfIdle drops the changes bbolt holds, unless a batch is being
+// applied (it does so itself at the start of the next one).
+func (b *behind) forgetIfIdle() {
+	if b.applying == nil || !b.applying.TryLock() {
+		return
+	}
+	defer b.applying.Unlock()
+	b.forgetPersisted()
 }
 
 // lag is the log entries applied but not yet in bbolt, and the changes
@@ -274,6 +290,7 @@ func (b *behind) run(health persistHealth) {
 		}
 		failures = 0
 		health.succeeded()
+		b.forgetIfIdle()
 	}
 }
 

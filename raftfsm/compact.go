@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 
 	bolt "go.etcd.io/bbolt"
@@ -16,8 +17,10 @@ import (
 // the copy holds every change written so far; changes applied meanwhile
 // wait in memory and are written into the new file.
 
-// compactTxBytes bounds one transaction of the copy.
-const compactTxBytes = 64 << 20
+// compactTxBytes bounds one transaction of the copy. bbolt keeps a
+// committed transaction's page buffers in a pool for the next: small
+// transactions keep that pool small.
+const compactTxBytes = 8 << 20
 
 // CompactResult is the file's size before and after a compaction.
 type CompactResult struct {
@@ -33,8 +36,18 @@ func (l *Ledger) compactAsync() {
 			l.logger.Warn("compact the ledger file", "path", l.path, "err", err)
 		case r.Before > 0:
 			l.logger.Info("compacted the ledger file", "path", l.path, "bytes_before", r.Before, "bytes_after", r.After)
-			// The purge freed memory too (orders' request ids, mapped
-			// pages): give it back to the system now, once.
+			// The purge freed memory too (orders' request ids, its
+			// changes, mapped pages): drop what the file now holds from
+			// pending, and give the memory back to the system, once.
+			l.mu.RLock()
+			bh := l.bh
+			l.mu.RUnlock()
+			l.applyMu.Lock()
+			bh.forgetPersisted()
+			l.applyMu.Unlock()
+			// Two collections: the first moves pooled buffers (bbolt's
+			// page pool) aside, the second frees them.
+			runtime.GC()
 			debug.FreeOSMemory()
 		}
 	}()

@@ -195,6 +195,8 @@ type Ledger struct {
 	// the ledger write, with the persister halted).
 	noPersist bool
 
+	// applyMu is held while a batch is applied (see behind.applying).
+	applyMu sync.Mutex
 	// compactMu serialises compactions; closing tells one to give up and
 	// makes Close wait for it.
 	compactMu sync.Mutex
@@ -273,6 +275,7 @@ func (l *Ledger) open() error {
 	l.db = db
 	l.bh = newBehind(l.applied)
 	l.bh.feed = &l.feed
+	l.bh.applying = &l.applyMu
 	if f := l.persistFault.Load(); f != nil {
 		l.bh.fault.Store(f)
 	}
