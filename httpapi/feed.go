@@ -81,16 +81,66 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 		writeEngineError(ctx, err)
 		return
 	}
-	out := eventsResponse{Events: make([]eventJSON, len(page.Events)), Next: after.String(), Head: page.Head.String(), NodeBehind: page.Behind}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType(contentTypeJSON)
+	ctx.SetBody(appendEvents(make([]byte, 0, 64+len(page.Events)*256), after, &page))
+}
+
+// appendEvents appends the eventsResponse of page, encoded by hand: a
+// consumer that keeps up reads every event through here, and reflection
+// would cost more than reading it.
+func appendEvents(b []byte, after engine.Cursor, page *engine.FeedPage) []byte {
+	next := after
+	b = append(b, `{"events":[`...)
 	for i := range page.Events {
 		e := &page.Events[i]
 		o := &e.Order
-		out.Events[i] = eventJSON{Cursor: e.Cursor().String(), Type: e.Type.String(), OrderID: o.ID, SKU: o.SKU, User: o.User,
-			Qty: o.Qty, State: string(o.State), RequestID: o.RequestID, Reason: o.ReleaseReason, Node: o.Node,
-			At: stamp(e.At), ExpiresAt: stamp(o.ExpiresAtUnixNano)}
-		out.Next = out.Events[i].Cursor
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"cursor":`...)
+		b = appendJSONString(b, e.Cursor().String())
+		b = append(b, `,"type":`...)
+		b = appendJSONString(b, e.Type.String())
+		b = append(b, `,"order_id":`...)
+		b = appendJSONString(b, o.ID)
+		b = append(b, `,"sku":`...)
+		b = appendJSONString(b, o.SKU)
+		b = append(b, `,"user":`...)
+		b = appendJSONString(b, o.User)
+		b = append(b, `,"qty":`...)
+		b = appendInt(b, o.Qty)
+		b = append(b, `,"state":`...)
+		b = appendJSONString(b, string(o.State))
+		if o.RequestID != "" {
+			b = append(b, `,"request_id":`...)
+			b = appendJSONString(b, o.RequestID)
+		}
+		if o.ReleaseReason != "" {
+			b = append(b, `,"reason":`...)
+			b = appendJSONString(b, o.ReleaseReason)
+		}
+		if o.Node != "" {
+			b = append(b, `,"node":`...)
+			b = appendJSONString(b, o.Node)
+		}
+		b = append(b, `,"at":`...)
+		b = appendJSONString(b, stamp(e.At))
+		if o.ExpiresAtUnixNano != 0 {
+			b = append(b, `,"expires_at":`...)
+			b = appendJSONString(b, stamp(o.ExpiresAtUnixNano))
+		}
+		b = append(b, '}')
+		next = e.Cursor()
 	}
-	writeJSON(ctx, fasthttp.StatusOK, out)
+	b = append(b, `],"next":`...)
+	b = appendJSONString(b, next.String())
+	b = append(b, `,"head":`...)
+	b = appendJSONString(b, page.Head.String())
+	if page.Behind {
+		b = append(b, `,"node_behind":true`...)
+	}
+	return append(b, "}\n"...)
 }
 
 // consumerJSON is one consumer of GET /v1/consumers.

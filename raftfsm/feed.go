@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,9 +130,9 @@ var (
 // with the batch; readers see published events only.
 type feed struct {
 	mu sync.RWMutex
-	// mem holds events mem[0].Seq.. in order: every event not yet in
-	// bbolt, and up to feedMemoryEvents before them.
-	mem       []FeedEvent
+	// mem holds events in order: every event not yet in bbolt, and up to
+	// about feedMemoryEvents before them.
+	mem       eventChunks
 	seq       uint64 // the last event staged
 	visible   uint64 // the last event published
 	persisted uint64 // the last event in bbolt
@@ -160,7 +159,7 @@ func (f *feed) load(tx *bolt.Tx) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
-	f.mem, f.seq, f.floor, f.floorAt = nil, 0, 0, Cursor{}
+	f.mem, f.seq, f.floor, f.floorAt = eventChunks{}, 0, 0, Cursor{}
 	f.consumers = map[string]Consumer{}
 	meta := tx.Bucket(bucketMeta)
 	if v := meta.Get(keyFeedSeq); len(v) == 8 {
@@ -190,7 +189,9 @@ func (f *feed) stage(events []FeedEvent) {
 		return
 	}
 	f.mu.Lock()
-	f.mem = append(f.mem, events...)
+	for i := range events {
+		f.mem.add(&events[i])
+	}
 	f.seq = events[len(events)-1].Seq
 	f.mu.Unlock()
 }
@@ -234,14 +235,63 @@ func (f *feed) changed() <-chan struct{} {
 
 // memEvent returns event seq from memory.
 func (f *feed) memEvent(seq uint64) (FeedEvent, bool) {
-	if len(f.mem) == 0 || seq < f.mem[0].Seq {
-		return FeedEvent{}, false
+	if e := f.mem.get(seq); e != nil {
+		return *e, true
 	}
-	i := seq - f.mem[0].Seq
-	if i >= uint64(len(f.mem)) {
-		return FeedEvent{}, false
+	return FeedEvent{}, false
+}
+
+// feedChunkEvents is the events one chunk of memory holds: the feed's
+// memory grows and shrinks by whole chunks, never copying an event.
+const feedChunkEvents = 1024
+
+// eventChunks is events in consecutive sequence, in fixed-size chunks.
+type eventChunks struct {
+	chunks [][]FeedEvent // each of capacity feedChunkEvents; only the last may be partly full
+	first  uint64        // sequence of chunks[0][0]
+}
+
+func (m *eventChunks) add(e *FeedEvent) {
+	if n := len(m.chunks); n == 0 || len(m.chunks[n-1]) == feedChunkEvents {
+		if n == 0 {
+			m.first = e.Seq
+		}
+		m.chunks = append(m.chunks, make([]FeedEvent, 0, feedChunkEvents))
 	}
-	return f.mem[i], true
+	last := &m.chunks[len(m.chunks)-1]
+	*last = append(*last, *e)
+}
+
+// firstSeq is the first event held (0: none).
+func (m *eventChunks) firstSeq() uint64 {
+	if len(m.chunks) == 0 {
+		return 0
+	}
+	return m.first
+}
+
+func (m *eventChunks) get(seq uint64) *FeedEvent {
+	if len(m.chunks) == 0 || seq < m.first {
+		return nil
+	}
+	i := seq - m.first
+	c := i / feedChunkEvents
+	if c >= uint64(len(m.chunks)) || i%feedChunkEvents >= uint64(len(m.chunks[c])) {
+		return nil
+	}
+	return &m.chunks[c][i%feedChunkEvents]
+}
+
+// dropBefore forgets the whole chunks that hold only events below seq.
+func (m *eventChunks) dropBefore(seq uint64) {
+	drop := 0
+	for drop < len(m.chunks)-1 && m.first+feedChunkEvents <= seq {
+		m.first += feedChunkEvents
+		drop++
+	}
+	if drop > 0 {
+		m.chunks = slices.Delete(m.chunks, 0, drop)
+	}
 }
 
 // persist writes to tx, inside the persister's transaction that takes
@@ -252,13 +302,14 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	f.mu.RLock()
 	gen, last = f.gen, f.persisted
 	var batch []FeedEvent
-	if len(f.mem) > 0 {
-		start := 0
-		if f.persisted >= f.mem[0].Seq {
-			start = int(f.persisted - f.mem[0].Seq + 1)
+	if first := f.mem.firstSeq(); first != 0 {
+		for seq := max(f.persisted+1, first); ; seq++ {
+			e := f.mem.get(seq)
+			if e == nil || e.Index > target {
+				break
+			}
+			batch = append(batch, *e)
 		}
-		end := start + sort.Search(len(f.mem)-start, func(i int) bool { return f.mem[start+i].Index > target })
-		batch = f.mem[start:end]
 	}
 	f.mu.RUnlock()
 	events := tx.Bucket(bucketEvents)
@@ -319,14 +370,7 @@ func (f *feed) written(gen, seq uint64) {
 	if f.persisted > feedMemoryEvents {
 		keepFrom = max(keepFrom, f.persisted-feedMemoryEvents+1)
 	}
-	if len(f.mem) == 0 || f.mem[0].Seq >= keepFrom {
-		return
-	}
-	drop := min(keepFrom-f.mem[0].Seq, uint64(len(f.mem)))
-	if drop < feedMemoryEvents/4 && drop < uint64(len(f.mem)) {
-		return
-	}
-	f.mem = slices.Clone(f.mem[drop:])
+	f.mem.dropBefore(min(keepFrom, f.persisted+1))
 }
 
 // encodeFeedEvent appends e's record: format, type, index, time, order id,
@@ -469,10 +513,7 @@ func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
 	f := &l.feed
 	f.mu.RLock()
 	visible, floor, floorAt := f.visible, f.floor, f.floorAt
-	var memFirst uint64
-	if len(f.mem) > 0 {
-		memFirst = f.mem[0].Seq
-	}
+	memFirst := f.mem.firstSeq()
 	f.mu.RUnlock()
 	page := FeedPage{}
 	if visible > 0 {

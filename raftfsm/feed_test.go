@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"testing"
@@ -276,5 +277,65 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 	st, _ = l2.FeedStats()
 	if st.Floor != c8 || st.Retained != 12 || len(st.Consumers) != 1 {
 		t.Fatalf("stats after reopen %+v", st)
+	}
+}
+
+func TestFeed_ManyEventsReadFromFileAndMemory(t *testing.T) {
+	tl := newTestLedger(t)
+	const n = 3*feedMemoryEvents + 777
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: n}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: n})
+	for i := 0; i < n; {
+		c := legacyCommand{Op: OpTake, Node: "n1"}
+		for j := 0; j < 1000 && i < n; j, i = j+1, i+1 {
+			c.Takes = append(c.Takes, TakeEntry{SKU: "a", Qty: 1, User: "u", OrderID: fmt.Sprintf("o%06d", i)})
+		}
+		tl.apply(c)
+		if i%5000 < 1000 {
+			if err := tl.l.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tl.l.feed.mu.RLock()
+	first, chunks := tl.l.feed.mem.firstSeq(), len(tl.l.feed.mem.chunks)
+	tl.l.feed.mu.RUnlock()
+	if first <= 1 || chunks > (2*feedMemoryEvents)/feedChunkEvents+2 {
+		t.Fatalf("memory holds events from %d in %d chunks: not trimmed", first, chunks)
+	}
+	var all feedTally
+	all.readAll(t, tl.l) // from the file, then from memory
+	if len(all.events) != n || all.sold["a"] != n {
+		t.Fatalf("read %d events selling %d, want %d", len(all.events), all.sold["a"], n)
+	}
+	for i, e := range all.events {
+		if want := fmt.Sprintf("o%06d", i); e.Order.ID != want {
+			t.Fatalf("event %d is order %s, want %s", i+1, e.Order.ID, want)
+		}
+	}
+}
+
+func TestEventChunks_AddGetDrop(t *testing.T) {
+	var m eventChunks
+	for seq := uint64(5); seq < 5+3*feedChunkEvents+10; seq++ {
+		m.add(&FeedEvent{Seq: seq})
+	}
+	for _, seq := range []uint64{5, 6, 5 + feedChunkEvents, 4 + 3*feedChunkEvents + 10} {
+		if e := m.get(seq); e == nil || e.Seq != seq {
+			t.Fatalf("get %d: %+v", seq, e)
+		}
+	}
+	for _, seq := range []uint64{0, 4, 5 + 3*feedChunkEvents + 10} {
+		if e := m.get(seq); e != nil {
+			t.Fatalf("get %d: %+v, want none", seq, e)
+		}
+	}
+	m.dropBefore(5 + feedChunkEvents + 3) // only the first chunk is wholly below
+	if m.firstSeq() != 5+feedChunkEvents || m.get(4+feedChunkEvents) != nil || m.get(5+feedChunkEvents) == nil {
+		t.Fatalf("after dropping: first %d", m.firstSeq())
+	}
+	m.dropBefore(1 << 62) // the last chunk stays
+	if len(m.chunks) != 1 || m.get(4+3*feedChunkEvents+10) == nil {
+		t.Fatalf("after dropping everything: %d chunks", len(m.chunks))
 	}
 }
