@@ -62,11 +62,11 @@ func (r *Report) PrintTables(w io.Writer) {
 		if run.Scenario != scenario {
 			scenario = run.Scenario
 			fmt.Fprintf(w, "\nscenario %s (%d units on sale)\n", scenario, run.Total)
-			fmt.Fprintf(w, "%-24s %-38s %10s %9s %9s %9s %8s %-28s %6s %8s %8s\n",
+			fmt.Fprintf(w, "%-33s %-38s %10s %9s %9s %9s %8s %-28s %6s %8s %8s\n",
 				"strategy", "durability", "req/s", "p50", "p99", "p99.9", "wins", "losses", "errors", "oversold", "x stockd")
 		}
 		if run.Skipped != "" {
-			fmt.Fprintf(w, "%-24s skipped: %s\n", run.Strategy, run.Skipped)
+			fmt.Fprintf(w, "%-33s skipped: %s\n", run.Strategy, run.Skipped)
 			continue
 		}
 		oversold := fmt.Sprint(run.Oversold)
@@ -77,11 +77,11 @@ func (r *Report) PrintTables(w io.Writer) {
 		if run.VsStockd > 0 {
 			ratio = fmt.Sprintf("%.2f", run.VsStockd)
 		}
-		fmt.Fprintf(w, "%-24s %-38s %10.0f %9s %9s %9s %8d %-28s %6d %8s %8s\n",
+		fmt.Fprintf(w, "%-33s %-38s %10.0f %9s %9s %9s %8d %-28s %6d %8s %8s\n",
 			run.Strategy, trunc(run.Durability, 38), run.Rate, fmtDur(run.Latency.P50), fmtDur(run.Latency.P99), fmtDur(run.Latency.P999),
 			run.Wins, lossText(run.Losses), run.Errors, oversold, ratio)
 		for _, n := range run.ErrorNotes {
-			fmt.Fprintf(w, "%-24s   error: %s\n", "", trunc(n, 120))
+			fmt.Fprintf(w, "%-33s   error: %s\n", "", trunc(n, 120))
 		}
 	}
 	fmt.Fprintln(w)

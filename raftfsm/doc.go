@@ -3,7 +3,8 @@
 // application, and the raft node that orders them.
 //
 // What it owns: ledger.db (rows per SKU, orders, request ids by time,
-// per-user counts, node addresses, the last log index it holds), and
+// per-user counts, node addresses, the order feed's events and consumers,
+// the last log index it holds), and
 // through hashicorp/raft the raft log (raft-wal's segments, or raft.db in
 // data dirs made before it) and snapshots/.
 //
@@ -16,6 +17,13 @@
 // index and raft replays the entries after it (Apply skips those at or
 // below the index it holds). Snapshot writes everything applied first, so
 // raft never compacts away an entry the ledger lacks.
+//
+// The order feed (feed.go): every order event gets the next sequence
+// number as it is applied, so every node numbers the same events alike;
+// the newest events stay in memory, the persister writes them with the
+// rest. Pruning goes through the log (PruneEvents) and the persister
+// deletes lazily. An archived sale's orders leave in PurgeArchived steps;
+// the file is then compacted (compact.go) while the ledger goes on.
 //
 // Reads (SKU, Order, audits) may come from any goroutine: rows, holds,
 // per-user counts and a hash index of request ids are mirrored in memory
