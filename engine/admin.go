@@ -53,15 +53,7 @@ func (e *Engine) Restock(sku string, qty int64) error {
 	if err != nil {
 		return err
 	}
-	switch res.Outcome {
-	case raftfsm.OutcomeOK:
-		return nil
-	case raftfsm.OutcomeUnknownSKU:
-		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
-	case raftfsm.OutcomeClosed:
-		return fmt.Errorf("%w: %q takes no restock", ErrSaleClosed, sku)
-	}
-	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+	return saleOutcome(sku, res)
 }
 
 // CloseSale stops a sale: new deducts get closed, every node's lease goes
@@ -72,13 +64,7 @@ func (e *Engine) CloseSale(sku string) error {
 	if err != nil {
 		return err
 	}
-	switch res.Outcome {
-	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
-		return nil
-	case raftfsm.OutcomeUnknownSKU:
-		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
-	}
-	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+	return saleOutcome(sku, res)
 }
 
 // ArchiveSale takes a closed sale's orders out of the ledger (its totals
@@ -89,12 +75,23 @@ func (e *Engine) ArchiveSale(sku string) error {
 	if err != nil {
 		return err
 	}
+	if err := saleOutcome(sku, res); err != nil {
+		return err
+	}
+	e.wakePurge()
+	return nil
+}
+
+// saleOutcome is the error a sale-level command's outcome means (nil for
+// done, or done before).
+func saleOutcome(sku string, res *raftfsm.Result) error {
 	switch res.Outcome {
 	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
-		e.wakePurge()
 		return nil
 	case raftfsm.OutcomeUnknownSKU:
 		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	case raftfsm.OutcomeClosed:
+		return fmt.Errorf("%w: %q", ErrSaleClosed, sku)
 	case raftfsm.OutcomeNotClosed:
 		return fmt.Errorf("%w: %s", ErrNotClosed, res.Detail)
 	case raftfsm.OutcomeHoldsPending:

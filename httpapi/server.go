@@ -298,14 +298,13 @@ func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleAudit(ctx, rest[:len(rest)-len(suffixAudit)])
 		}
-	case bytes.HasSuffix(rest, suffixClose):
-		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
-			s.handleSaleCommand(ctx, rest[:len(rest)-len(suffixClose)], s.engine.CloseSale)
-			s.markApplied(ctx)
+	case bytes.HasSuffix(rest, suffixClose), bytes.HasSuffix(rest, suffixArchive):
+		run, suffix := s.engine.CloseSale, suffixClose
+		if bytes.HasSuffix(rest, suffixArchive) {
+			run, suffix = s.engine.ArchiveSale, suffixArchive
 		}
-	case bytes.HasSuffix(rest, suffixArchive):
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
-			s.handleSaleCommand(ctx, rest[:len(rest)-len(suffixArchive)], s.engine.ArchiveSale)
+			s.handleSaleCommand(ctx, rest[:len(rest)-len(suffix)], run)
 			s.markApplied(ctx)
 		}
 	case bytes.HasSuffix(rest, suffixOrders):

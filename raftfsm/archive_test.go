@@ -100,14 +100,7 @@ func TestArchive_ClosedSaleLeavesTheLedgerAndItsTotalsStay(t *testing.T) {
 		t.Fatalf("compact: %+v %v", r, err)
 	}
 	tl.apply(take("n1", "b", "after", "b99", 1))
-	if err := tl.l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l2, err := OpenLedger(tl.dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l2.Close()
+	l2 := tl.reopen()
 	for _, id := range []string{"b00", "b39", "b99"} {
 		if _, ok, _ := l2.Order(id); !ok {
 			t.Fatalf("order %s lost by the compaction", id)

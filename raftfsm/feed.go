@@ -347,7 +347,7 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	}
 	cur := events.Cursor()
 	deleted := 0
-	for k, _ := cur.First(); k != nil && len(k) == 8 && binary.BigEndian.Uint64(k) <= floor && deleted < feedDeleteMax; k, _ = cur.First() {
+	for k, _ := cur.First(); len(k) == 8 && binary.BigEndian.Uint64(k) <= floor && deleted < feedDeleteMax; k, _ = cur.First() {
 		if err := cur.Delete(); err != nil {
 			return 0, 0, err
 		}

@@ -10,6 +10,22 @@ import (
 	"github.com/hashicorp/raft"
 )
 
+// reopen closes the ledger and opens its file again, as a restart does;
+// the test ledger goes on with the new one.
+func (t *testLedger) reopen() *Ledger {
+	t.tb.Helper()
+	if err := t.l.Close(); err != nil {
+		t.tb.Fatal(err)
+	}
+	l, err := OpenLedger(t.dir, nil)
+	if err != nil {
+		t.tb.Fatal(err)
+	}
+	t.tb.Cleanup(func() { l.Close() })
+	t.l = l
+	return l
+}
+
 // applyTyped applies a typed command at the next log index.
 func (t *testLedger) applyTyped(at int64, c Command) *Result {
 	t.tb.Helper()
@@ -260,14 +276,7 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 	if err := tl.l.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if err := tl.l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l2, err := OpenLedger(tl.dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l2.Close()
+	l2 := tl.reopen()
 	if _, ok, _ := l2.FeedEvent(8); ok {
 		t.Fatal("a pruned event is still in the file")
 	}
