@@ -6,12 +6,13 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
+.PHONY: ui-screenshot build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
 
-# One node on 127.0.0.1:8080 (raft on 127.0.0.1:7000), data in ./data.
+# One node on 127.0.0.1:8080 (raft on 127.0.0.1:7000), data in ./data;
+# the operator's page at http://127.0.0.1:8080/ui.
 run: build
 	$(BIN) serve
 
@@ -72,6 +73,11 @@ bench: build
 # redis-server and postgresql when missing, runs them on loopback, stops them.
 bench-peers: build
 	scripts/bench-peers.sh $(BIN)
+
+# The README's picture of the operator's page: headless Chromium on a
+# three-node cluster in the middle of a sale (docs/ui.png).
+ui-screenshot:
+	STOCKD_UI_SCREENSHOT=$(CURDIR)/docs/ui.png $(GO) test -count=1 -v -run 'TestUI_PageFollowsASaleLive' .
 
 # The Go micro-benchmarks: shard variants and HTTP deduct vs a no-op handler.
 bench-go:

@@ -218,6 +218,7 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger.Info("stockd serving", "version", version, "id", cfg.ID, "http", n.HTTPAddr(), "raft", cfg.Raft.RaftBind, "data", cfg.DataDir)
+	fmt.Fprintf(stderr, "stockd: the operator's page is at http://%s/ui\n", n.HTTPAddr())
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

@@ -39,6 +39,19 @@ func (e *Engine) SKU(sku string) (SKUView, bool) {
 	return v, true
 }
 
+// SKUViews reads every sale from the local ledger, sorted by SKU.
+func (e *Engine) SKUViews() []SKUView {
+	rows, _ := e.ledger.SKUs()
+	out := make([]SKUView, 0, len(rows))
+	for _, row := range rows {
+		v, ok := e.SKU(row.SKU)
+		if ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // Order reads an order: from the ledger once committed, else from this
 // node's pending takes (state pending), else from the pending orders the
 // ledger turned down (state released, reason turned_down_<why>).

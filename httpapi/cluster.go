@@ -236,6 +236,12 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "no cluster status")
 		return
 	}
+	writeJSON(ctx, fasthttp.StatusOK, s.clusterStatus())
+}
+
+// clusterStatus is this node's view of the cluster, each peer's own state
+// asked of it (bounded by peerStatusTimeout).
+func (s *Server) clusterStatus() ClusterStatus {
 	st := s.cluster.Status()
 	addrs := s.engine.NodeAddrs()
 	var wg sync.WaitGroup
@@ -259,7 +265,7 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 		}()
 	}
 	wg.Wait()
-	writeJSON(ctx, fasthttp.StatusOK, st)
+	return st
 }
 
 // PeerClient carries node-to-node calls: forwarded commands, status

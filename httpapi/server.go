@@ -43,6 +43,7 @@ type Engine interface {
 	CloseSale(sku string) error
 	ArchiveSale(sku string) error
 	SKU(sku string) (engine.SKUView, bool)
+	SKUViews() []engine.SKUView
 	SaleOrders(sku, state, after string, fn func(*engine.Order) error) (engine.OrdersSnapshot, error)
 	Order(id string) (engine.Order, bool, error)
 	Confirm(id string) (engine.Order, error)
@@ -250,6 +251,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	case bytes.HasPrefix(path, pathV1Consumers):
 		s.routeConsumer(ctx, method, path[len(pathV1Consumers):])
+	case string(path) == "/v1/stats":
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleStats(ctx)
+		}
+	case string(path) == "/ui" || string(path) == "/ui/":
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleUI(ctx)
+		}
 	case string(path) == "/v1/cluster":
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleCluster(ctx)

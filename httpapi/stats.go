@@ -1,0 +1,101 @@
+package httpapi
+
+import (
+	_ "embed"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The operator's page (DESIGN.md, "The operator's page"): GET /ui is one
+// self-contained page, embedded here, that polls GET /v1/stats. The stats
+// are read from atomics and the ledger's mirrors: no lock on the deduct
+// path is taken for them.
+
+//go:embed ui/index.html
+var uiPage []byte
+
+func (s *Server) handleUI(ctx *fasthttp.RequestCtx) {
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("text/html; charset=utf-8")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	// The page loads nothing from elsewhere, and nothing may frame it.
+	ctx.Response.Header.Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'")
+	ctx.SetBody(uiPage)
+}
+
+// statsSKU is one sale on the page.
+type statsSKU struct {
+	SKU        string           `json:"sku"`
+	State      string           `json:"state"`
+	Total      int64            `json:"total"`
+	Remaining  int64            `json:"remaining"`
+	Available  int64            `json:"available"`
+	Held       int64            `json:"held"`
+	Sold       int64            `json:"sold"`
+	Leased     map[string]int64 `json:"leased"`
+	Buckets    int64            `json:"buckets"` // units in this node's buckets
+	AuditDrift int64            `json:"audit_drift"`
+	Archived   bool             `json:"archived,omitempty"`
+}
+
+// statsConsumer is one consumer of the order feed on the page.
+type statsConsumer struct {
+	Name       string  `json:"name"`
+	Cursor     string  `json:"cursor"`
+	LagEvents  uint64  `json:"lag_events"`
+	LagSeconds float64 `json:"lag_seconds"`
+}
+
+// statsResponse is GET /v1/stats: what the operator's page shows, as
+// counters since the node started (the page turns them into rates).
+type statsResponse struct {
+	NodeID string `json:"node_id"`
+	AtMs   int64  `json:"at_ms"`
+	// Cluster is this node's view, each peer asked for its own state;
+	// absent for a node without raft status.
+	Cluster *ClusterStatus `json:"cluster,omitempty"`
+	SKUs    []statsSKU     `json:"skus"`
+	// Deducts by outcome, since start; LatencyBuckets are the upper bounds
+	// (seconds) of LatencyCounts (the last count is above them all).
+	Deducts        map[string]uint64 `json:"deducts"`
+	LatencyBuckets []float64         `json:"latency_buckets"`
+	LatencyCounts  []uint64          `json:"latency_counts"`
+	CommitBlocked  bool              `json:"commit_blocked"`
+	PersistLag     uint64            `json:"persist_lag_entries"`
+	FeedHead       string            `json:"feed_head"`
+	FeedRetained   uint64            `json:"feed_retained"`
+	Consumers      []statsConsumer   `json:"consumers"`
+}
+
+func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
+	m := s.engine.MetricsSnapshot()
+	out := statsResponse{AtMs: time.Now().UnixMilli(), Deducts: m.DeductsByStatus,
+		LatencyBuckets: latencyBucketsSeconds, CommitBlocked: m.CommitBlocked, PersistLag: m.LedgerPersistLagEntries,
+		SKUs: []statsSKU{}, Consumers: []statsConsumer{}}
+	if s.cluster != nil {
+		st := s.clusterStatus()
+		out.Cluster, out.NodeID = &st, st.NodeID
+	}
+	for _, v := range s.engine.SKUViews() {
+		r := v.Row
+		leased := r.Leased
+		if leased == nil {
+			leased = map[string]int64{}
+		}
+		out.SKUs = append(out.SKUs, statsSKU{SKU: r.SKU, State: v.State, Total: r.Total, Remaining: r.Remaining(),
+			Available: r.Available, Held: r.Held, Sold: r.Sold, Leased: leased, Buckets: max(m.BucketUnits[r.SKU], 0),
+			AuditDrift: m.AuditDrift[r.SKU], Archived: r.Archived})
+	}
+	out.LatencyCounts = make([]uint64, len(s.latency.counts))
+	for i := range s.latency.counts {
+		out.LatencyCounts[i] = s.latency.counts[i].Load()
+	}
+	if v, err := s.engine.Feed(); err == nil {
+		out.FeedHead, out.FeedRetained = v.Head.String(), v.Retained
+		for _, c := range v.Consumers {
+			out.Consumers = append(out.Consumers, statsConsumer{Name: c.Name, Cursor: c.Cursor.String(), LagEvents: c.LagEvents, LagSeconds: c.LagSeconds})
+		}
+	}
+	writeJSON(ctx, fasthttp.StatusOK, out)
+}
