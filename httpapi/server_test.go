@@ -59,7 +59,7 @@ func (f *fakeEngine) Events(context.Context, engine.Cursor, int, time.Duration) 
 func (f *fakeEngine) SaleOrders(string, string, string, func(*engine.Order) error) (engine.OrdersSnapshot, error) {
 	return engine.OrdersSnapshot{}, nil
 }
-func (f *fakeEngine) SKUViews() []engine.SKUView                  { return nil }
+func (f *fakeEngine) SKUViews() []engine.SKUView              { return nil }
 func (f *fakeEngine) CloseSale(string) error                  { return nil }
 func (f *fakeEngine) ArchiveSale(string) error                { return nil }
 func (f *fakeEngine) Feed() (engine.FeedView, error)          { return engine.FeedView{}, nil }
