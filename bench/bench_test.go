@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -171,5 +172,28 @@ func TestProcessCPU_ReadsAProcessesTime(t *testing.T) {
 	}
 	if _, ok := processCPU([]int{os.Getpid(), 1 << 30}); ok {
 		t.Fatal("a pid that does not exist read as ok")
+	}
+}
+
+func TestWriteHTML_InProcessCountersOnTheirOwnPanels(t *testing.T) {
+	served := &Run{Scenario: "plentiful", Strategy: "stockd-commit", Timeline: []Slot{{AtSec: 0, Requests: 1000}, {AtSec: 1, Requests: 1200}}}
+	inproc := &Run{Scenario: "plentiful", Strategy: "inproc-atomic", Timeline: []Slot{{AtSec: 0, Requests: 5_000_000}}}
+	r := &Report{Runs: []*Run{served, inproc}}
+	path := filepath.Join(t.TempDir(), "report.html")
+	if err := r.WriteHTML(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"throughput, servers", "throughput, in-process counters"} {
+		if !strings.Contains(string(b), want) {
+			t.Fatalf("the report has no panel %q", want)
+		}
+	}
+	charts := timelineCharts("servers", []*Run{served})
+	if top := charts[0].MaxY; top >= float64(inproc.Timeline[0].Requests) {
+		t.Fatalf("the servers' throughput panel tops at %v: an in-process line is on it", top)
 	}
 }

@@ -167,6 +167,34 @@ const chartW, chartH = 640.0, 240.0
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22"}
 
+// timelineCharts are throughput, mean latency and stock over time for one
+// group of runs.
+func timelineCharts(group string, runs []*Run) []chart {
+	return []chart{
+		buildChart("throughput, "+group, "requests/s", runs, func(run *Run) [][2]float64 {
+			var pts [][2]float64
+			for _, s := range run.Timeline {
+				pts = append(pts, [2]float64{s.AtSec, float64(s.Requests) / slotWidth.Seconds()})
+			}
+			return pts
+		}),
+		buildChart("mean latency, "+group, "ms", runs, func(run *Run) [][2]float64 {
+			var pts [][2]float64
+			for _, s := range run.Timeline {
+				pts = append(pts, [2]float64{s.AtSec, s.MeanLatency})
+			}
+			return pts
+		}),
+		buildChart("stock remaining, "+group, "units", runs, func(run *Run) [][2]float64 {
+			var pts [][2]float64
+			for _, s := range run.Stock {
+				pts = append(pts, [2]float64{s.AtSec, float64(s.Remaining)})
+			}
+			return pts
+		}),
+	}
+}
+
 func buildChart(title, ylabel string, runs []*Run, pick func(*Run) [][2]float64) chart {
 	c := chart{Title: title, YLabel: ylabel}
 	series := make([][][2]float64, len(runs))
@@ -253,28 +281,23 @@ func (r *Report) WriteHTML(path string) error {
 				ran = append(ran, run)
 			}
 		}
-		v.Charts = []chart{
-			buildChart("throughput", "requests/s", ran, func(run *Run) [][2]float64 {
-				var pts [][2]float64
-				for _, s := range run.Timeline {
-					pts = append(pts, [2]float64{s.AtSec, float64(s.Requests) / slotWidth.Seconds()})
-				}
-				return pts
-			}),
-			buildChart("mean latency", "ms", ran, func(run *Run) [][2]float64 {
-				var pts [][2]float64
-				for _, s := range run.Timeline {
-					pts = append(pts, [2]float64{s.AtSec, s.MeanLatency})
-				}
-				return pts
-			}),
-			buildChart("stock remaining", "units", ran, func(run *Run) [][2]float64 {
-				var pts [][2]float64
-				for _, s := range run.Stock {
-					pts = append(pts, [2]float64{s.AtSec, float64(s.Remaining)})
-				}
-				return pts
-			}),
+		// In-process counters run at millions a second: on one panel with
+		// the servers they would flatten every server's line.
+		var served, inproc []*Run
+		for _, run := range ran {
+			if strings.HasPrefix(run.Strategy, "inproc-") {
+				inproc = append(inproc, run)
+			} else {
+				served = append(served, run)
+			}
+		}
+		for _, group := range []struct {
+			label string
+			runs  []*Run
+		}{{"servers", served}, {"in-process counters", inproc}} {
+			if len(group.runs) > 0 {
+				v.Charts = append(v.Charts, timelineCharts(group.label, group.runs)...)
+			}
 		}
 	}
 	f, err := os.Create(path)
