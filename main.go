@@ -125,6 +125,8 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 	fs.Float64Var(&cfg.Engine.RateLimit, "rate-limit", cfg.Engine.RateLimit, "deducts per second this node admits (0: no limit); the rest get 429 with Retry-After")
 	fs.IntVar(&cfg.Engine.RateBurst, "rate-burst", cfg.Engine.RateBurst, "deducts admitted at once above -rate-limit")
 	fs.IntVar(&cfg.Engine.MaxInFlight, "max-inflight", cfg.Engine.MaxInFlight, "deducts served at once on this node (0: no cap); the rest get 429")
+	fs.DurationVar(&cfg.Engine.AdmissionLatency, "admission-latency", cfg.Engine.AdmissionLatency, "admission follows the ledger: won deducts waiting for their commit are bounded, and the bound shrinks when they wait longer than this (0: off); the rest get 429 at once")
+	fs.DurationVar(&cfg.FaultApplyDelay, "fault-apply-delay", 0, "FOR TESTS AND BENCHES ONLY: stall every ledger batch this long (a slow ledger)")
 	fs.IntVar(&cfg.Engine.ProposalsInFlightMax, "proposals-in-flight", cfg.Engine.ProposalsInFlightMax, "Take batches proposed at once while leading; a new batch gathers every win queued meanwhile")
 	fs.IntVar(&cfg.Engine.ForwardedInFlightMax, "forwarded-in-flight", cfg.Engine.ForwardedInFlightMax, "Take batches forwarded to the leader at once while following")
 	fs.DurationVar(&cfg.Engine.ForwardLinger, "forward-linger", cfg.Engine.ForwardLinger, "how long a following node's Take batch waits for more takes before it is forwarded (0: at once)")

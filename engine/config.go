@@ -164,6 +164,11 @@ type Config struct {
 	RateLimit   float64
 	RateBurst   int
 	MaxInFlight int
+	// AdmissionLatency turns on admission that follows the ledger: won
+	// deducts waiting for their commit are bounded, and the bound shrinks
+	// when they wait longer than this (0: off; MaxInFlight, or 10,000,
+	// is then the bound's ceiling).
+	AdmissionLatency time.Duration
 	// AdvertiseHTTP is this node's HTTP address as peers reach it; the
 	// engine registers it in the ledger so followers can forward to it.
 	AdvertiseHTTP string
@@ -214,6 +219,7 @@ func DefaultConfig() Config {
 		FeedPruneInterval:    10 * time.Second,
 		RateBurst:            1000,
 		MaxInFlight:          10_000,
+		AdmissionLatency:     500 * time.Millisecond,
 		Now:                  time.Now,
 	}
 }

@@ -148,6 +148,11 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 		res.Status, res.Detail = StatusUnavailable, "the ledger cannot commit now (no quorum or no leader); retry shortly"
 		return nil
 	}
+	if e.adaptive.full() {
+		res.Status, res.RetryAfter = StatusRateLimited, adaptiveRetryAfter
+		res.Detail = "the ledger commits slower than deducts arrive; retry after the given seconds"
+		return nil
+	}
 	ok, retryAfter := e.admission.admit(req.Hint, e.cfg.Now())
 	if !ok {
 		res.Status, res.RetryAfter = StatusRateLimited, retryAfter
@@ -298,6 +303,11 @@ type pendingTake struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	result DeductResult
+	// path is the adaptive limit that counts this take while it waits for
+	// the ledger (set once it is queued for commit, at entered on the real
+	// clock: the engine's may be a test's).
+	path    *adaptiveLimit
+	entered time.Time
 }
 
 func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
@@ -313,6 +323,9 @@ func (p *pendingTake) resolve(r DeductResult) {
 		p.result = r
 		p.mu.Unlock()
 		close(p.done)
+		if p.path != nil {
+			p.path.leave(time.Since(p.entered))
+		}
 	})
 }
 
@@ -347,6 +360,8 @@ func (e *Engine) won(s *sale, p *pendingTake, noWait bool, res *DeductResult) {
 	if units := s.buckets.Units(); units < s.lowWatermark.Load() {
 		e.requestRefill(s)
 	}
+	p.path, p.entered = e.adaptive, time.Now()
+	e.adaptive.enter()
 	select {
 	case e.takeQueue <- p:
 	default:

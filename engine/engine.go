@@ -55,6 +55,7 @@ type Engine struct {
 
 	metrics   *Metrics
 	admission *admission
+	adaptive  *adaptiveLimit
 }
 
 // New builds an engine over an open ledger (a *raftfsm.Ledger, or a fake
@@ -88,6 +89,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		stop:         make(chan struct{}),
 		metrics:      newMetrics(),
 		admission:    newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
+		adaptive:     newAdaptiveLimit(cfg.AdmissionLatency, cfg.MaxInFlight),
 	}
 	// Order ids must never repeat, even across restarts and for pending
 	// orders a crash lost: the sequence starts at the boot time in

@@ -112,12 +112,17 @@ type Snapshot struct {
 	HoldsExpired     uint64
 	// FeedUnreadPruned counts feed events pruned at the cap before a
 	// consumer acknowledged them; FeedAtCap: the last prune did so.
-	LedgerFileBytes  int64
-	FeedUnreadPruned uint64
-	FeedAtCap        bool
-	AuditDrift       map[string]int64 // units, per sku, from the last periodic audit
-	BatchSizeBounds  []float64
-	BatchSizeCounts  []uint64 // per bucket of BatchSizeBounds, then +Inf
+	// AdmissionLimit bounds the deducts won and waiting for the ledger
+	// (AdmissionInPath) when AdmissionAdaptive.
+	AdmissionLimit    int64
+	AdmissionInPath   int64
+	AdmissionAdaptive bool
+	LedgerFileBytes   int64
+	FeedUnreadPruned  uint64
+	FeedAtCap         bool
+	AuditDrift        map[string]int64 // units, per sku, from the last periodic audit
+	BatchSizeBounds   []float64
+	BatchSizeCounts   []uint64 // per bucket of BatchSizeBounds, then +Inf
 	// CommitBounds and CommitCounts: Take batches by the time from their
 	// proposal to the ledger's verdict, in seconds; CommitSeconds is the sum.
 	CommitBounds  []float64
@@ -148,6 +153,8 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s.LedgerPersistLagEntries, s.LedgerPendingChanges = e.ledger.PersistLag()
 	s.LedgerPersistFailures = e.ledger.PersistFailures()
 	s.LedgerFileBytes = e.ledger.FileBytes()
+	s.AdmissionLimit, s.AdmissionInPath = e.adaptive.limit.Load(), e.adaptive.inPath.Load()
+	s.AdmissionAdaptive = e.adaptive.target > 0
 	s.CommitBlocked = e.commitBlocked.Load()
 	sales := *e.sales.Load()
 	s.BucketUnits = make(map[string]int64, len(sales))

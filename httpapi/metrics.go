@@ -78,6 +78,10 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteCounterUint64(&w, "stockd_ledger_persist_failures_total", m.LedgerPersistFailures)
 	metrics.WriteGaugeUint64(&w, "stockd_ledger_pending_changes", uint64(m.LedgerPendingChanges))
 	metrics.WriteGaugeUint64(&w, "stockd_ledger_file_bytes", uint64(max(m.LedgerFileBytes, 0)))
+	if m.AdmissionAdaptive {
+		metrics.WriteGaugeUint64(&w, "stockd_admission_limit", uint64(max(m.AdmissionLimit, 0)))
+	}
+	metrics.WriteGaugeUint64(&w, "stockd_admission_waiting_commit", uint64(max(m.AdmissionInPath, 0)))
 	for _, sku := range slices.Sorted(maps.Keys(m.Tails)) {
 		tail := m.Tails[sku]
 		metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_tail_seconds{sku=%q}`, sku), tail.Length().Seconds())

@@ -62,17 +62,24 @@ type statsResponse struct {
 	LatencyBuckets []float64         `json:"latency_buckets"`
 	LatencyCounts  []uint64          `json:"latency_counts"`
 	CommitBlocked  bool              `json:"commit_blocked"`
-	PersistLag     uint64            `json:"persist_lag_entries"`
-	FeedHead       string            `json:"feed_head"`
-	FeedRetained   uint64            `json:"feed_retained"`
-	Consumers      []statsConsumer   `json:"consumers"`
+	// AdmissionLimit bounds the deducts waiting for the ledger
+	// (AdmissionWaiting); 0 when admission does not follow the ledger.
+	AdmissionLimit   int64           `json:"admission_limit"`
+	AdmissionWaiting int64           `json:"admission_waiting"`
+	PersistLag       uint64          `json:"persist_lag_entries"`
+	FeedHead         string          `json:"feed_head"`
+	FeedRetained     uint64          `json:"feed_retained"`
+	Consumers        []statsConsumer `json:"consumers"`
 }
 
 func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 	m := s.engine.MetricsSnapshot()
 	out := statsResponse{AtMs: time.Now().UnixMilli(), Deducts: m.DeductsByStatus,
 		LatencyBuckets: latencyBucketsSeconds, CommitBlocked: m.CommitBlocked, PersistLag: m.LedgerPersistLagEntries,
-		SKUs: []statsSKU{}, Consumers: []statsConsumer{}}
+		SKUs: []statsSKU{}, Consumers: []statsConsumer{}, AdmissionWaiting: m.AdmissionInPath}
+	if m.AdmissionAdaptive {
+		out.AdmissionLimit = m.AdmissionLimit
+	}
 	if s.cluster != nil {
 		st := s.clusterStatus()
 		out.Cluster, out.NodeID = &st, st.NodeID

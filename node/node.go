@@ -39,8 +39,11 @@ type Config struct {
 	// answers 503). For measuring what the feed costs: every node of a
 	// cluster must run with the same setting from its first start.
 	NoOrderFeed bool
-	Logger      *slog.Logger
-	Version     string
+	// FaultApplyDelay stalls every ledger batch this long: a slow ledger,
+	// for tests and benches of admission. Never in production.
+	FaultApplyDelay time.Duration
+	Logger          *slog.Logger
+	Version         string
 
 	HTTP   httpapi.Config
 	Raft   raftfsm.Config
@@ -174,6 +177,7 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	ledger.SetFeed(!cfg.NoOrderFeed)
+	ledger.SetApplyDelay(cfg.FaultApplyDelay)
 	cfg.Engine.FeedOff = cfg.NoOrderFeed
 	n := &Node{cfg: cfg, logger: logger, ledger: ledger}
 	fail := func(err error) (*Node, error) {

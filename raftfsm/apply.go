@@ -26,6 +26,9 @@ func (l *Ledger) Apply(log *raft.Log) interface{} {
 // entry would break the conservation law: a node must not go on from a
 // state it cannot trust.
 func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
+	if d := l.applyDelay.Load(); d > 0 {
+		time.Sleep(time.Duration(d)) // an injected slow ledger (SetApplyDelay)
+	}
 	l.applyMu.Lock()
 	defer l.applyMu.Unlock()
 	l.mu.RLock()

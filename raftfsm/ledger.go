@@ -202,6 +202,10 @@ type Ledger struct {
 	compactMu sync.Mutex
 	closing   atomic.Bool
 
+	// applyDelay stalls every batch this long before it is applied: a
+	// slow ledger, for tests and benches of admission (SetApplyDelay).
+	applyDelay atomic.Int64
+
 	restores        atomic.Uint64 // snapshots restored since start
 	persistFault    atomic.Pointer[func() error]
 	persistFailing  atomic.Bool
@@ -507,6 +511,11 @@ func (l *Ledger) Close() error {
 	l.feed.wake()
 	return err
 }
+
+// SetApplyDelay makes every batch wait d before it is applied (0: none):
+// a slow ledger, for tests and benches. Commits on this node then answer
+// that much later; on a leader, every commit of the cluster does.
+func (l *Ledger) SetApplyDelay(d time.Duration) { l.applyDelay.Store(int64(d)) }
 
 // SetFeed turns the recording of order events on or off (on by default).
 // Every node of a cluster must run with the same setting from its first

@@ -1,0 +1,65 @@
+package engine
+
+import (
+	"testing"
+	"time"
+)
+
+func TestAdaptiveLimit_FallsOnSlowWaitsAndClimbsBack(t *testing.T) {
+	a := newAdaptiveLimit(100*time.Millisecond, 1000)
+	now := time.Unix(0, 0)
+	step := func() { now = now.Add(adaptiveWindow); a.update(now) }
+	a.update(now)
+	if a.full() || a.limit.Load() != 1000 {
+		t.Fatalf("a new limit is %d, full %v", a.limit.Load(), a.full())
+	}
+	// 200 deducts wait; the window's slowest answer waited too long.
+	for range 200 {
+		a.enter()
+	}
+	a.leave(300 * time.Millisecond)
+	step()
+	if got := a.limit.Load(); got != 200*3/4 {
+		t.Fatalf("after a slow window the limit is %d, want %d", got, 200*3/4)
+	}
+	if !a.full() {
+		t.Fatal("199 waiting against a limit of 150: not full")
+	}
+	// Nothing answered while deducts wait: a stall shrinks it too.
+	step()
+	if got := a.limit.Load(); got >= 150 {
+		t.Fatalf("after a stalled window the limit is %d, want below 150", got)
+	}
+	// It never falls below the floor.
+	for range 50 {
+		step()
+	}
+	if got := a.limit.Load(); got != adaptiveLimitMin {
+		t.Fatalf("the limit fell to %d, the floor is %d", got, adaptiveLimitMin)
+	}
+	// Fast answers while the path is nearly full: it climbs back, to the
+	// ceiling and no further.
+	for a.inPath.Load() > 0 {
+		a.leave(time.Millisecond)
+	}
+	for range 200 {
+		for range int(a.limit.Load()) {
+			a.enter()
+		}
+		for a.inPath.Load() > 0 {
+			a.leave(time.Millisecond)
+		}
+		step()
+	}
+	if got := a.limit.Load(); got != 1000 {
+		t.Fatalf("after fast windows the limit is %d, want the ceiling 1000", got)
+	}
+	// Off: never full.
+	off := newAdaptiveLimit(0, 10)
+	for range 100 {
+		off.enter()
+	}
+	if off.full() {
+		t.Fatal("a limit that is off reports full")
+	}
+}
