@@ -120,6 +120,8 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 	fs.DurationVar(&cfg.Engine.LeaseIdleReturn, "lease-idle-return", cfg.Engine.LeaseIdleReturn, "return a sale's unused lease after this long without a sale on this node")
 	fs.DurationVar(&cfg.Engine.ReclaimAfter, "reclaim-after", cfg.Engine.ReclaimAfter, "the leader reclaims the leases of a node unreachable this long")
 	fs.DurationVar(&cfg.Engine.LeaseWait, "lease-wait", cfg.Engine.LeaseWait, "how long a buyer waits for units held by other nodes before 429 try_again")
+	fs.DurationVar(&cfg.Engine.CommitWait, "commit-wait", cfg.Engine.CommitWait, "how long a wait=commit deduct waits for its commit before 504 outcome_unknown")
+	fs.IntVar(&cfg.Engine.TakeBatchBytesMax, "take-batch-bytes", cfg.Engine.TakeBatchBytesMax, "the largest Take batch, encoded (at least 1024)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&cfg.Engine.BucketsPerSKU, "buckets", cfg.Engine.BucketsPerSKU, "per-core stock buckets per SKU")
 	fs.Float64Var(&cfg.Engine.RateLimit, "rate-limit", cfg.Engine.RateLimit, "deducts per second this node admits (0: no limit); the rest get 429 with Retry-After")

@@ -90,6 +90,15 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		Machine: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
 	}
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
+	if i := slices.Index(o.Scenarios, overloadScenario); i >= 0 {
+		if err := runOverload(ctx, &o, bin, dir, stdout); err != nil {
+			return err
+		}
+		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
+		if len(o.Scenarios) == 0 {
+			return nil
+		}
+	}
 	for _, name := range o.Scenarios {
 		sc, err := NewScenario(name, &o, runID)
 		if err != nil {

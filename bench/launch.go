@@ -44,7 +44,7 @@ func freeLoopbackPort() (string, error) {
 // launchCluster starts `stockd serve` (this very binary) n times on free
 // loopback ports, as one cluster (-peers) when n > 1, with data and logs
 // under dir, and waits until every node's /readyz answers 200.
-func launchCluster(binary, dir string, n int, noFeed bool) ([]*launched, error) {
+func launchCluster(binary, dir string, n int, noFeed bool, extra ...string) ([]*launched, error) {
 	type addrs struct{ http, raft string }
 	nodes := make([]addrs, n)
 	var peers []string
@@ -79,6 +79,7 @@ func launchCluster(binary, dir string, n int, noFeed bool) ([]*launched, error) 
 		if noFeed {
 			args = append(args, "-no-order-feed")
 		}
+		args = append(args, extra...)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			stopAll()
 			return nil, err
