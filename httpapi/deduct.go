@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"strconv"
 	"sync"
 	"time"
@@ -119,14 +120,26 @@ func stringField(v *fastjson.Value, key string, required bool) ([]byte, bool) {
 }
 
 func (s *Server) writeDeductResult(ctx *fasthttp.RequestCtx, sc *deductScratch) {
-	res := &sc.res
+	// The answer is built in sc.buf (or is a precomputed body, which
+	// sc.buf never takes on).
+	code, body, retryAfter := deductAnswer(&sc.res, sc.buf[:0])
+	if retryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(retryAfter, 10))
+	}
+	writeRaw(ctx, code, body)
+}
+
+// deductAnswer is the HTTP answer to a deduct's result: status code, JSON
+// body (built in buf when not precomputed; the caller must not change a
+// precomputed one) and, for 425 and 429, the Retry-After seconds.
+func deductAnswer(res *engine.DeductResult, buf []byte) (code int, body []byte, retryAfter int64) {
 	switch res.Status {
 	case engine.StatusOK, engine.StatusAccepted:
-		code := fasthttp.StatusOK
+		code = fasthttp.StatusOK
 		if res.Status == engine.StatusAccepted {
 			code = fasthttp.StatusAccepted
 		}
-		b := sc.buf[:0]
+		b := buf
 		b = append(b, `{"order_id":`...)
 		b = appendJSONString(b, res.Order.ID)
 		b = append(b, `,"state":`...)
@@ -139,47 +152,48 @@ func (s *Server) writeDeductResult(ctx *fasthttp.RequestCtx, sc *deductScratch) 
 			b = append(b, `,"expires_at":`...)
 			b = appendJSONString(b, time.Unix(0, res.Order.ExpiresAtUnixNano).UTC().Format(time.RFC3339Nano))
 		}
-		b = append(b, "}\n"...)
-		sc.buf = b
-		ctx.SetStatusCode(code)
-		ctx.SetContentType(contentTypeJSON)
-		ctx.SetBody(b)
+		return code, append(b, "}\n"...), 0
 	case engine.StatusSoldOut:
 		if res.Detail != "" {
-			writeError(ctx, fasthttp.StatusConflict, "sold_out", res.Detail)
-			return
+			return fasthttp.StatusConflict, errorJSON(buf, "sold_out", res.Detail), 0
 		}
-		writeRaw(ctx, fasthttp.StatusConflict, bodySoldOut)
+		return fasthttp.StatusConflict, bodySoldOut, 0
 	case engine.StatusUserLimit:
-		writeRaw(ctx, fasthttp.StatusConflict, bodyUserLimit)
+		return fasthttp.StatusConflict, bodyUserLimit, 0
 	case engine.StatusUnknownSKU:
-		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+		return fasthttp.StatusNotFound, bodyUnknownSKU, 0
 	case engine.StatusClosed:
-		writeRaw(ctx, fasthttp.StatusConflict, bodyClosed)
+		return fasthttp.StatusConflict, bodyClosed, 0
 	case engine.StatusNotStarted:
 		left := time.Until(res.StartAt)
-		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(int64(left.Seconds())+1, 10))
-		writeJSON(ctx, statusTooEarly, map[string]any{
+		b, _ := json.Marshal(map[string]any{
 			"error": "not_started", "detail": "the sale opens at start_at",
 			"start_at": res.StartAt.UTC().Format(time.RFC3339Nano), "starts_in_ms": left.Milliseconds(),
 		})
+		return statusTooEarly, append(b, '\n'), int64(left.Seconds()) + 1
 	case engine.StatusRateLimited, engine.StatusTryAgain:
 		// Retry-After is in whole seconds; round up so a client never
 		// comes back early.
 		secs := max(int64((res.RetryAfter+time.Second-1)/time.Second), 1)
-		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(secs, 10))
-		body := bodyRateLimited
 		if res.Status == engine.StatusTryAgain {
-			body = bodyTryAgain
+			return fasthttp.StatusTooManyRequests, bodyTryAgain, secs
 		}
-		writeRaw(ctx, fasthttp.StatusTooManyRequests, body)
+		return fasthttp.StatusTooManyRequests, bodyRateLimited, secs
 	case engine.StatusBadRequest:
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadQty)
+		return fasthttp.StatusBadRequest, bodyBadQty, 0
 	case engine.StatusOutcomeUnknown:
-		writeError(ctx, fasthttp.StatusGatewayTimeout, "outcome_unknown", res.Detail)
-	default:
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", res.Detail)
+		return fasthttp.StatusGatewayTimeout, errorJSON(buf, "outcome_unknown", res.Detail), 0
 	}
+	return fasthttp.StatusServiceUnavailable, errorJSON(buf, "unavailable", res.Detail), 0
+}
+
+// errorJSON appends an error body to buf.
+func errorJSON(buf []byte, errCode, detail string) []byte {
+	buf = append(buf, `{"error":`...)
+	buf = appendJSONString(buf, errCode)
+	buf = append(buf, `,"detail":`...)
+	buf = appendJSONString(buf, detail)
+	return append(buf, "}\n"...)
 }
 
 // statusTooEarly is 425, which fasthttp names no constant for.

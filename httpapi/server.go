@@ -241,6 +241,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.routeSKU(ctx, method, path[len(pathV1SKUs):])
 	case bytes.HasPrefix(path, pathV1Orders):
 		s.routeOrder(ctx, method, path[len(pathV1Orders):])
+	case bytes.Equal(path, pathV1Deducts):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
+			s.handleBatchDeduct(ctx)
+		}
 	case string(path) == "/v1/events":
 		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
 			s.handleEvents(ctx)
@@ -365,10 +369,22 @@ func (s *Server) allow(ctx *fasthttp.RequestCtx, method []byte, want string) boo
 // bodyLimitFor gives the internal routes their own body cap: a forwarded
 // Take batch is far larger than any public request.
 func bodyLimitFor(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	if bytes.HasPrefix(h.RequestURI(), pathInternal) {
-		return fasthttp.RequestConfig{MaxRequestBodySize: InternalMaxBodyBytes}
+	if limit := bodyLimit(h.RequestURI()); limit != MaxBodyBytes {
+		return fasthttp.RequestConfig{MaxRequestBodySize: limit}
 	}
 	return fasthttp.RequestConfig{}
+}
+
+// bodyLimit is the body cap of a request URI: the internal routes' and the
+// batch route's own, else MaxBodyBytes.
+func bodyLimit(uri []byte) int {
+	switch {
+	case bytes.HasPrefix(uri, pathInternal):
+		return InternalMaxBodyBytes
+	case bytes.HasPrefix(uri, pathV1Deducts) && (len(uri) == len(pathV1Deducts) || uri[len(pathV1Deducts)] == '?'):
+		return BatchMaxBodyBytes
+	}
+	return MaxBodyBytes
 }
 
 func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
@@ -382,10 +398,7 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		limit := MaxBodyBytes
-		if bytes.HasPrefix(ctx.Request.Header.RequestURI(), pathInternal) {
-			limit = InternalMaxBodyBytes
-		}
+		limit := bodyLimit(ctx.Request.Header.RequestURI())
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", limit))
 		return
 	}
