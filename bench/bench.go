@@ -174,6 +174,19 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 			out = append(out, st)
 		}
 	}
+	if want("stockd-batch") {
+		if len(targetSets) == 0 {
+			skipped = append(skipped, [2]string{"stockd-batch", "no -target or -launch given"})
+		}
+		for i, targets := range targetSets {
+			st := newStockdBatch(targets, o.Conns, o.AdminToken, o.ServiceToken)
+			if i < len(targetPIDs) {
+				st.pids = targetPIDs[i]
+			}
+			st.noFeed = i < len(targetNoFeed) && targetNoFeed[i]
+			out = append(out, st)
+		}
+	}
 	if want("noop") {
 		if n, err := newNoop(bin, dir, o.Conns); err != nil {
 			skipped = append(skipped, [2]string{"noop", err.Error()})

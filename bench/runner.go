@@ -236,15 +236,8 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= sc.Requests || time.Now().After(stopAt) || ctx.Err() != nil {
-					return
-				}
-				r := sc.Request(i)
-				t0 := time.Now()
-				out := st.Deduct(ctx, w, &r)
-				t1 := time.Now()
+			// record counts one answer: request i, sent at t0, answered at t1.
+			record := func(i int, r *Request, out Outcome, t0, t1 time.Time) {
 				d := t1.Sub(t0)
 				ws.lat.Record(d)
 				slot := &ws.slots[min(int(t0.Sub(start)/slotWidth), slotsMax-1)]
@@ -258,13 +251,13 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 						ws.notes = append(ws.notes, out.Err.Error())
 					}
 				case out.Win:
-					ws.note(&r, t0, t1, answerWin)
+					ws.note(r, t0, t1, answerWin)
 					if ws.won[out.OrderID] {
-						continue // a re-sent request answered with its first win
+						return // a re-sent request answered with its first win
 					}
 					ws.won[out.OrderID] = true
 					if sc.HoldTTL > 0 {
-						kept, err := st.AfterWin(ctx, w, &r, out.OrderID, sc.HoldFate(i))
+						kept, err := st.AfterWin(ctx, w, r, out.OrderID, sc.HoldFate(i))
 						if !kept {
 							ws.released++
 						}
@@ -277,11 +270,42 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 					}
 				default:
 					ws.losses[out.Reason]++
-					ws.note(&r, t0, t1, answerLoss)
+					ws.note(r, t0, t1, answerLoss)
 					if f, ok := ws.firstSoldOut[r.SKU]; out.Reason == "sold_out" && (!ok || t1.Before(f)) {
 						ws.firstSoldOut[r.SKU] = t1
 					}
 				}
+			}
+			if batch, ok := st.(batchDeducter); ok {
+				// A batch of requests a call, each recorded with the
+				// call's latency.
+				k := batch.BatchSize()
+				for {
+					base := int(next.Add(int64(k)) - int64(k))
+					if base >= sc.Requests || time.Now().After(stopAt) || ctx.Err() != nil {
+						return
+					}
+					rs := make([]Request, 0, k)
+					for j := base; j < min(base+k, sc.Requests); j++ {
+						rs = append(rs, sc.Request(j))
+					}
+					t0 := time.Now()
+					outs := batch.DeductBatch(ctx, w, rs)
+					t1 := time.Now()
+					for j := range rs {
+						record(base+j, &rs[j], outs[j], t0, t1)
+					}
+				}
+			}
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= sc.Requests || time.Now().After(stopAt) || ctx.Err() != nil {
+					return
+				}
+				r := sc.Request(i)
+				t0 := time.Now()
+				out := st.Deduct(ctx, w, &r)
+				record(i, &r, out, t0, time.Now())
 			}
 		}(w)
 	}

@@ -10,7 +10,7 @@ import (
 
 // strategyNames lists every strategy in table order.
 var strategyNames = []string{
-	"stockd-commit", "stockd-none", "noop",
+	"stockd-commit", "stockd-none", "stockd-batch", "noop",
 	"inproc-mutex", "inproc-atomic", "inproc-buckets",
 	"redis-lua", "pg-optimistic", "pg-pessimistic",
 }

@@ -10,12 +10,14 @@ import (
 // "Degradation"): the node counts the deducts it has won and the ledger
 // has not yet answered (the commit path), and bounds them. The bound moves
 // by AIMD on how long those deducts wait: when the slowest of a window
-// waited longer than the target, or nothing was answered while deducts
-// waited, it falls to three quarters of what was in the path; when the
+// waited longer than the target on average, or nothing was answered for
+// longer than the target while deducts waited, it falls to three quarters
+// of what was in the path; when the
 // waits are short and the path was nearly full, it grows by an eighth. A
 // slow disk, a lost follower or a starved CPU thus turn into fast 429s
 // with Retry-After instead of queues that end in timeouts; when commits
-// recover, the bound climbs back. No maintained Go library for adaptive
+// recover, the bound climbs back. The signal is the window's mean wait, not
+// its slowest: one slow commit in a busy cluster is not an overload. No maintained Go library for adaptive
 // limits is served to this project (the known one is refused by the
 // module proxy), so this is a small one.
 
@@ -29,15 +31,17 @@ const (
 type adaptiveLimit struct {
 	target time.Duration // 0: off
 	max    int64
+	now    func() time.Time // the real clock (tests set their own)
 
 	limit  atomic.Int64 // deducts allowed in the commit path
 	inPath atomic.Int64 // deducts won and not yet answered by the ledger
 
-	mu          sync.Mutex
-	windowStart time.Time
-	slowest     time.Duration // the longest wait answered in this window
-	answered    int
-	peak        int64 // the most in the path during this window
+	mu           sync.Mutex
+	windowStart  time.Time
+	waited       time.Duration // the waits answered in this window, summed
+	answered     int
+	peak         int64     // the most in the path during this window
+	lastAnswered time.Time // the last answer, of any window
 }
 
 // adaptiveCeiling is the bound's ceiling when MaxInFlight sets none.
@@ -47,7 +51,7 @@ func newAdaptiveLimit(target time.Duration, maxInPath int) *adaptiveLimit {
 	if maxInPath <= 0 {
 		maxInPath = adaptiveCeiling
 	}
-	a := &adaptiveLimit{target: target, max: int64(max(maxInPath, adaptiveLimitMin))}
+	a := &adaptiveLimit{target: target, max: int64(max(maxInPath, adaptiveLimitMin)), now: time.Now}
 	a.limit.Store(a.max)
 	return a
 }
@@ -68,35 +72,39 @@ func (a *adaptiveLimit) enter() {
 // leave counts a deduct out of the path after waiting d.
 func (a *adaptiveLimit) leave(d time.Duration) {
 	a.inPath.Add(-1)
+	now := a.now()
 	a.mu.Lock()
-	a.slowest = max(a.slowest, d)
+	a.waited += d
 	a.answered++
+	a.lastAnswered = now
 	a.mu.Unlock()
 }
 
 // update closes a window once adaptiveWindow has passed, and moves the
 // bound.
-func (a *adaptiveLimit) update(now time.Time) {
+func (a *adaptiveLimit) update() {
 	if a.target <= 0 {
 		return
 	}
+	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.windowStart.IsZero() {
-		a.windowStart = now
+		a.windowStart, a.lastAnswered = now, now
 		return
 	}
 	if now.Sub(a.windowStart) < adaptiveWindow {
 		return
 	}
 	inPath, limit := a.inPath.Load(), a.limit.Load()
-	stalled := a.answered == 0 && inPath > 0
+	slow := a.answered > 0 && a.waited/time.Duration(a.answered) > a.target
+	stalled := inPath > 0 && now.Sub(a.lastAnswered) > a.target
 	switch {
-	case a.slowest > a.target || stalled:
+	case slow || stalled:
 		next := max(adaptiveLimitMin, min(limit, max(a.peak, inPath))*3/4)
 		a.limit.Store(next)
 	case a.peak >= limit*3/4 && limit < a.max:
 		a.limit.Store(min(a.max, limit+max(1, limit/8)))
 	}
-	a.windowStart, a.slowest, a.answered, a.peak = now, 0, 0, inPath
+	a.windowStart, a.waited, a.answered, a.peak = now, 0, 0, inPath
 }

@@ -8,8 +8,9 @@ import (
 func TestAdaptiveLimit_FallsOnSlowWaitsAndClimbsBack(t *testing.T) {
 	a := newAdaptiveLimit(100*time.Millisecond, 1000)
 	now := time.Unix(0, 0)
-	step := func() { now = now.Add(adaptiveWindow); a.update(now) }
-	a.update(now)
+	a.now = func() time.Time { return now }
+	step := func() { now = now.Add(adaptiveWindow); a.update() }
+	a.update()
 	if a.full() || a.limit.Load() != 1000 {
 		t.Fatalf("a new limit is %d, full %v", a.limit.Load(), a.full())
 	}
@@ -25,7 +26,9 @@ func TestAdaptiveLimit_FallsOnSlowWaitsAndClimbsBack(t *testing.T) {
 	if !a.full() {
 		t.Fatal("199 waiting against a limit of 150: not full")
 	}
-	// Nothing answered while deducts wait: a stall shrinks it too.
+	// Nothing answered for longer than the target while deducts wait: a
+	// stall shrinks it too.
+	step()
 	step()
 	if got := a.limit.Load(); got >= 150 {
 		t.Fatalf("after a stalled window the limit is %d, want below 150", got)

@@ -37,7 +37,7 @@ func (e *Engine) runJanitor() {
 		}
 		e.updateBreaker()
 		now := e.cfg.Now()
-		e.adaptive.update(time.Now()) // waits are measured on the real clock
+		e.adaptive.update() // on the real clock, as the waits are
 		e.pendingIDs.rotate(now)
 		e.expireHolds(now)
 		if now.Sub(lastAudit) >= e.cfg.AuditInterval && e.auditing.CompareAndSwap(false, true) {
