@@ -32,15 +32,13 @@ const (
 )
 
 type overloadResult struct {
-	label            string
-	sent             int
-	admitted         int
-	limited          int
-	timedOut         int // 504 outcome_unknown, or no answer
-	other            int
-	p50, p99         time.Duration
-	limitedP99       time.Duration
-	admittedAfterRun int
+	label    string
+	sent     int
+	admitted int
+	limited  int
+	timedOut int // 504 outcome_unknown, or no answer
+	other    int
+	p50, p99 time.Duration
 }
 
 func runOverload(ctx context.Context, o *Options, bin, dir string, w io.Writer) error {

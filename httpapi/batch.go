@@ -28,11 +28,10 @@ const (
 )
 
 var (
-	pathV1Deducts   = []byte("/v1/deducts")
-	keyDeducts      = "deducts"
-	keySKU          = "sku"
-	bodyBadBatch    = precomputedError("bad_request", `the body must be a JSON object with a "deducts" array of at most 1000 objects`)
-	bodyBadItemJSON = precomputedError("bad_request", "each deduct must be a JSON object")
+	pathV1Deducts = []byte("/v1/deducts")
+	keyDeducts    = "deducts"
+	keySKU        = "sku"
+	bodyBadBatch  = precomputedError("bad_request", `the body must be a JSON object with a "deducts" array of at most 1000 objects`)
 )
 
 func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
