@@ -232,27 +232,32 @@ func (e *Engine) answerFromLedger(req *DeductRequest, res *DeductResult) bool {
 // (DESIGN.md, "Leases"); a buyer still without a unit after LeaseWait gets
 // try_again, never a sold_out that is not yet true.
 func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
-	deadline := time.NewTimer(e.cfg.LeaseWait)
-	defer deadline.Stop()
+	// A shared deadline and a shared poll, not a timer and a ticker each:
+	// a burst (a batch of deducts) waits here by the thousand.
+	deadline := e.deadlines.after(e.cfg.LeaseWait)
+	// The next lease covers every waiting buyer, not one chunk: a burst
+	// would otherwise wait for refill after refill.
+	s.waitingUnits.Add(req.Qty)
+	defer s.waitingUnits.Add(-req.Qty)
 	// Takes committed on other nodes change what they hold without an
 	// event here: poll the ledger as well as waiting for a signal.
-	poll := time.NewTicker(stockPollInterval)
-	defer poll.Stop()
+	e.poll.enter()
+	defer e.poll.leave()
 	for {
-		changed := s.stockChanged.wait()
+		changed, tick := s.stockChanged.wait(), e.poll.sig.wait()
 		if s.buckets.Take(req.Hint, req.Qty) {
 			return true
 		}
-		row, _, ok := e.ledger.SKU(s.sku)
+		available, leased, closed, ok := e.ledger.SKUAvailability(s.sku)
 		if !ok {
 			res.Status = StatusUnknownSKU
 			return false
 		}
-		if row.Closed() {
+		if closed {
 			res.Status = StatusClosed
 			return false
 		}
-		if row.Available+row.LeasedTotal() < req.Qty {
+		if available+leased < req.Qty {
 			// An earlier attempt of this request id (on another node: on
 			// this one, repeats share this attempt) may have taken the
 			// last unit: its answer, not sold_out.
@@ -262,7 +267,7 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			e.updateSoldOut(s)
 			res.Status = StatusSoldOut
 			e.noteSoldOut(s)
-			if req.Qty > 1 && row.Available+row.LeasedTotal() > 0 {
+			if req.Qty > 1 && available+leased > 0 {
 				res.Detail = "fewer units left than requested"
 			}
 			return false
@@ -276,8 +281,8 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 		e.requestRefill(s)
 		select {
 		case <-changed:
-		case <-poll.C:
-		case <-deadline.C:
+		case <-tick:
+		case <-deadline:
 			res.Status, res.RetryAfter = StatusTryAgain, tryAgainAfter
 			res.Detail = "units are still leased to other nodes; retry"
 			return false

@@ -34,6 +34,7 @@ type Engine struct {
 	refills      chan *sale
 	giveBacks    chan *sale
 	purgeWake    chan struct{} // an archive was applied: the leader takes its orders out
+	poll         *poller       // wakes deducts waiting for stock
 
 	ignoreEventsUpTo atomic.Uint64 // events at or below this index are already in the buckets
 
@@ -86,6 +87,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		refills:      make(chan *sale, MaxSKUs),
 		giveBacks:    make(chan *sale, MaxSKUs),
 		purgeWake:    make(chan struct{}, 1),
+		poll:         newPoller(),
 		stop:         make(chan struct{}),
 		metrics:      newMetrics(),
 		admission:    newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
@@ -107,11 +109,12 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 // Call it once, before Close.
 func (e *Engine) Start(proposer Proposer) {
 	e.proposer = proposer
-	e.wg.Add(4)
+	e.wg.Add(5)
 	go e.runCommitter()
 	go e.runLeaser()
 	go e.runJanitor()
 	go e.runPurger()
+	go func() { defer e.wg.Done(); e.poll.run(e.stop) }()
 }
 
 func (e *Engine) nextOrderID() string { return e.orderIDs.next() }

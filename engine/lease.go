@@ -84,6 +84,10 @@ func (e *Engine) lease(s *sale) {
 	}
 	want := max(e.leaseChunk(row.Available), need)
 	if !demand {
+		// What the waiting buyers want, summed, up to half of what is
+		// left: a burst gets its units in one lease, and the tail of a
+		// sale is not drawn to one node.
+		want = max(want, min(s.waitingUnits.Load(), row.Available/2))
 		want = min(want, row.Available)
 	}
 	res, err := e.propose(&raftfsm.Lease{Node: e.cfg.NodeID, SKU: s.sku, Want: want})

@@ -13,6 +13,8 @@ type Ledger interface {
 	// SKU and SKUs read sales' rows as applied, with the applied index.
 	SKU(sku string) (raftfsm.SKU, uint64, bool)
 	SKUs() ([]raftfsm.SKU, uint64)
+	// SKUAvailability is what a waiting buyer needs of a row, uncopied.
+	SKUAvailability(sku string) (available, leased int64, closed, ok bool)
 	Order(id string) (raftfsm.Order, bool, error)
 	// OrderIDForRequestBytes finds the order a request id produced;
 	// MayHoldRequest says, lock-free, whether it may exist at all.

@@ -1,6 +1,10 @@
 package engine
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // signal wakes every goroutine waiting for a sale's stock to change. It is
 // used only off the fast path, by deducts waiting for a lease.
@@ -17,6 +21,50 @@ func (s *signal) wait() <-chan struct{} {
 		s.ch = make(chan struct{})
 	}
 	return s.ch
+}
+
+// poller wakes, every stockPollInterval and only while any wait, the
+// deducts waiting for stock: one ticker for all of them.
+type poller struct {
+	waiters atomic.Int64
+	wake    chan struct{}
+	sig     signal
+}
+
+func newPoller() *poller { return &poller{wake: make(chan struct{}, 1)} }
+
+func (p *poller) enter() {
+	if p.waiters.Add(1) == 1 {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (p *poller) leave() { p.waiters.Add(-1) }
+
+// run ticks until stop closes.
+func (p *poller) run(stop <-chan struct{}) {
+	t := time.NewTicker(stockPollInterval)
+	defer t.Stop()
+	for {
+		if p.waiters.Load() == 0 {
+			t.Stop()
+			select {
+			case <-p.wake:
+				t.Reset(stockPollInterval)
+			case <-stop:
+				return
+			}
+		}
+		select {
+		case <-t.C:
+			p.sig.broadcast()
+		case <-stop:
+			return
+		}
+	}
 }
 
 func (s *signal) broadcast() {

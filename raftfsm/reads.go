@@ -19,6 +19,19 @@ func (l *Ledger) SKU(sku string) (SKU, uint64, bool) {
 	return *s.clone(), l.applied, true
 }
 
+// SKUAvailability reads what a waiting buyer needs of a sale's row
+// without copying it: units available, units leased to any node, and
+// whether it was closed.
+func (l *Ledger) SKUAvailability(sku string) (available, leased int64, closed, ok bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	s, ok := l.skus[sku]
+	if !ok {
+		return 0, 0, false, false
+	}
+	return s.Available, s.LeasedTotal(), s.Closed(), true
+}
+
 // SKUs returns copies of every sale's row, sorted by SKU, and the applied
 // index they reflect.
 func (l *Ledger) SKUs() ([]SKU, uint64) {
