@@ -219,7 +219,7 @@ func DefaultConfig() Config {
 		FeedPruneInterval:    10 * time.Second,
 		RateBurst:            1000,
 		MaxInFlight:          10_000,
-		AdmissionLatency:     500 * time.Millisecond,
+		AdmissionLatency:     2 * time.Second,
 		Now:                  time.Now,
 	}
 }
