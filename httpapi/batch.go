@@ -35,16 +35,9 @@ var (
 )
 
 func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
-	noWait := false
-	if w := ctx.QueryArgs().PeekBytes(argWait); len(w) > 0 {
-		switch string(w) {
-		case "none":
-			noWait = true
-		case "commit":
-		default:
-			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadWait)
-			return
-		}
+	noWait, ok := waitArg(ctx)
+	if !ok {
+		return
 	}
 	p := deductParsers.Get()
 	defer deductParsers.Put(p)
@@ -132,21 +125,9 @@ func batchItem(v *fastjson.Value) (req engine.DeductRequest, bad []byte) {
 	if !ok || !validID(sku) {
 		return req, bodyBadSKU
 	}
-	user, ok := stringField(v, keyUser, true)
-	if !ok || len(user) > maxIDBytes {
-		return req, bodyBadUser
-	}
-	requestID, ok := stringField(v, keyRequestID, false)
-	if !ok || len(requestID) > maxIDBytes {
-		return req, bodyBadReqID
-	}
-	qty := int64(1)
-	if q := v.Get(keyQty); q != nil {
-		n, err := q.Int64()
-		if err != nil || q.Type() != fastjson.TypeNumber || n < 1 || n > engine.MaxQtyPerDeduct {
-			return req, bodyBadQty
-		}
-		qty = n
+	user, requestID, qty, bad := deductFields(v)
+	if bad != nil {
+		return req, bad
 	}
 	return engine.DeductRequest{SKU: clone(sku), User: clone(user), RequestID: clone(requestID), Qty: qty}, nil
 }

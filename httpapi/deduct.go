@@ -55,18 +55,10 @@ func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
 		return
 	}
-	noWait := false
-	if w := ctx.QueryArgs().PeekBytes(argWait); len(w) > 0 {
-		switch string(w) {
-		case "none":
-			noWait = true
-		case "commit":
-		default:
-			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadWait)
-			return
-		}
+	noWait, ok := waitArg(ctx)
+	if !ok {
+		return
 	}
-
 	p := deductParsers.Get()
 	defer deductParsers.Put(p)
 	v, err := p.ParseBytes(ctx.PostBody())
@@ -74,24 +66,10 @@ func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadJSON)
 		return
 	}
-	user, ok := stringField(v, keyUser, true)
-	if !ok || len(user) > maxIDBytes {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadUser)
+	user, requestID, qty, bad := deductFields(v)
+	if bad != nil {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bad)
 		return
-	}
-	requestID, ok := stringField(v, keyRequestID, false)
-	if !ok || len(requestID) > maxIDBytes {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadReqID)
-		return
-	}
-	qty := int64(1) // absent qty means one unit
-	if q := v.Get(keyQty); q != nil {
-		n, err := q.Int64()
-		if err != nil || q.Type() != fastjson.TypeNumber || n < 1 || n > engine.MaxQtyPerDeduct {
-			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadQty)
-			return
-		}
-		qty = n
 	}
 
 	sc, _ := deductScratchPool.Get().(*deductScratch)
@@ -103,6 +81,43 @@ func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
 	s.engine.Deduct(&sc.req, &sc.res)
 	sc.req = engine.DeductRequest{} // keep no view into the request past the handler
 	s.writeDeductResult(ctx, sc)
+}
+
+// waitArg reads ?wait=commit|none; on a bad value it answers 400 and
+// reports false.
+func waitArg(ctx *fasthttp.RequestCtx) (noWait, ok bool) {
+	w := ctx.QueryArgs().PeekBytes(argWait)
+	switch string(w) {
+	case "", "commit":
+		return false, true
+	case "none":
+		return true, true
+	}
+	writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadWait)
+	return false, false
+}
+
+// deductFields reads a deduct's user, request id and qty (absent: one
+// unit); bad is the 400 answer to a field that is not right. The byte
+// slices point into v.
+func deductFields(v *fastjson.Value) (user, requestID []byte, qty int64, bad []byte) {
+	user, ok := stringField(v, keyUser, true)
+	if !ok || len(user) > maxIDBytes {
+		return nil, nil, 0, bodyBadUser
+	}
+	requestID, ok = stringField(v, keyRequestID, false)
+	if !ok || len(requestID) > maxIDBytes {
+		return nil, nil, 0, bodyBadReqID
+	}
+	qty = 1
+	if q := v.Get(keyQty); q != nil {
+		n, err := q.Int64()
+		if err != nil || q.Type() != fastjson.TypeNumber || n < 1 || n > engine.MaxQtyPerDeduct {
+			return nil, nil, 0, bodyBadQty
+		}
+		qty = n
+	}
+	return user, requestID, qty, nil
 }
 
 // stringField reads key as a string. A missing key is ok unless required;

@@ -152,6 +152,16 @@ type consumerJSON struct {
 	LagSeconds float64 `json:"lag_seconds"`
 }
 
+// consumersJSON is the consumers as the routes show them.
+func consumersJSON(cs []engine.ConsumerView) []consumerJSON {
+	out := make([]consumerJSON, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, consumerJSON{Name: c.Name, Cursor: c.Cursor.String(),
+			AckedAt: c.AckedAt.UTC().Format(time.RFC3339Nano), LagEvents: c.LagEvents, LagSeconds: c.LagSeconds})
+	}
+	return out
+}
+
 // consumersResponse is GET /v1/consumers: the feed's state on this node
 // and every consumer's position.
 type consumersResponse struct {
@@ -171,13 +181,9 @@ func (s *Server) handleConsumers(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	out := consumersResponse{Head: v.Head.String(), Floor: v.Floor.String(), RetainedEvents: v.Retained,
-		CapEvents: v.Cap, RetentionSeconds: v.Retention.Seconds(), Consumers: make([]consumerJSON, 0, len(v.Consumers))}
+		CapEvents: v.Cap, RetentionSeconds: v.Retention.Seconds(), Consumers: consumersJSON(v.Consumers)}
 	if !v.HeadAt.IsZero() {
 		out.HeadAt = v.HeadAt.UTC().Format(time.RFC3339Nano)
-	}
-	for _, c := range v.Consumers {
-		out.Consumers = append(out.Consumers, consumerJSON{Name: c.Name, Cursor: c.Cursor.String(),
-			AckedAt: c.AckedAt.UTC().Format(time.RFC3339Nano), LagEvents: c.LagEvents, LagSeconds: c.LagSeconds})
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }

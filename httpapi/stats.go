@@ -39,14 +39,6 @@ type statsSKU struct {
 	Archived   bool             `json:"archived,omitempty"`
 }
 
-// statsConsumer is one consumer of the order feed on the page.
-type statsConsumer struct {
-	Name       string  `json:"name"`
-	Cursor     string  `json:"cursor"`
-	LagEvents  uint64  `json:"lag_events"`
-	LagSeconds float64 `json:"lag_seconds"`
-}
-
 // statsResponse is GET /v1/stats: what the operator's page shows, as
 // counters since the node started (the page turns them into rates).
 type statsResponse struct {
@@ -64,19 +56,19 @@ type statsResponse struct {
 	CommitBlocked  bool              `json:"commit_blocked"`
 	// AdmissionLimit bounds the deducts waiting for the ledger
 	// (AdmissionWaiting); 0 when admission does not follow the ledger.
-	AdmissionLimit   int64           `json:"admission_limit"`
-	AdmissionWaiting int64           `json:"admission_waiting"`
-	PersistLag       uint64          `json:"persist_lag_entries"`
-	FeedHead         string          `json:"feed_head"`
-	FeedRetained     uint64          `json:"feed_retained"`
-	Consumers        []statsConsumer `json:"consumers"`
+	AdmissionLimit   int64          `json:"admission_limit"`
+	AdmissionWaiting int64          `json:"admission_waiting"`
+	PersistLag       uint64         `json:"persist_lag_entries"`
+	FeedHead         string         `json:"feed_head"`
+	FeedRetained     uint64         `json:"feed_retained"`
+	Consumers        []consumerJSON `json:"consumers"`
 }
 
 func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 	m := s.engine.MetricsSnapshot()
 	out := statsResponse{AtMs: time.Now().UnixMilli(), Deducts: m.DeductsByStatus,
 		LatencyBuckets: latencyBucketsSeconds, CommitBlocked: m.CommitBlocked, PersistLag: m.LedgerPersistLagEntries,
-		SKUs: []statsSKU{}, Consumers: []statsConsumer{}, AdmissionWaiting: m.AdmissionInPath}
+		SKUs: []statsSKU{}, Consumers: []consumerJSON{}, AdmissionWaiting: m.AdmissionInPath}
 	if m.AdmissionAdaptive {
 		out.AdmissionLimit = m.AdmissionLimit
 	}
@@ -100,9 +92,8 @@ func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 	}
 	if v, err := s.engine.Feed(); err == nil {
 		out.FeedHead, out.FeedRetained = v.Head.String(), v.Retained
-		for _, c := range v.Consumers {
-			out.Consumers = append(out.Consumers, statsConsumer{Name: c.Name, Cursor: c.Cursor.String(), LagEvents: c.LagEvents, LagSeconds: c.LagSeconds})
-		}
+		out.Consumers = consumersJSON(v.Consumers)
+
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
