@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,7 +77,10 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	page, err := s.engine.Events(ctx, after, limit, wait)
+	// Not the RequestCtx as the context: a timer derived from it may fire
+	// after the handler returned and fasthttp reused it (a data race). The
+	// wait is bounded, and the engine's stop ends it too.
+	page, err := s.engine.Events(context.Background(), after, limit, wait)
 	if err != nil {
 		writeEngineError(ctx, err)
 		return
