@@ -49,6 +49,9 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 	}
 	audits := map[string]*Audit{}
 	err := l.view(func(tx *bolt.Tx) error {
+		// While the transaction holds the file open: a compaction or a
+		// restore closes a swapped-out file only after its readers.
+		defer dropResidentPages(tx.DB())
 		var applied uint64
 		if idx := tx.Bucket(bucketMeta).Get(keyApplied); len(idx) == 8 {
 			applied = binary.BigEndian.Uint64(idx)
@@ -86,9 +89,6 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 			return nil
 		})
 	})
-	if db := l.database(); db != nil {
-		dropResidentPages(db)
-	}
 	if err != nil {
 		return nil, err
 	}

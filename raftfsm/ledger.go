@@ -565,13 +565,6 @@ func (l *Ledger) AppliedIndex() uint64 {
 	return l.applied
 }
 
-// database is the open bbolt file, nil once closed.
-func (l *Ledger) database() *bolt.DB {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	return l.db
-}
-
 // view runs fn in a bbolt read transaction without holding l.mu, so a long
 // read (an audit) never holds up Apply, which takes l.mu to update the
 // mirrors. The transaction begins under l.mu: a Restore or a compaction

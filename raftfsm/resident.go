@@ -12,7 +12,10 @@ import (
 // the mirrors) touches every page of ledger.db, and they would otherwise
 // stay in the node's resident memory. The pages stay in the page cache, and
 // the next read maps them again; the map is read-only and shared, so
-// nothing is lost. Errors are ignored: this only trims memory.
+// nothing is lost. Errors are ignored: this only trims memory. The caller
+// must hold db open (a read transaction, or its own handle nobody else
+// closes): on a file being closed the range may already be unmapped, and
+// reused by another mapping.
 func dropResidentPages(db *bolt.DB) {
 	info := db.Info()
 	fi, err := os.Stat(db.Path())
