@@ -36,12 +36,15 @@ type adaptiveLimit struct {
 	limit  atomic.Int64 // deducts allowed in the commit path
 	inPath atomic.Int64 // deducts won and not yet answered by the ledger
 
-	mu           sync.Mutex
-	windowStart  time.Time
-	waited       time.Duration // the waits answered in this window, summed
-	answered     int
-	peak         int64     // the most in the path during this window
-	lastAnswered time.Time // the last answer, of any window
+	// The current window's figures, kept in atomics: enter and leave run
+	// on every won deduct. update (the janitor alone) closes windows.
+	waitedNanos  atomic.Int64 // the waits answered in this window, summed
+	answered     atomic.Int64
+	peak         atomic.Int64 // the most in the path during this window
+	lastAnswered atomic.Int64 // unix nanos of the last answer, of any window
+
+	mu          sync.Mutex
+	windowStart time.Time
 }
 
 // adaptiveCeiling is the bound's ceiling when MaxInFlight sets none.
@@ -64,20 +67,16 @@ func (a *adaptiveLimit) full() bool {
 // enter counts a deduct into the commit path.
 func (a *adaptiveLimit) enter() {
 	n := a.inPath.Add(1)
-	a.mu.Lock()
-	a.peak = max(a.peak, n)
-	a.mu.Unlock()
+	for p := a.peak.Load(); n > p && !a.peak.CompareAndSwap(p, n); p = a.peak.Load() {
+	}
 }
 
 // leave counts a deduct out of the path after waiting d.
 func (a *adaptiveLimit) leave(d time.Duration) {
 	a.inPath.Add(-1)
-	now := a.now()
-	a.mu.Lock()
-	a.waited += d
-	a.answered++
-	a.lastAnswered = now
-	a.mu.Unlock()
+	a.waitedNanos.Add(int64(d))
+	a.answered.Add(1)
+	a.lastAnswered.Store(a.now().UnixNano())
 }
 
 // update closes a window once adaptiveWindow has passed, and moves the
@@ -90,21 +89,23 @@ func (a *adaptiveLimit) update() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.windowStart.IsZero() {
-		a.windowStart, a.lastAnswered = now, now
+		a.windowStart = now
+		a.lastAnswered.Store(now.UnixNano())
 		return
 	}
 	if now.Sub(a.windowStart) < adaptiveWindow {
 		return
 	}
 	inPath, limit := a.inPath.Load(), a.limit.Load()
-	slow := a.answered > 0 && a.waited/time.Duration(a.answered) > a.target
-	stalled := inPath > 0 && now.Sub(a.lastAnswered) > a.target
+	answered, waited, peak := a.answered.Swap(0), a.waitedNanos.Swap(0), a.peak.Swap(inPath)
+	slow := answered > 0 && time.Duration(waited/answered) > a.target
+	stalled := inPath > 0 && now.UnixNano()-a.lastAnswered.Load() > int64(a.target)
 	switch {
 	case slow || stalled:
-		next := max(adaptiveLimitMin, min(limit, max(a.peak, inPath))*3/4)
+		next := max(adaptiveLimitMin, min(limit, max(peak, inPath))*3/4)
 		a.limit.Store(next)
-	case a.peak >= limit*3/4 && limit < a.max:
+	case peak >= limit*3/4 && limit < a.max:
 		a.limit.Store(min(a.max, limit+max(1, limit/8)))
 	}
-	a.windowStart, a.waited, a.answered, a.peak = now, 0, 0, inPath
+	a.windowStart = now
 }

@@ -16,7 +16,6 @@ const maxConsumerNameBytes = 128
 type feedBatch struct {
 	on        bool // the ledger records order events
 	seq       uint64
-	floor     uint64
 	floorAt   Cursor
 	events    []FeedEvent
 	consumers map[string]*Consumer // nil: dropped
@@ -26,7 +25,7 @@ type feedBatch struct {
 func (a *applier) startFeed() {
 	f := &a.ledger.feed
 	f.mu.RLock()
-	a.feed = feedBatch{on: !a.ledger.feedOff.Load(), seq: f.seq, floor: f.floor, floorAt: f.floorAt}
+	a.feed = feedBatch{on: !a.ledger.feedOff.Load(), seq: f.seq, floorAt: f.floorAt}
 	f.mu.RUnlock()
 }
 
@@ -101,9 +100,9 @@ func (a *applier) checkFeedCursor(c Cursor) (*Result, error) {
 		return invalid("cursor %s: both parts must be positive", c), nil
 	case c.Seq > a.feed.seq:
 		return invalid("cursor %s is beyond the feed's newest event", c), nil
-	case c.Seq < a.feed.floor:
+	case c.Seq < a.feed.floorAt.Seq:
 		return &Result{Outcome: OutcomeExpired, Detail: fmt.Sprintf("cursor %s is older than the feed's retention (pruned up to %s)", c, a.feed.floorAt)}, nil
-	case c.Seq == a.feed.floor:
+	case c.Seq == a.feed.floorAt.Seq:
 		if c != a.feed.floorAt {
 			return invalid("cursor %s names no event of the feed", c), nil
 		}
@@ -114,7 +113,7 @@ func (a *applier) checkFeedCursor(c Cursor) (*Result, error) {
 		return nil, err
 	}
 	if !ok {
-		panic(fmt.Sprintf("BUG: feed event %d above the floor %d is missing", c.Seq, a.feed.floor))
+		panic(fmt.Sprintf("BUG: feed event %d above the floor %d is missing", c.Seq, a.feed.floorAt.Seq))
 	}
 	if index != c.Index {
 		return invalid("cursor %s names no event of the feed", c), nil
@@ -165,14 +164,14 @@ func (a *applier) pruneEvents(c *PruneEvents) (*Result, error) {
 	if c.Through.Seq == 0 || c.Through.Index == 0 {
 		return invalid("prune_events needs a cursor"), nil
 	}
-	if c.Through.Seq <= a.feed.floor {
+	if c.Through.Seq <= a.feed.floorAt.Seq {
 		return &Result{Outcome: OutcomeSame}, nil
 	}
 	if res, err := a.checkFeedCursor(c.Through); res != nil || err != nil {
 		return res, err
 	}
-	pruned := c.Through.Seq - a.feed.floor
-	a.feed.floor, a.feed.floorAt, a.feed.newFloor = c.Through.Seq, c.Through, true
+	pruned := c.Through.Seq - a.feed.floorAt.Seq
+	a.feed.floorAt, a.feed.newFloor = c.Through, true
 	a.put(bucketMeta, keyFeedFloor, encodeCursor(c.Through))
 	return &Result{Outcome: OutcomeOK, Qty: int64(pruned)}, nil
 }
@@ -191,7 +190,7 @@ func (a *applier) publishFeed() {
 			}
 		}
 		if a.feed.newFloor {
-			f.floor, f.floorAt = a.feed.floor, a.feed.floorAt
+			f.floorAt = a.feed.floorAt
 		}
 		f.mu.Unlock()
 	}

@@ -136,8 +136,10 @@ type feed struct {
 	seq       uint64 // the last event staged
 	visible   uint64 // the last event published
 	persisted uint64 // the last event in bbolt
-	floor     uint64 // events at or below are pruned: readers after an older cursor get ErrCursorExpired
-	floorAt   Cursor // the cursor of event floor (zero when nothing was pruned)
+	// floorAt is the last pruned event (zero when nothing was pruned):
+	// events at or below its sequence are gone, and readers after an
+	// older cursor get ErrCursorExpired.
+	floorAt   Cursor
 	notify    chan struct{}
 	consumers map[string]Consumer
 	// gen counts loads: a persister of a ledger file a restore replaced
@@ -159,7 +161,7 @@ func (f *feed) load(tx *bolt.Tx) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
-	f.mem, f.seq, f.floor, f.floorAt = eventChunks{}, 0, 0, Cursor{}
+	f.mem, f.seq, f.floorAt = eventChunks{}, 0, Cursor{}
 	f.consumers = map[string]Consumer{}
 	meta := tx.Bucket(bucketMeta)
 	if v := meta.Get(keyFeedSeq); len(v) == 8 {
@@ -170,7 +172,7 @@ func (f *feed) load(tx *bolt.Tx) error {
 		if err != nil {
 			return fmt.Errorf("feed floor: %w", err)
 		}
-		f.floor, f.floorAt = c.Seq, c
+		f.floorAt = c
 	}
 	f.visible, f.persisted = f.seq, f.seq
 	return tx.Bucket(bucketConsumers).ForEach(func(k, v []byte) error {
@@ -366,7 +368,7 @@ func (f *feed) written(gen, seq uint64) {
 		return
 	}
 	f.persisted = seq
-	keepFrom := f.floor + 1
+	keepFrom := f.floorAt.Seq + 1
 	if f.persisted > feedMemoryEvents {
 		keepFrom = max(keepFrom, f.persisted-feedMemoryEvents+1)
 	}
@@ -481,7 +483,8 @@ func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
 
 // checkCursor verifies that c names an event this feed had (or the
 // start); floor and floorAt are the feed's as read by the caller.
-func (l *Ledger) checkCursor(c Cursor, floor uint64, floorAt Cursor) error {
+func (l *Ledger) checkCursor(c Cursor, floorAt Cursor) error {
+	floor := floorAt.Seq
 	switch {
 	case c.Seq == 0:
 		return nil
@@ -512,7 +515,8 @@ func (l *Ledger) checkCursor(c Cursor, floor uint64, floorAt Cursor) error {
 func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
 	f := &l.feed
 	f.mu.RLock()
-	visible, floor, floorAt := f.visible, f.floor, f.floorAt
+	visible, floorAt := f.visible, f.floorAt
+	floor := floorAt.Seq
 	memFirst := f.mem.firstSeq()
 	f.mu.RUnlock()
 	page := FeedPage{}
@@ -532,7 +536,7 @@ func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
 		}
 		return page, fmt.Errorf("%w: %s is beyond the feed's newest event %s", ErrBadCursor, after, page.Head)
 	}
-	if err := l.checkCursor(after, floor, floorAt); err != nil {
+	if err := l.checkCursor(after, floorAt); err != nil {
 		return page, err
 	}
 	from := max(after.Seq, floor) + 1
@@ -594,7 +598,7 @@ func (l *Ledger) FeedChanged() <-chan struct{} { return l.feed.changed() }
 func (l *Ledger) FeedStats() (FeedStats, error) {
 	f := &l.feed
 	f.mu.RLock()
-	st := FeedStats{Floor: f.floorAt, Retained: f.visible - min(f.floor, f.visible)}
+	st := FeedStats{Floor: f.floorAt, Retained: f.visible - min(f.floorAt.Seq, f.visible)}
 	visible := f.visible
 	for _, c := range f.consumers {
 		st.Consumers = append(st.Consumers, c)
@@ -619,7 +623,7 @@ func (l *Ledger) FeedStats() (FeedStats, error) {
 func (l *Ledger) FeedCursorBefore(atUnixNano int64) (Cursor, bool, error) {
 	f := &l.feed
 	f.mu.RLock()
-	lo, hi := f.floor+1, f.visible // search (floor, visible]
+	lo, hi := f.floorAt.Seq+1, f.visible // search (floor, visible]
 	f.mu.RUnlock()
 	var best Cursor
 	found := false

@@ -215,6 +215,9 @@ func TestFeed_OrderEventsSurviveReopenCrashAndRestore(t *testing.T) {
 	if !reflect.DeepEqual(restored.events, before.events) {
 		t.Fatalf("events after restore differ")
 	}
+	for _, sku := range []string{"h", "p"} {
+		checkAudit(t, dst.l, sku)
+	}
 }
 
 func TestFeed_CursorsAndPruning(t *testing.T) {
@@ -287,6 +290,9 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 	if st.Floor != c8 || st.Retained != 12 || len(st.Consumers) != 1 {
 		t.Fatalf("stats after reopen %+v", st)
 	}
+	if a := checkAudit(t, l2, "a"); a.Row.Sold != 20 {
+		t.Fatalf("sold %d, want 20", a.Row.Sold)
+	}
 }
 
 func TestFeed_ManyEventsReadFromFileAndMemory(t *testing.T) {
@@ -321,6 +327,9 @@ func TestFeed_ManyEventsReadFromFileAndMemory(t *testing.T) {
 		if want := fmt.Sprintf("o%06d", i); e.Order.ID != want {
 			t.Fatalf("event %d is order %s, want %s", i+1, e.Order.ID, want)
 		}
+	}
+	if a := checkAudit(t, tl.l, "a"); a.Orders != n {
+		t.Fatalf("%d order records, want %d", a.Orders, n)
 	}
 }
 
