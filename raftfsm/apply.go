@@ -282,7 +282,7 @@ func (a *applier) apply(c Command) (*Result, error) {
 	case *CreateSale:
 		return a.createSale(c), nil
 	case *Restock:
-		return a.restock(c), nil
+		return a.restock(c)
 	case *Lease:
 		return a.lease(c), nil
 	case *Return:
@@ -311,6 +311,10 @@ func (a *applier) apply(c Command) (*Result, error) {
 		return a.archiveSale(c), nil
 	case *PurgeArchived:
 		return a.purgeArchived(c)
+	case *Enter:
+		return a.enter(c)
+	case *Draw:
+		return a.draw(c)
 	}
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }
@@ -323,6 +327,18 @@ func (a *applier) createSale(c *CreateSale) *Result {
 	if c.SKU == "" || c.Sale.Total < 0 || c.Sale.PerUser < 0 || c.Sale.HoldTTLNanos < 0 {
 		return invalid("create_sale needs a sku and a config with non-negative terms")
 	}
+	switch c.Sale.Mode {
+	case "":
+		if c.Sale.EntriesCloseAtUnixNano != 0 {
+			return invalid("entries_close_at is for lottery sales")
+		}
+	case SaleModeLottery:
+		if c.Sale.EntriesCloseAtUnixNano <= c.Sale.StartAtUnixNano || c.Sale.PerUser != 0 {
+			return invalid("a lottery needs entries_close_at after start_at, and no per_user (one entry per user)")
+		}
+	default:
+		return invalid("unknown sale mode %q", c.Sale.Mode)
+	}
 	if s := a.sku(c.SKU); s != nil {
 		if s.Config == c.Sale {
 			return &Result{Outcome: OutcomeSame}
@@ -330,26 +346,38 @@ func (a *applier) createSale(c *CreateSale) *Result {
 		return &Result{Outcome: OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
 	}
 	s := &SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: c.Sale, CreatedAtUnixNano: a.at}
+	if c.Sale.Mode == SaleModeLottery {
+		if len(c.Secret) != LotterySecretBytes {
+			return invalid("a lottery needs a %d-byte secret, got %d", LotterySecretBytes, len(c.Secret))
+		}
+		s.Lottery = newLottery(c.Secret)
+	}
 	a.touched[c.SKU] = s
 	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})
 	return &Result{Outcome: OutcomeOK}
 }
 
-func (a *applier) restock(c *Restock) *Result {
+func (a *applier) restock(c *Restock) (*Result, error) {
 	if c.Qty <= 0 {
-		return invalid("restock qty %d <= 0", c.Qty)
+		return invalid("restock qty %d <= 0", c.Qty), nil
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: OutcomeUnknownSKU}
+		return &Result{Outcome: OutcomeUnknownSKU}, nil
 	}
 	if s.Closed() {
-		return &Result{Outcome: OutcomeClosed}
+		return &Result{Outcome: OutcomeClosed}, nil
+	}
+	if s.Lottery != nil && s.Lottery.WaitlistLostAtUnixNano != 0 {
+		return &Result{Outcome: OutcomeLottery, Detail: "the lottery's waitlist has lost: nobody could win the units"}, nil
 	}
 	s.Total += c.Qty
 	s.Available += c.Qty
 	a.event(Event{Kind: EventStockChanged, SKU: c.SKU, Qty: c.Qty})
-	return &Result{Outcome: OutcomeOK, Qty: c.Qty}
+	if err := a.settleWaitlist(s); err != nil {
+		return nil, err
+	}
+	return &Result{Outcome: OutcomeOK, Qty: c.Qty}, nil
 }
 
 func (a *applier) lease(c *Lease) *Result {
@@ -362,6 +390,9 @@ func (a *applier) lease(c *Lease) *Result {
 	}
 	if s.Closed() {
 		return &Result{Outcome: OutcomeClosed}
+	}
+	if s.Lottery != nil {
+		return &Result{Outcome: OutcomeLottery, Detail: "a lottery's units go to its draw, not to leases"}
 	}
 	grant := min(c.Want, s.Available)
 	if short := c.Want - grant; short > 0 && s.LeasedTotal()-s.Leased[c.Node] > 0 {

@@ -48,6 +48,7 @@ func (a *applier) closeSale(c *CloseSale) *Result {
 	s.Available += back
 	s.Leased = nil
 	a.event(Event{Kind: EventSaleClosed, SKU: c.SKU, Qty: back})
+	_ = a.settleWaitlist(s) // a closed lottery's waitlist is lost; nothing is read
 	return &Result{Outcome: OutcomeOK, Qty: back}
 }
 

@@ -196,7 +196,10 @@ func (a *applier) confirm(c *Confirm) (*Result, error) {
 	o.State = OrderSold
 	a.holdChanges[o.ID] = -1
 	a.feedEvent(FeedOrderConfirmed, o)
-	return &Result{Outcome: OutcomeOK, Order: o}, a.putOrder(o)
+	if err := a.putOrder(o); err != nil {
+		return nil, err
+	}
+	return &Result{Outcome: OutcomeOK, Order: o}, a.settleWaitlist(s)
 }
 
 // Release reasons recorded on released orders.
@@ -249,7 +252,11 @@ func (a *applier) releaseHeld(o *Order, reason string) error {
 	a.holdChanges[o.ID] = -1
 	a.event(Event{Kind: EventStockChanged, SKU: o.SKU, Qty: o.Qty})
 	a.feedEvent(FeedOrderReleased, o)
-	return a.putOrder(o)
+	if err := a.putOrder(o); err != nil {
+		return err
+	}
+	// A lottery's released unit goes to the next waitlisted entry.
+	return a.settleWaitlist(s)
 }
 
 // expire releases the listed holds whose deadline has passed at the

@@ -131,6 +131,7 @@ const resultFormat byte = 0xD1
 const (
 	resultHasOrder byte = 1 << iota
 	resultHasTakes
+	resultHasEntries
 )
 
 // EncodeResult appends r to dst: the answer a leader sends back to a
@@ -142,6 +143,9 @@ func EncodeResult(dst []byte, r *Result) []byte {
 	}
 	if r.Takes != nil {
 		flags |= resultHasTakes
+	}
+	if r.Entries != nil {
+		flags |= resultHasEntries
 	}
 	dst = append(dst, resultFormat, byte(r.Outcome), flags)
 	dst = appendVarint(dst, r.Qty)
@@ -155,6 +159,15 @@ func EncodeResult(dst []byte, r *Result) []byte {
 		for i := range r.Takes {
 			dst = append(dst, byte(r.Takes[i].Outcome))
 			dst = appendOrder(dst, &r.Takes[i].Order)
+		}
+	}
+	if r.Entries != nil {
+		dst = appendUvarint(dst, uint64(len(r.Entries)))
+		for i := range r.Entries {
+			e := &r.Entries[i]
+			dst = append(dst, byte(e.Outcome))
+			dst = appendString(appendString(appendString(dst, e.Entry.SKU), e.Entry.User), e.Entry.RequestID)
+			dst = appendVarint(appendVarint(dst, e.Entry.Seq), e.Entry.AtUnixNano)
 		}
 	}
 	return dst
@@ -180,6 +193,15 @@ func DecodeResult(b []byte) (*Result, error) {
 		for i := range r.Takes {
 			r.Takes[i].Outcome = Outcome(d.byte())
 			r.Takes[i].Order = decodeOrder(&d)
+		}
+	}
+	if flags&resultHasEntries != 0 {
+		r.Entries = make([]EntryResult, d.count(6))
+		for i := range r.Entries {
+			e := &r.Entries[i]
+			e.Outcome = Outcome(d.byte())
+			e.Entry.SKU, e.Entry.User, e.Entry.RequestID = d.string(), d.string(), d.string()
+			e.Entry.Seq, e.Entry.AtUnixNano = d.varint(), d.varint()
 		}
 	}
 	if err := d.finish(); err != nil {

@@ -26,6 +26,8 @@ const (
 	OpCloseSale
 	OpArchiveSale
 	OpPurgeArchived
+	OpEnter
+	OpDraw
 )
 
 var opNames = [...]string{
@@ -34,6 +36,7 @@ var opNames = [...]string{
 	OpRegister: "register", OpExpire: "expire", OpPruneRequests: "prune_requests",
 	OpAckConsumer: "ack_consumer", OpPruneEvents: "prune_events",
 	OpCloseSale: "close_sale", OpArchiveSale: "archive_sale", OpPurgeArchived: "purge_archived",
+	OpEnter: "enter", OpDraw: "draw",
 }
 
 func (o Op) String() string {
@@ -53,10 +56,14 @@ type Command interface {
 	decodeFields(d *decoder)
 }
 
-// CreateSale puts a new sale of Sale.Total units on the ledger.
+// CreateSale puts a new sale of Sale.Total units on the ledger. A
+// lottery's Secret (LotterySecretBytes, drawn by the proposing node) holds
+// its seed and its order-id key; it is not part of the config, so the
+// same sale created again with a new secret is still the same sale.
 type CreateSale struct {
-	SKU  string
-	Sale SaleConfig
+	SKU    string
+	Sale   SaleConfig
+	Secret []byte
 }
 
 // Restock adds Qty units to a sale.
@@ -155,6 +162,10 @@ type SaleConfig struct {
 	StartAtUnixNano int64 `json:"start_at,omitempty"`
 	PerUser         int64 `json:"per_user,omitempty"`
 	HoldTTLNanos    int64 `json:"hold_ttl,omitempty"`
+	// Mode is "" for first come, first served, or SaleModeLottery, whose
+	// entries close at EntriesCloseAtUnixNano.
+	Mode                   string `json:"mode,omitempty"`
+	EntriesCloseAtUnixNano int64  `json:"entries_close_at,omitempty"`
 }
 
 // TakeEntry is one won deduct inside a Take batch. OrderID is minted by the
@@ -233,6 +244,10 @@ func newCommand(op Op) Command {
 		return &ArchiveSale{}
 	case OpPurgeArchived:
 		return &PurgeArchived{}
+	case OpEnter:
+		return &Enter{}
+	case OpDraw:
+		return &Draw{}
 	}
 	return nil
 }
@@ -242,7 +257,13 @@ func (c *CreateSale) appendFields(b []byte) []byte {
 	b = appendVarint(b, c.Sale.Total)
 	b = appendVarint(b, c.Sale.StartAtUnixNano)
 	b = appendVarint(b, c.Sale.PerUser)
-	return appendVarint(b, c.Sale.HoldTTLNanos)
+	b = appendVarint(b, c.Sale.HoldTTLNanos)
+	if c.Sale.Mode == "" && len(c.Secret) == 0 {
+		return b // the format of versions before lottery sales
+	}
+	b = appendString(b, c.Sale.Mode)
+	b = appendVarint(b, c.Sale.EntriesCloseAtUnixNano)
+	return appendString(b, string(c.Secret))
 }
 
 func (c *CreateSale) decodeFields(d *decoder) {
@@ -251,6 +272,13 @@ func (c *CreateSale) decodeFields(d *decoder) {
 	c.Sale.StartAtUnixNano = d.varint()
 	c.Sale.PerUser = d.varint()
 	c.Sale.HoldTTLNanos = d.varint()
+	if len(d.b) > 0 && d.err == nil {
+		c.Sale.Mode = d.string()
+		c.Sale.EntriesCloseAtUnixNano = d.varint()
+		if secret := d.string(); secret != "" {
+			c.Secret = []byte(secret)
+		}
+	}
 }
 
 func (c *Restock) appendFields(b []byte) []byte {
@@ -427,18 +455,21 @@ const (
 	// config, same order id, same request id, confirm of a sold order); the
 	// result carries the original.
 	OutcomeSame
-	OutcomeConflict     // a sale with this SKU exists with another config
-	OutcomeUnknownSKU   // no sale with this SKU
-	OutcomeLeaseShort   // the taking node's lease does not cover the take
-	OutcomeUserLimit    // the buyer would exceed the sale's per_user limit
-	OutcomeNotFound     // no order with this id
-	OutcomeExpired      // the hold's deadline passed before the confirm
-	OutcomeInvalidState // the order's state does not allow the command
-	OutcomeInvalid      // the command itself is malformed
-	OutcomeClosed       // the sale is closed
-	OutcomeNotClosed    // archive of a sale that is not closed
-	OutcomeHoldsPending // archive of a sale with units still held
-	OutcomeUnconsumed   // archive of a sale whose events a consumer has not acknowledged
+	OutcomeConflict      // a sale with this SKU exists with another config
+	OutcomeUnknownSKU    // no sale with this SKU
+	OutcomeLeaseShort    // the taking node's lease does not cover the take
+	OutcomeUserLimit     // the buyer would exceed the sale's per_user limit
+	OutcomeNotFound      // no order with this id
+	OutcomeExpired       // the hold's deadline passed before the confirm
+	OutcomeInvalidState  // the order's state does not allow the command
+	OutcomeInvalid       // the command itself is malformed
+	OutcomeClosed        // the sale is closed
+	OutcomeNotClosed     // archive of a sale that is not closed
+	OutcomeHoldsPending  // archive of a sale with units still held
+	OutcomeUnconsumed    // archive of a sale whose events a consumer has not acknowledged
+	OutcomeNotLottery    // an entry or a draw for a sale that is no lottery
+	OutcomeEntriesClosed // an entry after the lottery's entries closed (or it was drawn, or is full)
+	OutcomeLottery       // a lease or restock the lottery sale does not take
 )
 
 var outcomeNames = [...]string{
@@ -446,7 +477,8 @@ var outcomeNames = [...]string{
 	OutcomeLeaseShort: "lease_short", OutcomeUserLimit: "user_limit", OutcomeNotFound: "not_found",
 	OutcomeExpired: "expired", OutcomeInvalidState: "invalid_state", OutcomeInvalid: "invalid",
 	OutcomeClosed: "closed", OutcomeNotClosed: "not_closed", OutcomeHoldsPending: "holds_pending",
-	OutcomeUnconsumed: "unconsumed_events",
+	OutcomeUnconsumed: "unconsumed_events", OutcomeNotLottery: "not_a_lottery",
+	OutcomeEntriesClosed: "entries_closed", OutcomeLottery: "lottery_sale",
 }
 
 func (o Outcome) String() string {
@@ -465,7 +497,9 @@ type Result struct {
 	Qty     int64        `json:"qty,omitempty"`
 	Order   *Order       `json:"order,omitempty"`
 	Takes   []TakeResult `json:"takes,omitempty"`
-	Detail  string       `json:"detail,omitempty"`
+	// Entries is set for an Enter, one result per entry in order.
+	Entries []EntryResult `json:"entries,omitempty"`
+	Detail  string        `json:"detail,omitempty"`
 	// Index is the log index the command was applied at, set by the
 	// proposing node; a follower that forwarded the command waits until it
 	// has applied this index itself before it answers.

@@ -76,6 +76,8 @@ type SKU struct {
 	// LastEventSeq is the order feed's last event about this sale: it may
 	// be archived once every consumer has acknowledged it.
 	LastEventSeq uint64 `json:"last_event_seq,omitempty"`
+	// Lottery is set for a lottery sale (Config.Mode SaleModeLottery).
+	Lottery *Lottery `json:"lottery,omitempty"`
 }
 
 // Closed reports whether the sale was closed.
@@ -115,6 +117,10 @@ func (s *SKU) CheckLaw() error {
 func (s *SKU) clone() *SKU {
 	c := *s
 	c.Leased = maps.Clone(s.Leased)
+	if s.Lottery != nil {
+		lt := *s.Lottery // its slices are replaced, never changed in place
+		c.Lottery = &lt
+	}
 	return &c
 }
 
@@ -184,6 +190,8 @@ type Ledger struct {
 	// a cluster must agree, from its first start).
 	feed    feed
 	feedOff atomic.Bool
+	// rankings caches drawn lotteries' rankings (lottery.go).
+	rankings lotteryRankings
 
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
@@ -308,7 +316,7 @@ func (l *Ledger) openFile() (db *bolt.DB, err error) {
 		return nil, ledgerOpenError(l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime, bucketEvents, bucketConsumers} {
+		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime, bucketEvents, bucketConsumers, bucketEntries, bucketEntryUsers} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}

@@ -1,0 +1,522 @@
+package raftfsm
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Lottery sales (DESIGN.md, "Lottery sales"): the sale takes entries until
+// entries_close_at, then the leader proposes a Draw and every node ranks
+// the entries by the same documented function of the seed, the entries'
+// hash and each entry's sequence number (README, "Lottery sales"):
+//
+//	entries_hash_0 = 32 zero bytes
+//	entries_hash_n = SHA-256(entries_hash_(n-1) || be32(len(user_n)) || user_n)
+//	key(n)         = SHA-256(seed || entries_hash_N || be64(n))
+//
+// Entries sort by key (bytes, ascending; sequence on a tie); the first
+// Available win orders, the rest wait in that order. The seed is drawn
+// when the sale is created and only its SHA-256 is shown until the draw.
+
+// SaleModeLottery is SaleConfig.Mode of a lottery sale.
+const SaleModeLottery = "lottery"
+
+const (
+	// LotterySecretBytes is CreateSale.Secret of a lottery: a 32-byte seed
+	// then a 16-byte key that makes winners' order ids unguessable (the
+	// seed is revealed by the draw; the key never is).
+	LotterySecretBytes   = lotterySeedBytes + lotteryOrderKeyBytes
+	lotterySeedBytes     = 32
+	lotteryOrderKeyBytes = 16
+	// MaxLotteryEntries bounds one lottery: its ranking costs 8 bytes an
+	// entry in memory and its draw hashes and sorts every entry in one
+	// Apply (about a second for a million on the reference machine).
+	MaxLotteryEntries = 10_000_000
+	// lotteryNode is Order.Node of a winner's order: the ledger made it.
+	lotteryNode = "lottery"
+)
+
+// bbolt buckets of lottery entries.
+var (
+	// entries: sku 0x00 be64(seq) -> entry record, in log order per sale.
+	bucketEntries = []byte("entries")
+	// entry_users: sku 0x00 user -> be64(seq): one entry per user.
+	bucketEntryUsers = []byte("entry_users")
+)
+
+// Lottery is a lottery sale's part of its row.
+type Lottery struct {
+	Seed           []byte `json:"seed"`      // revealed by the draw
+	OrderKey       []byte `json:"order_key"` // never shown
+	SeedCommitment []byte `json:"seed_commitment"`
+	Entries        int64  `json:"entries"`
+	EntriesHash    []byte `json:"entries_hash"`
+	// DrawnAtUnixNano: the draw happened then (0: not yet). Winners won
+	// at the draw; Promoted waitlisted entries won since, as winners'
+	// units came back.
+	DrawnAtUnixNano int64 `json:"drawn_at,omitempty"`
+	Winners         int64 `json:"winners,omitempty"`
+	Promoted        int64 `json:"promoted,omitempty"`
+	// WaitlistLostAtUnixNano: no unit can come back since then (every
+	// winner's order sold, or the sale closed): the waitlist lost.
+	WaitlistLostAtUnixNano int64 `json:"waitlist_lost_at,omitempty"`
+}
+
+// Drawn reports whether the draw happened.
+func (l *Lottery) Drawn() bool { return l.DrawnAtUnixNano != 0 }
+
+// Won is the number of entries that won: at the draw and since.
+func (l *Lottery) Won() int64 { return l.Winners + l.Promoted }
+
+// Entry is one committed lottery entry.
+type Entry struct {
+	SKU        string `json:"sku"`
+	Seq        int64  `json:"seq"`
+	User       string `json:"user"`
+	RequestID  string `json:"request_id,omitempty"`
+	AtUnixNano int64  `json:"at"`
+}
+
+// ID is the entry's id on the wire: its sequence in the sale.
+func (e *Entry) ID() string { return strconv.FormatInt(e.Seq, 10) }
+
+// Enter is a batch of lottery entries; each is accepted or refused on its
+// own, like a Take's.
+type Enter struct{ Entries []EnterEntry }
+
+// EnterEntry is one user's entry into lottery SKU.
+type EnterEntry struct {
+	SKU       string
+	User      string
+	RequestID string
+}
+
+// EncodedSize is the bytes the entry adds to an encoded Enter.
+func (e *EnterEntry) EncodedSize() int {
+	return uvarintLen(len(e.SKU)) + len(e.SKU) + uvarintLen(len(e.User)) + len(e.User) +
+		uvarintLen(len(e.RequestID)) + len(e.RequestID)
+}
+
+// EnterHeaderSize bounds the bytes an encoded Enter needs besides its
+// entries.
+const EnterHeaderSize = commandHeaderMax + maxVarintBytes
+
+// EntryResult is the verdict on one EnterEntry: OutcomeOK (entered) or
+// OutcomeSame (the user's entry exists; Entry is it).
+type EntryResult struct {
+	Outcome Outcome
+	Entry   Entry
+}
+
+// Draw draws a lottery's winners; the leader proposes it once entries
+// have closed. A second Draw of the same sale is OutcomeSame.
+type Draw struct{ SKU string }
+
+func (*Enter) Op() Op { return OpEnter }
+func (*Draw) Op() Op  { return OpDraw }
+
+func (c *Enter) appendFields(b []byte) []byte {
+	b = appendUvarint(b, uint64(len(c.Entries)))
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		b = appendString(appendString(appendString(b, e.SKU), e.User), e.RequestID)
+	}
+	return b
+}
+
+func (c *Enter) decodeFields(d *decoder) {
+	c.Entries = make([]EnterEntry, d.count(3))
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		e.SKU, e.User, e.RequestID = d.string(), d.string(), d.string()
+	}
+}
+
+func (c *Draw) appendFields(b []byte) []byte { return appendString(b, c.SKU) }
+func (c *Draw) decodeFields(d *decoder)      { c.SKU = d.string() }
+
+// newLottery is the lottery part of a new sale's row, from the secret its
+// CreateSale carries.
+func newLottery(secret []byte) *Lottery {
+	seed := secret[:lotterySeedBytes]
+	sum := sha256.Sum256(seed)
+	return &Lottery{
+		Seed: slices.Clone(seed), OrderKey: slices.Clone(secret[lotterySeedBytes:]),
+		SeedCommitment: sum[:], EntriesHash: make([]byte, sha256.Size),
+	}
+}
+
+// nextEntriesHash chains user onto the entries hash h.
+func nextEntriesHash(h []byte, user string) []byte {
+	var buf [sha256.Size + 4 + maxKeyBytes]byte
+	b := append(buf[:0], h...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(user)))
+	b = append(b, user...)
+	sum := sha256.Sum256(b)
+	return sum[:]
+}
+
+func entryKey(sku string, seq int64) []byte {
+	k := make([]byte, 0, len(sku)+9)
+	k = append(append(k, sku...), 0)
+	return binary.BigEndian.AppendUint64(k, uint64(seq))
+}
+
+func encodeEntryRecord(e *Entry) []byte {
+	b := make([]byte, 0, 4+len(e.User)+len(e.RequestID)+maxVarintBytes)
+	b = appendString(appendString(b, e.User), e.RequestID)
+	return appendVarint(b, e.AtUnixNano)
+}
+
+func decodeEntryRecord(sku string, seq int64, b []byte) (Entry, error) {
+	d := decoder{b: b}
+	e := Entry{SKU: sku, Seq: seq, User: d.string(), RequestID: d.string(), AtUnixNano: d.varint()}
+	if err := d.finish(); err != nil {
+		return Entry{}, fmt.Errorf("entry %d of %q: %w", seq, sku, err)
+	}
+	return e, nil
+}
+
+// lotteryOrderID is the order id of entry seq's win: unguessable without
+// the sale's order key, the same on every node.
+func lotteryOrderID(key []byte, seq int64) string {
+	var buf [lotteryOrderKeyBytes + 8]byte
+	b := append(buf[:0], key...)
+	b = binary.BigEndian.AppendUint64(b, uint64(seq))
+	sum := sha256.Sum256(b)
+	return "L" + strconv.FormatInt(seq, 36) + ":" + hex.EncodeToString(sum[:10])
+}
+
+// entryOf reads user's entry into sku as this batch sees it.
+func (a *applier) entryOf(sku, user string) (Entry, bool, error) {
+	v, err := a.get(bucketEntryUsers, appendBuyerKey(nil, sku, user))
+	if err != nil || v == nil {
+		return Entry{}, false, err
+	}
+	if len(v) != 8 {
+		return Entry{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
+	}
+	e, err := a.entry(sku, int64(binary.BigEndian.Uint64(v)))
+	return e, err == nil, err
+}
+
+func (a *applier) entry(sku string, seq int64) (Entry, error) {
+	v, err := a.get(bucketEntries, entryKey(sku, seq))
+	if err != nil {
+		return Entry{}, err
+	}
+	if v == nil {
+		panic(fmt.Sprintf("BUG: entry %d of lottery %q is missing", seq, sku))
+	}
+	return decodeEntryRecord(sku, seq, v)
+}
+
+func (a *applier) enter(c *Enter) (*Result, error) {
+	res := &Result{Outcome: OutcomeOK, Entries: make([]EntryResult, len(c.Entries))}
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		r := &res.Entries[i]
+		if e.User == "" || len(e.User) > maxKeyBytes || len(e.SKU) > maxKeyBytes || len(e.RequestID) > maxKeyBytes {
+			r.Outcome = OutcomeInvalid
+			continue
+		}
+		s := a.sku(e.SKU)
+		if s == nil {
+			r.Outcome = OutcomeUnknownSKU
+			continue
+		}
+		if s.Lottery == nil {
+			r.Outcome = OutcomeNotLottery
+			continue
+		}
+		prior, ok, err := a.entryOf(e.SKU, e.User)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			r.Outcome, r.Entry = OutcomeSame, prior
+			continue
+		}
+		lt := s.Lottery
+		if s.Closed() || lt.Drawn() || a.at >= s.Config.EntriesCloseAtUnixNano || lt.Entries >= MaxLotteryEntries {
+			r.Outcome = OutcomeEntriesClosed
+			continue
+		}
+		lt.Entries++
+		lt.EntriesHash = nextEntriesHash(lt.EntriesHash, e.User)
+		ent := Entry{SKU: e.SKU, Seq: lt.Entries, User: e.User, RequestID: e.RequestID, AtUnixNano: a.at}
+		a.put(bucketEntries, entryKey(e.SKU, ent.Seq), encodeEntryRecord(&ent))
+		a.put(bucketEntryUsers, appendBuyerKey(nil, e.SKU, e.User), binary.BigEndian.AppendUint64(nil, uint64(ent.Seq)))
+		r.Outcome, r.Entry = OutcomeOK, ent
+	}
+	return res, nil
+}
+
+func (a *applier) draw(c *Draw) (*Result, error) {
+	s := a.sku(c.SKU)
+	switch {
+	case s == nil:
+		return &Result{Outcome: OutcomeUnknownSKU}, nil
+	case s.Lottery == nil:
+		return &Result{Outcome: OutcomeNotLottery}, nil
+	case s.Lottery.Drawn():
+		return &Result{Outcome: OutcomeSame, Qty: s.Lottery.Winners}, nil
+	case s.Closed():
+		return &Result{Outcome: OutcomeClosed}, nil
+	case a.at < s.Config.EntriesCloseAtUnixNano:
+		return &Result{Outcome: OutcomeInvalidState, Detail: "entries are still open"}, nil
+	}
+	lt := s.Lottery
+	lt.DrawnAtUnixNano = a.at
+	rk := a.ledger.ranking(c.SKU, lt)
+	winners := min(s.Available, lt.Entries)
+	for r := range winners {
+		if err := a.award(s, int64(rk.seqs[r])); err != nil {
+			return nil, err
+		}
+	}
+	lt.Winners = winners
+	if err := a.settleWaitlist(s); err != nil {
+		return nil, err
+	}
+	return &Result{Outcome: OutcomeOK, Qty: winners}, nil
+}
+
+// award gives one unit of lottery s to entry seq: an order, held for the
+// sale's hold_ttl or sold at once.
+func (a *applier) award(s *SKU, seq int64) error {
+	e, err := a.entry(s.SKU, seq)
+	if err != nil {
+		return err
+	}
+	if s.Available < 1 {
+		panic(fmt.Sprintf("BUG: lottery %q awards entry %d with no unit available", s.SKU, seq))
+	}
+	o := Order{ID: lotteryOrderID(s.Lottery.OrderKey, seq), SKU: s.SKU, User: e.User, Qty: 1,
+		Node: lotteryNode, CreatedAtUnixNano: a.at}
+	s.Available--
+	if ttl := s.Config.HoldTTLNanos; ttl > 0 {
+		o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
+		s.Held++
+		a.holdChanges[o.ID] = o.ExpiresAtUnixNano
+	} else {
+		o.State = OrderSold
+		s.Sold++
+	}
+	if err := a.putOrder(&o); err != nil {
+		return err
+	}
+	a.feedEvent(FeedOrderCreated, &o)
+	return nil
+}
+
+// settleWaitlist gives a drawn lottery's available units to the next
+// waitlisted entries, then marks the waitlist lost once no unit can come
+// back (nothing held). A closed sale's waitlist is lost at once.
+func (a *applier) settleWaitlist(s *SKU) error {
+	lt := s.Lottery
+	if lt == nil || !lt.Drawn() || lt.WaitlistLostAtUnixNano != 0 {
+		return nil
+	}
+	if !s.Closed() {
+		var rk *ranking
+		for s.Available > 0 && lt.Won() < lt.Entries {
+			if rk == nil {
+				rk = a.ledger.ranking(s.SKU, lt)
+			}
+			if err := a.award(s, int64(rk.seqs[lt.Won()])); err != nil {
+				return err
+			}
+			lt.Promoted++
+		}
+	}
+	if lt.Won() < lt.Entries && (s.Held == 0 || s.Closed()) {
+		lt.WaitlistLostAtUnixNano = max(a.at, 1)
+	}
+	return nil
+}
+
+// ranking is a drawn lottery's order: seqs[r] is the entry of rank r,
+// rankOf[seq-1] the rank of entry seq.
+type ranking struct {
+	seed, hash []byte
+	entries    int64
+	seqs       []uint32
+	rankOf     []uint32
+}
+
+// lotteryRankings caches each lottery's ranking: a pure function of its
+// seed, entries hash and entry count, which a drawn lottery never changes.
+type lotteryRankings struct {
+	mu sync.Mutex
+	m  map[string]*ranking
+}
+
+// ranking returns lottery sku's ranking, computing it on first use.
+func (l *Ledger) ranking(sku string, lt *Lottery) *ranking {
+	l.rankings.mu.Lock()
+	defer l.rankings.mu.Unlock()
+	if r, ok := l.rankings.m[sku]; ok && r.entries == lt.Entries && slices.Equal(r.seed, lt.Seed) && slices.Equal(r.hash, lt.EntriesHash) {
+		return r
+	}
+	r := rankEntries(lt.Seed, lt.EntriesHash, lt.Entries)
+	if l.rankings.m == nil {
+		l.rankings.m = map[string]*ranking{}
+	}
+	l.rankings.m[sku] = r
+	return r
+}
+
+// forgetRanking drops a cached ranking (the sale's entries left).
+func (l *Ledger) forgetRanking(sku string) {
+	l.rankings.mu.Lock()
+	delete(l.rankings.m, sku)
+	l.rankings.mu.Unlock()
+}
+
+// rankEntries ranks entries 1..n by key(n) (see the package's lottery
+// comment). The seed and hash fill one SHA-256 block, hashed once; each
+// entry then costs one more block.
+func rankEntries(seed, hash []byte, n int64) *ranking {
+	type keyed struct {
+		key [sha256.Size]byte
+		seq uint32
+	}
+	keys := make([]keyed, n)
+	var buf [2*sha256.Size + 8]byte
+	b := append(append(buf[:0], seed...), hash...)
+	prefix := len(b)
+	b = b[:prefix+8]
+	for i := range keys {
+		seq := uint64(i + 1)
+		binary.BigEndian.PutUint64(b[prefix:], seq)
+		keys[i] = keyed{key: sha256.Sum256(b), seq: uint32(seq)}
+	}
+	slices.SortFunc(keys, func(x, y keyed) int {
+		if c := compareKeys(&x.key, &y.key); c != 0 {
+			return c
+		}
+		return int(x.seq) - int(y.seq)
+	})
+	r := &ranking{seed: slices.Clone(seed), hash: slices.Clone(hash), entries: n,
+		seqs: make([]uint32, n), rankOf: make([]uint32, n)}
+	for rank, k := range keys {
+		r.seqs[rank] = k.seq
+		r.rankOf[k.seq-1] = uint32(rank)
+	}
+	return r
+}
+
+func compareKeys(x, y *[sha256.Size]byte) int {
+	for i := 0; i < sha256.Size; i += 8 {
+		a, b := binary.BigEndian.Uint64(x[i:]), binary.BigEndian.Uint64(y[i:])
+		if a != b {
+			if a < b {
+				return -1
+			}
+			return 1
+		}
+	}
+	return 0
+}
+
+// Entry states of GET /v1/skus/{sku}/entries/{user}.
+const (
+	EntryEntered    = "entered"
+	EntryWon        = "won"
+	EntryWaitlisted = "waitlisted"
+	EntryLost       = "lost"
+)
+
+// EntryStatus is where one entrant stands.
+type EntryStatus struct {
+	Entry    Entry
+	State    string
+	OrderID  string // set when won
+	Position int64  // set when waitlisted: 1 is next
+	Rank     int64  // the entry's place in the draw, from 1; 0 before it
+}
+
+// EntryStatus reads user's entry into lottery sku: ok is false when the
+// user has none (or sku is no lottery).
+func (l *Ledger) EntryStatus(sku, user string) (EntryStatus, bool, error) {
+	row, _, ok := l.SKU(sku)
+	if !ok || row.Lottery == nil {
+		return EntryStatus{}, false, nil
+	}
+	v, err := l.read(bucketEntryUsers, appendBuyerKey(nil, sku, user))
+	if err != nil || v == nil {
+		return EntryStatus{}, false, err
+	}
+	if len(v) != 8 {
+		return EntryStatus{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
+	}
+	seq := int64(binary.BigEndian.Uint64(v))
+	rec, err := l.read(bucketEntries, entryKey(sku, seq))
+	if err != nil || rec == nil {
+		return EntryStatus{}, false, err
+	}
+	e, err := decodeEntryRecord(sku, seq, rec)
+	if err != nil {
+		return EntryStatus{}, false, err
+	}
+	st := EntryStatus{Entry: e, State: EntryEntered}
+	lt := row.Lottery
+	if !lt.Drawn() {
+		if row.Closed() {
+			st.State = EntryLost
+		}
+		return st, true, nil
+	}
+	if seq > lt.Entries {
+		// Read between the entry's write and its row's: not yet
+		// visible as drawn state (cannot happen after a draw).
+		return st, true, nil
+	}
+	rank := int64(l.ranking(sku, lt).rankOf[seq-1])
+	st.Rank = rank + 1
+	switch {
+	case rank < lt.Won():
+		st.State, st.OrderID = EntryWon, lotteryOrderID(lt.OrderKey, seq)
+	case lt.WaitlistLostAtUnixNano != 0:
+		st.State = EntryLost
+	default:
+		st.State, st.Position = EntryWaitlisted, rank-lt.Won()+1
+	}
+	return st, true, nil
+}
+
+// SaleEntries calls fn for every committed entry of lottery sku in log
+// order, from one consistent state of the ledger file, and returns the
+// applied index that state reflects. It writes pending changes first.
+func (l *Ledger) SaleEntries(sku string, fn func(*Entry) error) (uint64, error) {
+	if err := l.Flush(); err != nil {
+		return 0, err
+	}
+	var applied uint64
+	err := l.view(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
+			applied = binary.BigEndian.Uint64(v)
+		}
+		prefix := append([]byte(sku), 0)
+		cur := tx.Bucket(bucketEntries).Cursor()
+		for k, v := cur.Seek(prefix); k != nil && len(k) == len(prefix)+8 && string(k[:len(prefix)]) == string(prefix); k, v = cur.Next() {
+			e, err := decodeEntryRecord(sku, int64(binary.BigEndian.Uint64(k[len(prefix):])), v)
+			if err != nil {
+				return err
+			}
+			if err := fn(&e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return applied, err
+}

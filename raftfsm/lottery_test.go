@@ -1,0 +1,210 @@
+package raftfsm
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// recomputeDraw ranks exported entries the way the README writes the
+// draw down, without the ledger's code: the hash chain, then the keys.
+func recomputeDraw(t *testing.T, seed []byte, entries []Entry) (hash []byte, ranked []int64) {
+	t.Helper()
+	hash = make([]byte, 32)
+	for i, e := range entries {
+		if e.Seq != int64(i+1) {
+			t.Fatalf("entry %d has seq %d: the export is not in log order", i, e.Seq)
+		}
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(len(e.User)))
+		sum := sha256.Sum256(slices.Concat(hash, n[:], []byte(e.User)))
+		hash = sum[:]
+	}
+	type keyed struct {
+		key []byte
+		seq int64
+	}
+	keys := make([]keyed, len(entries))
+	for i := range entries {
+		var s [8]byte
+		binary.BigEndian.PutUint64(s[:], uint64(i+1))
+		sum := sha256.Sum256(slices.Concat(seed, hash, s[:]))
+		keys[i] = keyed{sum[:], int64(i + 1)}
+	}
+	slices.SortFunc(keys, func(a, b keyed) int {
+		if c := bytes.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return int(a.seq - b.seq)
+	})
+	for _, k := range keys {
+		ranked = append(ranked, k.seq)
+	}
+	return hash, ranked
+}
+
+func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
+	tl := newTestLedger(t)
+	secret := bytes.Repeat([]byte{7}, LotterySecretBytes)
+	cfg := SaleConfig{Total: 3, HoldTTLNanos: 1000, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
+	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: secret}); r.Outcome != OutcomeOK {
+		t.Fatalf("create: %s %s", r.Outcome, r.Detail)
+	}
+	other := bytes.Repeat([]byte{9}, LotterySecretBytes)
+	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: other}); r.Outcome != OutcomeSame {
+		t.Fatalf("the same lottery again, with another secret: %s", r.Outcome)
+	}
+	if r := tl.applyTyped(1, &CreateSale{SKU: "bad", Sale: SaleConfig{Total: 1, Mode: SaleModeLottery}, Secret: secret}); r.Outcome != OutcomeInvalid {
+		t.Fatalf("a lottery without entries_close_at: %s", r.Outcome)
+	}
+	tl.applyTyped(1, &CreateSale{SKU: "plain", Sale: SaleConfig{Total: 1}})
+
+	var batch Enter
+	for i := range 10 {
+		batch.Entries = append(batch.Entries, EnterEntry{SKU: "lot", User: fmt.Sprintf("u%d", i), RequestID: fmt.Sprintf("r%d", i)})
+	}
+	batch.Entries = append(batch.Entries, EnterEntry{SKU: "lot", User: "u3"}, EnterEntry{SKU: "plain", User: "u1"},
+		EnterEntry{SKU: "nope", User: "u1"}, EnterEntry{SKU: "lot"})
+	r := tl.applyTyped(10, &batch)
+	for i := range 10 {
+		if e := r.Entries[i]; e.Outcome != OutcomeOK || e.Entry.Seq != int64(i+1) {
+			t.Fatalf("entry %d: %s seq %d", i, e.Outcome, e.Entry.Seq)
+		}
+	}
+	want := []Outcome{OutcomeSame, OutcomeNotLottery, OutcomeUnknownSKU, OutcomeInvalid}
+	for i, w := range want {
+		if got := r.Entries[10+i].Outcome; got != w {
+			t.Fatalf("entry %d: %s, want %s", 10+i, got, w)
+		}
+	}
+	if r.Entries[10].Entry.Seq != 4 {
+		t.Fatalf("a repeat entry answers seq %d, want the first's 4", r.Entries[10].Entry.Seq)
+	}
+	if r := tl.applyTyped(100, &Enter{Entries: []EnterEntry{{SKU: "lot", User: "late"}}}); r.Entries[0].Outcome != OutcomeEntriesClosed {
+		t.Fatalf("an entry at the close: %s", r.Entries[0].Outcome)
+	}
+	if r := tl.applyTyped(10, &Lease{Node: "n1", SKU: "lot", Want: 1}); r.Outcome != OutcomeLottery {
+		t.Fatalf("a lease of a lottery: %s", r.Outcome)
+	}
+	if st, ok, _ := tl.l.EntryStatus("lot", "u5"); !ok || st.State != EntryEntered {
+		t.Fatalf("before the draw: %+v %v", st, ok)
+	}
+	if r := tl.applyTyped(99, &Draw{SKU: "lot"}); r.Outcome != OutcomeInvalidState {
+		t.Fatalf("a draw before the close: %s", r.Outcome)
+	}
+	if r := tl.applyTyped(100, &Draw{SKU: "lot"}); r.Outcome != OutcomeOK || r.Qty != 3 {
+		t.Fatalf("draw: %s %d", r.Outcome, r.Qty)
+	}
+	if r := tl.applyTyped(101, &Draw{SKU: "lot"}); r.Outcome != OutcomeSame || r.Qty != 3 {
+		t.Fatalf("a second draw: %s %d", r.Outcome, r.Qty)
+	}
+
+	var entries []Entry
+	if _, err := tl.l.SaleEntries("lot", func(e *Entry) error { entries = append(entries, *e); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	row := tl.row("lot")
+	hash, ranked := recomputeDraw(t, secret[:32], entries)
+	if len(entries) != 10 || !bytes.Equal(hash, row.Lottery.EntriesHash) {
+		t.Fatalf("%d entries exported; hash %x, the ledger's %x", len(entries), hash, row.Lottery.EntriesHash)
+	}
+	user := func(seq int64) string { return entries[seq-1].User }
+	check := func(won int64, lost bool) {
+		t.Helper()
+		for rank, seq := range ranked {
+			st, ok, err := tl.l.EntryStatus("lot", user(seq))
+			if err != nil || !ok {
+				t.Fatalf("status of %s: %v %v", user(seq), ok, err)
+			}
+			switch {
+			case int64(rank) < won:
+				if st.State != EntryWon || st.OrderID == "" {
+					t.Fatalf("rank %d (%s): %+v, want won", rank+1, user(seq), st)
+				}
+				o, ok, _ := tl.l.Order(st.OrderID)
+				if !ok || o.User != user(seq) || o.SKU != "lot" {
+					t.Fatalf("winner %s's order %q: %+v %v", user(seq), st.OrderID, o, ok)
+				}
+			case lost:
+				if st.State != EntryLost {
+					t.Fatalf("rank %d: %+v, want lost", rank+1, st)
+				}
+			default:
+				if st.State != EntryWaitlisted || st.Position != int64(rank)+1-won {
+					t.Fatalf("rank %d: %+v, want waitlisted at %d", rank+1, st, int64(rank)+1-won)
+				}
+			}
+		}
+		checkAudit(t, tl.l, "lot")
+	}
+	check(3, false)
+
+	// A cancelled winner's unit goes to the first waitlisted entry; an
+	// expired one's to the next.
+	first, _, _ := tl.l.EntryStatus("lot", user(ranked[0]))
+	if r := tl.applyTyped(200, &Release{OrderID: first.OrderID, Reason: ReleaseCancelled}); r.Outcome != OutcomeOK {
+		t.Fatalf("cancel: %s", r.Outcome)
+	}
+	check(4, false)
+	second, _, _ := tl.l.EntryStatus("lot", user(ranked[1]))
+	if r := tl.applyTyped(1100, &Expire{OrderIDs: []string{second.OrderID}}); r.Qty != 1 {
+		t.Fatalf("expire: %d", r.Qty)
+	}
+	check(5, false)
+
+	// Reopened, the ledger ranks the same.
+	tl.l.Close()
+	l, err := OpenLedger(tl.dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl.l = l
+	t.Cleanup(func() { l.Close() })
+	check(5, false)
+
+	// Once every held winner confirmed, no unit can come back: the rest lost.
+	for _, seq := range ranked[2:5] {
+		st, _, _ := tl.l.EntryStatus("lot", user(seq))
+		if r := tl.applyTyped(1100, &Confirm{OrderID: st.OrderID}); r.Outcome != OutcomeOK && r.Outcome != OutcomeExpired {
+			t.Fatalf("confirm: %s", r.Outcome)
+		}
+	}
+	row = tl.row("lot")
+	if row.Held != 0 || row.Lottery.WaitlistLostAtUnixNano == 0 {
+		t.Fatalf("after the confirms: held %d, waitlist lost at %d", row.Held, row.Lottery.WaitlistLostAtUnixNano)
+	}
+	won := row.Lottery.Won()
+	check(won, true)
+	if r := tl.applyTyped(1200, &Restock{SKU: "lot", Qty: 1}); r.Outcome != OutcomeLottery {
+		t.Fatalf("restock after the waitlist lost: %s", r.Outcome)
+	}
+}
+
+func TestLottery_RankingOfAMillionIsAPermutation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million entries")
+	}
+	r := rankEntries(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32), 1_000_000)
+	seen := make([]bool, len(r.seqs))
+	for rank, seq := range r.seqs {
+		if seen[seq-1] || r.rankOf[seq-1] != uint32(rank) {
+			t.Fatalf("rank %d: seq %d seen before or ranked %d", rank, seq, r.rankOf[seq-1])
+		}
+		seen[seq-1] = true
+	}
+}
+
+func BenchmarkLottery_Rank(b *testing.B) {
+	for _, n := range []int64{10_000, 1_000_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				rankEntries(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32), n)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/entry")
+		})
+	}
+}
