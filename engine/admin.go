@@ -1,6 +1,7 @@
 package engine
 
 import (
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -14,6 +15,10 @@ type SaleSpec struct {
 	StartAt time.Time
 	PerUser int64
 	HoldTTL time.Duration
+	// Lottery makes the sale a lottery whose entries close at
+	// EntriesCloseAt (DESIGN.md, "Lottery sales").
+	Lottery        bool
+	EntriesCloseAt time.Time
 }
 
 // CreateSale creates a sale. It reports created=false when a sale with the
@@ -29,7 +34,24 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 	if !spec.StartAt.IsZero() {
 		cfg.StartAtUnixNano = spec.StartAt.UnixNano()
 	}
-	res, err := e.propose(&raftfsm.CreateSale{SKU: sku, Sale: cfg})
+	cmd := &raftfsm.CreateSale{SKU: sku, Sale: cfg}
+	if spec.Lottery {
+		switch {
+		case spec.EntriesCloseAt.IsZero() || !spec.EntriesCloseAt.After(spec.StartAt):
+			return false, fmt.Errorf("%w: a lottery needs entries_close_at, after start_at", ErrInvalid)
+		case spec.PerUser != 0:
+			return false, fmt.Errorf("%w: a lottery takes one entry per user; per_user does not apply", ErrInvalid)
+		}
+		cmd.Sale.Mode, cmd.Sale.EntriesCloseAtUnixNano = raftfsm.SaleModeLottery, spec.EntriesCloseAt.UnixNano()
+		// The seed and the order-id key: secret until the draw (the
+		// seed) or for ever (the key). A repeat of this call proposes
+		// another secret, which the ledger ignores for an existing sale.
+		cmd.Secret = make([]byte, raftfsm.LotterySecretBytes)
+		if _, err := crand.Read(cmd.Secret); err != nil {
+			return false, fmt.Errorf("draw a lottery seed: %w", err)
+		}
+	}
+	res, err := e.propose(cmd)
 	if err != nil {
 		return false, err
 	}
@@ -98,6 +120,8 @@ func saleOutcome(sku string, res *raftfsm.Result) error {
 		return fmt.Errorf("%w: %s", ErrHoldsPending, res.Detail)
 	case raftfsm.OutcomeUnconsumed:
 		return fmt.Errorf("%w: %s", ErrUnconsumed, res.Detail)
+	case raftfsm.OutcomeLottery:
+		return fmt.Errorf("%w: %s", ErrEntriesClosed, res.Detail)
 	}
 	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
 }

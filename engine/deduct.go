@@ -24,13 +24,14 @@ const (
 	StatusRateLimited                      // refused by admission control
 	StatusTryAgain                         // other nodes still hold units; none reached this node within LeaseWait
 	StatusClosed                           // the sale was closed
+	StatusLotterySale                      // the sale is a lottery: enter it instead
 )
 
 var statusNames = [...]string{
 	StatusOK: "ok", StatusAccepted: "accepted", StatusSoldOut: "sold_out", StatusUserLimit: "user_limit",
 	StatusNotStarted: "not_started", StatusUnknownSKU: "unknown_sku", StatusBadRequest: "bad_request",
 	StatusUnavailable: "unavailable", StatusOutcomeUnknown: "outcome_unknown", StatusRateLimited: "rate_limited",
-	StatusTryAgain: "try_again", StatusClosed: "closed",
+	StatusTryAgain: "try_again", StatusClosed: "closed", StatusLotterySale: "lottery_sale",
 }
 
 func (s Status) String() string {
@@ -44,7 +45,7 @@ func (s Status) String() string {
 func (s Status) Won() bool { return s == StatusOK || s == StatusAccepted }
 
 // statusCount sizes per-status counters.
-const statusCount = int(StatusClosed) + 1
+const statusCount = int(StatusLotterySale) + 1
 
 // DeductRequest is one buyer's attempt. The byte slices are only read during
 // Deduct and may be reused by the caller afterwards.
@@ -106,6 +107,10 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 	}
 	if s.closed.Load() {
 		res.Status = StatusClosed
+		return nil
+	}
+	if s.entriesCloseAtUnixNano != 0 {
+		res.Status = StatusLotterySale
 		return nil
 	}
 	if e.closing.Load() {

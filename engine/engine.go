@@ -34,7 +34,9 @@ type Engine struct {
 	refills      chan *sale
 	giveBacks    chan *sale
 	purgeWake    chan struct{} // an archive was applied: the leader takes its orders out
-	poll         *poller       // wakes deducts waiting for stock
+	entryQueue   chan *pendingEntry
+	drawing      atomic.Bool // the leader is proposing lottery draws
+	poll         *poller     // wakes deducts waiting for stock
 
 	ignoreEventsUpTo atomic.Uint64 // events at or below this index are already in the buckets
 
@@ -87,6 +89,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		refills:      make(chan *sale, MaxSKUs),
 		giveBacks:    make(chan *sale, MaxSKUs),
 		purgeWake:    make(chan struct{}, 1),
+		entryQueue:   make(chan *pendingEntry, entryQueueMax),
 		poll:         newPoller(),
 		stop:         make(chan struct{}),
 		metrics:      newMetrics(),
@@ -109,7 +112,8 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 // Call it once, before Close.
 func (e *Engine) Start(proposer Proposer) {
 	e.proposer = proposer
-	e.wg.Add(5)
+	e.wg.Add(6)
+	go e.runEntrants()
 	go e.runCommitter()
 	go e.runLeaser()
 	go e.runJanitor()

@@ -40,6 +40,7 @@ func (e *Engine) runJanitor() {
 		e.adaptive.update() // on the real clock, as the waits are
 		e.pendingIDs.rotate(now)
 		e.expireHolds(now)
+		e.drawDue(now)
 		if now.Sub(lastAudit) >= e.cfg.AuditInterval && e.auditing.CompareAndSwap(false, true) {
 			// An audit scans every order: off the janitor's goroutine, one
 			// at a time, so the breaker and expiries keep their pace.

@@ -44,6 +44,9 @@ type Ledger interface {
 	FeedStats() (raftfsm.FeedStats, error)
 	FeedEvent(seq uint64) (raftfsm.FeedEvent, bool, error)
 	FeedCursorBefore(atUnixNano int64) (raftfsm.Cursor, bool, error)
+	// Lottery entries: one entrant's standing, and every entry of a sale.
+	EntryStatus(sku, user string) (raftfsm.EntryStatus, bool, error)
+	SaleEntries(sku string, fn func(*raftfsm.Entry) error) (uint64, error)
 	SaleOrders(sku string, state raftfsm.OrderState, after string, fn func(*raftfsm.Order) error) (raftfsm.OrdersSnapshot, error)
 }
 

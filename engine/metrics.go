@@ -36,6 +36,7 @@ type Metrics struct {
 	leaseGivenBack   atomic.Uint64 // units returned because another node wanted them
 	takeSplits       atomic.Uint64 // batches the leader refused as too large or malformed, split
 	holdsExpired     atomic.Uint64
+	entries          atomic.Uint64 // lottery entries answered (new or repeated) after a commit
 	feedUnreadPruned atomic.Uint64 // feed events pruned at the cap before a consumer acknowledged them
 	feedAtCap        atomic.Bool   // the last prune cut into a consumer's unacknowledged events
 
@@ -110,6 +111,7 @@ type Snapshot struct {
 	TakeSplits       uint64
 	CommitBlocked    bool
 	HoldsExpired     uint64
+	LotteryEntries   uint64
 	// FeedUnreadPruned counts feed events pruned at the cap before a
 	// consumer acknowledged them; FeedAtCap: the last prune did so.
 	// AdmissionLimit bounds the deducts won and waiting for the ledger
@@ -187,6 +189,7 @@ func (m *Metrics) snapshot() Snapshot {
 		LeaseGivenBack:   m.leaseGivenBack.Load(),
 		TakeSplits:       m.takeSplits.Load(),
 		HoldsExpired:     m.holdsExpired.Load(),
+		LotteryEntries:   m.entries.Load(),
 		FeedUnreadPruned: m.feedUnreadPruned.Load(),
 		FeedAtCap:        m.feedAtCap.Load(),
 		BatchSizeBounds:  batchSizeBounds[:],

@@ -115,6 +115,17 @@ type (
 	FeedPage  = raftfsm.FeedPage
 	// OrdersSnapshot says which state a SaleOrders read reflects.
 	OrdersSnapshot = raftfsm.OrdersSnapshot
+	// Entry is a lottery entry; EntryStatus where its entrant stands.
+	Entry       = raftfsm.Entry
+	EntryStatus = raftfsm.EntryStatus
+)
+
+// Entry states (EntryStatus.State).
+const (
+	EntryEntered    = raftfsm.EntryEntered
+	EntryWon        = raftfsm.EntryWon
+	EntryWaitlisted = raftfsm.EntryWaitlisted
+	EntryLost       = raftfsm.EntryLost
 )
 
 // ParseCursor reads a feed cursor's wire form ("" and "0": the start).

@@ -16,6 +16,10 @@ type sale struct {
 	startAtUnixNano int64 // immutable after creation
 	perUser         int64
 	holdTTL         time.Duration
+	// entriesCloseAtUnixNano is set for a lottery, which takes entries,
+	// not deducts; drawn says its draw is done (or will never be).
+	entriesCloseAtUnixNano int64
+	drawn                  atomic.Bool
 
 	soldOut       atomic.Bool  // no unit here and none available in the ledger
 	closed        atomic.Bool  // the sale was closed: no deduct may win
@@ -71,6 +75,9 @@ func (e *Engine) saleFor(row *raftfsm.SKU) (*sale, bool) {
 		startAtUnixNano: row.Config.StartAtUnixNano,
 		perUser:         row.Config.PerUser,
 		holdTTL:         time.Duration(row.Config.HoldTTLNanos),
+	}
+	if row.Lottery != nil {
+		s.entriesCloseAtUnixNano = max(row.Config.EntriesCloseAtUnixNano, 1)
 	}
 	s.lowWatermark.Store(1)
 	s.closed.Store(row.Closed())

@@ -179,6 +179,8 @@ func deductAnswer(res *engine.DeductResult, buf []byte) (code int, body []byte, 
 		return fasthttp.StatusNotFound, bodyUnknownSKU, 0
 	case engine.StatusClosed:
 		return fasthttp.StatusConflict, bodyClosed, 0
+	case engine.StatusLotterySale:
+		return fasthttp.StatusConflict, errorJSON(buf, "lottery_sale", "this sale is a lottery: POST /v1/skus/{sku}/enter"), 0
 	case engine.StatusNotStarted:
 		left := time.Until(res.StartAt)
 		b, _ := json.Marshal(map[string]any{

@@ -18,6 +18,9 @@ type saleRequest struct {
 	StartAt string `json:"start_at,omitempty"`
 	PerUser int64  `json:"per_user,omitempty"`
 	HoldTTL string `json:"hold_ttl,omitempty"`
+	// Mode "lottery" takes entries until EntriesCloseAt, then draws.
+	Mode           string `json:"mode,omitempty"`
+	EntriesCloseAt string `json:"entries_close_at,omitempty"`
 }
 
 // skuResponse is GET /v1/skus/{sku}.
@@ -40,6 +43,9 @@ type skuResponse struct {
 	Archived       bool  `json:"archived,omitempty"`
 	ArchivedOrders int64 `json:"archived_orders,omitempty"`
 	ArchiveDone    bool  `json:"archive_done,omitempty"`
+	// Mode is "lottery" for a lottery sale, described by Lottery.
+	Mode    string       `json:"mode,omitempty"`
+	Lottery *lotteryJSON `json:"lottery,omitempty"`
 	// Stale: this node cannot reach a leader now; the figures are its last
 	// applied state.
 	Stale bool `json:"stale,omitempty"`
@@ -65,6 +71,7 @@ func skuJSON(v engine.SKUView) skuResponse {
 		out.ClosedAt = time.Unix(0, r.ClosedAtUnixNano).UTC().Format(time.RFC3339Nano)
 	}
 	out.Archived, out.ArchivedOrders, out.ArchiveDone = r.Archived, r.ArchivedOrders, r.PurgeDone
+	out.Mode, out.Lottery = r.Config.Mode, lotteryView(&r)
 	return out
 }
 
@@ -149,6 +156,8 @@ func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
 		f(fasthttp.StatusConflict, "holds_pending")
 	case errors.Is(err, engine.ErrUnconsumed):
 		f(fasthttp.StatusConflict, "unconsumed_events")
+	case errors.Is(err, engine.ErrEntriesClosed):
+		f(fasthttp.StatusConflict, "entries_closed")
 	case errors.Is(err, engine.ErrOutcomeUnknown):
 		f(fasthttp.StatusGatewayTimeout, "outcome_unknown")
 	default:
@@ -185,6 +194,23 @@ func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
 			return
 		}
 		spec.StartAt = at
+	}
+	switch req.Mode {
+	case "":
+		if req.EntriesCloseAt != "" {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `entries_close_at is for "mode":"lottery"`)
+			return
+		}
+	case "lottery":
+		at, err := time.Parse(time.RFC3339Nano, req.EntriesCloseAt)
+		if err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "a lottery needs entries_close_at, RFC 3339, like 2026-11-30T12:00:00Z")
+			return
+		}
+		spec.Lottery, spec.EntriesCloseAt = true, at
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `mode must be "lottery" or absent`)
+		return
 	}
 	if req.HoldTTL != "" {
 		ttl, err := time.ParseDuration(req.HoldTTL)

@@ -69,6 +69,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteCounterUint64(&w, "stockd_take_batch_splits_total", m.TakeSplits)
 	metrics.WriteGaugeUint64(&w, "stockd_commit_breaker_open", boolGauge(m.CommitBlocked))
 	metrics.WriteCounterUint64(&w, "stockd_holds_expired_units_total", m.HoldsExpired)
+	metrics.WriteCounterUint64(&w, "stockd_lottery_entries_total", m.LotteryEntries)
 	for _, sku := range slices.Sorted(maps.Keys(m.AuditDrift)) {
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_audit_drift_units{sku=%q}`, sku), uint64(m.AuditDrift[sku]))
 	}

@@ -65,6 +65,10 @@ type Engine interface {
 	Feed() (engine.FeedView, error)
 	AckConsumer(name string, c engine.Cursor) error
 	DropConsumer(name string) error
+	// Lottery sales.
+	Enter(ctx context.Context, sku, user, requestID string) (engine.Entry, error)
+	EntryStatus(sku, user string) (engine.EntryStatus, *engine.Order, bool, error)
+	SaleEntries(sku string, fn func(*engine.Entry) error) (uint64, error)
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
@@ -223,6 +227,10 @@ var (
 	suffixClose        = []byte("/close")
 	suffixArchive      = []byte("/archive")
 	suffixConfirm      = []byte("/confirm")
+	suffixEnter        = []byte("/enter")
+	suffixEntries      = []byte("/entries")
+	suffixDraw         = []byte("/draw")
+	infixEntries       = []byte("/entries/")
 	suffixCancel       = []byte("/cancel")
 )
 
@@ -297,7 +305,25 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 // routeSKU serves /v1/skus/{sku}[/deduct|/restock|/audit].
 func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
+	if i := bytes.Index(rest, infixEntries); i >= 0 {
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleEntryStatus(ctx, rest[:i], rest[i+len(infixEntries):])
+		}
+		return
+	}
 	switch {
+	case bytes.HasSuffix(rest, suffixEnter):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
+			s.handleEnter(ctx, rest[:len(rest)-len(suffixEnter)])
+		}
+	case bytes.HasSuffix(rest, suffixEntries):
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
+			s.handleSaleEntries(ctx, rest[:len(rest)-len(suffixEntries)])
+		}
+	case bytes.HasSuffix(rest, suffixDraw):
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleDraw(ctx, rest[:len(rest)-len(suffixDraw)])
+		}
 	case bytes.HasSuffix(rest, suffixDeduct):
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
 			s.handleDeduct(ctx, rest[:len(rest)-len(suffixDeduct)])

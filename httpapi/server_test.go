@@ -59,12 +59,19 @@ func (f *fakeEngine) Events(context.Context, engine.Cursor, int, time.Duration) 
 func (f *fakeEngine) SaleOrders(string, string, string, func(*engine.Order) error) (engine.OrdersSnapshot, error) {
 	return engine.OrdersSnapshot{}, nil
 }
-func (f *fakeEngine) SKUViews() []engine.SKUView              { return nil }
-func (f *fakeEngine) CloseSale(string) error                  { return nil }
-func (f *fakeEngine) ArchiveSale(string) error                { return nil }
-func (f *fakeEngine) Feed() (engine.FeedView, error)          { return engine.FeedView{}, nil }
-func (f *fakeEngine) AckConsumer(string, engine.Cursor) error { return nil }
-func (f *fakeEngine) DropConsumer(string) error               { return nil }
+func (f *fakeEngine) Enter(context.Context, string, string, string) (engine.Entry, error) {
+	return engine.Entry{}, engine.ErrNotLottery
+}
+func (f *fakeEngine) EntryStatus(string, string) (engine.EntryStatus, *engine.Order, bool, error) {
+	return engine.EntryStatus{}, nil, false, nil
+}
+func (f *fakeEngine) SaleEntries(string, func(*engine.Entry) error) (uint64, error) { return 0, nil }
+func (f *fakeEngine) SKUViews() []engine.SKUView                                    { return nil }
+func (f *fakeEngine) CloseSale(string) error                                        { return nil }
+func (f *fakeEngine) ArchiveSale(string) error                                      { return nil }
+func (f *fakeEngine) Feed() (engine.FeedView, error)                                { return engine.FeedView{}, nil }
+func (f *fakeEngine) AckConsumer(string, engine.Cursor) error                       { return nil }
+func (f *fakeEngine) DropConsumer(string) error                                     { return nil }
 
 func newTestServer(t testing.TB, token string) (*Server, *fakeEngine) {
 	fe := &fakeEngine{status: engine.StatusSoldOut}

@@ -1,0 +1,241 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"stockd/raftfsm"
+)
+
+// Lottery errors of Enter.
+var (
+	// ErrNotLottery: an entry into a sale that is first come, first served.
+	ErrNotLottery = errors.New("not a lottery")
+	// ErrEntriesClosed: the lottery's entries closed (or it was drawn).
+	ErrEntriesClosed = errors.New("entries closed")
+	// ErrBusy: more entries wait for the log than the node queues; retry.
+	ErrBusy = errors.New("too many entries waiting")
+)
+
+// NotStartedError: the sale opens at At.
+type NotStartedError struct{ At time.Time }
+
+func (e *NotStartedError) Error() string {
+	return "the sale opens at " + e.At.UTC().Format(time.RFC3339Nano)
+}
+
+const (
+	// entryQueueMax bounds the entries waiting for a proposal: past it an
+	// entrant gets 429 at once instead of a queue that only grows.
+	entryQueueMax = 8192
+	// enterBatchMax bounds one Enter command (each entry is at most three
+	// ids of maxKeyBytes; the byte cap is TakeBatchBytesMax).
+	enterBatchMax = 1000
+	// enterProposalsMax is the Enter proposals in flight at once.
+	enterProposalsMax = 2
+	// enterWaitMax bounds how long an entrant waits for the commit.
+	enterWaitMax = 10 * time.Second
+)
+
+// pendingEntry is one entrant waiting for their Enter to commit.
+type pendingEntry struct {
+	entry raftfsm.EnterEntry
+	done  chan struct{}
+	res   raftfsm.EntryResult
+	err   error
+}
+
+// Enter enters user into lottery sku and returns their entry (the one they
+// already had, for a repeat), once it is committed. Entries from every
+// buyer on this node share Enter commands, like takes share Takes.
+func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfsm.Entry, error) {
+	if st, ok, err := e.ledger.EntryStatus(sku, user); err != nil || ok {
+		return st.Entry, err // a repeat: the first entry, whatever happened since
+	}
+	row, _, ok := e.ledger.SKU(sku)
+	switch {
+	case !ok:
+		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	case row.Lottery == nil:
+		return raftfsm.Entry{}, fmt.Errorf("%w: %q sells first come, first served; deduct instead", ErrNotLottery, sku)
+	}
+	now := e.cfg.Now().UnixNano()
+	switch {
+	case row.Config.StartAtUnixNano > now:
+		return raftfsm.Entry{}, &NotStartedError{At: time.Unix(0, row.Config.StartAtUnixNano)}
+	case row.Closed() || row.Lottery.Drawn() || now >= row.Config.EntriesCloseAtUnixNano:
+		return raftfsm.Entry{}, fmt.Errorf("%w: entries to %q closed at %s", ErrEntriesClosed, sku,
+			time.Unix(0, row.Config.EntriesCloseAtUnixNano).UTC().Format(time.RFC3339))
+	case e.closing.Load():
+		return raftfsm.Entry{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable)
+	}
+	p := &pendingEntry{entry: raftfsm.EnterEntry{SKU: sku, User: user, RequestID: requestID}, done: make(chan struct{})}
+	select {
+	case e.entryQueue <- p:
+	default:
+		return raftfsm.Entry{}, fmt.Errorf("%w: %d entries wait for the log on this node", ErrBusy, entryQueueMax)
+	}
+	ctx, cancel := context.WithTimeout(ctx, enterWaitMax)
+	defer cancel()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return raftfsm.Entry{}, fmt.Errorf("%w: the entry did not commit within %s; enter again (a repeat returns the same entry)", ErrOutcomeUnknown, enterWaitMax)
+	}
+	if p.err != nil {
+		return raftfsm.Entry{}, p.err
+	}
+	switch p.res.Outcome {
+	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
+		e.metrics.entries.Add(1)
+		return p.res.Entry, nil
+	case raftfsm.OutcomeUnknownSKU:
+		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	case raftfsm.OutcomeNotLottery:
+		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrNotLottery, sku)
+	case raftfsm.OutcomeEntriesClosed:
+		return raftfsm.Entry{}, fmt.Errorf("%w: the ledger applied the entry after the close or the draw of %q", ErrEntriesClosed, sku)
+	}
+	return raftfsm.Entry{}, fmt.Errorf("%w: entry %s", ErrInvalid, p.res.Outcome)
+}
+
+// runEntrants batches queued entries into Enter commands, with at most
+// enterProposalsMax in flight: an idle node proposes a lone entry at once,
+// a busy one everything that queued while its proposals were out.
+func (e *Engine) runEntrants() {
+	defer e.wg.Done()
+	slots := make(chan struct{}, enterProposalsMax)
+	var carry *pendingEntry
+	for {
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-e.entryQueue:
+			case <-e.stop:
+				return
+			}
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-e.stop:
+			first.finish(raftfsm.EntryResult{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable))
+			return
+		}
+		batch := []*pendingEntry{first}
+		size := raftfsm.EnterHeaderSize + first.entry.EncodedSize()
+	fill:
+		for len(batch) < enterBatchMax {
+			select {
+			case p := <-e.entryQueue:
+				if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
+					carry = p
+					break fill
+				}
+				batch = append(batch, p)
+			default:
+				break fill
+			}
+		}
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			defer func() { <-slots }()
+			e.commitEntries(batch)
+		}()
+	}
+}
+
+// commitEntries proposes one Enter and answers its entrants once this
+// node has applied it (a read here then sees their entries).
+func (e *Engine) commitEntries(batch []*pendingEntry) {
+	c := &raftfsm.Enter{Entries: make([]raftfsm.EnterEntry, len(batch))}
+	for i, p := range batch {
+		c.Entries[i] = p.entry
+	}
+	res, err := e.propose(c)
+	if err == nil && len(res.Entries) != len(batch) {
+		err = fmt.Errorf("%w: %d results for %d entries", ErrUnavailable, len(res.Entries), len(batch))
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(e.stopped, enterWaitMax)
+		err = e.ledger.WaitApplied(ctx, res.Index)
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("%w: entries committed, not yet applied here: %w", ErrOutcomeUnknown, err)
+		}
+	}
+	for i, p := range batch {
+		var r raftfsm.EntryResult
+		if err == nil {
+			r = res.Entries[i]
+		}
+		p.finish(r, err)
+	}
+}
+
+func (p *pendingEntry) finish(r raftfsm.EntryResult, err error) {
+	p.res, p.err = r, err
+	close(p.done)
+}
+
+// EntryStatus is where user stands in lottery sku, with their order when
+// they won; ok is false when they have no entry.
+func (e *Engine) EntryStatus(sku, user string) (raftfsm.EntryStatus, *raftfsm.Order, bool, error) {
+	st, ok, err := e.ledger.EntryStatus(sku, user)
+	if err != nil || !ok || st.OrderID == "" {
+		return st, nil, ok, err
+	}
+	o, found, err := e.ledger.Order(st.OrderID)
+	if err != nil || !found {
+		return st, nil, true, err
+	}
+	return st, &o, true, nil
+}
+
+// SaleEntries streams lottery sku's committed entries in log order (see
+// raftfsm.Ledger.SaleEntries).
+func (e *Engine) SaleEntries(sku string, fn func(*raftfsm.Entry) error) (uint64, error) {
+	return e.ledger.SaleEntries(sku, fn)
+}
+
+// drawDue proposes the draw of every lottery whose entries have closed,
+// from the leader, one proposal at a time: a new leader after a failover
+// finds the draw still due (or done) in its ledger, so there is exactly one.
+func (e *Engine) drawDue(now time.Time) {
+	if !e.isLeader() || e.drawing.Load() {
+		return
+	}
+	var due []string
+	for name, s := range *e.sales.Load() {
+		if s.entriesCloseAtUnixNano == 0 || s.drawn.Load() || now.UnixNano() < s.entriesCloseAtUnixNano {
+			continue
+		}
+		row, _, ok := e.ledger.SKU(name)
+		if !ok || row.Lottery == nil || row.Lottery.Drawn() || row.Closed() {
+			s.drawn.Store(true)
+			continue
+		}
+		due = append(due, name)
+	}
+	if len(due) == 0 || !e.drawing.CompareAndSwap(false, true) {
+		return
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer e.drawing.Store(false)
+		for _, sku := range due {
+			start := time.Now()
+			res, err := e.propose(&raftfsm.Draw{SKU: sku})
+			if err != nil {
+				e.logger.Warn("lottery draw not committed; the leader tries again", "sku", sku, "err", err)
+				continue
+			}
+			e.logger.Info("lottery drawn", "sku", sku, "outcome", res.Outcome.String(), "winners", res.Qty,
+				"took", time.Since(start).Round(time.Millisecond))
+		}
+	}()
+}

@@ -1,0 +1,241 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/engine"
+)
+
+// lotteryJSON is a lottery sale's part of GET /v1/skus/{sku}.
+type lotteryJSON struct {
+	State          string `json:"state"` // entering, drawing, drawn
+	EntriesCloseAt string `json:"entries_close_at"`
+	Entries        int64  `json:"entries"`
+	SeedCommitment string `json:"seed_commitment"`
+	DrawnAt        string `json:"drawn_at,omitempty"`
+	Winners        int64  `json:"winners,omitempty"`
+	Promoted       int64  `json:"promoted,omitempty"`
+	WaitlistLost   bool   `json:"waitlist_lost,omitempty"`
+}
+
+func lotteryView(r *engine.SKURow) *lotteryJSON {
+	lt := r.Lottery
+	if lt == nil {
+		return nil
+	}
+	out := &lotteryJSON{
+		State:          "entering",
+		EntriesCloseAt: rfc3339(r.Config.EntriesCloseAtUnixNano),
+		Entries:        lt.Entries, SeedCommitment: hex.EncodeToString(lt.SeedCommitment),
+		Winners: lt.Winners, Promoted: lt.Promoted, WaitlistLost: lt.WaitlistLostAtUnixNano != 0,
+	}
+	switch {
+	case lt.Drawn():
+		out.State, out.DrawnAt = "drawn", rfc3339(lt.DrawnAtUnixNano)
+	case time.Now().UnixNano() >= r.Config.EntriesCloseAtUnixNano || r.Closed():
+		out.State = "drawing"
+	}
+	return out
+}
+
+func rfc3339(unixNano int64) string { return time.Unix(0, unixNano).UTC().Format(time.RFC3339Nano) }
+
+// enterRequest is the body of POST /v1/skus/{sku}/enter.
+type enterRequest struct {
+	User      string `json:"user"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// entryResponse is an entrant's standing: the answer of an entry and of
+// GET /v1/skus/{sku}/entries/{user}.
+type entryResponse struct {
+	EntryID    string `json:"entry_id"`
+	SKU        string `json:"sku"`
+	User       string `json:"user"`
+	State      string `json:"state"`
+	OrderID    string `json:"order_id,omitempty"`
+	OrderState string `json:"order_state,omitempty"`
+	Position   int64  `json:"position,omitempty"`
+	Rank       int64  `json:"rank,omitempty"`
+	EnteredAt  string `json:"entered_at"`
+}
+
+func entryJSON(st engine.EntryStatus, o *engine.Order) entryResponse {
+	out := entryResponse{EntryID: st.Entry.ID(), SKU: st.Entry.SKU, User: st.Entry.User, State: st.State,
+		OrderID: st.OrderID, Position: st.Position, Rank: st.Rank, EnteredAt: rfc3339(st.Entry.AtUnixNano)}
+	if o != nil {
+		out.OrderState = string(o.State)
+	}
+	return out
+}
+
+func (s *Server) handleEnter(ctx *fasthttp.RequestCtx, sku []byte) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	var req enterRequest
+	if !decodeBody(ctx, &req) {
+		return
+	}
+	if !validID([]byte(req.User)) || (req.RequestID != "" && !validID([]byte(req.RequestID))) {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "user and request_id must be 1 to 128 letters, digits or . _ - :")
+		return
+	}
+	entry, err := s.engine.Enter(context.Background(), string(sku), req.User, req.RequestID)
+	if err != nil {
+		writeLotteryError(ctx, err)
+		return
+	}
+	st := engine.EntryStatus{Entry: entry, State: engine.EntryEntered}
+	var order *engine.Order
+	if v, ok := s.engine.SKU(string(sku)); ok && v.Row.Lottery != nil && v.Row.Lottery.Drawn() {
+		// A repeat after the draw: where the entrant stands now.
+		if now, o, ok, err := s.engine.EntryStatus(string(sku), req.User); err == nil && ok {
+			st, order = now, o
+		}
+	}
+	writeJSON(ctx, fasthttp.StatusAccepted, entryJSON(st, order))
+}
+
+// writeLotteryError maps Enter's errors onto the contract's codes.
+func writeLotteryError(ctx *fasthttp.RequestCtx, err error) {
+	var notStarted *engine.NotStartedError
+	switch {
+	case errors.As(err, &notStarted):
+		left := time.Until(notStarted.At)
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(int64(left.Seconds())+1, 10))
+		writeJSON(ctx, statusTooEarly, map[string]any{"error": "not_started", "detail": "the lottery takes entries from start_at",
+			"start_at": notStarted.At.UTC().Format(time.RFC3339Nano), "starts_in_ms": left.Milliseconds()})
+	case errors.Is(err, engine.ErrNotLottery):
+		writeError(ctx, fasthttp.StatusConflict, "not_a_lottery", err.Error())
+	case errors.Is(err, engine.ErrEntriesClosed):
+		writeError(ctx, fasthttp.StatusConflict, "entries_closed", err.Error())
+	case errors.Is(err, engine.ErrBusy):
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limited", err.Error())
+	default:
+		writeEngineError(ctx, err)
+	}
+}
+
+func (s *Server) handleEntryStatus(ctx *fasthttp.RequestCtx, sku, user []byte) {
+	if !validID(sku) || !validID(user) {
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "sku and user must be 1 to 128 letters, digits or . _ - :")
+		return
+	}
+	st, o, ok, err := s.engine.EntryStatus(string(sku), string(user))
+	if err != nil {
+		writeEngineError(ctx, err)
+		return
+	}
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no entry of this user in this lottery")
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, entryJSON(st, o))
+}
+
+// entryLine is one line of GET /v1/skus/{sku}/entries.
+type entryLine struct {
+	EntryID   string `json:"entry_id"`
+	Seq       int64  `json:"seq"`
+	User      string `json:"user"`
+	RequestID string `json:"request_id,omitempty"`
+	At        string `json:"at"`
+}
+
+// entriesEnd is the last line of the entries stream: how many, and the
+// state they are from.
+type entriesEnd struct {
+	Done         bool   `json:"done"`
+	Entries      int64  `json:"entries"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Error        string `json:"error,omitempty"`
+}
+
+func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	v, ok := s.engine.SKU(string(sku))
+	if !ok || v.Row.Lottery == nil {
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no lottery with this sku")
+		return
+	}
+	name := string(sku)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/x-ndjson")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		end := entriesEnd{}
+		applied, err := s.engine.SaleEntries(name, func(e *engine.Entry) error {
+			b, err := json.Marshal(entryLine{EntryID: e.ID(), Seq: e.Seq, User: e.User, RequestID: e.RequestID, At: rfc3339(e.AtUnixNano)})
+			if err != nil {
+				return err
+			}
+			w.Write(b)
+			w.WriteByte('\n')
+			if end.Entries++; end.Entries%1024 == 0 && w.Flush() != nil {
+				return engine.ErrStreamStopped
+			}
+			return nil
+		})
+		if errors.Is(err, engine.ErrStreamStopped) {
+			return
+		}
+		end.Done, end.AppliedIndex = err == nil, applied
+		if err != nil {
+			end.Error = err.Error()
+		}
+		b, _ := json.Marshal(end)
+		w.Write(b)
+		w.WriteByte('\n')
+	})
+}
+
+// drawResponse is GET /v1/skus/{sku}/draw: what anyone needs to recompute
+// the draw from the exported entries (README, "Lottery sales").
+type drawResponse struct {
+	SKU            string `json:"sku"`
+	Entries        int64  `json:"entries"`
+	Winners        int64  `json:"winners"`
+	Promoted       int64  `json:"promoted"`
+	SeedCommitment string `json:"seed_commitment"`
+	Seed           string `json:"seed"`
+	EntriesHash    string `json:"entries_hash"`
+	ClosedAt       string `json:"closed_at"`
+	DrawnAt        string `json:"drawn_at"`
+	Algorithm      string `json:"algorithm"`
+}
+
+// drawAlgorithm names the draw's function, so a recomputation knows which
+// one it checks.
+const drawAlgorithm = "sha256(seed||entries_hash||be64(seq)) ascending, seq on ties; entries_hash chains sha256(h||be32(len(user))||user) from 32 zero bytes"
+
+func (s *Server) handleDraw(ctx *fasthttp.RequestCtx, sku []byte) {
+	v, ok := s.engine.SKU(string(sku))
+	if !ok || v.Row.Lottery == nil {
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no lottery with this sku")
+		return
+	}
+	lt := v.Row.Lottery
+	if !lt.Drawn() {
+		writeError(ctx, fasthttp.StatusConflict, "not_drawn", "the draw comes after entries_close_at "+rfc3339(v.Row.Config.EntriesCloseAtUnixNano))
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, drawResponse{
+		SKU: v.Row.SKU, Entries: lt.Entries, Winners: lt.Winners, Promoted: lt.Promoted,
+		SeedCommitment: hex.EncodeToString(lt.SeedCommitment), Seed: hex.EncodeToString(lt.Seed),
+		EntriesHash: hex.EncodeToString(lt.EntriesHash), ClosedAt: rfc3339(v.Row.Config.EntriesCloseAtUnixNano),
+		DrawnAt: rfc3339(lt.DrawnAtUnixNano), Algorithm: drawAlgorithm,
+	})
+}

@@ -1,0 +1,420 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// enterAll enters every user into lottery sku, user i through node i mod
+// the cluster's size, from workers goroutines; every tenth user also
+// enters at once through the next node, racing the first call. It retries
+// answers that promise nothing (429, 503, 504, no answer) and returns each
+// user's entry id, failing when two calls of one user got two ids.
+func enterAll(t *testing.T, c *testCluster, sku string, users []string, workers int) map[string]string {
+	t.Helper()
+	var mu sync.Mutex
+	ids := map[string]string{}
+	var failed atomic.Int64
+	enter := func(node int, user string) {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			cl := c.client(c.ids[node%len(c.ids)])
+			if cl == nil {
+				node++
+				continue
+			}
+			code, body := callQuiet(cl, "POST", "/v1/skus/"+sku+"/enter", fmt.Sprintf(`{"user":%q,"request_id":"r-%s"}`, user, user))
+			switch code {
+			case 202:
+				id, _ := body["entry_id"].(string)
+				mu.Lock()
+				defer mu.Unlock()
+				if prev, ok := ids[user]; ok && prev != id {
+					t.Errorf("user %s entered twice: entries %s and %s", user, prev, id)
+				}
+				ids[user] = id
+				return
+			case 0, 429, 503, 504:
+				node++
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			if failed.Add(1) <= 5 {
+				t.Errorf("enter %s: %d %v", user, code, body)
+			}
+			return
+		}
+		t.Errorf("enter %s: no answer within 30s", user)
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				if i%10 != 0 {
+					enter(i, users[i])
+					continue
+				}
+				var race sync.WaitGroup
+				race.Add(2)
+				go func() { defer race.Done(); enter(i, users[i]) }()
+				go func() { defer race.Done(); enter(i+1, users[i]) }()
+				race.Wait()
+			}
+		}()
+	}
+	for i := range users {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return ids
+}
+
+// recomputedDraw is a lottery's draw as the test recomputes it from GET
+// .../draw and the exported entries, with the README's algorithm.
+type recomputedDraw struct {
+	draw   map[string]any
+	ranked []string // users, best first
+	seq    map[string]string
+}
+
+func recomputeDraw(t *testing.T, cl *fasthttp.HostClient, sku string) recomputedDraw {
+	t.Helper()
+	code, draw := call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
+	if code != 200 {
+		t.Fatalf("draw of %s: %d %v", sku, code, draw)
+	}
+	seed, err1 := hex.DecodeString(draw["seed"].(string))
+	commitment, err2 := hex.DecodeString(draw["seed_commitment"].(string))
+	if sum := sha256.Sum256(seed); err1 != nil || err2 != nil || !bytes.Equal(sum[:], commitment) {
+		t.Fatalf("the revealed seed %x does not hash to the commitment %x", seed, commitment)
+	}
+
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + cl.Addr + "/v1/skus/" + sku + "/entries")
+	if err := cl.DoTimeout(req, resp, 30*time.Second); err != nil || resp.StatusCode() != 200 {
+		t.Fatalf("entries of %s: %v %d", sku, err, resp.StatusCode())
+	}
+	lines := strings.Split(strings.TrimSpace(string(resp.Body())), "\n")
+	hash := make([]byte, 32)
+	var users []string
+	seqOf := map[string]string{}
+	for i, line := range lines[:len(lines)-1] {
+		var e struct {
+			EntryID string `json:"entry_id"`
+			Seq     int    `json:"seq"`
+			User    string `json:"user"`
+		}
+		if err := jsonUnmarshal([]byte(line), &e); err != nil || e.Seq != i+1 || e.EntryID != fmt.Sprint(e.Seq) {
+			t.Fatalf("entry line %d %q: %v (not in log order?)", i, line, err)
+		}
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(len(e.User)))
+		sum := sha256.Sum256(slices.Concat(hash, n[:], []byte(e.User)))
+		hash = sum[:]
+		users = append(users, e.User)
+		seqOf[e.User] = e.EntryID
+	}
+	var end map[string]any
+	if err := jsonUnmarshal([]byte(lines[len(lines)-1]), &end); err != nil || end["done"] != true || int(end["entries"].(float64)) != len(users) {
+		t.Fatalf("last line %q: %v", lines[len(lines)-1], err)
+	}
+	if got := hex.EncodeToString(hash); got != draw["entries_hash"] || int(draw["entries"].(float64)) != len(users) {
+		t.Fatalf("entries hash recomputed %s over %d entries; the draw says %v over %v", got, len(users), draw["entries_hash"], draw["entries"])
+	}
+	type keyed struct {
+		key  []byte
+		user string
+		seq  int
+	}
+	keys := make([]keyed, len(users))
+	for i, u := range users {
+		var s [8]byte
+		binary.BigEndian.PutUint64(s[:], uint64(i+1))
+		sum := sha256.Sum256(slices.Concat(seed, hash, s[:]))
+		keys[i] = keyed{sum[:], u, i + 1}
+	}
+	slices.SortFunc(keys, func(a, b keyed) int {
+		if c := bytes.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return a.seq - b.seq
+	})
+	out := recomputedDraw{draw: draw, seq: seqOf}
+	for _, k := range keys {
+		out.ranked = append(out.ranked, k.user)
+	}
+	return out
+}
+
+// checkStandings asserts every user's standing on every running node:
+// the first won entries (by the recomputed ranking) won, with an order of
+// theirs; the rest waitlisted in order, or lost. It returns the winners'
+// order ids by user.
+func checkStandings(t *testing.T, c *testCluster, sku string, d recomputedDraw, won int, lost bool) map[string]string {
+	t.Helper()
+	waitFor(t, 20*time.Second, "every node at the same applied index", func() bool {
+		index := -1.0
+		for _, id := range c.ids {
+			if cl := c.client(id); cl != nil {
+				code, a := callQuiet(cl, "GET", "/v1/skus/"+sku+"/audit", "")
+				if code != 200 || (index >= 0 && a["applied_index"] != index) {
+					return false
+				}
+				index = a["applied_index"].(float64)
+			}
+		}
+		return true
+	})
+	orders := map[string]string{}
+	var mu sync.Mutex
+	var bad atomic.Int64
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rank := range work {
+				user := d.ranked[rank]
+				var firstOrder string
+				for _, id := range c.ids {
+					cl := c.client(id)
+					if cl == nil {
+						continue
+					}
+					code, st := callQuiet(cl, "GET", "/v1/skus/"+sku+"/entries/"+user, "")
+					ok := code == 200 && st["entry_id"] == d.seq[user] && st["rank"] == float64(rank+1)
+					switch {
+					case rank < won:
+						order, _ := st["order_id"].(string)
+						ok = ok && st["state"] == "won" && order != "" && (firstOrder == "" || order == firstOrder)
+						firstOrder = order
+					case lost:
+						ok = ok && st["state"] == "lost"
+					default:
+						ok = ok && st["state"] == "waitlisted" && st["position"] == float64(rank+1-won)
+					}
+					if !ok && bad.Add(1) <= 5 {
+						t.Errorf("%s (rank %d) on %s: %d %v; want %d winners, lost %v", user, rank+1, id, code, st, won, lost)
+					}
+				}
+				if firstOrder != "" {
+					code, o := callQuiet(c.client(c.ids[rank%len(c.ids)]), "GET", "/v1/orders/"+firstOrder, "")
+					if code != 200 || o["user"] != user || o["sku"] != sku {
+						t.Errorf("%s's order %s: %d %v", user, firstOrder, code, o)
+					}
+					mu.Lock()
+					orders[user] = firstOrder
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for rank := range d.ranked {
+		work <- rank
+	}
+	close(work)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return orders
+}
+
+// checkDrawEverywhere asserts every running node shows the same draw.
+func checkDrawEverywhere(t *testing.T, c *testCluster, sku string, want map[string]any) {
+	t.Helper()
+	for _, id := range c.ids {
+		if cl := c.client(id); cl != nil {
+			waitFor(t, 10*time.Second, "the draw on "+id, func() bool {
+				code, _ := callQuiet(cl, "GET", "/v1/skus/"+sku+"/draw", "")
+				return code == 200
+			})
+			_, d := call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
+			for _, k := range []string{"seed", "entries_hash", "entries", "winners", "drawn_at", "seed_commitment"} {
+				if d[k] != want[k] {
+					t.Fatalf("%s's draw differs on %s: %v, want %v", id, k, d[k], want[k])
+				}
+			}
+		}
+	}
+}
+
+func lotteryUsers(n int) []string {
+	users := make([]string, n)
+	for i := range users {
+		users[i] = fmt.Sprintf("fan-%05d", i)
+	}
+	return users
+}
+
+// TestLottery_TenThousandEntrantsForAHundredUnits is issue 15's first
+// must-show: entrants over three nodes, the draw recomputed from the
+// export, half the winners let their holds lapse and the next fifty on
+// the waitlist get orders, then the rest lose.
+func TestLottery_TenThousandEntrantsForAHundredUnits(t *testing.T) {
+	const units, entrants, holdTTL = 100, 10_000, 3 * time.Second
+	entriesOpen := 15 * time.Second
+	if raceEnabled {
+		entriesOpen = 40 * time.Second
+	}
+	c := startTestCluster(t)
+	closeAt := time.Now().Add(entriesOpen)
+	code, sale := call(t, c.client("n1"), "PUT", "/v1/skus/lot", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"%s"}`,
+		units, closeAt.UTC().Format(time.RFC3339Nano), holdTTL))
+	if code != 201 {
+		t.Fatalf("create lottery: %d %v", code, sale)
+	}
+	commitment := sale["lottery"].(map[string]any)["seed_commitment"]
+	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/plain", `{"total":5}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitForSaleEverywhere(t, c, "lot")
+	waitForSaleEverywhere(t, c, "plain")
+
+	start := time.Now()
+	users := lotteryUsers(entrants)
+	ids := enterAll(t, c, "lot", users, 48)
+	t.Logf("%d entrants entered in %s", len(ids), time.Since(start).Round(time.Millisecond))
+	if len(ids) != entrants {
+		t.Fatalf("%d entries acknowledged, want %d", len(ids), entrants)
+	}
+	// A repeat on any node is the first entry; the sale takes no deduct,
+	// a sale that is no lottery takes no entry.
+	for i, id := range c.ids {
+		user := users[i*7]
+		if code, body := call(t, c.client(id), "POST", "/v1/skus/lot/enter", `{"user":"`+user+`"}`); code != 202 || body["entry_id"] != ids[user] {
+			t.Fatalf("repeat entry of %s on %s: %d %v, want entry %s", user, id, code, body, ids[user])
+		}
+	}
+	if code, body := call(t, c.client("n2"), "POST", "/v1/skus/lot/deduct", `{"user":"u1"}`); code != 409 || body["error"] != "lottery_sale" {
+		t.Fatalf("deduct on a lottery: %d %v", code, body)
+	}
+	if code, body := call(t, c.client("n2"), "POST", "/v1/skus/plain/enter", `{"user":"u1"}`); code != 409 || body["error"] != "not_a_lottery" {
+		t.Fatalf("entry into a plain sale: %d %v", code, body)
+	}
+	if code, body := call(t, c.client("n3"), "GET", "/v1/skus/lot/draw", ""); code != 409 {
+		t.Fatalf("draw before the close: %d %v", code, body)
+	}
+
+	waitFor(t, entriesOpen+10*time.Second, "the draw on every node", func() bool {
+		for _, id := range c.ids {
+			if code, _ := callQuiet(c.client(id), "GET", "/v1/skus/lot/draw", ""); code != 200 {
+				return false
+			}
+		}
+		return true
+	})
+	if code, body := call(t, c.client("n3"), "POST", "/v1/skus/lot/enter", `{"user":"late-comer"}`); code != 409 || body["error"] != "entries_closed" {
+		t.Fatalf("entry after the close: %d %v", code, body)
+	}
+	d := recomputeDraw(t, c.client("n3"), "lot")
+	if d.draw["seed_commitment"] != commitment || d.draw["winners"] != float64(units) {
+		t.Fatalf("draw %v; commitment at creation %v", d.draw, commitment)
+	}
+	checkDrawEverywhere(t, c, "lot", d.draw)
+	orders := checkStandings(t, c, "lot", d, units, false)
+
+	// Half the winners pay; the other half let their holds lapse.
+	acked := map[string]bool{}
+	for rank, user := range d.ranked[:units] {
+		if rank%2 == 1 {
+			continue
+		}
+		if code, o := call(t, c.client(c.ids[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
+			t.Fatalf("confirm %s's order: %d %v", user, code, o)
+		}
+		acked[orders[user]] = true
+	}
+	waitFor(t, holdTTL+15*time.Second, "the lapsed winners' units on the waitlist", func() bool {
+		_, v := callQuiet(c.client("n1"), "GET", "/v1/skus/lot", "")
+		lt, _ := v["lottery"].(map[string]any)
+		return lt != nil && lt["promoted"] == float64(units/2)
+	})
+	orders = checkStandings(t, c, "lot", d, units+units/2, false)
+	for rank, user := range d.ranked[units : units+units/2] {
+		if code, o := call(t, c.client(c.ids[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
+			t.Fatalf("confirm promoted %s's order: %d %v", user, code, o)
+		}
+		acked[orders[user]] = true
+	}
+	// Nothing is held any more: no unit can come back, the rest lose.
+	checkStandings(t, c, "lot", d, units+units/2, true)
+	a := checkClusterLedgers(t, c, "lot", acked)
+	if a["sold"] != float64(units) || a["held"] != 0.0 || a["orders"] != float64(units+units/2) {
+		t.Fatalf("ledger after the lottery: %v", a)
+	}
+}
+
+// TestLottery_LeaderKilledAtTheClose crashes the leader as entries close:
+// the next leader draws, once, and every node (the crashed one restarted
+// too) shows the same winners.
+func TestLottery_LeaderKilledAtTheClose(t *testing.T) {
+	const units, entrants = 30, 600
+	c := startTestCluster(t)
+	closeAt := time.Now().Add(5 * time.Second)
+	if raceEnabled {
+		closeAt = time.Now().Add(15 * time.Second)
+	}
+	if code, body := call(t, c.client("n2"), "PUT", "/v1/skus/draw1", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"1h"}`,
+		units, closeAt.UTC().Format(time.RFC3339Nano))); code != 201 {
+		t.Fatalf("create lottery: %d %v", code, body)
+	}
+	waitForSaleEverywhere(t, c, "draw1")
+	ids := enterAll(t, c, "draw1", lotteryUsers(entrants), 24)
+	if len(ids) != entrants {
+		t.Fatalf("%d entries acknowledged, want %d", len(ids), entrants)
+	}
+	waitFor(t, time.Until(closeAt)+5*time.Second, "the close", func() bool { return !time.Now().Before(closeAt) })
+	leader := c.leader()
+	c.crash(leader)
+	t.Logf("crashed leader %s at the close", leader)
+	waitFor(t, 15*time.Second, "a new leader", func() bool { return c.leader() != "" })
+	var survivor string
+	for _, id := range c.ids {
+		if id != leader {
+			survivor = id
+		}
+	}
+	waitFor(t, 20*time.Second, "the draw after the failover", func() bool {
+		code, _ := callQuiet(c.client(survivor), "GET", "/v1/skus/draw1/draw", "")
+		return code == 200
+	})
+	c.start(leader, nil)
+	waitReady(t, c)
+	d := recomputeDraw(t, c.client(leader), "draw1")
+	if d.draw["winners"] != float64(units) {
+		t.Fatalf("draw %v", d.draw)
+	}
+	checkDrawEverywhere(t, c, "draw1", d.draw)
+	orders := checkStandings(t, c, "draw1", d, units, false)
+	acked := map[string]bool{}
+	for _, o := range orders {
+		acked[o] = true
+	}
+	// Exactly one draw: one order per winner, no more.
+	a := checkClusterLedgers(t, c, "draw1", acked)
+	if a["orders"] != float64(units) || a["held"] != float64(units) {
+		t.Fatalf("ledger after the draw: %v", a)
+	}
+}
