@@ -99,6 +99,24 @@ func Main(args []string, stdout, stderr io.Writer) error {
 			return nil
 		}
 	}
+	if i := slices.Index(o.Scenarios, lotteryScenario); i >= 0 {
+		if len(targetSets) == 0 {
+			return fmt.Errorf("-scenario %s needs -launch or -target", lotteryScenario)
+		}
+		var results []lotteryResult
+		for j, targets := range targetSets {
+			r, err := runLottery(ctx, &o, targets, lotteryLabel(targets), runID+"-"+strconv.Itoa(j))
+			if err != nil {
+				return err
+			}
+			results = append(results, r)
+		}
+		writeLotteryResults(stdout, &o, results)
+		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
+		if len(o.Scenarios) == 0 {
+			return nil
+		}
+	}
 	for _, name := range o.Scenarios {
 		sc, err := NewScenario(name, &o, runID)
 		if err != nil {

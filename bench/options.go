@@ -56,7 +56,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&targets, "target", "", "comma-separated stockd node URLs to load, e.g. http://127.0.0.1:8080 (requests are spread over them)")
 	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load); 1nofeed or 3nofeed launch them with -no-order-feed")
 	fs.BoolVar(&o.FeedReader, "feed-reader", false, "while each stockd row runs, read the order feed from its first node (long-polling, 1000 events a page) and report the events per second it got")
-	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (its own launched node, a slowed ledger, an open load; see -h)")
+	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (its own launched node, a slowed ledger, an open load; see -h); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed)")
 	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
 	fs.Int64Var(&o.Units, "units", 1000, "units on sale (hot-cold: per SKU; plentiful: ignored, stock is twice the requests)")
 	fs.IntVar(&o.Requests, "requests", 100_000, "deduct attempts per scenario and strategy (distinct buyers, but retry-storm re-sends)")
@@ -160,8 +160,8 @@ func (o *Options) validate() error {
 		}
 	}
 	for _, s := range o.Scenarios {
-		if !slices.Contains(scenarioNames, s) && s != overloadScenario {
-			return fmt.Errorf("-scenario %q: want one of %s, all, or %s", s, strings.Join(scenarioNames, ", "), overloadScenario)
+		if !slices.Contains(scenarioNames, s) && s != overloadScenario && s != lotteryScenario {
+			return fmt.Errorf("-scenario %q: want one of %s, all, %s or %s", s, strings.Join(scenarioNames, ", "), overloadScenario, lotteryScenario)
 		}
 	}
 	for _, s := range o.Strategies {

@@ -142,6 +142,13 @@ func peerMayNotSend(from string, c raftfsm.Command) string {
 		node = c.Node
 	case *raftfsm.Register:
 		node = c.Node
+	case *raftfsm.Enter, *raftfsm.Draw:
+		// Entries are the entrants', whom the sending node served; a
+		// draw is due or refused whoever asks. Neither speaks for a node.
+		if from == "" {
+			return fmt.Sprintf("%s needs the sending node's id", c.Op())
+		}
+		return ""
 	default:
 		return fmt.Sprintf("%s is not a command a peer sends; admin and order calls are relayed with the caller's credentials", c.Op())
 	}
