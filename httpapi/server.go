@@ -306,7 +306,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // routeSKU serves /v1/skus/{sku}[/deduct|/restock|/audit].
 func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 	if i := bytes.Index(rest, infixEntries); i >= 0 {
-		if s.allow(ctx, method, fasthttp.MethodGet) {
+		// A winner's standing names their order: guarded like orders.
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
 			s.handleEntryStatus(ctx, rest[:i], rest[i+len(infixEntries):])
 		}
 		return
