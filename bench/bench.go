@@ -55,7 +55,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 	var targetNoFeed []bool
 	if len(o.Launches) > 0 {
 		for i, ln := range o.Launches {
-			nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, i), ln.Nodes, ln.NoFeed)
+			nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, i), ln.Nodes, ln.NoFeed, o.NodeArgs...)
 			if err != nil {
 				return err
 			}

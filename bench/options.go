@@ -41,7 +41,8 @@ type Options struct {
 	Postgres     string        // PostgreSQL DSN for the pg-* strategies
 	AdminToken   string
 	ServiceToken string
-	Binary       string // stockd binary for Launches; default: this executable
+	Binary       string   // stockd binary for Launches; default: this executable
+	NodeArgs     []string // extra flags for every launched node
 	JSONPath     string
 	HTMLPath     string
 	Progress     bool   // draw a progress bar on stderr
@@ -71,6 +72,10 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.AdminToken, "admin-token", os.Getenv("STOCKD_ADMIN_TOKEN"), "admin token of the target nodes (default $STOCKD_ADMIN_TOKEN)")
 	fs.StringVar(&o.ServiceToken, "service-token", os.Getenv("STOCKD_SERVICE_TOKEN"), "service token of the target nodes, sent with deducts and order calls (default $STOCKD_SERVICE_TOKEN)")
 	fs.StringVar(&o.Binary, "binary", "", "stockd binary for -launch (default: this executable)")
+	fs.Func("node-args", "extra flags for every node -launch starts, space-separated, e.g. \"-lease-chunk-max 8192\"", func(v string) error {
+		o.NodeArgs = strings.Fields(v)
+		return nil
+	})
 	fs.StringVar(&o.JSONPath, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.HTMLPath, "html", "", "also write a self-contained HTML report with charts to this file")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write the harness's own CPU profile (the client side of the load) to this file")

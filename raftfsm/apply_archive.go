@@ -182,6 +182,17 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 	s.PurgeAfter = last
 	res := &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}
 	if scanned < c.Scan {
+		// The orders are out; a lottery's entries follow, in the rest
+		// of this step's budget and the next steps'.
+		if lt := s.Lottery; lt != nil && lt.PurgedEntries < lt.Entries {
+			if err := a.purgeEntries(s, max(c.Scan-scanned, 1)); err != nil {
+				return nil, err
+			}
+			if lt.PurgedEntries < lt.Entries {
+				return res, nil
+			}
+			a.ledger.forgetRanking(s.SKU)
+		}
 		s.PurgeDone = true
 		res.Detail = "done"
 		a.purgeDone = true

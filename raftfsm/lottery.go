@@ -67,6 +67,8 @@ type Lottery struct {
 	// WaitlistLostAtUnixNano: no unit can come back since then (every
 	// winner's order sold, or the sale closed): the waitlist lost.
 	WaitlistLostAtUnixNano int64 `json:"waitlist_lost_at,omitempty"`
+	// PurgedEntries counts the entries an archive took out (from seq 1).
+	PurgedEntries int64 `json:"purged_entries,omitempty"`
 }
 
 // Drawn reports whether the draw happened.
@@ -184,11 +186,11 @@ func decodeEntryRecord(sku string, seq int64, b []byte) (Entry, error) {
 	return e, nil
 }
 
-// lotteryOrderID is the order id of entry seq's win: unguessable without
-// the sale's order key, the same on every node.
-func lotteryOrderID(key []byte, seq int64) string {
-	var buf [lotteryOrderKeyBytes + 8]byte
-	b := append(buf[:0], key...)
+// lotteryOrderID is the order id of entry seq's win in lottery sku:
+// unguessable without the sale's order key, the same on every node.
+func lotteryOrderID(key []byte, sku string, seq int64) string {
+	var buf [lotteryOrderKeyBytes + maxKeyBytes + 8]byte
+	b := append(append(buf[:0], key...), sku...)
 	b = binary.BigEndian.AppendUint64(b, uint64(seq))
 	sum := sha256.Sum256(b)
 	return "L" + strconv.FormatInt(seq, 36) + ":" + hex.EncodeToString(sum[:10])
@@ -299,8 +301,14 @@ func (a *applier) award(s *SKU, seq int64) error {
 	if s.Available < 1 {
 		panic(fmt.Sprintf("BUG: lottery %q awards entry %d with no unit available", s.SKU, seq))
 	}
-	o := Order{ID: lotteryOrderID(s.Lottery.OrderKey, seq), SKU: s.SKU, User: e.User, Qty: 1,
+	o := Order{ID: lotteryOrderID(s.Lottery.OrderKey, s.SKU, seq), SKU: s.SKU, User: e.User, Qty: 1,
 		Node: lotteryNode, CreatedAtUnixNano: a.at}
+	if prior, err := a.getOrder(o.ID); err != nil || prior != nil {
+		if err != nil {
+			return err
+		}
+		panic(fmt.Sprintf("BUG: lottery %q awards entry %d order id %q, which order %+v has", s.SKU, seq, o.ID, *prior))
+	}
 	s.Available--
 	if ttl := s.Config.HoldTTLNanos; ttl > 0 {
 		o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
@@ -314,6 +322,22 @@ func (a *applier) award(s *SKU, seq int64) error {
 		return err
 	}
 	a.feedEvent(FeedOrderCreated, &o)
+	return nil
+}
+
+// purgeEntries takes up to n more entries of archived lottery s out of
+// the ledger, in sequence order.
+func (a *applier) purgeEntries(s *SKU, n int64) error {
+	lt := s.Lottery
+	for end := min(lt.Entries, lt.PurgedEntries+n); lt.PurgedEntries < end; lt.PurgedEntries++ {
+		seq := lt.PurgedEntries + 1
+		e, err := a.entry(s.SKU, seq)
+		if err != nil {
+			return err
+		}
+		a.put(bucketEntries, entryKey(s.SKU, seq), nil)
+		a.put(bucketEntryUsers, appendBuyerKey(nil, s.SKU, e.User), nil)
+	}
 	return nil
 }
 
@@ -484,7 +508,7 @@ func (l *Ledger) EntryStatus(sku, user string) (EntryStatus, bool, error) {
 	st.Rank = rank + 1
 	switch {
 	case rank < lt.Won():
-		st.State, st.OrderID = EntryWon, lotteryOrderID(lt.OrderKey, seq)
+		st.State, st.OrderID = EntryWon, lotteryOrderID(lt.OrderKey, sku, seq)
 	case lt.WaitlistLostAtUnixNano != 0:
 		st.State = EntryLost
 	default:

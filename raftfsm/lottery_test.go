@@ -208,3 +208,63 @@ func BenchmarkLottery_Rank(b *testing.B) {
 		})
 	}
 }
+
+func TestLottery_ArchiveTakesTheEntriesOut(t *testing.T) {
+	tl := newTestLedger(t)
+	secret := bytes.Repeat([]byte{3}, LotterySecretBytes)
+	cfg := SaleConfig{Total: 4, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
+	tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: secret})
+	tl.applyTyped(1, &CreateSale{SKU: "keep", Sale: cfg, Secret: secret})
+	var batch Enter
+	for i := range 25 {
+		for _, sku := range []string{"lot", "keep"} {
+			batch.Entries = append(batch.Entries, EnterEntry{SKU: sku, User: fmt.Sprintf("u%d", i)})
+		}
+	}
+	tl.applyTyped(10, &batch)
+	for _, sku := range []string{"lot", "keep"} {
+		if r := tl.applyTyped(100, &Draw{SKU: sku}); r.Outcome != OutcomeOK || r.Qty != 4 {
+			t.Fatalf("draw %s: %s %d", sku, r.Outcome, r.Qty)
+		}
+	}
+	// Sold at the draw (no hold_ttl): nothing can come back, the rest lost.
+	if st, _, _ := tl.l.EntryStatus("lot", "u0"); st.State != EntryWon && st.State != EntryLost {
+		t.Fatalf("u0 after the draw: %+v", st)
+	}
+	tl.applyTyped(200, &CloseSale{SKU: "lot"})
+	if r := tl.applyTyped(200, &ArchiveSale{SKU: "lot"}); r.Outcome != OutcomeOK {
+		t.Fatalf("archive: %s %s", r.Outcome, r.Detail)
+	}
+	after, steps := "", 0
+	for ; steps < 100; steps++ {
+		r := tl.applyTyped(300, &PurgeArchived{SKU: "lot", After: after, Scan: 7})
+		if r.Outcome != OutcomeOK {
+			t.Fatalf("purge step %d: %s %s", steps, r.Outcome, r.Detail)
+		}
+		row := tl.row("lot")
+		if row.PurgeDone {
+			break
+		}
+		after = row.PurgeAfter
+	}
+	row := tl.row("lot")
+	if !row.PurgeDone || row.Lottery.PurgedEntries != 25 || row.ArchivedOrders != 4 || row.Sold != 4 {
+		t.Fatalf("after %d steps: %+v %+v", steps, row, row.Lottery)
+	}
+	n := 0
+	if _, err := tl.l.SaleEntries("lot", func(*Entry) error { n++; return nil }); err != nil || n != 0 {
+		t.Fatalf("%d entries of the archived lottery left (%v)", n, err)
+	}
+	if _, ok, _ := tl.l.EntryStatus("lot", "u3"); ok {
+		t.Fatal("an archived lottery's entrant still has an entry")
+	}
+	n = 0
+	if _, err := tl.l.SaleEntries("keep", func(*Entry) error { n++; return nil }); err != nil || n != 25 {
+		t.Fatalf("the other lottery kept %d entries, want 25 (%v)", n, err)
+	}
+	if st, ok, _ := tl.l.EntryStatus("keep", "u3"); !ok || (st.State != EntryWon && st.State != EntryLost) {
+		t.Fatalf("the other lottery's entrant: %+v %v", st, ok)
+	}
+	checkAudit(t, tl.l, "lot")
+	checkAudit(t, tl.l, "keep")
+}
