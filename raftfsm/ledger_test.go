@@ -292,6 +292,102 @@ type ledgerMachine struct {
 	takenSKU map[string]string
 	next     int
 	feed     feedTally // the order feed read so far
+	// The lottery sale "L": its entries close at closeAt; lotteryOrders
+	// are the winners' orders seen so far (also in orders, for confirms,
+	// cancels and expiries).
+	closeAt       int64
+	lotteryOrders map[string]bool
+}
+
+// lotteryUsers are the machine's lottery entrants.
+var lotteryUsers = []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9"}
+
+func (m *ledgerMachine) Enter(t *rapid.T) {
+	var c Enter
+	for range rapid.IntRange(1, 3).Draw(t, "entrants") {
+		c.Entries = append(c.Entries, EnterEntry{SKU: "L", User: rapid.SampledFrom(lotteryUsers).Draw(t, "entrant")})
+	}
+	row, _, _ := m.tl.l.SKU("L")
+	over := row.Closed() || row.Lottery.Drawn() || m.clock >= m.closeAt
+	for i, r := range m.tl.applyTyped(m.clock, &c).Entries {
+		switch {
+		case r.Outcome == OutcomeOK && over:
+			t.Fatalf("entry of %s after the close (closed %v, drawn %v, now %d, close %d)", c.Entries[i].User, row.Closed(), row.Lottery.Drawn(), m.clock, m.closeAt)
+		case r.Outcome == OutcomeEntriesClosed && !over:
+			t.Fatalf("entry of %s refused while entries are open", c.Entries[i].User)
+		case r.Outcome != OutcomeOK && r.Outcome != OutcomeSame && r.Outcome != OutcomeEntriesClosed:
+			t.Fatalf("entry of %s: %s", c.Entries[i].User, r.Outcome)
+		}
+	}
+}
+
+func (m *ledgerMachine) Draw(t *rapid.T) {
+	row, _, _ := m.tl.l.SKU("L")
+	res := m.tl.applyTyped(m.clock, &Draw{SKU: "L"})
+	want := OutcomeOK
+	switch {
+	case row.Lottery.Drawn():
+		want = OutcomeSame
+	case row.Closed():
+		want = OutcomeClosed
+	case m.clock < m.closeAt:
+		want = OutcomeInvalidState
+	}
+	if res.Outcome != want {
+		t.Fatalf("draw (drawn %v, closed %v, now %d, close %d): %s, want %s", row.Lottery.Drawn(), row.Closed(), m.clock, m.closeAt, res.Outcome, want)
+	}
+	m.collectLotteryOrders()
+}
+
+// collectLotteryOrders adds the winners' orders to the machine's orders.
+func (m *ledgerMachine) collectLotteryOrders() {
+	for _, u := range lotteryUsers {
+		if st, ok, _ := m.tl.l.EntryStatus("L", u); ok && st.OrderID != "" && !m.lotteryOrders[st.OrderID] {
+			m.lotteryOrders[st.OrderID] = true
+			m.orders = append(m.orders, st.OrderID)
+		}
+	}
+}
+
+// checkLottery asserts the entrants' standings agree with the row: as
+// many won as the row counts, each with an order of theirs, the waitlist
+// numbered 1..k, nobody waiting once it lost.
+func (m *ledgerMachine) checkLottery(t *rapid.T) {
+	row, _, _ := m.tl.l.SKU("L")
+	lt := row.Lottery
+	var won int64
+	var positions []int64
+	for _, u := range lotteryUsers {
+		st, ok, err := m.tl.l.EntryStatus("L", u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			continue
+		}
+		switch st.State {
+		case EntryWon:
+			won++
+			if o, found, _ := m.tl.l.Order(st.OrderID); !row.Archived && (!found || o.User != u || o.SKU != "L") {
+				t.Fatalf("winner %s's order %s: %+v %v", u, st.OrderID, o, found)
+			}
+		case EntryWaitlisted:
+			positions = append(positions, st.Position)
+		case EntryEntered:
+			if lt.Drawn() || row.Closed() {
+				t.Fatalf("%s reads entered after the draw or the close", u)
+			}
+		}
+	}
+	if lt.Drawn() && !row.Archived && won != lt.Won() {
+		t.Fatalf("%d entrants read won; the row counts %d", won, lt.Won())
+	}
+	slices.Sort(positions)
+	for i, p := range positions {
+		if p != int64(i+1) || lt.WaitlistLostAtUnixNano != 0 {
+			t.Fatalf("waitlist positions %v (lost at %d)", positions, lt.WaitlistLostAtUnixNano)
+		}
+	}
 }
 
 func (m *ledgerMachine) at(c legacyCommand) *Result {
@@ -523,6 +619,8 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 	for _, sku := range m.skus {
 		checkAudit(t, m.tl.l, sku)
 	}
+	m.collectLotteryOrders()
+	m.checkLottery(t)
 	// The order feed, read on from where the last check stopped, tallies
 	// to the rows: every held and sold unit has its events.
 	m.feed.readAll(t, m.tl.l)
@@ -553,7 +651,8 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 
 func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}, takenSKU: map[string]string{}}
+		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}, takenSKU: map[string]string{},
+			closeAt: rapid.Int64Range(1, 400).Draw(rt, "close_at"), lotteryOrders: map[string]bool{}}
 		for _, sku := range m.skus {
 			m.at(legacyCommand{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
 				Total:        rapid.Int64Range(0, 40).Draw(rt, "total"),
@@ -561,6 +660,12 @@ func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 				HoldTTLNanos: rapid.SampledFrom([]int64{0, 100}).Draw(rt, "hold_ttl"),
 			}})
 		}
+		lottery := SaleConfig{Total: rapid.Int64Range(0, 6).Draw(rt, "lottery_total"), Mode: SaleModeLottery,
+			HoldTTLNanos: rapid.SampledFrom([]int64{0, 100}).Draw(rt, "lottery_hold_ttl"), EntriesCloseAtUnixNano: m.closeAt}
+		if r := m.tl.applyTyped(0, &CreateSale{SKU: "L", Sale: lottery, Secret: bytes.Repeat([]byte{5}, LotterySecretBytes)}); r.Outcome != OutcomeOK {
+			rt.Fatalf("create the lottery: %s %s", r.Outcome, r.Detail)
+		}
+		m.skus = append(m.skus, "L") // takes, leases, restocks, closes and archives meet it too
 		rt.Repeat(rapid.StateMachineActions(m))
 
 		// The mirrors rebuilt from disk equal the ones kept while applying.
