@@ -105,7 +105,11 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		}
 		var results []lotteryResult
 		for j, targets := range targetSets {
-			r, err := runLottery(ctx, &o, targets, lotteryLabel(targets), runID+"-"+strconv.Itoa(j))
+			var pids []int
+			if j < len(targetPIDs) {
+				pids = targetPIDs[j]
+			}
+			r, err := runLottery(ctx, &o, targets, pids, lotteryLabel(targets), runID+"-"+strconv.Itoa(j))
 			if err != nil {
 				return err
 			}

@@ -89,3 +89,24 @@ func (m *cpuMeter) record(run *Run) {
 		}
 	}
 }
+
+// peakResident is the largest peak resident set (VmHWM) among pids, from
+// /proc; ok is false when one cannot be read.
+func peakResident(pids []int) (bytes int64, ok bool) {
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		if err != nil {
+			return 0, false
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, found := strings.CutPrefix(line, "VmHWM:"); found {
+				kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				if err != nil {
+					return 0, false
+				}
+				bytes = max(bytes, kib<<10)
+			}
+		}
+	}
+	return bytes, len(pids) > 0
+}

@@ -40,10 +40,11 @@ type lotteryResult struct {
 	drawn     int64         // entries the draw counted
 	winners   int64
 	errSample string // one answer that was neither 202 nor 409
+	peakRSS   int64  // the largest peak resident set of the launched nodes (0: not launched)
 }
 
 // runLottery runs the lottery scenario against one set of nodes.
-func runLottery(ctx context.Context, o *Options, targets []string, label, runID string) (lotteryResult, error) {
+func runLottery(ctx context.Context, o *Options, targets []string, pids []int, label, runID string) (lotteryResult, error) {
 	r := lotteryResult{label: label}
 	clients := newHTTPClients(targets, o.Conns)
 	sku := "lottery-" + runID
@@ -131,6 +132,9 @@ func runLottery(ctx context.Context, o *Options, targets []string, label, runID 
 		return r, fmt.Errorf("draw of %s: %w", sku, err)
 	}
 	r.drawAfter = time.Since(closeAt)
+	if rss, ok := peakResident(pids); ok {
+		r.peakRSS = rss
+	}
 	r.drawn, r.winners = int64(fastjson.GetInt(draw, "entries")), int64(fastjson.GetInt(draw, "winners"))
 	return r, nil
 }
@@ -153,12 +157,16 @@ func waitUntil(ctx context.Context, within time.Duration, cond func() bool) erro
 
 func writeLotteryResults(w io.Writer, o *Options, results []lotteryResult) {
 	fmt.Fprintf(w, "\nscenario lottery: %d entrants for %d units over %d connections, entries open %s\n", o.Requests, o.Units, o.Conns, o.Duration)
-	fmt.Fprintf(w, "%-22s %9s %9s %10s %9s %9s %6s %7s %7s %12s %9s %9s\n",
-		"nodes", "sent", "entered", "entries/s", "p50", "p99", "429s", "closed", "failed", "draw after", "drawn", "winners")
+	fmt.Fprintf(w, "%-22s %9s %9s %10s %9s %9s %6s %7s %7s %12s %9s %9s %9s\n",
+		"nodes", "sent", "entered", "entries/s", "p50", "p99", "429s", "closed", "failed", "draw after", "drawn", "winners", "peak RSS")
 	for _, r := range results {
 		rate := float64(r.entered) / max(r.elapsed.Seconds(), 1e-9)
-		fmt.Fprintf(w, "%-22s %9d %9d %10.0f %9s %9s %6d %7d %7d %12s %9d %9d\n", r.label, r.sent, r.entered, rate,
-			fmtDur(r.p50), fmtDur(r.p99), r.limited, r.closed, r.failed, fmtDur(r.drawAfter), r.drawn, r.winners)
+		rss := "-"
+		if r.peakRSS > 0 {
+			rss = fmt.Sprintf("%d MiB", r.peakRSS>>20)
+		}
+		fmt.Fprintf(w, "%-22s %9d %9d %10.0f %9s %9s %6d %7d %7d %12s %9d %9d %9s\n", r.label, r.sent, r.entered, rate,
+			fmtDur(r.p50), fmtDur(r.p99), r.limited, r.closed, r.failed, fmtDur(r.drawAfter), r.drawn, r.winners, rss)
 		if r.errSample != "" {
 			fmt.Fprintf(w, "  first other answer: %s\n", r.errSample)
 		}
