@@ -449,3 +449,58 @@ func TestLottery_LeaderKilledAtTheClose(t *testing.T) {
 		t.Fatalf("ledger after the draw: %v", a)
 	}
 }
+
+// TestLottery_BadInputGetsClearAnswers: each way to get a lottery call
+// wrong has its own answer, and none of them changes the ledger.
+func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
+	n := startTestNode(t, t.TempDir())
+	cl := clientOf(n, 4)
+	soon := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	later := time.Now().Add(2 * time.Hour).UTC().Format(time.RFC3339)
+	for _, tc := range []struct{ body, why string }{
+		{`{"total":5,"mode":"lottery"}`, "no entries_close_at"},
+		{`{"total":5,"mode":"lottery","entries_close_at":"tomorrow"}`, "entries_close_at not RFC 3339"},
+		{`{"total":5,"mode":"raffle","entries_close_at":"` + soon + `"}`, "unknown mode"},
+		{`{"total":5,"entries_close_at":"` + soon + `"}`, "entries_close_at without the lottery mode"},
+		{`{"total":5,"mode":"lottery","entries_close_at":"` + soon + `","start_at":"` + later + `"}`, "entries close before the start"},
+		{`{"total":5,"mode":"lottery","entries_close_at":"` + soon + `","per_user":2}`, "per_user on a lottery"},
+	} {
+		if code, body := call(t, cl, "PUT", "/v1/skus/bad", tc.body); code != 400 {
+			t.Fatalf("%s: %d %v, want 400", tc.why, code, body)
+		}
+	}
+	if code, _ := call(t, cl, "GET", "/v1/skus/bad", ""); code != 404 {
+		t.Fatalf("a refused sale exists: %d", code)
+	}
+	if code, body := call(t, cl, "PUT", "/v1/skus/later", `{"total":5,"mode":"lottery","start_at":"`+soon+`","entries_close_at":"`+later+`"}`); code != 201 {
+		t.Fatalf("create: %d %v", code, body)
+	}
+	for _, tc := range []struct {
+		method, path, body string
+		code               int
+		errCode            string
+	}{
+		{"POST", "/v1/skus/later/enter", `{"user":"a"}`, 425, "not_started"},
+		{"POST", "/v1/skus/later/enter", `{"user":""}`, 400, "bad_request"},
+		{"POST", "/v1/skus/later/enter", `{"user":"a b"}`, 400, "bad_request"},
+		{"POST", "/v1/skus/later/enter", `{"user":"a","extra":1}`, 400, "bad_request"},
+		{"POST", "/v1/skus/later/enter", `not json`, 400, "bad_request"},
+		{"POST", "/v1/skus/nope/enter", `{"user":"a"}`, 404, "unknown_sku"},
+		{"GET", "/v1/skus/later/enter", ``, 405, ""},
+		{"GET", "/v1/skus/later/draw", ``, 409, "not_drawn"},
+		{"GET", "/v1/skus/nope/draw", ``, 404, "not_found"},
+		{"GET", "/v1/skus/later/entries/a", ``, 404, "not_found"},
+		{"GET", "/v1/skus/later/entries/a%20b", ``, 400, "bad_request"},
+		{"GET", "/v1/skus/nope/entries", ``, 404, "not_found"},
+	} {
+		code, body := call(t, cl, tc.method, tc.path, tc.body)
+		if code != tc.code || (tc.errCode != "" && body["error"] != tc.errCode) {
+			t.Fatalf("%s %s %s: %d %v, want %d %s", tc.method, tc.path, tc.body, code, body, tc.code, tc.errCode)
+		}
+	}
+	_, v := call(t, cl, "GET", "/v1/skus/later", "")
+	if lt := v["lottery"].(map[string]any); lt["entries"] != 0.0 || lt["state"] != "entering" || v["state"] != "upcoming" {
+		t.Fatalf("the lottery after refused calls: %v", v)
+	}
+	checkLedger(t, cl, "later")
+}
