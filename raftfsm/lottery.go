@@ -406,31 +406,56 @@ func (l *Ledger) forgetRanking(sku string) {
 }
 
 // rankEntries ranks entries 1..n by key(n) (see the package's lottery
-// comment). The seed and hash fill one SHA-256 block, hashed once; each
-// entry then costs one more block.
+// comment). It sorts by the keys' first 8 bytes, 16 bytes an entry, and
+// orders the rare runs that share them by their whole keys.
 func rankEntries(seed, hash []byte, n int64) *ranking {
-	type keyed struct {
-		key [sha256.Size]byte
-		seq uint32
-	}
-	keys := make([]keyed, n)
 	var buf [2*sha256.Size + 8]byte
 	b := append(append(buf[:0], seed...), hash...)
 	prefix := len(b)
 	b = b[:prefix+8]
+	r := rankBy(n, func(seq uint32) [sha256.Size]byte {
+		binary.BigEndian.PutUint64(b[prefix:], uint64(seq))
+		return sha256.Sum256(b)
+	})
+	r.seed, r.hash = slices.Clone(seed), slices.Clone(hash)
+	return r
+}
+
+// rankBy ranks entries 1..n by key (ascending, by seq on equal keys).
+func rankBy(n int64, key func(seq uint32) [sha256.Size]byte) *ranking {
+	type keyed struct {
+		prefix uint64
+		seq    uint32
+	}
+	keys := make([]keyed, n)
 	for i := range keys {
-		seq := uint64(i + 1)
-		binary.BigEndian.PutUint64(b[prefix:], seq)
-		keys[i] = keyed{key: sha256.Sum256(b), seq: uint32(seq)}
+		seq := uint32(i + 1)
+		k := key(seq)
+		keys[i] = keyed{prefix: binary.BigEndian.Uint64(k[:8]), seq: seq}
 	}
 	slices.SortFunc(keys, func(x, y keyed) int {
-		if c := compareKeys(&x.key, &y.key); c != 0 {
-			return c
+		if x.prefix != y.prefix {
+			if x.prefix < y.prefix {
+				return -1
+			}
+			return 1
 		}
 		return int(x.seq) - int(y.seq)
 	})
-	r := &ranking{seed: slices.Clone(seed), hash: slices.Clone(hash), entries: n,
-		seqs: make([]uint32, n), rankOf: make([]uint32, n)}
+	for i := 0; i < len(keys); {
+		j := i + 1
+		for j < len(keys) && keys[j].prefix == keys[i].prefix {
+			j++
+		}
+		if j-i > 1 {
+			slices.SortStableFunc(keys[i:j], func(x, y keyed) int {
+				kx, ky := key(x.seq), key(y.seq)
+				return compareKeys(&kx, &ky) // equal keys keep seq order
+			})
+		}
+		i = j
+	}
+	r := &ranking{entries: n, seqs: make([]uint32, n), rankOf: make([]uint32, n)}
 	for rank, k := range keys {
 		r.seqs[rank] = k.seq
 		r.rankOf[k.seq-1] = uint32(rank)

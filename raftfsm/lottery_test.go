@@ -268,3 +268,29 @@ func TestLottery_ArchiveTakesTheEntriesOut(t *testing.T) {
 	checkAudit(t, tl.l, "lot")
 	checkAudit(t, tl.l, "keep")
 }
+
+func TestLottery_KeysSharingTheirFirstBytesRankByTheWholeKey(t *testing.T) {
+	// Entries 1-6: 2, 4 and 5 share their first 8 bytes and differ after
+	// them; 3 and 6 are equal keys (ranked by seq).
+	keys := map[uint32][32]byte{}
+	set := func(seq uint32, first, last byte) {
+		var k [32]byte
+		k[0], k[31] = first, last
+		keys[seq] = k
+	}
+	set(1, 9, 0)
+	set(2, 5, 3)
+	set(3, 7, 1)
+	set(4, 5, 1)
+	set(5, 5, 2)
+	set(6, 7, 1)
+	r := rankBy(6, func(seq uint32) [32]byte { return keys[seq] })
+	if want := []uint32{4, 5, 2, 3, 6, 1}; !slices.Equal(r.seqs, want) {
+		t.Fatalf("ranking %v, want %v", r.seqs, want)
+	}
+	for rank, seq := range r.seqs {
+		if r.rankOf[seq-1] != uint32(rank) {
+			t.Fatalf("rankOf[%d] = %d, want %d", seq, r.rankOf[seq-1], rank)
+		}
+	}
+}
