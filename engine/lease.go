@@ -53,8 +53,29 @@ func (e *Engine) runLeaser() {
 
 // leaseChunk sizes a lease: a share of what the ledger still has, so that
 // chunks shrink toward one unit at the tail and no node strands much stock.
+// A node alone in its cluster strands nothing (no other node sells), so
+// its chunk is not capped: a burst (a gateway's batch) then finds its
+// units in the buckets instead of waiting for lease after lease. Should
+// nodes join, their demand makes it give units back as any holder does.
 func (e *Engine) leaseChunk(available int64) int64 {
-	return min(max(available/e.cfg.LeaseDivisor, 1), e.cfg.LeaseChunkMax, available)
+	chunk := max(available/e.cfg.LeaseDivisor, 1)
+	if !e.alone() {
+		chunk = min(chunk, e.cfg.LeaseChunkMax)
+	}
+	return min(chunk, available)
+}
+
+// alone reports whether this node is the cluster's only voter (and no
+// other node ever registered an address in the ledger).
+func (e *Engine) alone() bool {
+	if len(e.ledger.NodeAddrs()) > 1 {
+		return false
+	}
+	if e.cfg.Cluster == nil {
+		return true
+	}
+	ids, err := e.cfg.Cluster.MemberIDs()
+	return err == nil && len(ids) == 1
 }
 
 // lease proposes one Lease for s. The granted units reach the buckets when

@@ -25,6 +25,8 @@ const (
 	// ordinary ids fit with room to spare (the 16 KiB cap is for single
 	// calls).
 	BatchMaxBodyBytes = 1 << 20
+	// itemAnswerBytes holds an item's answer with ordinary ids.
+	itemAnswerBytes = 192
 )
 
 var (
@@ -68,6 +70,9 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 		body []byte
 	}
 	answers := make([]answer, len(items))
+	// One buffer carved into each item's answer: an allocation a batch,
+	// not one an item (an answer that outgrows its part gets its own).
+	bufs := make([]byte, len(items)*itemAnswerBytes)
 	var wg sync.WaitGroup
 	hint := uint32(ctx.ConnID())
 	for i, it := range items {
@@ -84,7 +89,7 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 			var res engine.DeductResult
 			s.engine.Deduct(&req, &res)
 			s.latency.observe(start)
-			code, body, _ := deductAnswer(&res, make([]byte, 0, 192))
+			code, body, _ := deductAnswer(&res, bufs[i*itemAnswerBytes:i*itemAnswerBytes:(i+1)*itemAnswerBytes])
 			answers[i] = answer{code, body}
 		}()
 	}

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -62,6 +63,9 @@ func (a *applier) take(c *Take) (*Result, error) {
 		return invalid("take needs a node"), nil
 	}
 	res := &Result{Outcome: OutcomeOK, Takes: make([]TakeResult, len(c.Entries))}
+	if a.feed.on {
+		a.feed.events = slices.Grow(a.feed.events, len(c.Entries)) // an event each, mostly
+	}
 	for i := range c.Entries {
 		e := &c.Entries[i]
 		r := &res.Takes[i]

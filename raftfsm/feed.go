@@ -303,14 +303,16 @@ func (m *eventChunks) dropBefore(seq uint64) {
 func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error) {
 	f.mu.RLock()
 	gen, last = f.gen, f.persisted
-	var batch []FeedEvent
+	// Pointers into the chunks: an event there never changes, and its
+	// chunk is dropped only after written, which follows this write.
+	var batch []*FeedEvent
 	if first := f.mem.firstSeq(); first != 0 {
 		for seq := max(f.persisted+1, first); ; seq++ {
 			e := f.mem.get(seq)
 			if e == nil || e.Index > target {
 				break
 			}
-			batch = append(batch, *e)
+			batch = append(batch, e)
 		}
 	}
 	f.mu.RUnlock()
@@ -319,12 +321,11 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	// bbolt keeps the key and value slices until the transaction ends:
 	// one buffer for all, carved up, never reused.
 	size := 0
-	for i := range batch {
-		size += 8 + feedEventSize(&batch[i])
+	for _, e := range batch {
+		size += 8 + feedEventSize(e)
 	}
 	buf := make([]byte, 0, size+8)
-	for i := range batch {
-		e := &batch[i]
+	for _, e := range batch {
 		start := len(buf)
 		buf = binary.BigEndian.AppendUint64(buf, e.Seq)
 		mid := len(buf)
