@@ -141,6 +141,18 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 	waitText(t, ctx, `#consumers tr[data-consumer="shop"] td:nth-child(3)`, "20")
 	waitText(t, ctx, `#skus tr[data-sku="tv"] td.audit`, "clean")
 
+	// A lottery shows its phase and its entries.
+	closeAt := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	if code, body := call(t, c.client(follower), "PUT", "/v1/skus/raffle", `{"total":2,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
+		t.Fatalf("create lottery: %d %v", code, body)
+	}
+	for _, u := range []string{"ann", "bob", "cy"} {
+		if code, body := call(t, c.client(follower), "POST", "/v1/skus/raffle/enter", `{"user":"`+u+`"}`); code != 202 {
+			t.Fatalf("enter %s: %d %v", u, code, body)
+		}
+	}
+	waitText(t, ctx, `#skus tr[data-sku="raffle"] td.state`, "lottery entering, 3 entries")
+
 	// No reload: the document that showed 50 is the one showing 30.
 	if now := origin(); now != loaded {
 		t.Fatalf("the page was loaded again (%v, then %v)", loaded, now)

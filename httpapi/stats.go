@@ -37,6 +37,8 @@ type statsSKU struct {
 	Buckets    int64            `json:"buckets"` // units in this node's buckets
 	AuditDrift int64            `json:"audit_drift"`
 	Archived   bool             `json:"archived,omitempty"`
+	// Lottery is a lottery sale's state, entries and winners.
+	Lottery *lotteryJSON `json:"lottery,omitempty"`
 }
 
 // statsResponse is GET /v1/stats: what the operator's page shows, as
@@ -84,7 +86,7 @@ func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 		}
 		out.SKUs = append(out.SKUs, statsSKU{SKU: r.SKU, State: v.State, Total: r.Total, Remaining: r.Remaining(),
 			Available: r.Available, Held: r.Held, Sold: r.Sold, Leased: leased, Buckets: max(m.BucketUnits[r.SKU], 0),
-			AuditDrift: m.AuditDrift[r.SKU], Archived: r.Archived})
+			AuditDrift: m.AuditDrift[r.SKU], Archived: r.Archived, Lottery: lotteryView(&r)})
 	}
 	out.LatencyCounts = make([]uint64, len(s.latency.counts))
 	for i := range s.latency.counts {
