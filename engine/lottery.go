@@ -83,6 +83,9 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 	case <-p.done:
 	case <-ctx.Done():
 		return raftfsm.Entry{}, fmt.Errorf("%w: the entry did not commit within %s; enter again (a repeat returns the same entry)", ErrOutcomeUnknown, enterWaitMax)
+	case <-e.stop:
+		// Queued, maybe proposed: a repeat elsewhere finds out.
+		return raftfsm.Entry{}, fmt.Errorf("%w: node stopped with the entry queued; enter again (a repeat returns the same entry)", ErrOutcomeUnknown)
 	}
 	if p.err != nil {
 		return raftfsm.Entry{}, p.err

@@ -394,9 +394,20 @@ func (l *Ledger) ranking(sku string, lt *Lottery) *ranking {
 	if l.rankings.m == nil {
 		l.rankings.m = map[string]*ranking{}
 	}
+	// A bounded cache: a ranking dropped is computed again when needed.
+	for name := range l.rankings.m {
+		if len(l.rankings.m) < rankingsCachedMax {
+			break
+		}
+		delete(l.rankings.m, name)
+	}
 	l.rankings.m[sku] = r
 	return r
 }
+
+// rankingsCachedMax bounds the rankings kept in memory (8 bytes an entry
+// each): the lotteries being read after their draws, in practice one or two.
+const rankingsCachedMax = 8
 
 // forgetRanking drops a cached ranking (the sale's entries left).
 func (l *Ledger) forgetRanking(sku string) {
