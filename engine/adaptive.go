@@ -41,7 +41,7 @@ type adaptiveLimit struct {
 	waitedNanos  atomic.Int64 // the waits answered in this window, summed
 	answered     atomic.Int64
 	peak         atomic.Int64 // the most in the path during this window
-	lastAnswered atomic.Int64 // unix nanos of the last answer, of any window
+	lastAnswered atomic.Int64 // unix nanos of the last answer, or of the path's filling from empty
 
 	mu          sync.Mutex
 	windowStart time.Time
@@ -67,6 +67,12 @@ func (a *adaptiveLimit) full() bool {
 // enter counts a deduct into the commit path.
 func (a *adaptiveLimit) enter() {
 	n := a.inPath.Add(1)
+	if n == 1 {
+		// The path was empty: "nothing answered" counts from now, not
+		// from the last answer of a burst long past (which made the first
+		// window of every burst after a quiet spell look like a stall).
+		a.lastAnswered.Store(a.now().UnixNano())
+	}
 	for p := a.peak.Load(); n > p && !a.peak.CompareAndSwap(p, n); p = a.peak.Load() {
 	}
 }

@@ -66,3 +66,32 @@ func TestAdaptiveLimit_FallsOnSlowWaitsAndClimbsBack(t *testing.T) {
 		t.Fatal("a limit that is off reports full")
 	}
 }
+
+// TestAdaptiveLimit_ABurstAfterQuietIsNoStall: a node quiet for longer
+// than the target gets a burst; the window closes before the first
+// commit answers. That is not a stall: the clock of "nothing answered"
+// starts when the path fills, not at the last answer long ago.
+func TestAdaptiveLimit_ABurstAfterQuietIsNoStall(t *testing.T) {
+	a := newAdaptiveLimit(2*time.Second, 1000)
+	now := time.Unix(0, 0)
+	a.now = func() time.Time { return now }
+	a.update()
+	a.enter()
+	a.leave(time.Millisecond)
+	now = now.Add(30 * time.Second) // quiet
+	a.update()
+	for range 20 {
+		a.enter()
+	}
+	now = now.Add(adaptiveWindow + time.Millisecond)
+	a.update()
+	if got := a.limit.Load(); got != 1000 {
+		t.Fatalf("a burst after a quiet spell cut the limit to %d", got)
+	}
+	// A real stall still counts from the burst's start.
+	now = now.Add(3 * time.Second)
+	a.update()
+	if got := a.limit.Load(); got >= 1000 {
+		t.Fatalf("nothing answered for 3s while 20 wait: the limit stayed %d", got)
+	}
+}
