@@ -276,31 +276,51 @@ func (s *Server) handleSaleOrders(ctx *fasthttp.RequestCtx, sku []byte) {
 		return
 	}
 	name := string(sku)
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("application/x-ndjson")
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+	streamNDJSON(ctx, 256, func(emit func(any) error) any {
 		end := ordersEnd{}
 		snap, err := s.engine.SaleOrders(name, state, after, func(o *engine.Order) error {
-			b, err := json.Marshal(orderJSON(*o))
-			if err != nil {
-				return err
-			}
-			w.Write(b)
-			w.WriteByte('\n')
-			if end.Orders++; end.Orders%256 == 0 && w.Flush() != nil {
-				return engine.ErrStreamStopped // the client went away
-			}
-			return nil
+			end.Orders++
+			return emit(orderJSON(*o))
 		})
 		if errors.Is(err, engine.ErrStreamStopped) {
-			return
+			return nil
 		}
 		end.Done, end.AppliedIndex, end.FeedCursor = err == nil, snap.Applied, snap.FeedCursor.String()
 		if err != nil {
 			end.Error = err.Error()
 		}
-		b, _ := json.Marshal(end)
-		w.Write(b)
-		w.WriteByte('\n')
+		return end
+	})
+}
+
+// streamNDJSON answers 200 with NDJSON: run emits one line a value
+// (flushed every flushEvery lines; emit fails with ErrStreamStopped once
+// the client went away) and returns the last line, or nil to write none.
+func streamNDJSON(ctx *fasthttp.RequestCtx, flushEvery int, run func(emit func(any) error) any) {
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/x-ndjson")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		lines := 0
+		line := func(v any) error {
+			b, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			w.Write(b)
+			w.WriteByte('\n')
+			return nil
+		}
+		end := run(func(v any) error {
+			if err := line(v); err != nil {
+				return err
+			}
+			if lines++; lines%flushEvery == 0 && w.Flush() != nil {
+				return engine.ErrStreamStopped // the client went away
+			}
+			return nil
+		})
+		if end != nil {
+			_ = line(end)
+		}
 	})
 }

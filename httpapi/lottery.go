@@ -1,10 +1,8 @@
 package httpapi
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"strconv"
 	"time"
@@ -173,32 +171,20 @@ func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
 		return
 	}
 	name := string(sku)
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("application/x-ndjson")
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+	streamNDJSON(ctx, 1024, func(emit func(any) error) any {
 		end := entriesEnd{}
 		applied, err := s.engine.SaleEntries(name, func(e *engine.Entry) error {
-			b, err := json.Marshal(entryLine{EntryID: e.ID(), Seq: e.Seq, User: e.User, RequestID: e.RequestID, At: rfc3339(e.AtUnixNano)})
-			if err != nil {
-				return err
-			}
-			w.Write(b)
-			w.WriteByte('\n')
-			if end.Entries++; end.Entries%1024 == 0 && w.Flush() != nil {
-				return engine.ErrStreamStopped
-			}
-			return nil
+			end.Entries++
+			return emit(entryLine{EntryID: e.ID(), Seq: e.Seq, User: e.User, RequestID: e.RequestID, At: rfc3339(e.AtUnixNano)})
 		})
 		if errors.Is(err, engine.ErrStreamStopped) {
-			return
+			return nil
 		}
 		end.Done, end.AppliedIndex = err == nil, applied
 		if err != nil {
 			end.Error = err.Error()
 		}
-		b, _ := json.Marshal(end)
-		w.Write(b)
-		w.WriteByte('\n')
+		return end
 	})
 }
 
