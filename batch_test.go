@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,5 +178,91 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 	}
 	if code, results, _ := postBatch(t, cl, `{"deducts":[]}`); code != 200 || len(results) != 0 {
 		t.Fatalf("an empty batch: %d %v", code, results)
+	}
+}
+
+// TestBatch_RacingBatchesOverThreeNodes sends batches to every node at once
+// for more buyers than units, each buyer's request id in two batches on two
+// nodes (and now and then twice in one batch): a request id gets one
+// answer, whichever batch carries it; no unit is sold twice; the answers
+// add up to the stock.
+func TestBatch_RacingBatchesOverThreeNodes(t *testing.T) {
+	const units, buyers, perBatch = 300, 600, 50
+	c := startTestCluster(t)
+	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/rb", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	waitForSaleEverywhere(t, c, "rb")
+	type answer struct {
+		node   string
+		result batchItemResult
+	}
+	var mu sync.Mutex
+	answers := map[int][]answer{}
+	var wg sync.WaitGroup
+	for copyN := range 2 {
+		for start := 0; start < buyers; start += perBatch {
+			node := c.ids[(start/perBatch+copyN)%len(c.ids)]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var items []string
+				var who []int
+				for b := start; b < start+perBatch; b++ {
+					items = append(items, fmt.Sprintf(`{"sku":"rb","user":"u%d","request_id":"rb-%d"}`, b, b))
+					who = append(who, b)
+					if b%17 == 0 { // the same buyer twice in one batch
+						items = append(items, fmt.Sprintf(`{"sku":"rb","user":"u%d","request_id":"rb-%d"}`, b, b))
+						who = append(who, b)
+					}
+				}
+				code, results, body := postBatch(t, c.client(node), `{"deducts":[`+strings.Join(items, ",")+`]}`)
+				if code != 200 || len(results) != len(items) {
+					t.Errorf("batch on %s: %d %s", node, code, body)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for i, r := range results {
+					answers[who[i]] = append(answers[who[i]], answer{node, r})
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	acked := map[string]bool{}
+	for b := range buyers {
+		as := answers[b]
+		var order string
+		for _, a := range as {
+			switch a.result.Status {
+			case 200:
+				if order != "" && a.result.OrderID != order {
+					t.Fatalf("buyer %d got orders %s and %s (%+v)", b, order, a.result.OrderID, as)
+				}
+				order = a.result.OrderID
+			case 409, 429:
+			default:
+				t.Fatalf("buyer %d: %+v", b, a)
+			}
+		}
+		if order != "" {
+			if acked[order] {
+				t.Fatalf("order %s acknowledged to two buyers", order)
+			}
+			acked[order] = true
+		}
+	}
+	a := checkClusterLedgers(t, c, "rb", acked)
+	if a["sold"] != float64(len(acked)) || a["orders"] != float64(len(acked)) {
+		t.Fatalf("%d buyers won; the ledger says %v", len(acked), a)
+	}
+	if len(acked) != units {
+		// Every buyer tried twice and the stock was half the buyers: all
+		// of it sells unless answers said try_again.
+		t.Logf("%d of %d units sold", len(acked), units)
 	}
 }

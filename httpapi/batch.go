@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -15,8 +14,8 @@ import (
 // to BatchMaxItems deducts of any SKUs, for a gateway that aggregates its
 // users' traffic. Each item is run as the single deduct would be, all at
 // once, so they ride the same group commit; each gets the answer the
-// single deduct would have got, in order. Items are independent: a bad
-// one gets its own 400 and spoils nothing else.
+// single deduct would have got, in order (engine.DeductBatch). Items are
+// independent: a bad one gets its own 400 and spoils nothing else.
 
 const (
 	// BatchMaxItems bounds one batch.
@@ -70,10 +69,8 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 		body []byte
 	}
 	answers := make([]answer, len(items))
-	// One buffer carved into each item's answer: an allocation a batch,
-	// not one an item (an answer that outgrows its part gets its own).
-	bufs := make([]byte, len(items)*itemAnswerBytes)
-	var wg sync.WaitGroup
+	reqs := make([]engine.DeductRequest, 0, len(items))
+	at := make([]int, 0, len(items)) // reqs[j] is item at[j]
 	hint := uint32(ctx.ConnID())
 	for i, it := range items {
 		req, bad := batchItem(it)
@@ -82,18 +79,20 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 			continue
 		}
 		req.NoWait, req.Hint = noWait, hint+uint32(i)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start := time.Now()
-			var res engine.DeductResult
-			s.engine.Deduct(&req, &res)
-			s.latency.observe(start)
-			code, body, _ := deductAnswer(&res, bufs[i*itemAnswerBytes:i*itemAnswerBytes:(i+1)*itemAnswerBytes])
-			answers[i] = answer{code, body}
-		}()
+		reqs = append(reqs, req)
+		at = append(at, i)
 	}
-	wg.Wait()
+	start := time.Now()
+	results := make([]engine.DeductResult, len(reqs))
+	s.engine.DeductBatch(reqs, results)
+	// One buffer carved into each item's answer: an allocation a batch,
+	// not one an item (an answer that outgrows its part gets its own).
+	bufs := make([]byte, len(reqs)*itemAnswerBytes)
+	for j := range results {
+		s.latency.observe(start)
+		code, body, _ := deductAnswer(&results[j], bufs[j*itemAnswerBytes:j*itemAnswerBytes:(j+1)*itemAnswerBytes])
+		answers[at[j]] = answer{code, body}
+	}
 
 	out := make([]byte, 0, 64+len(items)*160)
 	out = append(out, `{"results":[`...)

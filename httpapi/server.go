@@ -38,6 +38,8 @@ const (
 // implements it; handler tests use fakes.
 type Engine interface {
 	Deduct(req *engine.DeductRequest, res *engine.DeductResult)
+	// DeductBatch runs each of reqs as Deduct would, into res.
+	DeductBatch(reqs []engine.DeductRequest, res []engine.DeductResult)
 	CreateSale(sku string, spec engine.SaleSpec) (bool, error)
 	Restock(sku string, qty int64) error
 	CloseSale(sku string) error

@@ -66,12 +66,17 @@ func (f *fakeEngine) EntryStatus(string, string) (engine.EntryStatus, *engine.Or
 	return engine.EntryStatus{}, nil, false, nil
 }
 func (f *fakeEngine) SaleEntries(string, func(*engine.Entry) error) (uint64, error) { return 0, nil }
-func (f *fakeEngine) SKUViews() []engine.SKUView                                    { return nil }
-func (f *fakeEngine) CloseSale(string) error                                        { return nil }
-func (f *fakeEngine) ArchiveSale(string) error                                      { return nil }
-func (f *fakeEngine) Feed() (engine.FeedView, error)                                { return engine.FeedView{}, nil }
-func (f *fakeEngine) AckConsumer(string, engine.Cursor) error                       { return nil }
-func (f *fakeEngine) DropConsumer(string) error                                     { return nil }
+func (f *fakeEngine) DeductBatch(reqs []engine.DeductRequest, res []engine.DeductResult) {
+	for i := range reqs {
+		f.Deduct(&reqs[i], &res[i])
+	}
+}
+func (f *fakeEngine) SKUViews() []engine.SKUView              { return nil }
+func (f *fakeEngine) CloseSale(string) error                  { return nil }
+func (f *fakeEngine) ArchiveSale(string) error                { return nil }
+func (f *fakeEngine) Feed() (engine.FeedView, error)          { return engine.FeedView{}, nil }
+func (f *fakeEngine) AckConsumer(string, engine.Cursor) error { return nil }
+func (f *fakeEngine) DropConsumer(string) error               { return nil }
 
 func newTestServer(t testing.TB, token string) (*Server, *fakeEngine) {
 	fe := &fakeEngine{status: engine.StatusSoldOut}
