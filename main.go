@@ -120,7 +120,7 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 	fs.DurationVar(&cfg.Engine.LeaseIdleReturn, "lease-idle-return", cfg.Engine.LeaseIdleReturn, "return a sale's unused lease after this long without a sale on this node")
 	fs.DurationVar(&cfg.Engine.ReclaimAfter, "reclaim-after", cfg.Engine.ReclaimAfter, "the leader reclaims the leases of a node unreachable this long")
 	fs.DurationVar(&cfg.Engine.LeaseWait, "lease-wait", cfg.Engine.LeaseWait, "how long a buyer waits for units held by other nodes before 429 try_again")
-	fs.Int64Var(&cfg.Engine.LeaseChunkMax, "lease-chunk-max", cfg.Engine.LeaseChunkMax, "the most units one lease takes (a quarter of what is available, up to this); a node fed by gateways' batch deducts sells from its buckets longer with more (8192)")
+	fs.Int64Var(&cfg.Engine.LeaseChunkMax, "lease-chunk-max", cfg.Engine.LeaseChunkMax, "the most units one lease takes in a cluster (a quarter of what is available, up to this; a node alone is not capped): more keeps a node fed by gateways' batches selling from its buckets, less strands fewer units on a node that dies")
 	fs.DurationVar(&cfg.Engine.CommitWait, "commit-wait", cfg.Engine.CommitWait, "how long a wait=commit deduct waits for its commit before 504 outcome_unknown")
 	fs.IntVar(&cfg.Engine.TakeBatchBytesMax, "take-batch-bytes", cfg.Engine.TakeBatchBytesMax, "the largest Take batch, encoded (at least 1024)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
