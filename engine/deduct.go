@@ -485,11 +485,23 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 		res.Status, res.Order = StatusAccepted, p.pendingOrder()
 	case <-e.deadlines.after(limit):
 		res.Status, res.Detail = StatusOutcomeUnknown, "commit did not finish in time; retry with the same request_id"
-		select {
-		case <-p.taken: // the order id is set once the unit is taken
-			res.Order = p.pendingOrder()
-		default:
-		}
+		e.unknownOrder(p, res)
+	case <-e.drainLost:
+		res.Status, res.Detail = StatusOutcomeUnknown, "the node is stopping and reaches no leader; retry with the same request_id on another node"
+		e.unknownOrder(p, res)
+	case <-e.stop:
+		res.Status, res.Detail = StatusOutcomeUnknown, "the node stopped before the commit; retry with the same request_id on another node"
+		e.unknownOrder(p, res)
+	}
+}
+
+// unknownOrder sets an outcome_unknown answer's order, once its unit was
+// taken (the order id is set then).
+func (e *Engine) unknownOrder(p *pendingTake, res *DeductResult) {
+	select {
+	case <-p.taken:
+		res.Order = p.pendingOrder()
+	default:
 	}
 }
 

@@ -618,3 +618,67 @@ func TestEngine_LeaderLingersOnlyInACluster(t *testing.T) {
 		t.Fatalf("a leader with a peer lingers %s, want the propose linger", d)
 	}
 }
+
+// switchableCluster is a one-node cluster whose leader can vanish.
+type switchableCluster struct{ healthy atomic.Bool }
+
+func (c *switchableCluster) IsLeader() bool                    { return true }
+func (c *switchableCluster) CommitHealthy() bool               { return c.healthy.Load() }
+func (c *switchableCluster) Unreachable() map[string]time.Time { return nil }
+func (c *switchableCluster) MemberIDs() ([]string, error)      { return []string{"n1"}, nil }
+
+// takesHang never answers a Take until released: a commit that cannot
+// happen (the quorum is gone).
+type takesHang struct {
+	Proposer
+	release chan struct{}
+}
+
+func (p takesHang) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
+	if _, ok := c.(*raftfsm.Take); ok {
+		<-p.release
+		return nil, fmt.Errorf("%w: released by the test", ErrUnavailable)
+	}
+	return p.Proposer.Propose(at, c)
+}
+
+// TestEngine_StoppingWithoutALeaderAnswersWaitingBuyers: a node stopping
+// after the rest of its cluster (so no leader is reachable) answers the
+// buyers waiting for a commit with outcome_unknown within a moment, not at
+// their commit wait (here an hour). The last node of a cluster stopped all
+// at once took 6 s to stop, its HTTP server waiting for them.
+func TestEngine_StoppingWithoutALeaderAnswersWaitingBuyers(t *testing.T) {
+	cluster := &switchableCluster{}
+	cluster.healthy.Store(true)
+	hang := takesHang{release: make(chan struct{})}
+	tn := startTestNodeWith(t, t.TempDir(), func(c *Config) { c.Cluster, c.CommitWait = cluster, time.Hour },
+		func(inner Proposer) Proposer { hang.Proposer = inner; return hang })
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(hang.release) }) }
+	t.Cleanup(release) // runs before the node's stop: a failed test does not hang in it
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 5}); err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan DeductResult, 1)
+	go func() { answer <- tn.deduct("a", "u1", "r1", 1, false) }()
+	waitUntil(t, "the take in flight", func() bool { return tn.engine.pendingOrd.len() == 1 })
+	cluster.healthy.Store(false) // the others stopped: no leader
+	tn.engine.BeginDrain()
+	select {
+	case r := <-answer:
+		if r.Status != StatusOutcomeUnknown || r.Order.ID == "" {
+			t.Fatalf("the waiting buyer got %s (order %q), want outcome_unknown with its order id", r.Status, r.Order.ID)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting buyer got no answer while the node stops without a leader")
+	}
+	release() // the proposal fails: Close must not wait on it forever
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tn.engine.Close(ctx); !errors.Is(err, ErrDrainIncomplete) {
+		t.Fatalf("close: %v, want ErrDrainIncomplete (the take never committed)", err)
+	}
+	tn.engine = nil
+	tn.node.Close()
+	tn.ledger.Close()
+}
