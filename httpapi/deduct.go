@@ -18,6 +18,7 @@ var (
 	bodyUserLimit   = precomputedError("user_limit", "this user has bought the most units the sale allows")
 	bodyUnknownSKU  = precomputedError("unknown_sku", "no sale with this sku")
 	bodyClosed      = precomputedError("closed", "the sale is closed")
+	bodyLotterySale = precomputedError("lottery_sale", "this sale is a lottery: POST /v1/skus/{sku}/enter")
 	bodyRateLimited = precomputedError("rate_limited", "too many requests; retry after the given seconds")
 	bodyTryAgain    = precomputedError("try_again", "the last units are still held by other nodes; retry after the given seconds")
 	bodyBadJSON     = precomputedError("bad_request", `body must be a JSON object {"user": string, "qty": integer, "request_id": string}`)
@@ -180,7 +181,7 @@ func deductAnswer(res *engine.DeductResult, buf []byte) (code int, body []byte, 
 	case engine.StatusClosed:
 		return fasthttp.StatusConflict, bodyClosed, 0
 	case engine.StatusLotterySale:
-		return fasthttp.StatusConflict, errorJSON(buf, "lottery_sale", "this sale is a lottery: POST /v1/skus/{sku}/enter"), 0
+		return fasthttp.StatusConflict, bodyLotterySale, 0
 	case engine.StatusNotStarted:
 		left := time.Until(res.StartAt)
 		b, _ := json.Marshal(map[string]any{

@@ -31,20 +31,18 @@ func lotteryView(r *engine.SKURow) *lotteryJSON {
 	}
 	out := &lotteryJSON{
 		State:          "entering",
-		EntriesCloseAt: rfc3339(r.Config.EntriesCloseAtUnixNano),
+		EntriesCloseAt: stamp(r.Config.EntriesCloseAtUnixNano),
 		Entries:        lt.Entries, SeedCommitment: hex.EncodeToString(lt.SeedCommitment),
 		Winners: lt.Winners, Promoted: lt.Promoted, WaitlistLost: lt.WaitlistLostAtUnixNano != 0,
 	}
 	switch {
 	case lt.Drawn():
-		out.State, out.DrawnAt = "drawn", rfc3339(lt.DrawnAtUnixNano)
+		out.State, out.DrawnAt = "drawn", stamp(lt.DrawnAtUnixNano)
 	case time.Now().UnixNano() >= r.Config.EntriesCloseAtUnixNano || r.Closed():
 		out.State = "drawing"
 	}
 	return out
 }
-
-func rfc3339(unixNano int64) string { return time.Unix(0, unixNano).UTC().Format(time.RFC3339Nano) }
 
 // enterRequest is the body of POST /v1/skus/{sku}/enter.
 type enterRequest struct {
@@ -68,7 +66,7 @@ type entryResponse struct {
 
 func entryJSON(st engine.EntryStatus, o *engine.Order) entryResponse {
 	out := entryResponse{EntryID: st.Entry.ID(), SKU: st.Entry.SKU, User: st.Entry.User, State: st.State,
-		OrderID: st.OrderID, Position: st.Position, Rank: st.Rank, EnteredAt: rfc3339(st.Entry.AtUnixNano)}
+		OrderID: st.OrderID, Position: st.Position, Rank: st.Rank, EnteredAt: stamp(st.Entry.AtUnixNano)}
 	if o != nil {
 		out.OrderState = string(o.State)
 	}
@@ -109,10 +107,10 @@ func writeLotteryError(ctx *fasthttp.RequestCtx, err error) {
 	var notStarted *engine.NotStartedError
 	switch {
 	case errors.As(err, &notStarted):
-		left := time.Until(notStarted.At)
-		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(int64(left.Seconds())+1, 10))
-		writeJSON(ctx, statusTooEarly, map[string]any{"error": "not_started", "detail": "the lottery takes entries from start_at",
-			"start_at": notStarted.At.UTC().Format(time.RFC3339Nano), "starts_in_ms": left.Milliseconds()})
+		// The deduct's not_started answer, start time and Retry-After.
+		code, body, retryAfter := deductAnswer(&engine.DeductResult{Status: engine.StatusNotStarted, StartAt: notStarted.At}, nil)
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(retryAfter, 10))
+		writeRaw(ctx, code, body)
 	case errors.Is(err, engine.ErrNotLottery):
 		writeError(ctx, fasthttp.StatusConflict, "not_a_lottery", err.Error())
 	case errors.Is(err, engine.ErrEntriesClosed):
@@ -175,7 +173,7 @@ func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
 		end := entriesEnd{}
 		applied, err := s.engine.SaleEntries(name, func(e *engine.Entry) error {
 			end.Entries++
-			return emit(entryLine{EntryID: e.ID(), Seq: e.Seq, User: e.User, RequestID: e.RequestID, At: rfc3339(e.AtUnixNano)})
+			return emit(entryLine{EntryID: e.ID(), Seq: e.Seq, User: e.User, RequestID: e.RequestID, At: stamp(e.AtUnixNano)})
 		})
 		if errors.Is(err, engine.ErrStreamStopped) {
 			return nil
@@ -215,13 +213,13 @@ func (s *Server) handleDraw(ctx *fasthttp.RequestCtx, sku []byte) {
 	}
 	lt := v.Row.Lottery
 	if !lt.Drawn() {
-		writeError(ctx, fasthttp.StatusConflict, "not_drawn", "the draw comes after entries_close_at "+rfc3339(v.Row.Config.EntriesCloseAtUnixNano))
+		writeError(ctx, fasthttp.StatusConflict, "not_drawn", "the draw comes after entries_close_at "+stamp(v.Row.Config.EntriesCloseAtUnixNano))
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, drawResponse{
 		SKU: v.Row.SKU, Entries: lt.Entries, Winners: lt.Winners, Promoted: lt.Promoted,
 		SeedCommitment: hex.EncodeToString(lt.SeedCommitment), Seed: hex.EncodeToString(lt.Seed),
-		EntriesHash: hex.EncodeToString(lt.EntriesHash), ClosedAt: rfc3339(v.Row.Config.EntriesCloseAtUnixNano),
-		DrawnAt: rfc3339(lt.DrawnAtUnixNano), Algorithm: drawAlgorithm,
+		EntriesHash: hex.EncodeToString(lt.EntriesHash), ClosedAt: stamp(v.Row.Config.EntriesCloseAtUnixNano),
+		DrawnAt: stamp(lt.DrawnAtUnixNano), Algorithm: drawAlgorithm,
 	})
 }
