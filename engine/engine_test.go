@@ -672,6 +672,11 @@ func TestEngine_StoppingWithoutALeaderAnswersWaitingBuyers(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the waiting buyer got no answer while the node stops without a leader")
 	}
+	// The unit of the take that never committed is still leased here:
+	// the law holds and nothing was sold.
+	if a := tn.checkLedger("a"); a.Row.Sold != 0 || a.Row.Leased[tn.engine.cfg.NodeID] == 0 {
+		t.Fatalf("after the lost commit: sold %d, leased here %d", a.Row.Sold, a.Row.Leased[tn.engine.cfg.NodeID])
+	}
 	release() // the proposal fails: Close must not wait on it forever
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
