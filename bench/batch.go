@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
@@ -46,34 +48,46 @@ func (s *stockdBatchStrategy) Supports(sc *Scenario) string {
 
 func (s *stockdBatchStrategy) BatchSize() int { return batchSize }
 
+// batchBuf is one batch call's scratch, pooled like deductBuf.
+type batchBuf struct {
+	body   []byte
+	answer []byte
+	parser fastjson.Parser
+}
+
+var batchBufs = sync.Pool{New: func() any { return &batchBuf{body: make([]byte, 0, 16+batchSize*96)} }}
+
 // DeductBatch sends rs as one POST /v1/deducts and reads each item's answer.
 func (s *stockdBatchStrategy) DeductBatch(_ context.Context, worker int, rs []Request) []Outcome {
 	out := make([]Outcome, len(rs))
-	body := make([]byte, 0, 16+len(rs)*96)
-	body = append(body, `{"deducts":[`...)
+	buf := batchBufs.Get().(*batchBuf)
+	defer batchBufs.Put(buf)
+	body := append(buf.body[:0], `{"deducts":[`...)
 	for i := range rs {
 		r := &rs[i]
 		if i > 0 {
 			body = append(body, ',')
 		}
 		body = append(body, `{"sku":`...)
-		body = strconv.AppendQuote(body, s.sc.SKUs[r.SKU])
+		body = appendJSONString(body, s.sc.SKUs[r.SKU])
 		body = append(body, `,"user":`...)
-		body = strconv.AppendQuote(body, r.User)
+		body = appendJSONString(body, r.User)
 		body = append(body, `,"qty":`...)
 		body = strconv.AppendInt(body, r.Qty, 10)
 		body = append(body, `,"request_id":`...)
-		body = strconv.AppendQuote(body, r.RequestID)
+		body = appendJSONString(body, r.RequestID)
 		body = append(body, '}')
 	}
 	body = append(body, "]}"...)
-	code, resp, err := s.clients.do(worker, fasthttp.MethodPost, "/v1/deducts", s.service, body)
+	buf.body = body
+	code, resp, err := s.clients.doAppend(worker, fasthttp.MethodPost, "/v1/deducts", s.service, body, buf.answer[:0])
+	buf.answer = resp
 	if err == nil && code != fasthttp.StatusOK {
 		err = fmt.Errorf("batch: %d %s", code, resp)
 	}
 	var results []*fastjson.Value
 	if err == nil {
-		v, perr := fastjson.ParseBytes(resp)
+		v, perr := buf.parser.ParseBytes(resp)
 		if perr != nil {
 			err = fmt.Errorf("batch answer: %w", perr)
 		} else if results = v.GetArray("results"); len(results) != len(rs) {
@@ -96,4 +110,17 @@ func (s *stockdBatchStrategy) DeductBatch(_ context.Context, worker int, rs []Re
 		}
 	}
 	return out
+}
+
+// appendJSONString appends s as a JSON string. The harness's ids and SKU
+// names are plain ASCII, copied as they are; anything else goes through
+// encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			q, _ := json.Marshal(s) // a string always marshals
+			return append(b, q...)
+		}
+	}
+	return append(append(append(b, '"'), s...), '"')
 }

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,9 +140,9 @@ func TestScenario_HotColdFavoursTheFirstSKUs(t *testing.T) {
 
 func TestTailChecks_CountFlipsLateWinsAndTheTail(t *testing.T) {
 	at := func(ms int) time.Time { return time.Unix(0, 0).Add(time.Duration(ms) * time.Millisecond) }
-	req := func(id string, sku int) *Request { return &Request{RequestID: id, SKU: sku} }
-	w1 := &workerStats{firstSoldOut: map[int]time.Time{0: at(100)}, reqs: map[string]*reqRecord{}}
-	w2 := &workerStats{firstSoldOut: map[int]time.Time{0: at(120), 1: at(300)}, reqs: map[string]*reqRecord{}}
+	req := func(id string, sku int) *Request { return &Request{RequestID: id, Buyer: int(id[0]), SKU: sku} }
+	w1 := &workerStats{firstSoldOut: map[int]time.Time{0: at(100)}, reqs: map[int]reqRecord{}}
+	w2 := &workerStats{firstSoldOut: map[int]time.Time{0: at(120), 1: at(300)}, reqs: map[int]reqRecord{}}
 	w1.note(req("a", 0), at(90), at(130), answerWin)  // won before the sold_out ended: the tail is 30 ms
 	w2.note(req("a", 0), at(95), at(125), answerLoss) // ... and lost on another worker: a flip
 	w1.note(req("b", 0), at(101), at(105), answerWin) // first sent after the sold_out: a late win
@@ -195,5 +197,36 @@ func TestWriteHTML_InProcessCountersOnTheirOwnPanels(t *testing.T) {
 	charts := timelineCharts("servers", []*Run{served})
 	if top := charts[0].MaxY; top >= float64(inproc.Timeline[0].Requests) {
 		t.Fatalf("the servers' throughput panel tops at %v: an in-process line is on it", top)
+	}
+}
+
+// TestScenario_RequestIDs: a request's ids are the buyer's, built without
+// fmt; a re-sent request carries its buyer's request id.
+func TestScenario_RequestIDs(t *testing.T) {
+	o := testOptions()
+	sc, err := NewScenario("retry-storm", &o, "run7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < sc.Requests; i++ {
+		r := sc.Request(i)
+		if want := fmt.Sprintf("u%d", r.Buyer); r.User != want {
+			t.Fatalf("request %d: user %q, want %q", i, r.User, want)
+		}
+		if want := fmt.Sprintf("run7-retry-storm-%d", r.Buyer); r.RequestID != want {
+			t.Fatalf("request %d: request id %q, want %q", i, r.RequestID, want)
+		}
+	}
+}
+
+// TestAppendJSONString: plain ids are copied, anything else is quoted as
+// JSON reads it.
+func TestAppendJSONString(t *testing.T) {
+	for _, s := range []string{"", "u12", "a-b_c.9", `quo"te`, `back\slash`, "new\nline", "é", "\x7f"} {
+		got := appendJSONString([]byte("x"), s)
+		var back string
+		if err := json.Unmarshal(got[1:], &back); err != nil || back != s {
+			t.Fatalf("%q: appended %s, read back %q (%v)", s, got, back, err)
+		}
 	}
 }

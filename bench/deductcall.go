@@ -31,11 +31,11 @@ func (c httpClients) deduct(worker int, path, token string, r *Request) (int, de
 	buf := deductBufs.Get().(*deductBuf)
 	defer deductBufs.Put(buf)
 	b := append(buf.body[:0], `{"user":`...)
-	b = strconv.AppendQuote(b, r.User) // ids are plain ASCII: Go's quoting is JSON's
+	b = appendJSONString(b, r.User)
 	b = append(b, `,"qty":`...)
 	b = strconv.AppendInt(b, r.Qty, 10)
 	b = append(b, `,"request_id":`...)
-	b = strconv.AppendQuote(b, r.RequestID)
+	b = appendJSONString(b, r.RequestID)
 	b = append(b, '}')
 	buf.body = b
 

@@ -88,7 +88,7 @@ type workerStats struct {
 	// The end of the sale: first sold_out answer per SKU, and per
 	// request id its SKU, its first send, its first win and its answers.
 	firstSoldOut map[int]time.Time
-	reqs         map[string]*reqRecord
+	reqs         map[int]reqRecord // by buyer: a buyer has one request id
 }
 
 // reqRecord is what one worker saw of one request id.
@@ -112,15 +112,15 @@ type slotStats struct {
 
 // note records one answer to a request id.
 func (ws *workerStats) note(r *Request, start, end time.Time, answer uint8) {
-	rec, ok := ws.reqs[r.RequestID]
+	rec, ok := ws.reqs[r.Buyer]
 	if !ok {
-		rec = &reqRecord{sku: r.SKU, firstStart: start}
-		ws.reqs[r.RequestID] = rec
+		rec = reqRecord{sku: r.SKU, firstStart: start}
 	}
 	rec.answers |= answer
 	if answer == answerWin && (rec.firstWinEnd.IsZero() || end.Before(rec.firstWinEnd)) {
 		rec.firstWinEnd = end
 	}
+	ws.reqs[r.Buyer] = rec
 }
 
 // tailChecks computes the tail, flips and late wins from the workers'
@@ -129,7 +129,7 @@ func (ws *workerStats) note(r *Request, start, end time.Time, answer uint8) {
 // counts from its first send and its first win.
 func tailChecks(run *Run, stats []*workerStats) {
 	first := map[int]time.Time{}
-	reqs := map[string]*reqRecord{}
+	reqs := map[int]*reqRecord{}
 	for _, ws := range stats {
 		for sku, t := range ws.firstSoldOut {
 			if f, ok := first[sku]; !ok || t.Before(f) {
@@ -139,8 +139,7 @@ func tailChecks(run *Run, stats []*workerStats) {
 		for id, r := range ws.reqs {
 			m, ok := reqs[id]
 			if !ok {
-				c := *r
-				reqs[id] = &c
+				reqs[id] = &r
 				continue
 			}
 			m.answers |= r.answers
@@ -230,8 +229,11 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 	stats := make([]*workerStats, o.Conns)
 	var wg sync.WaitGroup
 	for w := 0; w < o.Conns; w++ {
-		ws := &workerStats{lat: NewLatencies(sc.Requests/o.Conns + 1), losses: map[string]int{}, won: map[string]bool{}, slots: make([]slotStats, slotsMax),
-			firstSoldOut: map[int]time.Time{}, reqs: map[string]*reqRecord{}}
+		// The maps are sized for a fair share of the requests: the harness
+		// should spend its CPU on the load, not on growing them.
+		share := sc.Requests/o.Conns + 1
+		ws := &workerStats{lat: NewLatencies(share), losses: map[string]int{}, won: make(map[string]bool, share), slots: make([]slotStats, slotsMax),
+			firstSoldOut: map[int]time.Time{}, reqs: make(map[int]reqRecord, share)}
 		stats[w] = ws
 		wg.Add(1)
 		go func(w int) {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"time"
 )
 
@@ -54,9 +55,14 @@ type Request struct {
 // Request returns the i-th request.
 func (s *Scenario) Request(i int) Request {
 	b := int(s.buyer[i])
+	// One allocation for both ids: "u<b>" and "<run>-<scenario>-<b>".
+	buf := make([]byte, 0, 2*20+len(s.runID)+len(s.Name)+3)
+	buf = strconv.AppendInt(append(buf, 'u'), int64(b), 10)
+	user := len(buf)
+	ids := string(strconv.AppendInt(append(append(append(append(buf, s.runID...), '-'), s.Name...), '-'), int64(b), 10))
 	return Request{
 		SKU: int(s.sku[i]), Buyer: b, Qty: 1, Resend: s.resend[i],
-		RequestID: fmt.Sprintf("%s-%s-%d", s.runID, s.Name, b), User: fmt.Sprintf("u%d", b),
+		RequestID: ids[user:], User: ids[:user],
 	}
 }
 

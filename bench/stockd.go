@@ -32,6 +32,11 @@ func newHTTPClients(targets []string, conns int) httpClients {
 }
 
 func (c httpClients) do(worker int, method, path, token string, body []byte) (int, []byte, error) {
+	return c.doAppend(worker, method, path, token, body, nil)
+}
+
+// doAppend is do with the answer's body appended to dst.
+func (c httpClients) doAppend(worker int, method, path, token string, body, dst []byte) (int, []byte, error) {
 	hc := c[worker%len(c)]
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -48,7 +53,7 @@ func (c httpClients) do(worker int, method, path, token string, body []byte) (in
 	if err := hc.DoTimeout(req, resp, requestTimeout); err != nil {
 		return 0, nil, err
 	}
-	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
+	return resp.StatusCode(), append(dst, resp.Body()...), nil
 }
 
 // stockdStrategy sells through stockd's HTTP API.
