@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,13 +217,14 @@ func (b *behind) flushLocked() error {
 			// fill pages instead of splitting them half empty.
 			bk.FillPercent = persistFillPercent
 			// In key order: bbolt appends instead of splitting pages.
-			sort.Slice(cs, func(i, j int) bool { return cs[i].key < cs[j].key })
+			slices.SortFunc(cs, func(x, y change) int { return strings.Compare(x.key, y.key) })
 			for _, c := range cs {
+				key := []byte(c.key)
 				var err error
 				if c.value == nil {
-					err = bk.Delete([]byte(c.key))
+					err = bk.Delete(key)
 				} else {
-					err = bk.Put([]byte(c.key), c.value)
+					err = bk.Put(key, c.value)
 				}
 				if err != nil {
 					return err

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
+	"slices"
 )
 
 // Op names a ledger command.
@@ -300,6 +301,15 @@ func (c *Return) appendFields(b []byte) []byte {
 func (c *Return) decodeFields(d *decoder) { c.Node, c.SKU, c.Qty = d.string(), d.string(), d.varint() }
 
 func (c *Take) appendFields(b []byte) []byte {
+	// Sized up front: a Take of a thousand entries would otherwise grow
+	// its buffer a dozen times.
+	n := uvarintLen(len(c.Node)) + len(c.Node) + maxVarintBytes
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		n += maxVarintBytes + uvarintLen(len(e.SKU)) + len(e.SKU) + uvarintLen(len(e.User)) + len(e.User) +
+			uvarintLen(len(e.RequestID)) + len(e.RequestID) + uvarintLen(len(e.OrderID)) + len(e.OrderID)
+	}
+	b = slices.Grow(b, n)
 	b = appendString(b, c.Node)
 	b = appendUvarint(b, uint64(len(c.Entries)))
 	for i := range c.Entries {

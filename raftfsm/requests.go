@@ -58,12 +58,18 @@ func (r *requestIndex) rebuildFilterIfFull() bool {
 // candidate returns the creation time under which requestID's record
 // would be, if the index may hold it. The caller verifies the record.
 func (r *requestIndex) candidate(requestID []byte) (int64, bool) {
+	h := maphash.Bytes(r.seed, requestID)
+	// The filter holds every id added (exact ones too): a new id, the
+	// common case, is answered without a probe of the large map.
+	if !r.filter.MayContain(h) {
+		return 0, false
+	}
 	if len(r.exact) > 0 {
 		if at, ok := r.exact[string(requestID)]; ok {
 			return at, true
 		}
 	}
-	at, ok := r.byHash[maphash.Bytes(r.seed, requestID)]
+	at, ok := r.byHash[h]
 	return at, ok
 }
 
