@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/binary"
 	"fmt"
 )
 
@@ -77,14 +76,8 @@ func (a *applier) feedEventIndex(seq uint64) (uint64, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
-	var key [8]byte
-	binary.BigEndian.PutUint64(key[:], seq)
-	v := tx.Bucket(bucketEvents).Get(key[:])
-	if v == nil {
-		return 0, false, nil
-	}
-	ev, err := decodeFeedEvent(seq, v)
-	if err != nil {
+	ev, ok, err := readFeedEvent(tx.Bucket(bucketEvents), seq)
+	if err != nil || !ok {
 		return 0, false, err
 	}
 	return ev.Index, true, nil

@@ -321,19 +321,20 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	// bbolt keeps the key and value slices until the transaction ends:
 	// one buffer for all, carved up, never reused.
 	size := 0
-	for _, e := range batch {
-		size += 8 + feedEventSize(e)
+	for i := 0; i < len(batch); i += feedDiskChunkEvents {
+		size += 8 + feedChunkBytes(batch[i:min(i+feedDiskChunkEvents, len(batch))])
 	}
 	buf := make([]byte, 0, size+8)
-	for _, e := range batch {
+	for i := 0; i < len(batch); i += feedDiskChunkEvents {
+		part := batch[i:min(i+feedDiskChunkEvents, len(batch))]
 		start := len(buf)
-		buf = binary.BigEndian.AppendUint64(buf, e.Seq)
+		buf = binary.BigEndian.AppendUint64(buf, part[0].Seq)
 		mid := len(buf)
-		buf = encodeFeedEvent(buf, e)
+		buf = appendFeedChunk(buf, part)
 		if err := events.Put(buf[start:mid:mid], buf[mid:len(buf):len(buf)]); err != nil {
 			return 0, 0, err
 		}
-		last = e.Seq
+		last = part[len(part)-1].Seq
 	}
 	if len(batch) > 0 {
 		if err := tx.Bucket(bucketMeta).Put(keyFeedSeq, binary.BigEndian.AppendUint64(nil, last)); err != nil {
@@ -348,13 +349,22 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 			floor = c.Seq
 		}
 	}
+	// Whole chunks at or below the floor go; one that straddles it stays
+	// (readers never ask for an event at or below the floor).
 	cur := events.Cursor()
-	deleted := 0
-	for k, _ := cur.First(); len(k) == 8 && binary.BigEndian.Uint64(k) <= floor && deleted < feedDeleteMax; k, _ = cur.First() {
+	deleted := uint64(0)
+	for k, v := cur.First(); len(k) == 8 && deleted < feedDeleteMax; k, v = cur.First() {
+		n, err := feedChunkCount(v)
+		if err != nil {
+			return 0, 0, fmt.Errorf("feed chunk %d: %w", binary.BigEndian.Uint64(k), err)
+		}
+		if binary.BigEndian.Uint64(k)+n-1 > floor {
+			break
+		}
 		if err := cur.Delete(); err != nil {
 			return 0, 0, err
 		}
-		deleted++
+		deleted += n
 	}
 	return gen, last, nil
 }
@@ -458,25 +468,23 @@ type FeedStats struct {
 	Consumers []Consumer
 }
 
-// event reads event seq from memory or, failing that, from bbolt.
+// event reads event seq from memory or, failing that, from bbolt; an
+// event at or below the floor is pruned.
 func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
 	l.feed.mu.RLock()
 	e, ok := l.feed.memEvent(seq)
+	floor := l.feed.floorAt.Seq
 	l.feed.mu.RUnlock()
 	if ok {
 		return e, true, nil
 	}
+	if seq <= floor {
+		return FeedEvent{}, false, nil // pruned (its chunk may remain)
+	}
 	var found bool
 	err := l.view(func(tx *bolt.Tx) error {
-		var key [8]byte
-		binary.BigEndian.PutUint64(key[:], seq)
-		v := tx.Bucket(bucketEvents).Get(key[:])
-		if v == nil {
-			return nil
-		}
 		var err error
-		e, err = decodeFeedEvent(seq, v)
-		found = err == nil
+		e, found, err = readFeedEvent(tx.Bucket(bucketEvents), seq)
 		return err
 	})
 	return e, found, err
@@ -554,20 +562,19 @@ func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
 		}
 		err := l.view(func(tx *bolt.Tx) error {
 			cur := tx.Bucket(bucketEvents).Cursor()
-			var key [8]byte
-			binary.BigEndian.PutUint64(key[:], from)
 			want := from
-			for k, v := cur.Seek(key[:]); k != nil && want <= end; k, v = cur.Next() {
-				seq := binary.BigEndian.Uint64(k)
-				if seq != want {
+			for k, v := seekFeedChunk(cur, from); len(k) == 8 && want <= end; k, v = cur.Next() {
+				if binary.BigEndian.Uint64(k) > want {
 					break // pruned under us
 				}
-				e, err := decodeFeedEvent(seq, v)
+				err := eachFeedEvent(binary.BigEndian.Uint64(k), v, want, end, func(e *FeedEvent) bool {
+					page.Events = append(page.Events, *e)
+					want++
+					return true
+				})
 				if err != nil {
 					return err
 				}
-				page.Events = append(page.Events, e)
-				want++
 			}
 			if want <= end {
 				return fmt.Errorf("%w: %s (events after it were pruned while reading)", ErrCursorExpired, after)
@@ -677,10 +684,10 @@ func (l *Ledger) SaleOrders(sku string, state OrderState, after string, fn func(
 		}
 		if v := meta.Get(keyFeedSeq); len(v) == 8 {
 			seq := binary.BigEndian.Uint64(v)
-			if ev := tx.Bucket(bucketEvents).Get(v); ev != nil {
-				if e, err := decodeFeedEvent(seq, ev); err == nil {
-					snap.FeedCursor = e.Cursor()
-				}
+			if e, ok, err := readFeedEvent(tx.Bucket(bucketEvents), seq); err != nil {
+				return err
+			} else if ok {
+				snap.FeedCursor = e.Cursor()
 			} else if fv := meta.Get(keyFeedFloor); fv != nil {
 				if c, err := decodeCursor(fv); err == nil && c.Seq == seq {
 					snap.FeedCursor = c // the newest event was pruned

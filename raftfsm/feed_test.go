@@ -1,13 +1,17 @@
 package raftfsm
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
 )
 
 // reopen closes the ledger and opens its file again, as a restart does;
@@ -355,5 +359,120 @@ func TestEventChunks_AddGetDrop(t *testing.T) {
 	m.dropBefore(1 << 62) // the last chunk stays
 	if len(m.chunks) != 1 || m.get(4+3*feedChunkEvents+10) == nil {
 		t.Fatalf("after dropping everything: %d chunks", len(m.chunks))
+	}
+}
+
+// TestFeed_ChunksAndEventsOfTheEarlierFormat: the file keeps events in
+// chunks of up to feedDiskChunkEvents; a file of an earlier version, one
+// value an event, still reads, takes new chunks after its events, and
+// prunes both kinds.
+func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
+	tl := newTestLedger(t)
+	const n = 2*feedDiskChunkEvents + 50
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 2 * n}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 2 * n})
+	take := func(from, to int) {
+		c := legacyCommand{Op: OpTake, Node: "n1"}
+		for i := from; i < to; i++ {
+			c.Takes = append(c.Takes, TakeEntry{SKU: "a", Qty: 1, User: "u", OrderID: fmt.Sprintf("o%06d", i)})
+		}
+		tl.apply(c)
+		if err := tl.l.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	take(0, n)
+	if err := tl.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The file holds the n events in three chunks; rewrite them as an
+	// earlier version wrote them.
+	db, err := bolt.Open(filepath.Join(tl.dir, ledgerFileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketEvents)
+		var keys, olds [][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			keys = append(keys, slices.Clone(k))
+			return eachFeedEvent(binary.BigEndian.Uint64(k), v, 0, 1<<62, func(e *FeedEvent) bool {
+				olds = append(olds, binary.BigEndian.AppendUint64(nil, e.Seq), encodeFeedEvent(nil, e))
+				return true
+			})
+		})
+		if err != nil {
+			return err
+		}
+		if len(keys) != 3 || len(olds) != 2*n {
+			return fmt.Errorf("%d chunks holding %d events, want 3 and %d", len(keys), len(olds)/2, n)
+		}
+		for _, k := range keys {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		for i := 0; i < len(olds); i += 2 {
+			if err := b.Put(olds[i], olds[i+1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	l := tl.reopen()
+	take(n, 2*n) // new chunks after the old events
+	var all feedTally
+	all.readAll(t, l)
+	if len(all.events) != 2*n {
+		t.Fatalf("read %d events, want %d", len(all.events), 2*n)
+	}
+	for i, e := range all.events {
+		if want := fmt.Sprintf("o%06d", i); e.Order.ID != want || e.Seq != uint64(i+1) {
+			t.Fatalf("event %d is order %s seq %d, want %s", i+1, e.Order.ID, e.Seq, want)
+		}
+		if got, ok, err := l.FeedEvent(e.Seq); err != nil || !ok || got.Order.ID != e.Order.ID {
+			t.Fatalf("event %d read alone: %v %v %+v", e.Seq, ok, err, got)
+		}
+	}
+
+	// Prune into the middle of the new chunks: what is left reads on.
+	through := all.events[n+feedDiskChunkEvents/2].Cursor()
+	if r := tl.applyTyped(0, &PruneEvents{Through: through}); r.Outcome != OutcomeOK {
+		t.Fatalf("prune: %s %s", r.Outcome, r.Detail)
+	}
+	if err := tl.l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	l = tl.reopen()
+	for _, seq := range []uint64{1, uint64(n), through.Seq} {
+		if _, ok, _ := l.FeedEvent(seq); ok {
+			t.Fatalf("pruned event %d still reads", seq)
+		}
+	}
+	rest := feedTally{last: through}
+	rest.readAll(t, l)
+	if len(rest.events) != 2*n-int(through.Seq) || rest.events[0].Seq != through.Seq+1 {
+		t.Fatalf("after pruning through %d: %d events from %d", through.Seq, len(rest.events), rest.events[0].Seq)
+	}
+	if a := checkAudit(t, l, "a"); a.Orders != 2*n {
+		t.Fatalf("%d order records, want %d", a.Orders, 2*n)
+	}
+	err = l.view(func(tx *bolt.Tx) error {
+		k, _ := tx.Bucket(bucketEvents).Cursor().First()
+		if first := binary.BigEndian.Uint64(k); first > through.Seq || first+feedDiskChunkEvents <= through.Seq {
+			return fmt.Errorf("the file's first chunk starts at %d: the pruned ones should be gone up to the one holding %d", first, through.Seq)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
