@@ -42,7 +42,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	bh.forgetPersisted()
 
-	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, touched: make(map[string]*SKU),
+	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, batchOrder: map[string][]string{}, touched: make(map[string]*SKU),
 		requestChanges: map[string]requestChange{}, holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
 	defer a.closeTx()
@@ -53,7 +53,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	a.checkAndStageRows(last)
 	l.feed.stage(a.feed.events) // before the persister can see the batch
-	bh.merge(a.batch, last)
+	bh.merge(a.batch, a.batchOrder, last)
 	if l.testHookAfterCommit != nil {
 		l.testHookAfterCommit()
 	}
@@ -158,15 +158,17 @@ func (a *applier) publish(last uint64) {
 // rows it touched; the *Changes maps hold what the in-memory mirrors must
 // take on once the transaction has committed.
 type applier struct {
-	ledger  *Ledger
-	tx      *bolt.Tx // a read transaction, opened at the first read that pending cannot answer
-	bh      *behind
-	batch   map[string]map[string][]byte // this batch's changes: bucket -> key -> value (nil: deleted)
-	index   uint64
-	at      int64 // the proposer's clock for the entry being applied
-	touched map[string]*SKU
-	events  []Event
-	feed    feedBatch
+	ledger *Ledger
+	tx     *bolt.Tx // a read transaction, opened at the first read that pending cannot answer
+	bh     *behind
+	batch  map[string]map[string][]byte // this batch's changes: bucket -> key -> value (nil: deleted)
+	// batchOrder lists each bucket's changed keys in the order first changed.
+	batchOrder map[string][]string
+	index      uint64
+	at         int64 // the proposer's clock for the entry being applied
+	touched    map[string]*SKU
+	events     []Event
+	feed       feedBatch
 	// purgeDone: an archived sale's last orders left in this batch (the
 	// file may then be compacted).
 	purgeDone bool
@@ -220,7 +222,11 @@ func (a *applier) put(bucket, key, value []byte) {
 		m = map[string][]byte{}
 		a.batch[string(bucket)] = m
 	}
-	m[string(key)] = value
+	k, n := string(key), len(m)
+	m[k] = value
+	if len(m) > n { // a key this batch had not changed yet
+		a.batchOrder[string(bucket)] = append(a.batchOrder[string(bucket)], k)
+	}
 }
 
 // updateMirrors applies a committed batch's changes to the mirrors. The

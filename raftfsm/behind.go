@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -55,15 +56,28 @@ type pendingValue struct {
 	index uint64 // the log index that wrote it
 }
 
+// loggedChange is one change as applied, in a bucket's log.
+type loggedChange struct {
+	key   string
+	value []byte // nil: deleted
+	index uint64
+}
+
 // behind is the ledger's write-behind state. mu guards pending and the
 // indexes; persistMu serialises writes to bbolt.
 type behind struct {
-	mu        sync.RWMutex
-	pending   map[string]map[string]pendingValue // bucket -> key -> change
-	changes   int                                // entries in pending
-	applied   uint64                             // the index pending reaches
-	persisted uint64                             // the index bbolt holds
-	forgotten uint64                             // pending holds nothing at or below this index
+	mu      sync.RWMutex
+	pending map[string]map[string]pendingValue // bucket -> key -> change
+	// log holds each bucket's changes in the order they were applied,
+	// from the first not yet forgotten on: the persister writes from it
+	// (mostly in key order already, unlike a map's), and forgetting
+	// visits only what was written. Its elements never change in place:
+	// the persister reads them outside mu.
+	log       map[string][]loggedChange
+	changes   int    // entries in pending
+	applied   uint64 // the index pending reaches
+	persisted uint64 // the index bbolt holds
+	forgotten uint64 // pending holds nothing at or below this index
 
 	persistMu sync.Mutex
 	// db is the file written, under persistMu (a compaction swaps it).
@@ -85,7 +99,7 @@ type behind struct {
 }
 
 func newBehind(persisted uint64) *behind {
-	return &behind{pending: map[string]map[string]pendingValue{}, applied: persisted, persisted: persisted,
+	return &behind{pending: map[string]map[string]pendingValue{}, log: map[string][]loggedChange{}, applied: persisted, persisted: persisted,
 		wake: make(chan struct{}, 1)}
 }
 
@@ -98,21 +112,27 @@ func (b *behind) get(bucket, key []byte) (value []byte, found bool) {
 	return pv.value, ok
 }
 
-// merge adds a batch's changes, written at index.
-func (b *behind) merge(batch map[string]map[string][]byte, index uint64) {
+// merge adds a batch's changes, written at index; order lists each
+// bucket's keys in the order the batch first changed them.
+func (b *behind) merge(batch map[string]map[string][]byte, order map[string][]string, index uint64) {
 	b.mu.Lock()
-	for bucket, kv := range batch {
+	for bucket, keys := range order {
+		kv := batch[bucket]
 		m := b.pending[bucket]
 		if m == nil {
 			m = make(map[string]pendingValue, len(kv))
 			b.pending[bucket] = m
 		}
-		for k, v := range kv {
+		lg := slices.Grow(b.log[bucket], len(keys))
+		for _, k := range keys {
+			v := kv[k]
 			if _, had := m[k]; !had {
 				b.changes++
 			}
 			m[k] = pendingValue{value: v, index: index}
+			lg = append(lg, loggedChange{key: k, value: v, index: index})
 		}
+		b.log[bucket] = lg
 	}
 	b.applied = index
 	n := b.changes
@@ -139,16 +159,25 @@ func (b *behind) forgetPersisted() {
 		return
 	}
 	b.forgotten = b.persisted
-	for bucket, m := range b.pending {
-		for k, pv := range m {
-			if pv.index <= b.persisted {
-				delete(m, k)
+	for bucket, lg := range b.log {
+		m := b.pending[bucket]
+		i := 0
+		for ; i < len(lg) && lg[i].index <= b.persisted; i++ {
+			if pv, ok := m[lg[i].key]; ok && pv.index <= b.persisted {
+				delete(m, lg[i].key)
 				b.changes--
 			}
 		}
-		if len(m) == 0 {
-			delete(b.pending, bucket)
+		if i == len(lg) {
+			delete(b.log, bucket)
+			if len(m) == 0 {
+				delete(b.pending, bucket)
+			}
+			continue
 		}
+		// A reslice, never a copy down: the persister may be reading
+		// the elements.
+		b.log[bucket] = lg[i:]
 	}
 }
 
@@ -187,22 +216,19 @@ func (b *behind) flushLocked() error {
 			return fmt.Errorf("persist ledger: %w", err)
 		}
 	}
-	type change struct {
-		key   string
-		value []byte
-	}
 	b.mu.RLock()
 	target := b.applied
 	if target == b.persisted {
 		b.mu.RUnlock()
 		return nil
 	}
-	byBucket := make(map[string][]change, len(b.pending))
-	for bucket, m := range b.pending {
-		for k, pv := range m {
-			if pv.index > b.persisted {
-				byBucket[bucket] = append(byBucket[bucket], change{k, pv.value})
-			}
+	// Each bucket's changes after the persisted index, as applied: the
+	// elements stay as they are while this reads them outside mu.
+	byBucket := make(map[string][]loggedChange, len(b.log))
+	for bucket, lg := range b.log {
+		i, _ := slices.BinarySearchFunc(lg, b.persisted+1, func(c loggedChange, index uint64) int { return cmp.Compare(c.index, index) })
+		if i < len(lg) {
+			byBucket[bucket] = lg[i:len(lg):len(lg)]
 		}
 	}
 	b.mu.RUnlock()
@@ -216,9 +242,25 @@ func (b *behind) flushLocked() error {
 			// Keys arrive mostly in order (log order, sequences, times):
 			// fill pages instead of splitting them half empty.
 			bk.FillPercent = persistFillPercent
-			// In key order: bbolt appends instead of splitting pages.
-			slices.SortFunc(cs, func(x, y change) int { return strings.Compare(x.key, y.key) })
-			for _, c := range cs {
+			// In key order: each key is put once, with its last value,
+			// and bbolt appends to a node instead of shifting its keys.
+			// The log is mostly in key order already (sequences, times),
+			// which pdqsort finds cheap.
+			order := make([]int32, len(cs))
+			for i := range order {
+				order[i] = int32(i)
+			}
+			slices.SortFunc(order, func(x, y int32) int {
+				if c := strings.Compare(cs[x].key, cs[y].key); c != 0 {
+					return c
+				}
+				return cmp.Compare(x, y)
+			})
+			for j, i := range order {
+				if j+1 < len(order) && cs[order[j+1]].key == cs[i].key {
+					continue // a later change of the same key follows
+				}
+				c := &cs[i]
 				key := []byte(c.key)
 				var err error
 				if c.value == nil {
