@@ -174,6 +174,7 @@ type applier struct {
 	purgeDone bool
 
 	requestChanges map[string]requestChange // request id -> its order, or a deletion
+	newRequests    []requestPair            // the entry's new request ids, for its group
 	requestDelta   int64                    // request ids added less those deleted by this batch
 	holdChanges    map[string]int64         // held order id -> expires at; -1 deletes
 	boughtChanges  map[string]int64         // buyer key -> units; 0 deletes

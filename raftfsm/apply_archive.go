@@ -158,13 +158,21 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		}
 		a.put(bucketOrders, []byte(o.ID), nil)
 		if o.RequestID != "" {
-			key := requestTimeKey(o.CreatedAtUnixNano, o.RequestID)
-			v, err := a.get(bucketRequestsByTime, key)
+			forgot, err := a.forgetRequestInGroup(o.CreatedAtUnixNano, o.RequestID, o.ID)
 			if err != nil {
 				return nil, err
 			}
-			if string(v) == o.ID {
-				a.put(bucketRequestsByTime, key, nil)
+			if !forgot { // a record of the earlier format, if it is still there
+				key := requestTimeKey(o.CreatedAtUnixNano, o.RequestID)
+				v, err := a.get(bucketRequestsByTime, key)
+				if err != nil {
+					return nil, err
+				}
+				if forgot = string(v) == o.ID; forgot {
+					a.put(bucketRequestsByTime, key, nil)
+				}
+			}
+			if forgot {
 				a.requestChanges[o.RequestID] = requestChange{at: o.CreatedAtUnixNano}
 				a.requestDelta--
 			}

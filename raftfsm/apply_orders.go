@@ -155,15 +155,16 @@ func (a *applier) take(c *Take) (*Result, error) {
 			}
 		}
 		if e.RequestID != "" {
-			if err := a.rememberRequest(e.RequestID, o.ID, o.CreatedAtUnixNano); err != nil {
-				return nil, err
-			}
+			a.rememberRequest(e.RequestID, o.ID, o.CreatedAtUnixNano)
 		}
 		if o.State == OrderHeld {
 			a.holdChanges[o.ID] = o.ExpiresAtUnixNano
 		}
 		a.feedEvent(FeedOrderCreated, &o)
 		r.Outcome, r.Order = OutcomeOK, o
+	}
+	if err := a.flushRequestGroup(); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

@@ -70,11 +70,89 @@ func (a *applier) requestOrder(requestID string) (string, bool, error) {
 	if !ok {
 		return "", false, nil
 	}
-	v, err := a.get(bucketRequestsByTime, requestTimeKey(at, requestID))
+	return findRequest(func(key []byte) ([]byte, error) { return a.get(bucketRequestsByTime, key) }, at, requestID)
+}
+
+// The requests_by_time bucket holds, for the orders created by one log
+// entry, a request group: keyed by the entry's time alone (8 bytes,
+// big-endian), the request ids and their order ids. A Take of a hundred
+// buyers costs one record, not a hundred. Versions before groups wrote a
+// record for each request id, keyed by the time and then the id, whose
+// value is the order id; those are read, pruned and archived as they are.
+// Two entries of one time share a group.
+const requestGroupFormat byte = 0xA1
+
+// requestPair is one member of a request group.
+type requestPair struct{ request, order string }
+
+// requestGroupKey is the key of the group of orders created at at.
+func requestGroupKey(at int64) []byte {
+	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(at))
+}
+
+func encodeRequestGroup(pairs []requestPair) []byte {
+	n := 1 + maxVarintBytes
+	for _, p := range pairs {
+		n += 2*maxVarintBytes + len(p.request) + len(p.order)
+	}
+	b := append(make([]byte, 0, n), requestGroupFormat)
+	b = appendUvarint(b, uint64(len(pairs)))
+	for _, p := range pairs {
+		b = appendString(appendString(b, p.request), p.order)
+	}
+	return b
+}
+
+func decodeRequestGroup(b []byte) ([]requestPair, error) {
+	if len(b) == 0 || b[0] != requestGroupFormat {
+		return nil, fmt.Errorf("%w: not a request group", ErrMalformed)
+	}
+	d := decoder{b: b[1:]}
+	pairs := make([]requestPair, d.count(2))
+	for i := range pairs {
+		pairs[i] = requestPair{d.string(), d.string()}
+	}
+	if err := d.finish(); err != nil {
+		return nil, fmt.Errorf("request group: %w", err)
+	}
+	return pairs, nil
+}
+
+// findRequest looks request id up among the records of orders created
+// at at, read through get: its group, then a record of the earlier format.
+func findRequest(get func(key []byte) ([]byte, error), at int64, requestID string) (string, bool, error) {
+	v, err := get(requestGroupKey(at))
+	if err != nil {
+		return "", false, err
+	}
+	if v != nil {
+		if id, ok, err := findInRequestGroup(v, requestID); err != nil || ok {
+			return id, ok, err
+		}
+	}
+	v, err = get(requestTimeKey(at, requestID))
 	if err != nil || v == nil {
 		return "", false, err
 	}
 	return string(v), true, nil
+}
+
+// findInRequestGroup scans group v for request id, without decoding the
+// members it passes.
+func findInRequestGroup(v []byte, requestID string) (string, bool, error) {
+	if len(v) == 0 || v[0] != requestGroupFormat {
+		return "", false, fmt.Errorf("%w: not a request group", ErrMalformed)
+	}
+	d := decoder{b: v[1:]}
+	n := d.count(2)
+	for i := 0; i < n && d.err == nil; i++ {
+		req := d.bytes()
+		order := d.bytes()
+		if string(req) == requestID && d.err == nil {
+			return string(order), true, nil
+		}
+	}
+	return "", false, d.err
 }
 
 func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
@@ -83,11 +161,62 @@ func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
 	return append(k, requestID...)
 }
 
-func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano int64) error {
-	a.put(bucketRequestsByTime, requestTimeKey(createdAtUnixNano, requestID), []byte(orderID))
+// rememberRequest records that requestID produced orderID, created at
+// createdAtUnixNano: in the mirrors at once, in the file with the rest of
+// the entry's group (flushRequestGroup).
+func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano int64) {
 	a.requestChanges[requestID] = requestChange{order: orderID, at: createdAtUnixNano}
 	a.requestDelta++
+	a.newRequests = append(a.newRequests, requestPair{requestID, orderID})
+}
+
+// flushRequestGroup writes the request ids the entry being applied
+// remembered as the group of its time, after any members the group has.
+func (a *applier) flushRequestGroup() error {
+	if len(a.newRequests) == 0 {
+		return nil
+	}
+	key := requestGroupKey(a.at)
+	v, err := a.get(bucketRequestsByTime, key)
+	if err != nil {
+		return err
+	}
+	pairs := a.newRequests
+	if v != nil {
+		had, err := decodeRequestGroup(v)
+		if err != nil {
+			return err
+		}
+		pairs = append(had, pairs...)
+	}
+	a.put(bucketRequestsByTime, key, encodeRequestGroup(pairs))
+	a.newRequests = a.newRequests[:0]
 	return nil
+}
+
+// forgetRequestInGroup takes request id (whose order is orderID) out of
+// the group of orders created at at, if the group holds it.
+func (a *applier) forgetRequestInGroup(at int64, requestID, orderID string) (bool, error) {
+	key := requestGroupKey(at)
+	v, err := a.get(bucketRequestsByTime, key)
+	if err != nil || v == nil {
+		return false, err
+	}
+	pairs, err := decodeRequestGroup(v)
+	if err != nil {
+		return false, err
+	}
+	i := slices.IndexFunc(pairs, func(p requestPair) bool { return p.request == requestID && p.order == orderID })
+	if i < 0 {
+		return false, nil
+	}
+	pairs = slices.Delete(pairs, i, i+1)
+	if len(pairs) == 0 {
+		a.put(bucketRequestsByTime, key, nil)
+	} else {
+		a.put(bucketRequestsByTime, key, encodeRequestGroup(pairs))
+	}
+	return true, nil
 }
 
 // pruneRequests forgets request ids whose order was created before the
@@ -102,23 +231,65 @@ func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
 		return nil, err
 	}
 	count := a.requestCount()
-	var doomed [][]byte
-	ascend(tx, a.bh, a.batch[string(bucketRequestsByTime)], bucketRequestsByTime, func(k, _ []byte) bool {
+	var doomed [][]byte // records of the earlier format
+	type groupChange struct {
+		key  []byte
+		left []requestPair // nil: the whole group goes
+	}
+	var groups []groupChange
+	forgotten := int64(0)
+	var decodeErr error
+	ascend(tx, a.bh, a.batch[string(bucketRequestsByTime)], bucketRequestsByTime, func(k, v []byte) bool {
 		if len(k) < 8 {
 			return true
 		}
 		created := int64(binary.BigEndian.Uint64(k[:8]))
-		overCount := c.MaxKeep > 0 && count-int64(len(doomed)) > c.MaxKeep
-		if created >= c.BeforeUnixNano && !overCount {
+		doom := func() bool {
+			overCount := c.MaxKeep > 0 && count-forgotten > c.MaxKeep
+			return created < c.BeforeUnixNano || overCount
+		}
+		if len(k) > 8 {
+			if !doom() {
+				return false
+			}
+			doomed = append(doomed, slices.Clone(k))
+			forgotten++
+			return true
+		}
+		pairs, err := decodeRequestGroup(v)
+		if err != nil {
+			decodeErr = err
 			return false
 		}
-		doomed = append(doomed, slices.Clone(k))
-		return true
+		i := 0
+		for ; i < len(pairs) && doom(); i++ {
+			a.requestChanges[pairs[i].request] = requestChange{at: created}
+			forgotten++
+		}
+		if i == 0 {
+			return false
+		}
+		g := groupChange{key: slices.Clone(k)}
+		if i < len(pairs) {
+			g.left = pairs[i:]
+		}
+		groups = append(groups, g)
+		return g.left == nil
 	})
+	if decodeErr != nil {
+		return nil, decodeErr
+	}
 	for _, k := range doomed {
 		a.put(bucketRequestsByTime, k, nil)
 		a.requestChanges[string(k[8:])] = requestChange{at: int64(binary.BigEndian.Uint64(k[:8]))}
-		a.requestDelta--
 	}
-	return &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}, nil
+	for _, g := range groups {
+		if g.left == nil {
+			a.put(bucketRequestsByTime, g.key, nil)
+		} else {
+			a.put(bucketRequestsByTime, g.key, encodeRequestGroup(g.left))
+		}
+	}
+	a.requestDelta -= forgotten
+	return &Result{Outcome: OutcomeOK, Qty: forgotten}, nil
 }

@@ -89,6 +89,21 @@ func (d *decoder) string() string {
 	return s
 }
 
+// bytes is string without a copy: the bytes stay those of the input.
+func (d *decoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > maxStringBytes || n > uint64(len(d.b)) {
+		d.fail("string length")
+		return nil
+	}
+	s := d.b[:n:n]
+	d.b = d.b[n:]
+	return s
+}
+
 // count reads an element count, refusing one that the remaining bytes
 // cannot hold at minBytes each (so a forged count cannot make the decoder
 // allocate much).

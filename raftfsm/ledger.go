@@ -465,8 +465,17 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 			return err
 		}
 		err = tx.Bucket(bucketRequestsByTime).ForEach(func(k, v []byte) error {
-			if len(k) > 8 {
+			switch {
+			case len(k) > 8: // a record of the earlier format
 				requests.add(string(k[8:]), int64(binary.BigEndian.Uint64(k[:8])))
+			case len(k) == 8:
+				pairs, err := decodeRequestGroup(v)
+				if err != nil {
+					return fmt.Errorf("request group %x: %w", k, err)
+				}
+				for _, p := range pairs {
+					requests.add(p.request, int64(binary.BigEndian.Uint64(k)))
+				}
 			}
 			return nil
 		})

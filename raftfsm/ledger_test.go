@@ -297,6 +297,9 @@ type ledgerMachine struct {
 	// cancels and expiries).
 	closeAt       int64
 	lotteryOrders map[string]bool
+	// requestOrder is the order each request id first won; the ledger
+	// answers it for the id until the id is pruned or archived.
+	requestOrder map[string]string
 }
 
 // lotteryUsers are the machine's lottery entrants.
@@ -443,10 +446,25 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 			User: rapid.SampledFrom([]string{"u1", "u2", "u3"}).Draw(t, "user"), RequestID: req, OrderID: id})
 		m.orders = append(m.orders, id)
 	}
+	held := map[string]string{}
+	for _, e := range c.Takes {
+		if id, ok := m.tl.l.OrderIDForRequest(e.RequestID); ok {
+			held[e.RequestID] = id
+		}
+	}
 	for i, r := range m.at(c).Takes {
+		e := &c.Takes[i]
+		if id, ok := held[e.RequestID]; ok && r.Outcome != OutcomeSame {
+			t.Fatalf("take of held request id %s (order %s): %s", e.RequestID, id, r.Outcome)
+		} else if ok && r.Order.ID != id && r.Order.ID != e.OrderID {
+			t.Fatalf("take of held request id %s (order %s) answered order %s", e.RequestID, id, r.Order.ID)
+		}
 		if r.Outcome == OutcomeOK {
-			m.taken = append(m.taken, c.Takes[i].OrderID)
-			m.takenSKU[c.Takes[i].OrderID] = c.Takes[i].SKU
+			m.taken = append(m.taken, e.OrderID)
+			m.takenSKU[e.OrderID] = e.SKU
+			if _, ok := m.requestOrder[e.RequestID]; !ok {
+				m.requestOrder[e.RequestID] = e.OrderID
+			}
 		}
 	}
 }
@@ -619,6 +637,20 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 	for _, sku := range m.skus {
 		checkAudit(t, m.tl.l, sku)
 	}
+	// Every request id the ledger holds answers the order it first won,
+	// and the index counts exactly those.
+	holding := 0
+	for req, id := range m.requestOrder {
+		if got, ok := m.tl.l.OrderIDForRequest(req); ok {
+			if got != id {
+				t.Fatalf("request id %s answers order %s, want %s", req, got, id)
+			}
+			holding++
+		}
+	}
+	if n := m.tl.l.RequestIDs(); n != holding {
+		t.Fatalf("the request index counts %d ids, %d answer", n, holding)
+	}
 	m.collectLotteryOrders()
 	m.checkLottery(t)
 	// The order feed, read on from where the last check stopped, tallies
@@ -652,7 +684,7 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}, takenSKU: map[string]string{},
-			closeAt: rapid.Int64Range(1, 400).Draw(rt, "close_at"), lotteryOrders: map[string]bool{}}
+			closeAt: rapid.Int64Range(1, 400).Draw(rt, "close_at"), lotteryOrders: map[string]bool{}, requestOrder: map[string]string{}}
 		for _, sku := range m.skus {
 			m.at(legacyCommand{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
 				Total:        rapid.Int64Range(0, 40).Draw(rt, "total"),

@@ -62,11 +62,8 @@ func (l *Ledger) OrderIDForRequestBytes(requestID []byte) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	v, err := l.read(bucketRequestsByTime, requestTimeKey(at, string(requestID)))
-	if err != nil || v == nil {
-		return "", false
-	}
-	return string(v), true
+	id, ok, err := findRequest(func(key []byte) ([]byte, error) { return l.read(bucketRequestsByTime, key) }, at, string(requestID))
+	return id, ok && err == nil
 }
 
 // MayHoldRequest reports whether the ledger may hold requestID; false is

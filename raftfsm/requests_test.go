@@ -1,0 +1,174 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// requestRecords lists the requests_by_time bucket: groups (8-byte keys)
+// and records of the earlier format.
+func requestRecords(t *testing.T, l *Ledger) (groups, singles int) {
+	t.Helper()
+	if err := l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	err := l.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRequestsByTime).ForEach(func(k, _ []byte) error {
+			if len(k) == 8 {
+				groups++
+			} else {
+				singles++
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return groups, singles
+}
+
+// TestRequests_GroupsAndRecordsOfTheEarlierFormat: a Take's request ids
+// are one record; those of a file written before groups (a record each)
+// still answer repeats after a reopen, and prune and archive as before,
+// beside groups.
+func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "b", Sale: &SaleConfig{Total: 100}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 100})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "b", Qty: 100})
+	take := func(at int64, from, to int) {
+		c := legacyCommand{Op: OpTake, Node: "n1", AtUnixNano: at}
+		for i := from; i < to; i++ {
+			sku := "a"
+			if i%2 == 1 {
+				sku = "b"
+			}
+			c.Takes = append(c.Takes, TakeEntry{SKU: sku, Qty: 1, User: "u", RequestID: fmt.Sprintf("r%02d", i), OrderID: fmt.Sprintf("o%02d", i)})
+		}
+		for i, r := range tl.apply(c).Takes {
+			if r.Outcome != OutcomeOK {
+				t.Fatalf("take %s: %s", c.Takes[i].OrderID, r.Outcome)
+			}
+		}
+	}
+	take(10, 0, 10)
+	take(20, 10, 20)
+	if g, s := requestRecords(t, tl.l); g != 2 || s != 0 {
+		t.Fatalf("%d groups and %d single records, want 2 and 0", g, s)
+	}
+	if err := tl.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rewrite the first group as an earlier version wrote it.
+	db, err := bolt.Open(filepath.Join(tl.dir, ledgerFileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRequestsByTime)
+		key := requestGroupKey(10)
+		pairs, err := decodeRequestGroup(b.Get(key))
+		if err != nil {
+			return err
+		}
+		if err := b.Delete(key); err != nil {
+			return err
+		}
+		for _, p := range pairs {
+			if err := b.Put(requestTimeKey(10, p.request), []byte(p.order)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	l := tl.reopen()
+	if n := l.RequestIDs(); n != 20 {
+		t.Fatalf("%d request ids after the reopen, want 20", n)
+	}
+	for i := range 20 {
+		if id, ok := l.OrderIDForRequest(fmt.Sprintf("r%02d", i)); !ok || id != fmt.Sprintf("o%02d", i) {
+			t.Fatalf("request r%02d: %q %v", i, id, ok)
+		}
+	}
+	// Repeats of both kinds get their first orders.
+	c := legacyCommand{Op: OpTake, Node: "n1", AtUnixNano: 30, Takes: []TakeEntry{
+		{SKU: "a", Qty: 1, User: "u", RequestID: "r04", OrderID: "new1"},
+		{SKU: "a", Qty: 1, User: "u", RequestID: "r12", OrderID: "new2"},
+	}}
+	for i, r := range tl.apply(c).Takes {
+		if want := []string{"o04", "o12"}[i]; r.Outcome != OutcomeSame || r.Order.ID != want {
+			t.Fatalf("repeat %s: %s %s, want the same order %s", c.Takes[i].RequestID, r.Outcome, r.Order.ID, want)
+		}
+	}
+
+	// Archiving sale b takes its request ids out of both kinds.
+	tl.applyTyped(30, &CloseSale{SKU: "b"})
+	if r := tl.applyTyped(30, &ArchiveSale{SKU: "b"}); r.Outcome != OutcomeOK {
+		t.Fatalf("archive: %s %s", r.Outcome, r.Detail)
+	}
+	for steps, after := 0, ""; ; steps++ {
+		r := tl.applyTyped(30, &PurgeArchived{SKU: "b", After: after, Scan: 3})
+		if r.Outcome != OutcomeOK || steps > 50 {
+			t.Fatalf("purge step %d: %s %s", steps, r.Outcome, r.Detail)
+		}
+		if r.Detail == "done" {
+			break
+		}
+		after = tl.row("b").PurgeAfter
+	}
+	for i := range 20 {
+		_, ok := l.OrderIDForRequest(fmt.Sprintf("r%02d", i))
+		if ok != (i%2 == 0) {
+			t.Fatalf("after archiving b, request r%02d held: %v", i, ok)
+		}
+	}
+	if g, s := requestRecords(t, l); g != 1 || s != 5 {
+		t.Fatalf("after the archive: %d groups and %d single records, want 1 and 5", g, s)
+	}
+
+	// Keeping the newest three prunes the old records, then cuts the group.
+	if r := tl.applyTyped(40, &PruneRequests{BeforeUnixNano: 0, MaxKeep: 3}); r.Outcome != OutcomeOK || r.Qty != 7 {
+		t.Fatalf("prune: %s %d, want 7 ids", r.Outcome, r.Qty)
+	}
+	l = tl.reopen()
+	if n := l.RequestIDs(); n != 3 {
+		t.Fatalf("%d request ids after pruning, want 3", n)
+	}
+	for i := range 20 {
+		_, ok := l.OrderIDForRequest(fmt.Sprintf("r%02d", i))
+		if ok != (i == 14 || i == 16 || i == 18) {
+			t.Fatalf("after pruning, request r%02d held: %v", i, ok)
+		}
+	}
+	if g, s := requestRecords(t, l); g != 1 || s != 0 {
+		t.Fatalf("after pruning: %d groups and %d single records, want 1 and 0", g, s)
+	}
+	err = l.view(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRequestsByTime).Get(binary.BigEndian.AppendUint64(nil, 20))
+		pairs, err := decodeRequestGroup(v)
+		if err == nil && len(pairs) != 3 {
+			err = fmt.Errorf("the cut group holds %d ids, want 3", len(pairs))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sku := range []string{"a", "b"} {
+		checkAudit(t, l, sku)
+	}
+}
