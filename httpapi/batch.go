@@ -1,7 +1,9 @@
 package httpapi
 
 import (
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -64,39 +66,35 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 		}
 	}
 
-	type answer struct {
-		code int
-		body []byte
-	}
-	answers := make([]answer, len(items))
-	reqs := make([]engine.DeductRequest, 0, len(items))
-	at := make([]int, 0, len(items)) // reqs[j] is item at[j]
+	sc := batchScratches.Get().(*batchScratch)
+	defer batchScratches.Put(sc)
+	sc.reset(len(items))
 	hint := uint32(ctx.ConnID())
 	for i, it := range items {
 		req, bad := batchItem(it)
 		if bad != nil {
-			answers[i] = answer{fasthttp.StatusBadRequest, bad}
+			sc.answers[i] = batchAnswer{fasthttp.StatusBadRequest, bad}
 			continue
 		}
 		req.NoWait, req.Hint = noWait, hint+uint32(i)
-		reqs = append(reqs, req)
-		at = append(at, i)
+		sc.reqs = append(sc.reqs, req)
+		sc.at = append(sc.at, i)
 	}
 	start := time.Now()
-	results := make([]engine.DeductResult, len(reqs))
-	s.engine.DeductBatch(reqs, results)
-	// One buffer carved into each item's answer: an allocation a batch,
-	// not one an item (an answer that outgrows its part gets its own).
-	bufs := make([]byte, len(reqs)*itemAnswerBytes)
+	results := sc.results[:len(sc.reqs)]
+	s.engine.DeductBatch(sc.reqs, results)
+	s.latency.observeN(time.Since(start), len(results))
+	// One buffer carved into each item's answer (an answer that outgrows
+	// its part gets its own).
+	bufs := sc.bufs[:len(results)*itemAnswerBytes]
 	for j := range results {
-		s.latency.observe(start)
 		code, body, _ := deductAnswer(&results[j], bufs[j*itemAnswerBytes:j*itemAnswerBytes:(j+1)*itemAnswerBytes])
-		answers[at[j]] = answer{code, body}
+		sc.answers[sc.at[j]] = batchAnswer{code, body}
 	}
 
-	out := make([]byte, 0, 64+len(items)*160)
+	out := sc.out[:0]
 	out = append(out, `{"results":[`...)
-	for i, a := range answers {
+	for i, a := range sc.answers {
 		if i > 0 {
 			out = append(out, ',')
 		}
@@ -115,9 +113,42 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	out = append(out, "]}\n"...)
+	sc.out = out
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType(contentTypeJSON)
-	ctx.SetBody(out)
+	ctx.SetBody(out) // a copy: the scratch goes back to its pool
+}
+
+// batchAnswer is one item's answer: its status and the single deduct's body.
+type batchAnswer struct {
+	code int
+	body []byte
+}
+
+// batchScratch is one batch call's working memory, pooled: a batch of a
+// hundred buyers would otherwise allocate it all afresh each time.
+type batchScratch struct {
+	answers []batchAnswer
+	reqs    []engine.DeductRequest
+	at      []int // reqs[j] is item at[j]
+	results []engine.DeductResult
+	bufs    []byte
+	out     []byte
+}
+
+var batchScratches = sync.Pool{New: func() any { return new(batchScratch) }}
+
+// reset readies sc for a batch of n items, dropping what the last batch
+// left in it (its answers point into its buffers; its results hold orders).
+func (sc *batchScratch) reset(n int) {
+	sc.answers = slices.Grow(sc.answers[:0], n)[:n]
+	clear(sc.answers)
+	sc.reqs = slices.Grow(sc.reqs[:0], n)
+	sc.at = slices.Grow(sc.at[:0], n)
+	sc.results = slices.Grow(sc.results[:0], n)[:n]
+	clear(sc.results)
+	sc.bufs = slices.Grow(sc.bufs[:0], n*itemAnswerBytes)[:n*itemAnswerBytes]
+	sc.out = slices.Grow(sc.out[:0], 64+n*160)
 }
 
 // batchItem reads one item as the single deduct route reads its body (the

@@ -32,15 +32,17 @@ func newLatencyHistogram() *latencyHistogram {
 	return &latencyHistogram{counts: make([]atomic.Uint64, len(latencyBucketsSeconds)+1)}
 }
 
-func (h *latencyHistogram) observe(start time.Time) {
-	d := time.Since(start)
+func (h *latencyHistogram) observe(start time.Time) { h.observeN(time.Since(start), 1) }
+
+// observeN counts n answers that each took d (a batch's items).
+func (h *latencyHistogram) observeN(d time.Duration, n int) {
 	sec := d.Seconds()
 	i := 0
 	for i < len(latencyBucketsSeconds) && sec > latencyBucketsSeconds[i] {
 		i++
 	}
-	h.counts[i].Add(1)
-	h.sumNanos.Add(uint64(d))
+	h.counts[i].Add(uint64(n))
+	h.sumNanos.Add(uint64(n) * uint64(d))
 }
 
 func (h *latencyHistogram) write(w io.Writer, name string) {
