@@ -10,31 +10,46 @@ import (
 	"sync/atomic"
 )
 
-// probes is the number of bits each hash sets: with a filter eight times
-// as many bits as entries, four probes give about 2 % false maybes.
-const probes = 4
+// probes is the number of bits each hash sets. A hash picks one block of
+// 512 bits, a cache line, and sets its bits there: a question costs one
+// cache miss, not one per probe, at a false-maybe rate close to a plain
+// Bloom filter's (about 2.5 % with eight bits an entry).
+const (
+	probes     = 4
+	blockWords = 8 // 512 bits
+	blockBits  = blockWords * 64
+)
 
 // Filter is safe for concurrent use by any number of goroutines.
 type Filter struct {
-	bits []atomic.Uint64
-	mask uint64
-	adds atomic.Uint64
+	bits      []atomic.Uint64
+	blockMask uint64
+	mask      uint64 // bits - 1
+	adds      atomic.Uint64
 }
 
-// New returns an empty filter of 2^log2Bits bits (log2Bits 6 to 32).
+// New returns an empty filter of 2^log2Bits bits (log2Bits 9 to 32).
 func New(log2Bits uint) *Filter {
-	if log2Bits < 6 || log2Bits > 32 {
-		panic(fmt.Sprintf("BUG: hashfilter.New(%d): want 6 to 32", log2Bits))
+	if log2Bits < 9 || log2Bits > 32 {
+		panic(fmt.Sprintf("BUG: hashfilter.New(%d): want 9 to 32", log2Bits))
 	}
-	return &Filter{bits: make([]atomic.Uint64, 1<<(log2Bits-6)), mask: 1<<log2Bits - 1}
+	return &Filter{bits: make([]atomic.Uint64, 1<<(log2Bits-6)), blockMask: 1<<(log2Bits-9) - 1, mask: 1<<log2Bits - 1}
+}
+
+// block is h's block; h's low bits choose it, its bits above 23 (clear of
+// any block number) choose the bits in it.
+func (f *Filter) block(h uint64) []atomic.Uint64 {
+	b := (h & f.blockMask) * blockWords
+	return f.bits[b : b+blockWords : b+blockWords]
 }
 
 // Add records h.
 func (f *Filter) Add(h uint64) {
-	h2 := h>>32 | h<<32
-	for i := uint64(0); i < probes; i++ {
-		bit := (h + i*h2) & f.mask
-		w := &f.bits[bit>>6]
+	blk, x := f.block(h), h>>23
+	for range probes {
+		bit := x % blockBits
+		x /= blockBits
+		w := &blk[bit>>6]
 		m := uint64(1) << (bit & 63)
 		if w.Load()&m == 0 {
 			w.Or(m)
@@ -45,10 +60,11 @@ func (f *Filter) Add(h uint64) {
 
 // MayContain reports whether h may have been added; false is certain.
 func (f *Filter) MayContain(h uint64) bool {
-	h2 := h>>32 | h<<32
-	for i := uint64(0); i < probes; i++ {
-		bit := (h + i*h2) & f.mask
-		if f.bits[bit>>6].Load()&(uint64(1)<<(bit&63)) == 0 {
+	blk, x := f.block(h), h>>23
+	for range probes {
+		bit := x % blockBits
+		x /= blockBits
+		if blk[bit>>6].Load()&(uint64(1)<<(bit&63)) == 0 {
 			return false
 		}
 	}
