@@ -76,10 +76,16 @@ func (r *requestIndex) candidate(requestID []byte) (int64, bool) {
 // add records a request id the ledger does not hold yet, created at at.
 func (r *requestIndex) add(requestID string, at int64) {
 	h := maphash.String(r.seed, requestID)
+	// A hash the filter has not seen is surely not in byHash: most are
+	// new, and skip a probe of the large map (the filter's block is one
+	// cache line, read once for both).
+	seen := r.filter.MayContain(h)
 	r.filter.Add(h)
-	if _, taken := r.byHash[h]; taken {
-		r.exact[requestID] = at
-		return
+	if seen {
+		if _, taken := r.byHash[h]; taken {
+			r.exact[requestID] = at
+			return
+		}
 	}
 	r.byHash[h] = at
 	r.peak = max(r.peak, len(r.byHash))
