@@ -141,8 +141,8 @@ func TestScenario_HotColdFavoursTheFirstSKUs(t *testing.T) {
 func TestTailChecks_CountFlipsLateWinsAndTheTail(t *testing.T) {
 	at := func(ms int) time.Time { return time.Unix(0, 0).Add(time.Duration(ms) * time.Millisecond) }
 	req := func(id string, sku int) *Request { return &Request{RequestID: id, Buyer: int(id[0]), SKU: sku} }
-	w1 := &workerStats{firstSoldOut: map[int]time.Time{0: at(100)}, reqs: map[int]reqRecord{}}
-	w2 := &workerStats{firstSoldOut: map[int]time.Time{0: at(120), 1: at(300)}, reqs: map[int]reqRecord{}}
+	w1 := &workerStats{firstSoldOut: map[int]time.Time{0: at(100)}}
+	w2 := &workerStats{firstSoldOut: map[int]time.Time{0: at(120), 1: at(300)}}
 	w1.note(req("a", 0), at(90), at(130), answerWin)  // won before the sold_out ended: the tail is 30 ms
 	w2.note(req("a", 0), at(95), at(125), answerLoss) // ... and lost on another worker: a flip
 	w1.note(req("b", 0), at(101), at(105), answerWin) // first sent after the sold_out: a late win

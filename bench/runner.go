@@ -82,13 +82,22 @@ type workerStats struct {
 	losses   map[string]int
 	errors   int
 	notes    []string
-	won      map[string]bool
-	released int // holds cancelled, left to expire, or confirmed too late
+	won      map[string]bool // holds scenarios: each win's fate is played once
+	wonIDs   []string        // other scenarios: each win's order id, deduplicated after the run
+	released int             // holds cancelled, left to expire, or confirmed too late
 	slots    []slotStats
 	// The end of the sale: first sold_out answer per SKU, and per
 	// request id its SKU, its first send, its first win and its answers.
 	firstSoldOut map[int]time.Time
-	reqs         map[int]reqRecord // by buyer: a buyer has one request id
+	answered     []answerNote // every answer, merged by buyer after the run
+}
+
+// answerNote is one answer a worker got: a slice entry while the load
+// runs (no hashing), merged by buyer (a buyer has one request id) after.
+type answerNote struct {
+	buyer, sku int
+	start, end time.Time
+	answer     uint8
 }
 
 // reqRecord is what one worker saw of one request id.
@@ -112,15 +121,7 @@ type slotStats struct {
 
 // note records one answer to a request id.
 func (ws *workerStats) note(r *Request, start, end time.Time, answer uint8) {
-	rec, ok := ws.reqs[r.Buyer]
-	if !ok {
-		rec = reqRecord{sku: r.SKU, firstStart: start}
-	}
-	rec.answers |= answer
-	if answer == answerWin && (rec.firstWinEnd.IsZero() || end.Before(rec.firstWinEnd)) {
-		rec.firstWinEnd = end
-	}
-	ws.reqs[r.Buyer] = rec
+	ws.answered = append(ws.answered, answerNote{buyer: r.Buyer, sku: r.SKU, start: start, end: end, answer: answer})
 }
 
 // tailChecks computes the tail, flips and late wins from the workers'
@@ -136,18 +137,18 @@ func tailChecks(run *Run, stats []*workerStats) {
 				first[sku] = t
 			}
 		}
-		for id, r := range ws.reqs {
-			m, ok := reqs[id]
+		for _, n := range ws.answered {
+			m, ok := reqs[n.buyer]
 			if !ok {
-				reqs[id] = &r
-				continue
+				m = &reqRecord{sku: n.sku, firstStart: n.start}
+				reqs[n.buyer] = m
 			}
-			m.answers |= r.answers
-			if r.firstStart.Before(m.firstStart) {
-				m.firstStart = r.firstStart
+			m.answers |= n.answer
+			if n.start.Before(m.firstStart) {
+				m.firstStart = n.start
 			}
-			if !r.firstWinEnd.IsZero() && (m.firstWinEnd.IsZero() || r.firstWinEnd.Before(m.firstWinEnd)) {
-				m.firstWinEnd = r.firstWinEnd
+			if n.answer == answerWin && (m.firstWinEnd.IsZero() || n.end.Before(m.firstWinEnd)) {
+				m.firstWinEnd = n.end
 			}
 		}
 	}
@@ -232,8 +233,8 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		// The maps are sized for a fair share of the requests: the harness
 		// should spend its CPU on the load, not on growing them.
 		share := sc.Requests/o.Conns + 1
-		ws := &workerStats{lat: NewLatencies(share), losses: map[string]int{}, won: make(map[string]bool, share), slots: make([]slotStats, slotsMax),
-			firstSoldOut: map[int]time.Time{}, reqs: make(map[int]reqRecord, share)}
+		ws := &workerStats{lat: NewLatencies(share), losses: map[string]int{}, won: map[string]bool{}, wonIDs: make([]string, 0, share),
+			slots: make([]slotStats, slotsMax), firstSoldOut: map[int]time.Time{}, answered: make([]answerNote, 0, share)}
 		stats[w] = ws
 		wg.Add(1)
 		go func(w int) {
@@ -254,20 +255,22 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 					}
 				case out.Win:
 					ws.note(r, t0, t1, answerWin)
+					if sc.HoldTTL == 0 {
+						ws.wonIDs = append(ws.wonIDs, out.OrderID)
+						return
+					}
 					if ws.won[out.OrderID] {
 						return // a re-sent request answered with its first win
 					}
 					ws.won[out.OrderID] = true
-					if sc.HoldTTL > 0 {
-						kept, err := st.AfterWin(ctx, w, r, out.OrderID, sc.HoldFate(i))
-						if !kept {
-							ws.released++
-						}
-						if err != nil {
-							ws.errors++
-							if len(ws.notes) < 2 {
-								ws.notes = append(ws.notes, err.Error())
-							}
+					kept, err := st.AfterWin(ctx, w, r, out.OrderID, sc.HoldFate(i))
+					if !kept {
+						ws.released++
+					}
+					if err != nil {
+						ws.errors++
+						if len(ws.notes) < 2 {
+							ws.notes = append(ws.notes, err.Error())
 						}
 					}
 				default:
@@ -331,6 +334,9 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 			}
 		}
 		for id := range ws.won {
+			won[id] = true
+		}
+		for _, id := range ws.wonIDs {
 			won[id] = true
 		}
 		run.Kept -= ws.released
