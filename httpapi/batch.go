@@ -83,6 +83,7 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
 	results := sc.results[:len(sc.reqs)]
 	s.engine.DeductBatch(sc.reqs, results)
+	clear(sc.reqs) // keep no view into the request past the handler
 	s.latency.observeN(time.Since(start), len(results))
 	// One buffer carved into each item's answer (an answer that outgrows
 	// its part gets its own).
@@ -152,9 +153,9 @@ func (sc *batchScratch) reset(n int) {
 }
 
 // batchItem reads one item as the single deduct route reads its body (the
-// SKU in the item instead of the path); bad is the item's 400 answer.
-// The request's byte slices are copies: the parser's memory goes back to
-// its pool before the item's deduct ends.
+// SKU in the item instead of the path); bad is the item's 400 answer. The
+// request's byte slices are views into the parser's memory, which goes
+// back to its pool only after the batch's deducts have all answered.
 func batchItem(v *fastjson.Value) (req engine.DeductRequest, bad []byte) {
 	sku, ok := stringField(v, keySKU, true)
 	if !ok || !validID(sku) {
@@ -164,12 +165,5 @@ func batchItem(v *fastjson.Value) (req engine.DeductRequest, bad []byte) {
 	if bad != nil {
 		return req, bad
 	}
-	return engine.DeductRequest{SKU: clone(sku), User: clone(user), RequestID: clone(requestID), Qty: qty}, nil
-}
-
-func clone(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte(nil), b...)
+	return engine.DeductRequest{SKU: sku, User: user, RequestID: requestID, Qty: qty}, nil
 }
