@@ -139,8 +139,9 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 	switch {
 	case err == nil:
 		e.consecutiveFailures.Store(0)
+		now := instant{e.cfg.Now(), time.Now()}
 		for i, p := range batch {
-			e.settle(p, res.Takes[i])
+			e.settle(p, res.Takes[i], now)
 		}
 		e.finishWhenApplied(res.Index, batch)
 	case (errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected)) && len(batch) > 1:
@@ -202,15 +203,16 @@ func (e *Engine) retryTakes(batch []*pendingTake, cause error) {
 	}()
 }
 
-// settle turns the ledger's verdict on one take into the buyer's answer.
-func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
+// settle turns the ledger's verdict on one take into the buyer's answer;
+// now is when the verdict came, read once for the batch.
+func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult, now instant) {
 	s := p.sale
 	qty := p.entry.Qty
 	var r DeductResult
 	switch tr.Outcome {
 	case raftfsm.OutcomeOK:
 		r = DeductResult{Status: StatusOK, Order: tr.Order}
-		s.lastWinNanos.Store(e.cfg.Now().UnixNano())
+		s.lastWinNanos.Store(now.now.UnixNano())
 	case raftfsm.OutcomeSame:
 		if tr.Order.ID != p.entry.OrderID {
 			// The request id already bought elsewhere (another node, or an
@@ -245,7 +247,7 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult) {
 		o.State, o.ReleaseReason = raftfsm.OrderReleased, "turned_down_"+r.Status.String()
 		e.turnedDown.add(o)
 	}
-	p.resolve(r)
+	p.resolveAt(r, now.real)
 }
 
 // finishWhenApplied ends a settled batch's bookkeeping once this node's

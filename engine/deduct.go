@@ -417,14 +417,21 @@ func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
 	}
 }
 
-func (p *pendingTake) resolve(r DeductResult) {
+func (p *pendingTake) resolve(r DeductResult) { p.resolveAt(r, time.Time{}) }
+
+// resolveAt is resolve with the real time of the answer, read once for a
+// batch of takes (zero: read it now).
+func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.result = r
 		p.mu.Unlock()
 		close(p.done)
 		if p.path != nil {
-			p.path.leave(time.Since(p.entered))
+			if end.IsZero() {
+				end = time.Now()
+			}
+			p.path.leave(end.Sub(p.entered))
 		}
 	})
 }
