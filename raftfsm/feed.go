@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,15 +186,14 @@ func (f *feed) load(tx *bolt.Tx) error {
 	})
 }
 
-// stage adds a batch's events (numbered after f.seq by the applier).
+// stage adds a batch's events (numbered after f.seq by the applier), which
+// the feed keeps as they are: the applier leaves them alone afterwards.
 func (f *feed) stage(events []FeedEvent) {
 	if len(events) == 0 {
 		return
 	}
 	f.mu.Lock()
-	for i := range events {
-		f.mem.add(&events[i])
-	}
+	f.mem.addBatch(events)
 	f.seq = events[len(events)-1].Seq
 	f.mu.Unlock()
 }
@@ -243,25 +243,22 @@ func (f *feed) memEvent(seq uint64) (FeedEvent, bool) {
 	return FeedEvent{}, false
 }
 
-// feedChunkEvents is the events one chunk of memory holds: the feed's
-// memory grows and shrinks by whole chunks, never copying an event.
-const feedChunkEvents = 1024
-
-// eventChunks is events in consecutive sequence, in fixed-size chunks.
+// eventChunks is events in consecutive sequence, in chunks of any size:
+// each chunk is one batch's events, adopted as the applier built them, so
+// an event is never copied. The memory grows and shrinks by whole chunks.
 type eventChunks struct {
-	chunks [][]FeedEvent // each of capacity feedChunkEvents; only the last may be partly full
-	first  uint64        // sequence of chunks[0][0]
+	chunks [][]FeedEvent // none empty
+	firsts []uint64      // firsts[i] is the sequence of chunks[i][0]
 }
 
-func (m *eventChunks) add(e *FeedEvent) {
-	if n := len(m.chunks); n == 0 || len(m.chunks[n-1]) == feedChunkEvents {
-		if n == 0 {
-			m.first = e.Seq
-		}
-		m.chunks = append(m.chunks, make([]FeedEvent, 0, feedChunkEvents))
+// addBatch adopts events, which follow the last event held; the caller
+// does not change them afterwards.
+func (m *eventChunks) addBatch(events []FeedEvent) {
+	if len(events) == 0 {
+		return
 	}
-	last := &m.chunks[len(m.chunks)-1]
-	*last = append(*last, *e)
+	m.chunks = append(m.chunks, events)
+	m.firsts = append(m.firsts, events[0].Seq)
 }
 
 // firstSeq is the first event held (0: none).
@@ -269,30 +266,31 @@ func (m *eventChunks) firstSeq() uint64 {
 	if len(m.chunks) == 0 {
 		return 0
 	}
-	return m.first
+	return m.firsts[0]
 }
 
 func (m *eventChunks) get(seq uint64) *FeedEvent {
-	if len(m.chunks) == 0 || seq < m.first {
+	if len(m.chunks) == 0 || seq < m.firsts[0] {
 		return nil
 	}
-	i := seq - m.first
-	c := i / feedChunkEvents
-	if c >= uint64(len(m.chunks)) || i%feedChunkEvents >= uint64(len(m.chunks[c])) {
-		return nil
+	// The last chunk whose first event is at or below seq.
+	c := sort.Search(len(m.firsts), func(i int) bool { return m.firsts[i] > seq }) - 1
+	if i := seq - m.firsts[c]; i < uint64(len(m.chunks[c])) {
+		return &m.chunks[c][i]
 	}
-	return &m.chunks[c][i%feedChunkEvents]
+	return nil
 }
 
-// dropBefore forgets the whole chunks that hold only events below seq.
+// dropBefore forgets the whole chunks that hold only events below seq;
+// the last chunk stays.
 func (m *eventChunks) dropBefore(seq uint64) {
 	drop := 0
-	for drop < len(m.chunks)-1 && m.first+feedChunkEvents <= seq {
-		m.first += feedChunkEvents
+	for drop < len(m.chunks)-1 && m.firsts[drop]+uint64(len(m.chunks[drop])) <= seq {
 		drop++
 	}
 	if drop > 0 {
 		m.chunks = slices.Delete(m.chunks, 0, drop)
+		m.firsts = slices.Delete(m.firsts, 0, drop)
 	}
 }
 
