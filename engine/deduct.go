@@ -63,6 +63,9 @@ type DeductRequest struct {
 	// clock, when set, is the time of the batch the deduct came in: one
 	// reading of the clocks for all its deducts instead of a few each.
 	clock instant
+	// slot, when set, is where its pending take goes: a batch allocates
+	// them together.
+	slot *pendingTake
 }
 
 // instant is one reading of the engine's clock (now, a test's in tests)
@@ -245,10 +248,11 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 	waiters := make([]waiter, len(reqs))
 	var slow sync.WaitGroup
 	clock := instant{e.cfg.Now(), time.Now()}
+	slots := make([]pendingTake, len(reqs))
 	for i := range reqs {
 		req, r := &reqs[i], &res[i]
 		*r = DeductResult{}
-		req.clock = clock
+		req.clock, req.slot = clock, &slots[i]
 		s := e.admit(req, r)
 		if s == nil {
 			e.metrics.countDeduct(r.Status, req.Hint)
@@ -411,10 +415,18 @@ type pendingTake struct {
 }
 
 func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
-	return &pendingTake{
-		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
-		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty, User: string(req.User), RequestID: string(req.RequestID)},
+	p := req.slot
+	if p == nil {
+		p = new(pendingTake)
 	}
+	req.slot = nil // a slot serves one take
+	// The user and the request id share one allocation.
+	ids := string(req.User) + string(req.RequestID)
+	*p = pendingTake{
+		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
+		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty, User: ids[:len(req.User)], RequestID: ids[len(req.User):]},
+	}
+	return p
 }
 
 func (p *pendingTake) resolve(r DeductResult) { p.resolveAt(r, time.Time{}) }
