@@ -53,9 +53,15 @@ func (a *applier) getOrder(id string) (*Order, error) {
 
 func (a *applier) putOrder(o *Order) error {
 	raiseOrderSeq(a.ledger.orderSeqHigh, o.ID)
+	a.putOrderRecord(o)
+	return nil
+}
+
+// putOrderRecord is putOrder for a caller that has counted the id's
+// sequence itself.
+func (a *applier) putOrderRecord(o *Order) {
 	size := 2 + 3*maxVarintBytes + 5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
 	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(make([]byte, 0, size), o))
-	return nil
 }
 
 func (a *applier) take(c *Take) (*Result, error) {
@@ -77,7 +83,8 @@ func (a *applier) take(c *Take) (*Result, error) {
 		// An id above the highest its node minted so far is surely new
 		// (the common case), without a lookup.
 		var prior *Order
-		fresh := a.newerThanAll(e.OrderID)
+		owner, seq, shaped := orderSeq(e.OrderID)
+		fresh := shaped && seq > a.ledger.orderSeqHigh[owner]
 		if !fresh {
 			var err error
 			if prior, err = a.getOrder(e.OrderID); err != nil {
@@ -146,9 +153,10 @@ func (a *applier) take(c *Take) (*Result, error) {
 			o.State = OrderSold
 			s.Sold += e.Qty
 		}
-		if err := a.putOrder(&o); err != nil {
-			return nil, err
+		if shaped && seq > a.ledger.orderSeqHigh[owner] {
+			a.ledger.orderSeqHigh[owner] = seq
 		}
+		a.putOrderRecord(&o)
 		if s.Config.PerUser > 0 {
 			if _, err := a.addBought(e.SKU, e.User, e.Qty); err != nil {
 				return nil, err
