@@ -281,6 +281,23 @@ func (m *eventChunks) get(seq uint64) *FeedEvent {
 	return nil
 }
 
+// from calls fn for the events held from seq on, in order, until fn
+// returns false.
+func (m *eventChunks) from(seq uint64, fn func(*FeedEvent) bool) {
+	if len(m.chunks) == 0 {
+		return
+	}
+	c := max(sort.Search(len(m.firsts), func(i int) bool { return m.firsts[i] > seq })-1, 0)
+	for ; c < len(m.chunks); c++ {
+		chunk := m.chunks[c]
+		for i := max(seq, m.firsts[c]) - m.firsts[c]; i < uint64(len(chunk)); i++ {
+			if !fn(&chunk[i]) {
+				return
+			}
+		}
+	}
+}
+
 // dropBefore forgets the whole chunks that hold only events below seq;
 // the last chunk stays.
 func (m *eventChunks) dropBefore(seq uint64) {
@@ -304,15 +321,13 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	// Pointers into the chunks: an event there never changes, and its
 	// chunk is dropped only after written, which follows this write.
 	var batch []*FeedEvent
-	if first := f.mem.firstSeq(); first != 0 {
-		for seq := max(f.persisted+1, first); ; seq++ {
-			e := f.mem.get(seq)
-			if e == nil || e.Index > target {
-				break
-			}
-			batch = append(batch, e)
+	f.mem.from(f.persisted+1, func(e *FeedEvent) bool {
+		if e.Index > target {
+			return false
 		}
-	}
+		batch = append(batch, e)
+		return true
+	})
 	f.mu.RUnlock()
 	events := tx.Bucket(bucketEvents)
 	events.FillPercent = persistFillPercent
@@ -585,13 +600,15 @@ func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
 		from = end + 1
 	}
 	f.mu.RLock()
-	for seq := from; seq <= to; seq++ {
-		e, ok := f.memEvent(seq)
-		if !ok {
-			break // trimmed under us: the caller reads on from the last event
+	want := from
+	f.mem.from(from, func(e *FeedEvent) bool {
+		if e.Seq != want || want > to {
+			return false // trimmed under us: the caller reads on from the last event
 		}
-		page.Events = append(page.Events, e)
-	}
+		page.Events = append(page.Events, *e)
+		want++
+		return true
+	})
 	f.mu.RUnlock()
 	return page, nil
 }

@@ -366,6 +366,19 @@ func TestEventChunks_AddGetDrop(t *testing.T) {
 			t.Fatalf("get %d: %+v, want none", seq, e)
 		}
 	}
+	var seen []uint64
+	m.from(7, func(e *FeedEvent) bool {
+		seen = append(seen, e.Seq)
+		return e.Seq < 10
+	})
+	if !slices.Equal(seen, []uint64{7, 8, 9, 10}) {
+		t.Fatalf("from 7: %v", seen)
+	}
+	seen = nil
+	m.from(2, func(e *FeedEvent) bool { seen = append(seen, e.Seq); return len(seen) < 2 })
+	if !slices.Equal(seen, []uint64{5, 6}) {
+		t.Fatalf("from before the first: %v", seen)
+	}
 	m.dropBefore(9) // the first two chunks are wholly below
 	if m.firstSeq() != 9 || m.get(8) != nil || m.get(9) == nil || len(m.chunks) != 1 {
 		t.Fatalf("after dropping: first %d, %d chunks", m.firstSeq(), len(m.chunks))
