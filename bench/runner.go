@@ -96,7 +96,7 @@ type workerStats struct {
 // runs (no hashing), merged by buyer (a buyer has one request id) after.
 type answerNote struct {
 	buyer, sku int
-	start, end time.Time
+	start, end int64 // unix nanos: no pointer for the collector to follow
 	answer     uint8
 }
 
@@ -121,7 +121,7 @@ type slotStats struct {
 
 // note records one answer to a request id.
 func (ws *workerStats) note(r *Request, start, end time.Time, answer uint8) {
-	ws.answered = append(ws.answered, answerNote{buyer: r.Buyer, sku: r.SKU, start: start, end: end, answer: answer})
+	ws.answered = append(ws.answered, answerNote{buyer: r.Buyer, sku: r.SKU, start: start.UnixNano(), end: end.UnixNano(), answer: answer})
 }
 
 // tailChecks computes the tail, flips and late wins from the workers'
@@ -138,17 +138,18 @@ func tailChecks(run *Run, stats []*workerStats) {
 			}
 		}
 		for _, n := range ws.answered {
+			start, end := time.Unix(0, n.start), time.Unix(0, n.end)
 			m, ok := reqs[n.buyer]
 			if !ok {
-				m = &reqRecord{sku: n.sku, firstStart: n.start}
+				m = &reqRecord{sku: n.sku, firstStart: start}
 				reqs[n.buyer] = m
 			}
 			m.answers |= n.answer
-			if n.start.Before(m.firstStart) {
-				m.firstStart = n.start
+			if start.Before(m.firstStart) {
+				m.firstStart = start
 			}
-			if n.answer == answerWin && (m.firstWinEnd.IsZero() || n.end.Before(m.firstWinEnd)) {
-				m.firstWinEnd = n.end
+			if n.answer == answerWin && (m.firstWinEnd.IsZero() || end.Before(m.firstWinEnd)) {
+				m.firstWinEnd = end
 			}
 		}
 	}
@@ -234,7 +235,7 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		// should spend its CPU on the load, not on growing them.
 		share := sc.Requests/o.Conns + 1
 		ws := &workerStats{lat: NewLatencies(share), losses: map[string]int{}, won: map[string]bool{}, wonIDs: make([]string, 0, share),
-			slots: make([]slotStats, slotsMax), firstSoldOut: map[int]time.Time{}, answered: make([]answerNote, 0, share)}
+			slots: make([]slotStats, slotsMax), firstSoldOut: map[int]time.Time{}, answered: make([]answerNote, 0, 2*share)}
 		stats[w] = ws
 		wg.Add(1)
 		go func(w int) {
