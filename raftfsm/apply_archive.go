@@ -142,8 +142,9 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		return nil, decodeErr
 	}
 	// The orders leave, their ids' sequences stay known: a take of an id
-	// at or below them is never taken for new (newerThanAll), here or on a
-	// node that rebuilds the marks from the file.
+	// at or below them is never taken for new (take's check against its
+	// node's highest sequence), here or on a node that rebuilds the marks
+	// from the file.
 	marked := map[string]bool{}
 	for i := range doomed {
 		if owner, _, ok := orderSeq(doomed[i].ID); ok && !marked[owner] {

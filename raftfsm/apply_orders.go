@@ -32,13 +32,6 @@ func raiseOrderSeq(high map[string]uint64, id string) {
 	}
 }
 
-// newerThanAll reports whether no order with id can exist: its sequence
-// is above the highest its node minted among the ledger's orders.
-func (a *applier) newerThanAll(id string) bool {
-	owner, seq, ok := orderSeq(id)
-	return ok && seq > a.ledger.orderSeqHigh[owner]
-}
-
 func (a *applier) getOrder(id string) (*Order, error) {
 	v, err := a.get(bucketOrders, []byte(id))
 	if err != nil || v == nil {

@@ -30,6 +30,27 @@ func (t *testLedger) reopen() *Ledger {
 	return l
 }
 
+// rewriteFile changes the ledger's file, closed, with fn (to make a file
+// as an earlier version wrote it), then opens it again.
+func (t *testLedger) rewriteFile(fn func(tx *bolt.Tx) error) *Ledger {
+	t.tb.Helper()
+	if err := t.l.Close(); err != nil {
+		t.tb.Fatal(err)
+	}
+	db, err := bolt.Open(filepath.Join(t.dir, ledgerFileName), 0o600, nil)
+	if err != nil {
+		t.tb.Fatal(err)
+	}
+	err = db.Update(fn)
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.tb.Fatal(err)
+	}
+	return t.reopen()
+}
+
 // applyTyped applies a typed command at the next log index.
 func (t *testLedger) applyTyped(at int64, c Command) *Result {
 	t.tb.Helper()
@@ -409,17 +430,10 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 		}
 	}
 	take(0, n)
-	if err := tl.l.Close(); err != nil {
-		t.Fatal(err)
-	}
 
 	// The file holds the n events in three chunks; rewrite them as an
 	// earlier version wrote them.
-	db, err := bolt.Open(filepath.Join(tl.dir, ledgerFileName), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	l := tl.rewriteFile(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketEvents)
 		var keys, olds [][]byte
 		err := b.ForEach(func(k, v []byte) error {
@@ -447,14 +461,6 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 		}
 		return nil
 	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	l := tl.reopen()
 	take(n, 2*n) // new chunks after the old events
 	var all feedTally
 	all.readAll(t, l)
@@ -492,7 +498,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 	if a := checkAudit(t, l, "a"); a.Orders != 2*n {
 		t.Fatalf("%d order records, want %d", a.Orders, 2*n)
 	}
-	err = l.view(func(tx *bolt.Tx) error {
+	err := l.view(func(tx *bolt.Tx) error {
 		k, _ := tx.Bucket(bucketEvents).Cursor().First()
 		if first := binary.BigEndian.Uint64(k); first > through.Seq || first+feedDiskChunkEvents <= through.Seq {
 			return fmt.Errorf("the file's first chunk starts at %d: the pruned ones should be gone up to the one holding %d", first, through.Seq)

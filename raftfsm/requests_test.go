@@ -3,7 +3,6 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
-	"path/filepath"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -62,16 +61,8 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 	if g, s := requestRecords(t, tl.l); g != 2 || s != 0 {
 		t.Fatalf("%d groups and %d single records, want 2 and 0", g, s)
 	}
-	if err := tl.l.Close(); err != nil {
-		t.Fatal(err)
-	}
-
 	// Rewrite the first group as an earlier version wrote it.
-	db, err := bolt.Open(filepath.Join(tl.dir, ledgerFileName), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	l := tl.rewriteFile(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRequestsByTime)
 		key := requestGroupKey(10)
 		pairs, err := decodeRequestGroup(b.Get(key))
@@ -88,14 +79,6 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 		}
 		return nil
 	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	l := tl.reopen()
 	if n := l.RequestIDs(); n != 20 {
 		t.Fatalf("%d request ids after the reopen, want 20", n)
 	}
@@ -157,7 +140,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 	if g, s := requestRecords(t, l); g != 1 || s != 0 {
 		t.Fatalf("after pruning: %d groups and %d single records, want 1 and 0", g, s)
 	}
-	err = l.view(func(tx *bolt.Tx) error {
+	err := l.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketRequestsByTime).Get(binary.BigEndian.AppendUint64(nil, 20))
 		pairs, err := decodeRequestGroup(v)
 		if err == nil && len(pairs) != 3 {
