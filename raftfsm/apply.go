@@ -217,13 +217,16 @@ func (a *applier) closeTx() {
 
 // put records a change of this batch; value nil deletes. The applier
 // keeps value: the caller must not change it afterwards.
-func (a *applier) put(bucket, key, value []byte) {
+func (a *applier) put(bucket, key, value []byte) { a.putKey(bucket, string(key), value) }
+
+// putKey is put for a key the caller holds as a string.
+func (a *applier) putKey(bucket []byte, k string, value []byte) {
 	m := a.batch[string(bucket)]
 	if m == nil {
 		m = map[string][]byte{}
 		a.batch[string(bucket)] = m
 	}
-	k, n := string(key), len(m)
+	n := len(m)
 	m[k] = value
 	if len(m) > n { // a key this batch had not changed yet
 		a.batchOrder[string(bucket)] = append(a.batchOrder[string(bucket)], k)

@@ -157,7 +157,7 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		if o.State == OrderHeld {
 			panic(fmt.Sprintf("BUG: held order %q of archived sale %q", o.ID, o.SKU))
 		}
-		a.put(bucketOrders, []byte(o.ID), nil)
+		a.putKey(bucketOrders, o.ID, nil)
 		if o.RequestID != "" {
 			forgot, err := a.forgetRequestInGroup(o.CreatedAtUnixNano, o.RequestID, o.ID)
 			if err != nil {

@@ -54,7 +54,7 @@ func (a *applier) putOrder(o *Order) error {
 // sequence itself.
 func (a *applier) putOrderRecord(o *Order) {
 	size := 2 + 3*maxVarintBytes + 5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
-	a.put(bucketOrders, []byte(o.ID), encodeOrderRecord(make([]byte, 0, size), o))
+	a.putKey(bucketOrders, o.ID, encodeOrderRecord(make([]byte, 0, size), o))
 }
 
 func (a *applier) take(c *Take) (*Result, error) {
