@@ -29,15 +29,42 @@ var (
 	bucketOrders = []byte("orders")
 	bucketBuyers = []byte("buyers")
 	bucketNodes  = []byte("nodes")
-	// requests maps request ids to their order ids. Keys are the order's
-	// creation time (8-byte big-endian unix nanos) then the request id: new
-	// ids append at the end of the B+tree instead of dirtying random pages,
-	// and pruning by age picks the same ids on every node. Lookups by
-	// request id go through the in-memory mirror.
+	// requests maps request ids to their order ids, a log entry's ids in
+	// one group keyed by the orders' creation time (8-byte big-endian unix
+	// nanos; see requestGroupFormat); files of format 1 have a record an
+	// id, keyed by the time then the id. New ids append at the end of the
+	// B+tree instead of dirtying random pages, and pruning by age picks
+	// the same ids on every node. Lookups by request id go through the
+	// in-memory mirror.
 	bucketRequestsByTime = []byte("requests_by_time")
 
 	keyApplied = []byte("applied_index")
+	// keyFormat is the file's format (big-endian uint32); absent: 1.
+	keyFormat = []byte("format")
 )
+
+// ledgerFormat is the format this version writes: 2 has request groups
+// and the feed's events in chunks. It reads every format up to it, and
+// refuses a file of a later one rather than misread it.
+const ledgerFormat = 2
+
+// errLedgerFormat is a file written by a later version.
+var errLedgerFormat = errors.New("the ledger file was written by a later version of stockd")
+
+// checkLedgerFormat reads a file's format from its meta bucket (nil: a new
+// file) and refuses one this version cannot read.
+func checkLedgerFormat(meta *bolt.Bucket) (uint32, error) {
+	format := uint32(1)
+	if meta != nil {
+		if v := meta.Get(keyFormat); len(v) == 4 {
+			format = binary.BigEndian.Uint32(v)
+		}
+	}
+	if format > ledgerFormat {
+		return format, fmt.Errorf("%w (format %d; this one reads up to %d)", errLedgerFormat, format, ledgerFormat)
+	}
+	return format, nil
+}
 
 const (
 	ledgerFileName    = "ledger.db"
@@ -316,12 +343,16 @@ func (l *Ledger) openFile() (db *bolt.DB, err error) {
 		return nil, ledgerOpenError(l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
+		if _, err := checkLedgerFormat(tx.Bucket(bucketMeta)); err != nil {
+			return err
+		}
 		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime, bucketEvents, bucketConsumers, bucketEntries, bucketEntryUsers} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
 		}
-		return nil
+		// From here on the file may hold records of this format.
+		return tx.Bucket(bucketMeta).Put(keyFormat, binary.BigEndian.AppendUint32(nil, ledgerFormat))
 	})
 	if err == nil {
 		err = l.loadMirrors(db)

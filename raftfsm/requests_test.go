@@ -2,7 +2,10 @@ package raftfsm
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -153,5 +156,82 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 	}
 	for _, sku := range []string{"a", "b"} {
 		checkAudit(t, l, sku)
+	}
+}
+
+// TestLedger_FormatOfALaterVersionIsRefused: a file records the format it
+// was written in; a file, or a snapshot, of a later format than this
+// version reads is refused with a clear error instead of misread, and a
+// file of the first format (no mark) opens and is marked.
+func TestLedger_FormatOfALaterVersionIsRefused(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 5}})
+	format := func(l *Ledger) (f uint32) {
+		t.Helper()
+		if err := l.view(func(tx *bolt.Tx) error {
+			var err error
+			f, err = checkLedgerFormat(tx.Bucket(bucketMeta))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	if f := format(tl.l); f != ledgerFormat {
+		t.Fatalf("a new file has format %d, want %d", f, ledgerFormat)
+	}
+	// A file of the first format carries no mark: it opens, and is marked.
+	l := tl.rewriteFile(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyFormat) })
+	if f := format(l); f != ledgerFormat {
+		t.Fatalf("a file of format 1 reopened has format %d, want %d", f, ledgerFormat)
+	}
+
+	// A snapshot from a later version is refused; the ledger stays as it
+	// was. (A snapshot is an image of the file: mark one as a later
+	// version's.)
+	later := newTestLedger(t)
+	later.apply(legacyCommand{Op: OpCreateSale, SKU: "b", Sale: &SaleConfig{Total: 9}})
+	image := filepath.Join(t.TempDir(), "snapshot.db")
+	if err := os.WriteFile(image, snapshotOf(t, later.l).Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	markLater := func(path string) {
+		t.Helper()
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketMeta).Put(keyFormat, binary.BigEndian.AppendUint32(nil, ledgerFormat+1))
+		})
+		if cerr := db.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	markLater(image)
+	f, err := os.Open(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Restore(f); !errors.Is(err, errLedgerFormat) {
+		t.Fatalf("restore of a later format's snapshot: %v, want errLedgerFormat", err)
+	}
+	if _, _, ok := l.SKU("a"); !ok {
+		t.Fatal("the refused snapshot replaced the ledger")
+	}
+	if _, _, ok := l.SKU("b"); ok {
+		t.Fatal("the refused snapshot's sale is in the ledger")
+	}
+
+	// A file of a later format does not open.
+	if err := later.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	markLater(filepath.Join(later.dir, ledgerFileName))
+	if _, err := OpenLedger(later.dir, nil); !errors.Is(err, errLedgerFormat) {
+		t.Fatalf("open of a later format's file: %v, want errLedgerFormat", err)
 	}
 }

@@ -64,6 +64,10 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", tmp, err)
 	}
+	if err := checkSnapshotFormat(tmp); err != nil {
+		os.Remove(tmp)
+		return err
+	}
 
 	// The old file is not closed here: bbolt's Close waits for every read
 	// transaction, and one may be a snapshot of this ledger that raft is
@@ -107,4 +111,27 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 		obs.Applied([]Event{{Kind: EventReplaced, Index: applied}})
 	}
 	return nil
+}
+
+// checkSnapshotFormat refuses a snapshot of a later format (a leader of a
+// later version sent it) before it replaces the ledger: this node would
+// misread it. Upgrade this node, and it takes the snapshot again.
+func checkSnapshotFormat(path string) (err error) {
+	defer func() {
+		if r := recover(); r != nil { // bbolt panics on pages it cannot read
+			err = fmt.Errorf("snapshot %s is damaged: %v", path, r)
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: ledgerOpenTimeout})
+	if err != nil {
+		return fmt.Errorf("open snapshot %s: %w", path, err)
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		_, err := checkLedgerFormat(tx.Bucket(bucketMeta))
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		return nil
+	})
 }
