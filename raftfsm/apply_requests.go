@@ -170,26 +170,36 @@ func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano i
 	a.newRequests = append(a.newRequests, requestPair{requestID, orderID})
 }
 
+// requestGroup reads the group of orders created at at (none: nil).
+func (a *applier) requestGroup(at int64) ([]requestPair, error) {
+	v, err := a.get(bucketRequestsByTime, requestGroupKey(at))
+	if err != nil || v == nil {
+		return nil, err
+	}
+	return decodeRequestGroup(v)
+}
+
+// putRequestGroup writes the group of orders created at at; an empty one
+// is deleted.
+func (a *applier) putRequestGroup(at int64, pairs []requestPair) {
+	var v []byte
+	if len(pairs) > 0 {
+		v = encodeRequestGroup(pairs)
+	}
+	a.put(bucketRequestsByTime, requestGroupKey(at), v)
+}
+
 // flushRequestGroup writes the request ids the entry being applied
 // remembered as the group of its time, after any members the group has.
 func (a *applier) flushRequestGroup() error {
 	if len(a.newRequests) == 0 {
 		return nil
 	}
-	key := requestGroupKey(a.at)
-	v, err := a.get(bucketRequestsByTime, key)
+	had, err := a.requestGroup(a.at)
 	if err != nil {
 		return err
 	}
-	pairs := a.newRequests
-	if v != nil {
-		had, err := decodeRequestGroup(v)
-		if err != nil {
-			return err
-		}
-		pairs = append(had, pairs...)
-	}
-	a.put(bucketRequestsByTime, key, encodeRequestGroup(pairs))
+	a.putRequestGroup(a.at, append(had, a.newRequests...))
 	a.newRequests = a.newRequests[:0]
 	return nil
 }
@@ -197,12 +207,7 @@ func (a *applier) flushRequestGroup() error {
 // forgetRequestInGroup takes request id (whose order is orderID) out of
 // the group of orders created at at, if the group holds it.
 func (a *applier) forgetRequestInGroup(at int64, requestID, orderID string) (bool, error) {
-	key := requestGroupKey(at)
-	v, err := a.get(bucketRequestsByTime, key)
-	if err != nil || v == nil {
-		return false, err
-	}
-	pairs, err := decodeRequestGroup(v)
+	pairs, err := a.requestGroup(at)
 	if err != nil {
 		return false, err
 	}
@@ -210,12 +215,7 @@ func (a *applier) forgetRequestInGroup(at int64, requestID, orderID string) (boo
 	if i < 0 {
 		return false, nil
 	}
-	pairs = slices.Delete(pairs, i, i+1)
-	if len(pairs) == 0 {
-		a.put(bucketRequestsByTime, key, nil)
-	} else {
-		a.put(bucketRequestsByTime, key, encodeRequestGroup(pairs))
-	}
+	a.putRequestGroup(at, slices.Delete(pairs, i, i+1))
 	return true, nil
 }
 
@@ -233,8 +233,8 @@ func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
 	count := a.requestCount()
 	var doomed [][]byte // records of the earlier format
 	type groupChange struct {
-		key  []byte
-		left []requestPair // nil: the whole group goes
+		at   int64
+		left []requestPair // empty: the whole group goes
 	}
 	var groups []groupChange
 	forgotten := int64(0)
@@ -269,12 +269,8 @@ func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
 		if i == 0 {
 			return false
 		}
-		g := groupChange{key: slices.Clone(k)}
-		if i < len(pairs) {
-			g.left = pairs[i:]
-		}
-		groups = append(groups, g)
-		return g.left == nil
+		groups = append(groups, groupChange{at: created, left: pairs[i:]})
+		return i == len(pairs)
 	})
 	if decodeErr != nil {
 		return nil, decodeErr
@@ -284,11 +280,7 @@ func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
 		a.requestChanges[string(k[8:])] = requestChange{at: int64(binary.BigEndian.Uint64(k[:8]))}
 	}
 	for _, g := range groups {
-		if g.left == nil {
-			a.put(bucketRequestsByTime, g.key, nil)
-		} else {
-			a.put(bucketRequestsByTime, g.key, encodeRequestGroup(g.left))
-		}
+		a.putRequestGroup(g.at, g.left)
 	}
 	a.requestDelta -= forgotten
 	return &Result{Outcome: OutcomeOK, Qty: forgotten}, nil

@@ -269,12 +269,17 @@ func (m *eventChunks) firstSeq() uint64 {
 	return m.firsts[0]
 }
 
+// chunkAt is the last chunk whose first event is at or below seq (-1:
+// none).
+func (m *eventChunks) chunkAt(seq uint64) int {
+	return sort.Search(len(m.firsts), func(i int) bool { return m.firsts[i] > seq }) - 1
+}
+
 func (m *eventChunks) get(seq uint64) *FeedEvent {
-	if len(m.chunks) == 0 || seq < m.firsts[0] {
+	c := m.chunkAt(seq)
+	if c < 0 {
 		return nil
 	}
-	// The last chunk whose first event is at or below seq.
-	c := sort.Search(len(m.firsts), func(i int) bool { return m.firsts[i] > seq }) - 1
 	if i := seq - m.firsts[c]; i < uint64(len(m.chunks[c])) {
 		return &m.chunks[c][i]
 	}
@@ -284,11 +289,7 @@ func (m *eventChunks) get(seq uint64) *FeedEvent {
 // from calls fn for the events held from seq on, in order, until fn
 // returns false.
 func (m *eventChunks) from(seq uint64, fn func(*FeedEvent) bool) {
-	if len(m.chunks) == 0 {
-		return
-	}
-	c := max(sort.Search(len(m.firsts), func(i int) bool { return m.firsts[i] > seq })-1, 0)
-	for ; c < len(m.chunks); c++ {
+	for c := max(m.chunkAt(seq), 0); c < len(m.chunks); c++ {
 		chunk := m.chunks[c]
 		for i := max(seq, m.firsts[c]) - m.firsts[c]; i < uint64(len(chunk)); i++ {
 			if !fn(&chunk[i]) {

@@ -225,6 +225,7 @@ func TestLedger_FormatOfALaterVersionIsRefused(t *testing.T) {
 	if _, _, ok := l.SKU("b"); ok {
 		t.Fatal("the refused snapshot's sale is in the ledger")
 	}
+	checkAudit(t, l, "a")
 
 	// A file of a later format does not open.
 	if err := later.l.Close(); err != nil {
