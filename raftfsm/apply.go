@@ -179,6 +179,7 @@ type applier struct {
 	holdChanges    map[string]int64         // held order id -> expires at; -1 deletes
 	boughtChanges  map[string]int64         // buyer key -> units; 0 deletes
 	nodeChanges    map[string]string        // node id -> HTTP address
+	block          openOrderBlock
 }
 
 // get reads key from this batch's changes, then pending, then bbolt. The

@@ -120,26 +120,69 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		from = []byte(c.After)
 	}
 	var doomed []Order
+	var blocked []bool // doomed[i] is a block's member
+	type blockLeft struct {
+		key     string
+		members []byte // the block's value without the sale's members
+	}
+	var kept []blockLeft
 	scanned, last := int64(0), c.After
 	var decodeErr error
 	ascendAfter(tx, a.bh, a.batch[string(bucketOrders)], bucketOrders, from, func(k, v []byte) bool {
-		if scanned == c.Scan {
+		if scanned >= c.Scan {
 			return false
 		}
-		scanned++
 		last = string(k)
-		o, err := decodeOrderRecord(last, v)
+		if !isOrderBlockKey(k) {
+			scanned++
+			o, err := decodeOrderRecord(last, v)
+			if err != nil {
+				decodeErr = err
+				return false
+			}
+			if o.SKU == c.SKU {
+				doomed, blocked = append(doomed, o), append(blocked, false)
+			}
+			return true
+		}
+		// A block is scanned whole: its members of the sale leave, the
+		// others stay in it.
+		b, err := parseOrderBlock(k, v)
 		if err != nil {
 			decodeErr = err
 			return false
 		}
-		if o.SKU == c.SKU {
-			doomed = append(doomed, o)
+		stays := []byte{orderBlockFormat}
+		err = b.each(func(off int, m *blockMember) bool {
+			scanned++
+			o, err := b.order(m)
+			if err != nil {
+				decodeErr = err
+				return false
+			}
+			if o.SKU == c.SKU {
+				doomed, blocked = append(doomed, o), append(blocked, true)
+			} else {
+				stays = append(stays, v[off:m.next]...)
+			}
+			return true
+		})
+		if err != nil && decodeErr == nil {
+			decodeErr = err
 		}
-		return true
+		if len(stays) < len(v) {
+			kept = append(kept, blockLeft{last, stays})
+		}
+		return decodeErr == nil
 	})
 	if decodeErr != nil {
 		return nil, decodeErr
+	}
+	for _, b := range kept {
+		if len(b.members) == 1 {
+			b.members = nil // no member left
+		}
+		a.putKey(bucketOrders, b.key, b.members)
 	}
 	// The orders leave, their ids' sequences stay known: a take of an id
 	// at or below them is never taken for new (take's check against its
@@ -157,7 +200,9 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		if o.State == OrderHeld {
 			panic(fmt.Sprintf("BUG: held order %q of archived sale %q", o.ID, o.SKU))
 		}
-		a.putKey(bucketOrders, o.ID, nil)
+		if !blocked[i] {
+			a.putKey(bucketOrders, o.ID, nil)
+		}
 		if o.RequestID != "" {
 			forgot, err := a.forgetRequestInGroup(o.CreatedAtUnixNano, o.RequestID, o.ID)
 			if err != nil {

@@ -33,15 +33,58 @@ func raiseOrderSeq(high map[string]uint64, id string) {
 }
 
 func (a *applier) getOrder(id string) (*Order, error) {
-	v, err := a.get(bucketOrders, []byte(id))
-	if err != nil || v == nil {
+	if err := a.flushOrderBlock(); err != nil {
 		return nil, err
 	}
-	o, err := decodeOrderRecord(id, v)
-	if err != nil {
+	o, ok, err := readOrder(id, func(key []byte) ([]byte, error) { return a.get(bucketOrders, key) })
+	if err != nil || !ok {
 		return nil, err
 	}
 	return &o, nil
+}
+
+// openOrderBlock is the block the entry being applied adds orders to.
+type openOrderBlock struct {
+	key     string
+	added   []byte // the members added, encoded
+	scratch []byte
+}
+
+// putTakenOrder writes the order a take created: in its block if it is
+// sold and its id of the engine's shape, else as a record of its own.
+func (a *applier) putTakenOrder(o *Order) error {
+	key, slot, random, ok := orderBlockPlace(o.ID)
+	if !ok || o.State != OrderSold {
+		a.putOrderRecord(o)
+		return nil
+	}
+	if key != a.block.key {
+		if err := a.flushOrderBlock(); err != nil {
+			return err
+		}
+		a.block.key = key
+	}
+	a.block.added, a.block.scratch = appendBlockMember(a.block.added, a.block.scratch, slot, random, o)
+	return nil
+}
+
+// flushOrderBlock writes the open block: its members, then those added.
+func (a *applier) flushOrderBlock() error {
+	if len(a.block.added) == 0 {
+		return nil
+	}
+	had, err := a.get(bucketOrders, []byte(a.block.key))
+	if err != nil {
+		return err
+	}
+	if len(had) == 0 {
+		had = []byte{orderBlockFormat}
+	}
+	v := make([]byte, 0, len(had)+len(a.block.added))
+	v = append(append(v, had...), a.block.added...)
+	a.putKey(bucketOrders, a.block.key, v)
+	a.block.key, a.block.added = "", a.block.added[:0]
+	return nil
 }
 
 func (a *applier) putOrder(o *Order) error {
@@ -68,7 +111,7 @@ func (a *applier) take(c *Take) (*Result, error) {
 	for i := range c.Entries {
 		e := &c.Entries[i]
 		r := &res.Takes[i]
-		if e.OrderID == "" || e.Qty <= 0 || e.User == "" {
+		if e.OrderID == "" || e.OrderID[0] == orderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
 			r.Outcome = OutcomeInvalid
 			continue
 		}
@@ -149,7 +192,9 @@ func (a *applier) take(c *Take) (*Result, error) {
 		if shaped && seq > a.ledger.orderSeqHigh[owner] {
 			a.ledger.orderSeqHigh[owner] = seq
 		}
-		a.putOrderRecord(&o)
+		if err := a.putTakenOrder(&o); err != nil {
+			return nil, err
+		}
 		if s.Config.PerUser > 0 {
 			if _, err := a.addBought(e.SKU, e.User, e.Qty); err != nil {
 				return nil, err
@@ -163,6 +208,9 @@ func (a *applier) take(c *Take) (*Result, error) {
 		}
 		a.feedEvent(FeedOrderCreated, &o)
 		r.Outcome, r.Order = OutcomeOK, o
+	}
+	if err := a.flushOrderBlock(); err != nil {
+		return nil, err
 	}
 	if err := a.flushRequestGroup(); err != nil {
 		return nil, err

@@ -71,22 +71,20 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 			return err
 		}
 		return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-			o, err := decodeOrderRecord(string(k), v)
-			if err != nil {
-				return err
-			}
-			a, ok := audits[o.SKU]
-			if !ok {
+			return eachStoredOrder(k, v, func(o *Order) error {
+				a, ok := audits[o.SKU]
+				if !ok {
+					return nil
+				}
+				a.Orders++
+				switch o.State {
+				case OrderHeld:
+					a.OrdersHeld += o.Qty
+				case OrderSold:
+					a.OrdersSold += o.Qty
+				}
 				return nil
-			}
-			a.Orders++
-			switch o.State {
-			case OrderHeld:
-				a.OrdersHeld += o.Qty
-			case OrderSold:
-				a.OrdersSold += o.Qty
-			}
-			return nil
+			})
 		})
 	})
 	if err != nil {

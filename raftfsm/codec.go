@@ -347,6 +347,20 @@ func encodeOrderRecord(dst []byte, o *Order) []byte {
 	return appendString(dst, o.ReleaseReason)
 }
 
+// orderRecordSKU reads an order record's sale and state without decoding
+// the rest; ok is false for a record it cannot read so.
+func orderRecordSKU(b []byte) (sku []byte, state OrderState, ok bool) {
+	if len(b) < 2 || b[0] != orderRecordFormat || int(b[1]) >= len(orderStateCodes) {
+		return nil, "", false
+	}
+	d := decoder{b: b[2:]}
+	d.varint()
+	d.varint()
+	d.varint()
+	sku = d.bytes()
+	return sku, orderStateCodes[b[1]], d.err == nil
+}
+
 // decodeOrderRecord reads the record of order id.
 func decodeOrderRecord(id string, b []byte) (Order, error) {
 	if len(b) > 0 && b[0] == '{' {

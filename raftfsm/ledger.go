@@ -44,9 +44,10 @@ var (
 )
 
 // ledgerFormat is the format this version writes: 2 has request groups
-// and the feed's events in chunks. It reads every format up to it, and
+// and the feed's events in chunks, 3 the orders a take sells in blocks
+// (order_blocks.go). It reads every format up to it, and
 // refuses a file of a later one rather than misread it.
-const ledgerFormat = 2
+const ledgerFormat = 3
 
 // errLedgerFormat is a file written by a later version.
 var errLedgerFormat = errors.New("the ledger file was written by a later version of stockd")
@@ -482,15 +483,13 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 			return err
 		}
 		err = tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-			o, err := decodeOrderRecord(string(k), v)
-			if err != nil {
-				return err
-			}
-			if o.State == OrderHeld {
-				holds[o.ID] = o.ExpiresAtUnixNano
-			}
-			raiseOrderSeq(seqHigh, o.ID)
-			return nil
+			return eachStoredOrder(k, v, func(o *Order) error {
+				if o.State == OrderHeld {
+					holds[o.ID] = o.ExpiresAtUnixNano
+				}
+				raiseOrderSeq(seqHigh, o.ID)
+				return nil
+			})
 		})
 		if err != nil {
 			return err

@@ -427,7 +427,7 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 		switch rapid.IntRange(0, 3).Draw(t, "id_shape") {
 		case 1, 2:
 			owner := rapid.SampledFrom(m.nodes).Draw(t, "id_owner")
-			seq := rapid.Uint64Range(1, 30).Draw(t, "id_seq")
+			seq := rapid.Uint64Range(1, 600).Draw(t, "id_seq") // blocks 0 to 2 of orders (order_blocks.go)
 			id = fmt.Sprintf("%s-%s-%d", owner, strconv.FormatUint(seq, 36), m.next)
 		case 3:
 			if len(m.taken) > 0 {
@@ -635,7 +635,19 @@ func (m *ledgerMachine) CloseAndArchive(t *rapid.T) {
 
 func (m *ledgerMachine) Check(t *rapid.T) {
 	for _, sku := range m.skus {
-		checkAudit(t, m.tl.l, sku)
+		a := checkAudit(t, m.tl.l, sku)
+		// The sale's orders stream in id order (saleOrderIDs checks it),
+		// all of them, and from after one of them, the rest.
+		ids := saleOrderIDs(t, m.tl.l, sku, "")
+		if int64(len(ids)) != a.Orders {
+			t.Fatalf("sale %s streams %d orders; the audit counts %d", sku, len(ids), a.Orders)
+		}
+		if len(ids) > 0 {
+			i := rapid.IntRange(0, len(ids)-1).Draw(t, "stream_after")
+			if rest := saleOrderIDs(t, m.tl.l, sku, ids[i]); !slices.Equal(rest, ids[i+1:]) {
+				t.Fatalf("sale %s after %s streams %v, want %v", sku, ids[i], rest, ids[i+1:])
+			}
+		}
 	}
 	// Every request id the ledger holds answers the order it first won,
 	// and the index counts exactly those.

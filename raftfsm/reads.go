@@ -165,16 +165,9 @@ func (l *Ledger) RequestIDs() int {
 
 // Order reads one order.
 func (l *Ledger) Order(id string) (Order, bool, error) {
-	v, err := l.read(bucketOrders, []byte(id))
+	o, ok, err := readOrder(id, func(key []byte) ([]byte, error) { return l.read(bucketOrders, key) })
 	if err != nil {
 		return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
 	}
-	if v == nil {
-		return Order{}, false, nil
-	}
-	o, err := decodeOrderRecord(id, v)
-	if err != nil {
-		return Order{}, false, err
-	}
-	return o, true, nil
+	return o, ok, nil
 }

@@ -1,0 +1,212 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Orders in blocks (file format 3). An order a take creates sold, with an
+// id of the engine's shape ("<node>-<sequence>-<random>", the sequence in
+// canonical base 36), never changes until its sale is archived. Such
+// orders share a record per block: the orders of sequences k*256 to
+// k*256+255 of one node. One record instead of 256 is what makes a sale's
+// orders cheap to write. Any other order (held, a lottery's, an id of
+// another shape, or one a version before format 3 wrote) keeps a record
+// of its own, keyed by its id.
+//
+// A block's key is 0x00, the node, 0x00 and the block number (big-endian
+// uint64). Order ids never hold a 0x00 byte, so blocks sort before every
+// order record and no id can be taken for a block. The value is
+// orderBlockFormat, then each member: its sequence's low byte, its id's
+// random part (a string) and its order record (bytes, as
+// encodeOrderRecord writes it).
+
+const (
+	orderBlockFormat byte = 0xB1
+	orderBlockBits        = 8
+	orderBlockKeyPrefix   = "\x00"
+)
+
+// orderBlockPlace says where order id belongs when it is stored in a
+// block: the block's key, the member's slot in it and the id's random
+// part. ok is false for an id not of the engine's canonical shape.
+func orderBlockPlace(id string) (key string, slot byte, random string, ok bool) {
+	last := strings.LastIndexByte(id, '-')
+	if last <= 0 || last == len(id)-1 {
+		return "", 0, "", false
+	}
+	prev := strings.LastIndexByte(id[:last], '-')
+	if prev <= 0 || prev == last-1 {
+		return "", 0, "", false
+	}
+	seq, err := strconv.ParseUint(id[prev+1:last], 36, 64)
+	if err != nil {
+		return "", 0, "", false
+	}
+	var buf [16]byte
+	if string(strconv.AppendUint(buf[:0], seq, 36)) != id[prev+1:last] {
+		return "", 0, "", false // not canonical: "0a", "A"; its id could not be rebuilt
+	}
+	return orderBlockKey(id[:prev], seq>>orderBlockBits), byte(seq), id[last+1:], true
+}
+
+func orderBlockKey(owner string, block uint64) string {
+	b := make([]byte, 0, len(owner)+10)
+	b = append(b, orderBlockKeyPrefix...)
+	b = append(b, owner...)
+	b = append(b, 0)
+	return string(binary.BigEndian.AppendUint64(b, block))
+}
+
+func isOrderBlockKey(k []byte) bool { return len(k) > 0 && k[0] == orderBlockKeyPrefix[0] }
+
+// orderBlock is a block's record, decoded as far as its key.
+type orderBlock struct {
+	owner string
+	block uint64
+	v     []byte
+}
+
+func parseOrderBlock(k, v []byte) (orderBlock, error) {
+	if len(k) < 10 || !isOrderBlockKey(k) || k[len(k)-9] != 0 {
+		return orderBlock{}, fmt.Errorf("%w: order block key %q", ErrMalformed, k)
+	}
+	if len(v) == 0 || v[0] != orderBlockFormat {
+		return orderBlock{}, fmt.Errorf("%w: order block %q: not a block", ErrMalformed, k)
+	}
+	return orderBlock{owner: string(k[1 : len(k)-9]), block: binary.BigEndian.Uint64(k[len(k)-8:]), v: v}, nil
+}
+
+// blockMember is one order of a block: its slot, its id's random part
+// and its record, as views into the block's value.
+type blockMember struct {
+	slot   byte
+	random []byte
+	record []byte
+	next   int // the offset of the member after it
+}
+
+// member reads the member at offset off of the block's value (the first
+// is at 1).
+func (b *orderBlock) member(off int) (blockMember, error) {
+	d := decoder{b: b.v[off:]}
+	m := blockMember{slot: d.byte(), random: d.bytes(), record: d.bytes()}
+	if d.err != nil {
+		return blockMember{}, fmt.Errorf("order block of %q %d at %d: %w", b.owner, b.block, off, d.err)
+	}
+	m.next = len(b.v) - len(d.b)
+	return m, nil
+}
+
+// appendID appends member m's order id.
+func (b *orderBlock) appendID(dst []byte, m *blockMember) []byte {
+	dst = append(dst, b.owner...)
+	dst = append(dst, '-')
+	dst = strconv.AppendUint(dst, b.block<<orderBlockBits|uint64(m.slot), 36)
+	dst = append(dst, '-')
+	return append(dst, m.random...)
+}
+
+func (b *orderBlock) order(m *blockMember) (Order, error) {
+	return decodeOrderRecord(string(b.appendID(nil, m)), m.record)
+}
+
+// each calls fn for every member, in the order they were added, until fn
+// returns false.
+func (b *orderBlock) each(fn func(off int, m *blockMember) bool) error {
+	for off := 1; off < len(b.v); {
+		m, err := b.member(off)
+		if err != nil {
+			return err
+		}
+		if !fn(off, &m) {
+			return nil
+		}
+		off = m.next
+	}
+	return nil
+}
+
+// find returns the record of the member with slot and random, or nil.
+func (b *orderBlock) find(slot byte, random string) ([]byte, error) {
+	var rec []byte
+	err := b.each(func(_ int, m *blockMember) bool {
+		if m.slot == slot && string(m.random) == random {
+			rec = m.record
+			return false
+		}
+		return true
+	})
+	return rec, err
+}
+
+// appendBlockMember appends order o as a member of its block; scratch is
+// memory for its record, returned for the next call.
+func appendBlockMember(dst, scratch []byte, slot byte, random string, o *Order) ([]byte, []byte) {
+	dst = append(dst, slot)
+	dst = appendString(dst, random)
+	scratch = encodeOrderRecord(scratch[:0], o)
+	dst = appendUvarint(dst, uint64(len(scratch)))
+	return append(dst, scratch...), scratch
+}
+
+// eachStoredOrder calls fn for the order, or each order of the block,
+// that record k, v of the orders bucket holds.
+func eachStoredOrder(k, v []byte, fn func(*Order) error) error {
+	if !isOrderBlockKey(k) {
+		o, err := decodeOrderRecord(string(k), v)
+		if err != nil {
+			return err
+		}
+		return fn(&o)
+	}
+	b, err := parseOrderBlock(k, v)
+	if err != nil {
+		return err
+	}
+	var fnErr error
+	err = b.each(func(_ int, m *blockMember) bool {
+		var o Order
+		if o, fnErr = b.order(m); fnErr == nil {
+			fnErr = fn(&o)
+		}
+		return fnErr == nil
+	})
+	if err != nil {
+		return err
+	}
+	return fnErr
+}
+
+// readOrder finds order id through get, which reads a key of the orders
+// bucket: its own record first, then its place in a block.
+func readOrder(id string, get func(key []byte) ([]byte, error)) (Order, bool, error) {
+	v, err := get([]byte(id))
+	if err != nil {
+		return Order{}, false, err
+	}
+	if v == nil {
+		key, slot, random, ok := orderBlockPlace(id)
+		if !ok {
+			return Order{}, false, nil
+		}
+		bv, err := get([]byte(key))
+		if err != nil || bv == nil {
+			return Order{}, false, err
+		}
+		b, err := parseOrderBlock([]byte(key), bv)
+		if err != nil {
+			return Order{}, false, err
+		}
+		if v, err = b.find(slot, random); err != nil || v == nil {
+			return Order{}, false, err
+		}
+	}
+	o, err := decodeOrderRecord(id, v)
+	if err != nil {
+		return Order{}, false, err
+	}
+	return o, true, nil
+}
