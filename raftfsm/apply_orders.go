@@ -32,6 +32,79 @@ func raiseOrderSeq(high map[string]uint64, id string) {
 	}
 }
 
+// seqWindowBits is how many of a node's latest sequences a seqWindow
+// covers.
+const seqWindowBits = 4096
+
+// seqWindow remembers which of a node's latest sequences have order ids
+// the ledger applied since it opened its file. A node's handlers mint ids
+// concurrently, so a take's ids come a little out of order; the window
+// tells the ledger that an id below its node's highest is new all the
+// same, without a lookup. It is the applying node's own knowledge: it
+// decides lookups, never an outcome.
+type seqWindow struct {
+	floor uint64 // sequences at or below it may have orders the window never saw
+	high  uint64
+	bits  [seqWindowBits / 64]uint64
+}
+
+func (w *seqWindow) bit(seq uint64) (*uint64, uint64) {
+	return &w.bits[seq/64%uint64(len(w.bits))], 1 << (seq % 64)
+}
+
+// unseen says whether seq surely has no order: inside the window, above
+// the floor, and not seen.
+func (w *seqWindow) unseen(seq uint64) bool {
+	if seq <= w.floor || seq > w.high || w.high-seq >= seqWindowBits {
+		return false
+	}
+	word, mask := w.bit(seq)
+	return *word&mask == 0
+}
+
+// see notes that seq has an order.
+func (w *seqWindow) see(seq uint64) {
+	if seq > w.high {
+		if seq-w.high >= seqWindowBits {
+			clear(w.bits[:])
+		} else {
+			for s := w.high + 1; s < seq; s++ { // the sequences skipped have none
+				word, mask := w.bit(s)
+				*word &^= mask
+			}
+		}
+		w.high = seq
+	}
+	if w.high-seq < seqWindowBits {
+		word, mask := w.bit(seq)
+		*word |= mask
+	}
+}
+
+// noteOrderSeq counts sequence seq of owner's order ids in its highest
+// sequence and its window.
+func (l *Ledger) noteOrderSeq(owner string, seq uint64) {
+	w := l.orderSeqWindows[owner]
+	if w == nil {
+		high := l.orderSeqHigh[owner]
+		w = &seqWindow{floor: high, high: high}
+		l.orderSeqWindows[owner] = w
+	}
+	w.see(seq)
+	if seq > l.orderSeqHigh[owner] {
+		l.orderSeqHigh[owner] = seq
+	}
+}
+
+// orderSeqUnseen says whether owner's sequence seq surely has no order.
+func (l *Ledger) orderSeqUnseen(owner string, seq uint64) bool {
+	if seq > l.orderSeqHigh[owner] {
+		return true
+	}
+	w := l.orderSeqWindows[owner]
+	return w != nil && w.unseen(seq)
+}
+
 func (a *applier) getOrder(id string) (*Order, error) {
 	if err := a.flushOrderBlock(); err != nil {
 		return nil, err
@@ -88,7 +161,9 @@ func (a *applier) flushOrderBlock() error {
 }
 
 func (a *applier) putOrder(o *Order) error {
-	raiseOrderSeq(a.ledger.orderSeqHigh, o.ID)
+	if owner, seq, ok := orderSeq(o.ID); ok {
+		a.ledger.noteOrderSeq(owner, seq)
+	}
 	a.putOrderRecord(o)
 	return nil
 }
@@ -117,11 +192,14 @@ func (a *applier) take(c *Take) (*Result, error) {
 		}
 		// The same order id again: a re-proposal after an unknown outcome.
 		// An id above the highest its node minted so far is surely new
-		// (the common case), without a lookup.
+		// (the common case), without a lookup; so is one the node's
+		// window has not seen. fresh, which decides what a turned-down
+		// take reports, must be the same on every node: it reads only the
+		// highest.
 		var prior *Order
 		owner, seq, shaped := orderSeq(e.OrderID)
 		fresh := shaped && seq > a.ledger.orderSeqHigh[owner]
-		if !fresh {
+		if !fresh && !(shaped && a.ledger.orderSeqUnseen(owner, seq)) {
 			var err error
 			if prior, err = a.getOrder(e.OrderID); err != nil {
 				return nil, err
@@ -189,8 +267,8 @@ func (a *applier) take(c *Take) (*Result, error) {
 			o.State = OrderSold
 			s.Sold += e.Qty
 		}
-		if shaped && seq > a.ledger.orderSeqHigh[owner] {
-			a.ledger.orderSeqHigh[owner] = seq
+		if shaped {
+			a.ledger.noteOrderSeq(owner, seq)
 		}
 		if err := a.putTakenOrder(&o); err != nil {
 			return nil, err

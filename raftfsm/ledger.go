@@ -214,6 +214,9 @@ type Ledger struct {
 	// it is new without a lookup. Read and written on the FSM goroutine
 	// only (and by loadMirrors before raft starts or inside Restore).
 	orderSeqHigh map[string]uint64
+	// orderSeqWindows is, per node, which of its latest sequences have
+	// orders (seqWindow); the same goroutines, emptied with orderSeqHigh.
+	orderSeqWindows map[string]*seqWindow
 	// feed is the order feed; feedOff stops recording it (every node of
 	// a cluster must agree, from its first start).
 	feed    feed
@@ -521,7 +524,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		return err
 	}
 	l.applied, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, skus, requests, nodes, holds, bought
-	l.orderSeqHigh = seqHigh
+	l.orderSeqHigh, l.orderSeqWindows = seqHigh, map[string]*seqWindow{}
 	l.reqFilter.Store(requests.filter)
 	l.buyerFilter.Store(buyers)
 	return nil

@@ -256,3 +256,24 @@ func saleOrderIDsOf(want map[string]TakeEntry, sku string) []string {
 	}
 	return ids
 }
+
+// TestSeqWindow: a node's window says "no order" only for sequences above
+// its floor, inside its span and not seen, across gaps and wrap-arounds.
+func TestSeqWindow(t *testing.T) {
+	w := &seqWindow{floor: 10, high: 10}
+	seen := map[uint64]bool{}
+	check := func() {
+		t.Helper()
+		for s := uint64(0); s <= w.high+2; s++ {
+			want := s > 10 && s <= w.high && w.high-s < seqWindowBits && !seen[s]
+			if got := w.unseen(s); got != want {
+				t.Fatalf("high %d: unseen(%d) = %v, want %v", w.high, s, got, want)
+			}
+		}
+	}
+	for _, s := range []uint64{12, 11, 15, 13, 14, 15, 300, 20, 5000, 4990, 905, 904 + seqWindowBits, 5001 + 3*seqWindowBits, 4 + 3*seqWindowBits} {
+		w.see(s)
+		seen[s] = true
+		check()
+	}
+}
