@@ -165,7 +165,10 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 	}
 
 	// The sale ends: closed, then archived. Its orders leave the ledger,
-	// the file is compacted, memory is given back; the totals stay.
+	// the file is compacted, memory is given back; the totals stay. The
+	// file keeps the sale's million feed events (until -event-retention),
+	// about half of it now that orders are stored in blocks: compacted, it
+	// is at most 60 % of what it was.
 	if code, out := call(t, c, "POST", "/v1/skus/mem/close", ""); code != 200 {
 		t.Fatalf("close: %d %v", code, out)
 	}
@@ -174,10 +177,19 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 		t.Fatalf("archive: %d %v", code, out)
 	}
 	var after map[string]any
+	var size int64
+	defer func() {
+		if t.Failed() {
+			t.Logf("at the end: the sale %v; ledger.db %d MiB", after, size>>20)
+		}
+	}()
 	waitFor(t, 5*time.Minute, "the archived orders out and the file compacted", func() bool {
 		_, after = callQuiet(c, "GET", "/v1/skus/mem", "")
 		st, err := os.Stat(filepath.Join(dir, "data", "ledger.db"))
-		return after != nil && after["archive_done"] == true && err == nil && st.Size() < ledger.Size()/2
+		if err == nil {
+			size = st.Size()
+		}
+		return after != nil && after["archive_done"] == true && err == nil && size < ledger.Size()*3/5
 	})
 	took := time.Since(archived)
 	if after["total"] != sku["total"] || after["sold"] != sku["sold"] || after["archived_orders"] != float64(memoryOrders) {

@@ -109,7 +109,13 @@ func (a *applier) getOrder(id string) (*Order, error) {
 	if err := a.flushOrderBlock(); err != nil {
 		return nil, err
 	}
-	o, ok, err := readOrder(id, func(key []byte) ([]byte, error) { return a.get(bucketOrders, key) })
+	o, ok, err := readOrder(id, func(key []byte, fn func([]byte) error) error {
+		v, err := a.get(bucketOrders, key)
+		if err != nil {
+			return err
+		}
+		return fn(v)
+	})
 	if err != nil || !ok {
 		return nil, err
 	}

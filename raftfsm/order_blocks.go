@@ -1,7 +1,7 @@
 package raftfsm
 
 import (
-	"encoding/binary"
+	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -16,9 +16,11 @@ import (
 // another shape, or one a version before format 3 wrote) keeps a record
 // of its own, keyed by its id.
 //
-// A block's key is 0x00, the node, 0x00 and the block number (big-endian
-// uint64). Order ids never hold a 0x00 byte, so blocks sort before every
-// order record and no id can be taken for a block. The value is
+// A block's key is 0x00, the node, 0x00 and the block number in base 36.
+// Order ids never hold a 0x00 byte, so blocks sort before every order
+// record and no id can be taken for a block. The key is text (valid
+// UTF-8): an archive's purge keeps it as its cursor in the sale's JSON
+// row. The value is
 // orderBlockFormat, then each member: its sequence's low byte, its id's
 // random part (a string) and its order record (bytes, as
 // encodeOrderRecord writes it).
@@ -53,11 +55,11 @@ func orderBlockPlace(id string) (key string, slot byte, random string, ok bool) 
 }
 
 func orderBlockKey(owner string, block uint64) string {
-	b := make([]byte, 0, len(owner)+10)
+	b := make([]byte, 0, len(owner)+16)
 	b = append(b, orderBlockKeyPrefix...)
 	b = append(b, owner...)
 	b = append(b, 0)
-	return string(binary.BigEndian.AppendUint64(b, block))
+	return string(strconv.AppendUint(b, block, 36))
 }
 
 func isOrderBlockKey(k []byte) bool { return len(k) > 0 && k[0] == orderBlockKeyPrefix[0] }
@@ -70,13 +72,18 @@ type orderBlock struct {
 }
 
 func parseOrderBlock(k, v []byte) (orderBlock, error) {
-	if len(k) < 10 || !isOrderBlockKey(k) || k[len(k)-9] != 0 {
+	sep := bytes.LastIndexByte(k, 0)
+	if !isOrderBlockKey(k) || sep < 2 {
+		return orderBlock{}, fmt.Errorf("%w: order block key %q", ErrMalformed, k)
+	}
+	block, err := strconv.ParseUint(string(k[sep+1:]), 36, 64)
+	if err != nil {
 		return orderBlock{}, fmt.Errorf("%w: order block key %q", ErrMalformed, k)
 	}
 	if len(v) == 0 || v[0] != orderBlockFormat {
 		return orderBlock{}, fmt.Errorf("%w: order block %q: not a block", ErrMalformed, k)
 	}
-	return orderBlock{owner: string(k[1 : len(k)-9]), block: binary.BigEndian.Uint64(k[len(k)-8:]), v: v}, nil
+	return orderBlock{owner: string(k[1:sep]), block: block, v: v}, nil
 }
 
 // blockMember is one order of a block: its slot, its id's random part
@@ -180,33 +187,40 @@ func eachStoredOrder(k, v []byte, fn func(*Order) error) error {
 	return fnErr
 }
 
-// readOrder finds order id through get, which reads a key of the orders
-// bucket: its own record first, then its place in a block.
-func readOrder(id string, get func(key []byte) ([]byte, error)) (Order, bool, error) {
-	v, err := get([]byte(id))
-	if err != nil {
-		return Order{}, false, err
+// readOrder finds order id through get, which calls fn with the value of
+// a key of the orders bucket (nil: absent), valid during the call: its
+// own record first, then its place in a block.
+func readOrder(id string, get func(key []byte, fn func(v []byte) error) error) (Order, bool, error) {
+	var o Order
+	found := false
+	err := get([]byte(id), func(v []byte) error {
+		if v == nil {
+			return nil
+		}
+		found = true
+		var err error
+		o, err = decodeOrderRecord(id, v)
+		return err
+	})
+	key, slot, random, shaped := orderBlockPlace(id)
+	if found || err != nil || !shaped {
+		return o, found && err == nil, err
 	}
-	if v == nil {
-		key, slot, random, ok := orderBlockPlace(id)
-		if !ok {
-			return Order{}, false, nil
+	err = get([]byte(key), func(v []byte) error {
+		if v == nil {
+			return nil
 		}
-		bv, err := get([]byte(key))
-		if err != nil || bv == nil {
-			return Order{}, false, err
-		}
-		b, err := parseOrderBlock([]byte(key), bv)
+		b, err := parseOrderBlock([]byte(key), v)
 		if err != nil {
-			return Order{}, false, err
+			return err
 		}
-		if v, err = b.find(slot, random); err != nil || v == nil {
-			return Order{}, false, err
+		rec, err := b.find(slot, random)
+		if err != nil || rec == nil {
+			return err
 		}
-	}
-	o, err := decodeOrderRecord(id, v)
-	if err != nil {
-		return Order{}, false, err
-	}
-	return o, true, nil
+		found = true
+		o, err = decodeOrderRecord(id, rec)
+		return err
+	})
+	return o, found && err == nil, err
 }

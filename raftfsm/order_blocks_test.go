@@ -215,6 +215,15 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 				t.Fatalf("the purge of %s does not end", sku)
 			}
 			tl.applyTyped(at, &PurgeArchived{SKU: sku, After: row.PurgeAfter, Scan: 50})
+			// The purge's cursor, a block's key among them, is kept in
+			// the sale's row in the file: it must read back as written.
+			if step%2 == 0 {
+				cursor := tl.row(sku).PurgeAfter
+				tl.reopen()
+				if got := tl.row(sku).PurgeAfter; got != cursor {
+					t.Fatalf("the purge's cursor %q reads back as %q", cursor, got)
+				}
+			}
 		}
 		row, _, _ := tl.l.SKU(sku)
 		if row.ArchivedSold != row.Sold || row.ArchivedOrders != int64(len(saleOrderIDsOf(want, sku))) {

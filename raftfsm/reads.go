@@ -92,22 +92,28 @@ const buyerFilterLog2Bits = 22
 // read returns a copy of one value, pending changes first, then bbolt;
 // nil when absent.
 func (l *Ledger) read(bucket, key []byte) ([]byte, error) {
-	l.mu.RLock()
-	bh := l.bh
-	l.mu.RUnlock()
-	if bh != nil {
-		if v, ok := bh.get(bucket, key); ok {
-			return v, nil // pending values are never changed in place
-		}
-	}
 	var out []byte
-	err := l.view(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucket).Get(key); v != nil {
+	err := l.readIn(bucket, key, func(v []byte) error {
+		if v != nil {
 			out = append([]byte(nil), v...)
 		}
 		return nil
 	})
 	return out, err
+}
+
+// readIn is read for a caller that needs the value only while fn runs:
+// one from the file is not copied.
+func (l *Ledger) readIn(bucket, key []byte, fn func(v []byte) error) error {
+	l.mu.RLock()
+	bh := l.bh
+	l.mu.RUnlock()
+	if bh != nil {
+		if v, ok := bh.get(bucket, key); ok {
+			return fn(v) // pending values are never changed in place
+		}
+	}
+	return l.view(func(tx *bolt.Tx) error { return fn(tx.Bucket(bucket).Get(key)) })
 }
 
 // BoughtBytes is the units user holds or bought of a per_user sale, as
@@ -165,7 +171,7 @@ func (l *Ledger) RequestIDs() int {
 
 // Order reads one order.
 func (l *Ledger) Order(id string) (Order, bool, error) {
-	o, ok, err := readOrder(id, func(key []byte) ([]byte, error) { return l.read(bucketOrders, key) })
+	o, ok, err := readOrder(id, func(key []byte, fn func([]byte) error) error { return l.readIn(bucketOrders, key, fn) })
 	if err != nil {
 		return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
 	}
