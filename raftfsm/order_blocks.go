@@ -26,9 +26,9 @@ import (
 // encodeOrderRecord writes it).
 
 const (
-	orderBlockFormat byte = 0xB1
-	orderBlockBits        = 8
-	orderBlockKeyPrefix   = "\x00"
+	orderBlockFormat    byte = 0xB1
+	orderBlockBits           = 8
+	orderBlockKeyPrefix      = "\x00"
 )
 
 // orderBlockPlace says where order id belongs when it is stored in a
