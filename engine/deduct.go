@@ -338,12 +338,17 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 	// would otherwise wait for refill after refill.
 	s.waitingUnits.Add(req.Qty)
 	defer s.waitingUnits.Add(-req.Qty)
+	if req.Qty > 1 {
+		s.waitingMulti.Add(1)
+		defer s.waitingMulti.Add(-1)
+	}
 	// Takes committed on other nodes change what they hold without an
-	// event here: poll the ledger as well as waiting for a signal.
+	// event here: the poller looks at the ledger for all waiting buyers
+	// and wakes them when their answer may have changed (pollWaiting).
 	e.poll.enter()
 	defer e.poll.leave()
 	for {
-		changed, tick := s.stockChanged.wait(), e.poll.sig.wait()
+		changed := s.stockChanged.wait()
 		if s.buckets.Take(req.Hint, req.Qty) {
 			return true
 		}
@@ -380,7 +385,6 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 		e.requestRefill(s)
 		select {
 		case <-changed:
-		case <-tick:
 		case <-deadline:
 			res.Status, res.RetryAfter = StatusTryAgain, tryAgainAfter
 			res.Detail = "units are still leased to other nodes; retry"
@@ -389,6 +393,34 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			res.Status, res.Detail = StatusUnavailable, "node is shutting down"
 			return false
 		}
+	}
+}
+
+// pollEvery is how many poller ticks pass between wake-ups of every
+// waiting buyer whatever the ledger shows: a bound on how long one can
+// miss a change the poller does not look for.
+const pollEvery = 50
+
+// pollWaiting runs on the poller's ticks while buyers wait for stock
+// (takeSlow). It reads each such sale's row once, keeps the lease request
+// going, and wakes the sale's waiting buyers only when their answer may
+// have changed: nothing left to sell or lease (sold out), the sale closed,
+// units in the buckets, a buyer of several units waiting (whose answer
+// depends on how many are left), or every pollEvery ticks. Waking every
+// waiting buyer at every tick, as each polled on its own before, cost a
+// burst of 100,000 waiting buyers more CPU than the raft heartbeats could
+// spare.
+func (e *Engine) pollWaiting(tick uint64) {
+	for _, s := range *e.sales.Load() {
+		if s.waitingUnits.Load() == 0 {
+			continue
+		}
+		available, leased, closed, ok := e.ledger.SKUAvailability(s.sku)
+		if !ok || closed || available+leased == 0 || s.buckets.Units() > 0 || s.waitingMulti.Load() > 0 || tick%pollEvery == 0 {
+			s.stockChanged.broadcast()
+			continue
+		}
+		e.requestRefill(s)
 	}
 }
 

@@ -125,7 +125,7 @@ func (e *Engine) Start(proposer Proposer) {
 	go e.runLeaser()
 	go e.runJanitor()
 	go e.runPurger()
-	go func() { defer e.wg.Done(); e.poll.run(e.stop) }()
+	go func() { defer e.wg.Done(); e.poll.run(e.stop, e.pollWaiting) }()
 }
 
 func (e *Engine) nextOrderID() string { return e.orderIDs.next() }

@@ -84,12 +84,10 @@ func (e *Engine) alone() bool {
 // the Lease is a demand: the ledger reports it (EventLeaseWanted), the
 // holders give part of their units back, and the next Lease gets them.
 func (e *Engine) lease(s *sale) {
-	defer func() {
-		s.refillQueued.Store(false)
-		// Wake deducts waiting on this refill even when it granted nothing,
-		// so they re-check and either ask again or answer sold_out.
-		s.stockChanged.broadcast()
-	}()
+	// A grant wakes the deducts waiting for it when it applies
+	// (Applied); one that granted nothing does not: the poller asks again
+	// for them, and wakes them once nothing is left (pollWaiting).
+	defer s.refillQueued.Store(false)
 	row, _, ok := e.ledger.SKU(s.sku)
 	if !ok || row.Closed() {
 		return

@@ -29,6 +29,7 @@ type sale struct {
 	takesInFlight atomic.Int64 // units taken from buckets, not yet resolved by the ledger
 	leaseAtLeast  atomic.Int64 // the largest qty a waiting deduct needs; the next lease covers it
 	waitingUnits  atomic.Int64 // units the deducts waiting for a refill want, summed
+	waitingMulti  atomic.Int64 // waiting deducts of more than one unit
 	lastUseNanos  atomic.Int64 // last take or lease grant here; idle leases go back after LeaseIdleReturn
 	// returnIndex is the log index of the last idle Return: no other is
 	// proposed before this node's ledger has applied it, or a node whose

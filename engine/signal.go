@@ -23,12 +23,14 @@ func (s *signal) wait() <-chan struct{} {
 	return s.ch
 }
 
-// poller wakes, every stockPollInterval and only while any wait, the
-// deducts waiting for stock: one ticker for all of them.
+// poller runs, every stockPollInterval and only while any deduct waits for
+// stock, one check for all of them (Engine.pollWaiting): a thousand
+// waiting buyers must not each look at the ledger every few
+// milliseconds.
 type poller struct {
 	waiters atomic.Int64
 	wake    chan struct{}
-	sig     signal
+	ticks   atomic.Uint64
 }
 
 func newPoller() *poller { return &poller{wake: make(chan struct{}, 1)} }
@@ -44,8 +46,8 @@ func (p *poller) enter() {
 
 func (p *poller) leave() { p.waiters.Add(-1) }
 
-// run ticks until stop closes.
-func (p *poller) run(stop <-chan struct{}) {
+// run calls tick, with the count of ticks so far, until stop closes.
+func (p *poller) run(stop <-chan struct{}, tick func(n uint64)) {
 	t := time.NewTicker(stockPollInterval)
 	defer t.Stop()
 	for {
@@ -60,7 +62,7 @@ func (p *poller) run(stop <-chan struct{}) {
 		}
 		select {
 		case <-t.C:
-			p.sig.broadcast()
+			tick(p.ticks.Add(1))
 		case <-stop:
 			return
 		}
