@@ -12,23 +12,7 @@ import (
 // orderKeys counts the orders bucket's blocks and order records.
 func orderKeys(t *testing.T, l *Ledger) (blocks, records int) {
 	t.Helper()
-	if err := l.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	err := l.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketOrders).ForEach(func(k, _ []byte) error {
-			if isOrderBlockKey(k) {
-				blocks++
-			} else {
-				records++
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return blocks, records
+	return countKeys(t, l, bucketOrders, isOrderBlockKey)
 }
 
 // saleOrderIDs streams sku's orders after after and checks that they come

@@ -11,19 +11,19 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// requestRecords lists the requests_by_time bucket: groups (8-byte keys)
-// and records of the earlier format.
-func requestRecords(t *testing.T, l *Ledger) (groups, singles int) {
+// countKeys counts a bucket's keys, those of a kind and the others, once
+// the ledger has written what is pending.
+func countKeys(t *testing.T, l *Ledger, bucket []byte, kind func(k []byte) bool) (of, others int) {
 	t.Helper()
 	if err := l.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	err := l.view(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketRequestsByTime).ForEach(func(k, _ []byte) error {
-			if len(k) == 8 {
-				groups++
+		return tx.Bucket(bucket).ForEach(func(k, _ []byte) error {
+			if kind(k) {
+				of++
 			} else {
-				singles++
+				others++
 			}
 			return nil
 		})
@@ -31,7 +31,14 @@ func requestRecords(t *testing.T, l *Ledger) (groups, singles int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return groups, singles
+	return of, others
+}
+
+// requestRecords lists the requests_by_time bucket: groups (8-byte keys)
+// and records of the earlier format.
+func requestRecords(t *testing.T, l *Ledger) (groups, singles int) {
+	t.Helper()
+	return countKeys(t, l, bucketRequestsByTime, func(k []byte) bool { return len(k) == 8 })
 }
 
 // TestRequests_GroupsAndRecordsOfTheEarlierFormat: a Take's request ids
