@@ -130,10 +130,13 @@ type openOrderBlock struct {
 }
 
 // putTakenOrder writes the order a take created: in its block if it is
-// sold and its id of the engine's shape, else as a record of its own.
-func (a *applier) putTakenOrder(o *Order) error {
+// sold, its id of the engine's shape, and its sequence new (no order of
+// its node has it, so its slot in the block is free: a block holds at
+// most 256 members however a node names its orders), else as a record of
+// its own.
+func (a *applier) putTakenOrder(o *Order, newSeq bool) error {
 	key, slot, random, ok := orderBlockPlace(o.ID)
-	if !ok || o.State != OrderSold {
+	if !ok || !newSeq || o.State != OrderSold {
 		a.putOrderRecord(o)
 		return nil
 	}
@@ -205,7 +208,8 @@ func (a *applier) take(c *Take) (*Result, error) {
 		var prior *Order
 		owner, seq, shaped := orderSeq(e.OrderID)
 		fresh := shaped && seq > a.ledger.orderSeqHigh[owner]
-		if !fresh && !(shaped && a.ledger.orderSeqUnseen(owner, seq)) {
+		newSeq := fresh || shaped && a.ledger.orderSeqUnseen(owner, seq)
+		if !newSeq {
 			var err error
 			if prior, err = a.getOrder(e.OrderID); err != nil {
 				return nil, err
@@ -276,7 +280,7 @@ func (a *applier) take(c *Take) (*Result, error) {
 		if shaped {
 			a.ledger.noteOrderSeq(owner, seq)
 		}
-		if err := a.putTakenOrder(&o); err != nil {
+		if err := a.putTakenOrder(&o, newSeq); err != nil {
 			return nil, err
 		}
 		if s.Config.PerUser > 0 {

@@ -102,6 +102,19 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 	if b, r := orderKeys(t, tl.l); b != 4 || r != 3 {
 		t.Fatalf("%d blocks and %d order records, want 4 and 3", b, r)
 	}
+	// Ids that share a sequence (a node may name its orders so): the
+	// first has the slot in its block, the others records of their own,
+	// so a block never holds more than 256.
+	var shared []TakeEntry
+	for i := 0; i < 5; i++ {
+		e := TakeEntry{SKU: "b", Qty: 1, User: "u5", RequestID: fmt.Sprintf("r-shared-%d", i), OrderID: "n2-big-" + strconv.Itoa(i)}
+		shared = append(shared, e)
+		want[e.OrderID] = e
+	}
+	take("n2", shared, OutcomeOK)
+	if b, r := orderKeys(t, tl.l); b != 5 || r != 7 {
+		t.Fatalf("after ids sharing a sequence: %d blocks and %d order records, want 5 and 7", b, r)
+	}
 	// A take of an id the ledger cannot tell from a block's key is turned
 	// down.
 	res := tl.apply(legacyCommand{Op: OpTake, Node: "n1", AtUnixNano: at, Takes: []TakeEntry{{SKU: "a", Qty: 1, User: "u", OrderID: "\x00n1"}}})
@@ -137,8 +150,8 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 		}
 		return nil
 	})
-	if b, r := orderKeys(t, tl.l); b != 3 || r != 3+255 {
-		t.Fatalf("after the rewrite: %d blocks and %d order records, want 3 and 258", b, r)
+	if b, r := orderKeys(t, tl.l); b != 4 || r != 7+255 {
+		t.Fatalf("after the rewrite: %d blocks and %d order records, want 4 and 262", b, r)
 	}
 
 	// Every order reads as taken; a re-proposal of its id, or its request
@@ -157,7 +170,7 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 		again = append(again, r)
 	}
 	take("n1", again, OutcomeSame)
-	if _, r := orderKeys(t, tl.l); r != 258 {
+	if _, r := orderKeys(t, tl.l); r != 262 {
 		t.Fatalf("re-proposals wrote order records: %d", r)
 	}
 
@@ -224,11 +237,11 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 		}
 	}
 	archive("a")
-	if b, r := orderKeys(t, tl.l); b != 2 || r != 129 {
-		t.Fatalf("after archiving a: %d blocks and %d order records, want 2 and 129 (b's of the rewritten block, the held one)", b, r)
+	if b, r := orderKeys(t, tl.l); b != 3 || r != 133 {
+		t.Fatalf("after archiving a: %d blocks and %d order records, want 3 and 133 (b's of the rewritten block and of the shared sequence, the held one)", b, r)
 	}
-	if got := saleOrderIDs(t, tl.l, "b", ""); len(got) != 300 {
-		t.Fatalf("sale b streams %d orders, want 300", len(got))
+	if got := saleOrderIDs(t, tl.l, "b", ""); len(got) != 305 {
+		t.Fatalf("sale b streams %d orders, want 305", len(got))
 	}
 	checkAudit(t, tl.l, "b")
 	archive("b")
