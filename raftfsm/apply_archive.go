@@ -192,7 +192,7 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 	for i := range doomed {
 		if owner, _, ok := orderSeq(doomed[i].ID); ok && !marked[owner] {
 			marked[owner] = true
-			a.put(bucketMeta, orderSeqKey(owner), binary.BigEndian.AppendUint64(nil, a.ledger.orderSeqHigh[owner]))
+			a.put(bucketMeta, orderSeqKey(owner), binary.BigEndian.AppendUint64(nil, a.ledger.orderSeqsOf(owner).high))
 		}
 	}
 	for i := range doomed {

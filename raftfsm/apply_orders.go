@@ -7,22 +7,37 @@ import (
 	"strings"
 )
 
-// orderSeq splits an order id of the engine's shape, "<node>-<sequence
-// base 36>-<random base 36>", into the node that minted it and its
+// orderID is an order id of the engine's shape, "<node>-<sequence base
+// 36>-<random base 36>", in parts: the node that minted it and its
 // sequence, which never repeats on that node. The node is everything
 // before the last two dashes, so an id has one owner whoever proposes it.
-// ok is false for an id of another shape.
-func orderSeq(id string) (owner string, seq uint64, ok bool) {
+type orderID struct {
+	owner, seqText, random string
+	seq                    uint64
+}
+
+// parseOrderID splits id; ok is false for an id of another shape.
+func parseOrderID(id string) (p orderID, ok bool) {
 	last := strings.LastIndexByte(id, '-')
 	if last <= 0 || last == len(id)-1 {
-		return "", 0, false
+		return orderID{}, false
 	}
 	prev := strings.LastIndexByte(id[:last], '-')
 	if prev <= 0 || prev == last-1 {
-		return "", 0, false
+		return orderID{}, false
 	}
 	seq, err := strconv.ParseUint(id[prev+1:last], 36, 64)
-	return id[:prev], seq, err == nil
+	if err != nil {
+		return orderID{}, false
+	}
+	return orderID{owner: id[:prev], seqText: id[prev+1 : last], random: id[last+1:], seq: seq}, true
+}
+
+// orderSeq is parseOrderID for a caller that needs the owner and the
+// sequence only.
+func orderSeq(id string) (owner string, seq uint64, ok bool) {
+	p, ok := parseOrderID(id)
+	return p.owner, p.seq, ok
 }
 
 // raiseOrderSeq counts order id in high, each node's highest sequence.
@@ -44,8 +59,11 @@ const seqWindowBits = 4096
 // decides lookups, never an outcome.
 type seqWindow struct {
 	floor uint64 // sequences at or below it may have orders the window never saw
-	high  uint64
-	bits  [seqWindowBits / 64]uint64
+	// high is the highest sequence among the node's order ids the ledger
+	// holds (or held): a take whose id is above it is new without a
+	// lookup, on every node alike (it is rebuilt from the file).
+	high uint64
+	bits [seqWindowBits / 64]uint64
 }
 
 func (w *seqWindow) bit(seq uint64) (*uint64, uint64) {
@@ -81,28 +99,15 @@ func (w *seqWindow) see(seq uint64) {
 	}
 }
 
-// noteOrderSeq counts sequence seq of owner's order ids in its highest
-// sequence and its window.
-func (l *Ledger) noteOrderSeq(owner string, seq uint64) {
-	w := l.orderSeqWindows[owner]
+// orderSeqsOf is owner's highest sequence and window, made on first use
+// (a node with no order yet: nothing below its first sequence is taken).
+func (l *Ledger) orderSeqsOf(owner string) *seqWindow {
+	w := l.orderSeqs[owner]
 	if w == nil {
-		high := l.orderSeqHigh[owner]
-		w = &seqWindow{floor: high, high: high}
-		l.orderSeqWindows[owner] = w
+		w = &seqWindow{}
+		l.orderSeqs[owner] = w
 	}
-	w.see(seq)
-	if seq > l.orderSeqHigh[owner] {
-		l.orderSeqHigh[owner] = seq
-	}
-}
-
-// orderSeqUnseen says whether owner's sequence seq surely has no order.
-func (l *Ledger) orderSeqUnseen(owner string, seq uint64) bool {
-	if seq > l.orderSeqHigh[owner] {
-		return true
-	}
-	w := l.orderSeqWindows[owner]
-	return w != nil && w.unseen(seq)
+	return w
 }
 
 func (a *applier) getOrder(id string) (*Order, error) {
@@ -130,13 +135,17 @@ type openOrderBlock struct {
 }
 
 // putTakenOrder writes the order a take created: in its block if it is
-// sold, its id of the engine's shape, and its sequence new (no order of
-// its node has it, so its slot in the block is free: a block holds at
-// most 256 members however a node names its orders), else as a record of
-// its own.
-func (a *applier) putTakenOrder(o *Order, newSeq bool) error {
-	key, slot, random, ok := orderBlockPlace(o.ID)
-	if !ok || !newSeq || o.State != OrderSold {
+// sold and place, its id's parts, is not nil (the caller passes them only
+// for a sequence no order of its node has, so the member's slot in the
+// block is free: a block holds at most 256 members however a node names
+// its orders), else as a record of its own.
+func (a *applier) putTakenOrder(o *Order, place *orderID) error {
+	if place == nil || o.State != OrderSold {
+		a.putOrderRecord(o)
+		return nil
+	}
+	key, slot, random, ok := place.blockPlace()
+	if !ok {
 		a.putOrderRecord(o)
 		return nil
 	}
@@ -171,7 +180,7 @@ func (a *applier) flushOrderBlock() error {
 
 func (a *applier) putOrder(o *Order) error {
 	if owner, seq, ok := orderSeq(o.ID); ok {
-		a.ledger.noteOrderSeq(owner, seq)
+		a.ledger.orderSeqsOf(owner).see(seq)
 	}
 	a.putOrderRecord(o)
 	return nil
@@ -206,9 +215,13 @@ func (a *applier) take(c *Take) (*Result, error) {
 		// take reports, must be the same on every node: it reads only the
 		// highest.
 		var prior *Order
-		owner, seq, shaped := orderSeq(e.OrderID)
-		fresh := shaped && seq > a.ledger.orderSeqHigh[owner]
-		newSeq := fresh || shaped && a.ledger.orderSeqUnseen(owner, seq)
+		id, shaped := parseOrderID(e.OrderID)
+		var seqs *seqWindow
+		if shaped {
+			seqs = a.ledger.orderSeqsOf(id.owner)
+		}
+		fresh := shaped && id.seq > seqs.high
+		newSeq := fresh || shaped && seqs.unseen(id.seq)
 		if !newSeq {
 			var err error
 			if prior, err = a.getOrder(e.OrderID); err != nil {
@@ -277,10 +290,14 @@ func (a *applier) take(c *Take) (*Result, error) {
 			o.State = OrderSold
 			s.Sold += e.Qty
 		}
+		var place *orderID
 		if shaped {
-			a.ledger.noteOrderSeq(owner, seq)
+			seqs.see(id.seq)
+			if newSeq {
+				place = &id
+			}
 		}
-		if err := a.putTakenOrder(&o, newSeq); err != nil {
+		if err := a.putTakenOrder(&o, place); err != nil {
 			return nil, err
 		}
 		if s.Config.PerUser > 0 {

@@ -209,14 +209,11 @@ type Ledger struct {
 	nodes       map[string]string // node id -> HTTP address
 	holds       map[string]int64  // held order id -> expires at (unix nanos)
 	bought      map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
-	// orderSeqHigh is, per node, the highest sequence among the order ids
-	// it minted that the ledger holds (or held): a take whose id is above
-	// it is new without a lookup. Read and written on the FSM goroutine
-	// only (and by loadMirrors before raft starts or inside Restore).
-	orderSeqHigh map[string]uint64
-	// orderSeqWindows is, per node, which of its latest sequences have
-	// orders (seqWindow); the same goroutines, emptied with orderSeqHigh.
-	orderSeqWindows map[string]*seqWindow
+	// orderSeqs is, per node, the highest sequence among the order ids it
+	// minted and which of its latest have orders (seqWindow). Read and
+	// written on the FSM goroutine only (and by loadMirrors before raft
+	// starts or inside Restore).
+	orderSeqs map[string]*seqWindow
 	// feed is the order feed; feedOff stops recording it (every node of
 	// a cluster must agree, from its first start).
 	feed    feed
@@ -524,7 +521,10 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		return err
 	}
 	l.applied, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, skus, requests, nodes, holds, bought
-	l.orderSeqHigh, l.orderSeqWindows = seqHigh, map[string]*seqWindow{}
+	l.orderSeqs = make(map[string]*seqWindow, len(seqHigh))
+	for owner, high := range seqHigh {
+		l.orderSeqs[owner] = &seqWindow{floor: high, high: high}
+	}
 	l.reqFilter.Store(requests.filter)
 	l.buyerFilter.Store(buyers)
 	return nil

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // Orders in blocks (file format 3). An order a take creates sold, with an
@@ -35,23 +34,20 @@ const (
 // block: the block's key, the member's slot in it and the id's random
 // part. ok is false for an id not of the engine's canonical shape.
 func orderBlockPlace(id string) (key string, slot byte, random string, ok bool) {
-	last := strings.LastIndexByte(id, '-')
-	if last <= 0 || last == len(id)-1 {
+	p, ok := parseOrderID(id)
+	if !ok {
 		return "", 0, "", false
 	}
-	prev := strings.LastIndexByte(id[:last], '-')
-	if prev <= 0 || prev == last-1 {
-		return "", 0, "", false
-	}
-	seq, err := strconv.ParseUint(id[prev+1:last], 36, 64)
-	if err != nil {
-		return "", 0, "", false
-	}
+	return p.blockPlace()
+}
+
+// blockPlace is orderBlockPlace for an id already parsed.
+func (p *orderID) blockPlace() (key string, slot byte, random string, ok bool) {
 	var buf [16]byte
-	if string(strconv.AppendUint(buf[:0], seq, 36)) != id[prev+1:last] {
+	if string(strconv.AppendUint(buf[:0], p.seq, 36)) != p.seqText {
 		return "", 0, "", false // not canonical: "0a", "A"; its id could not be rebuilt
 	}
-	return orderBlockKey(id[:prev], seq>>orderBlockBits), byte(seq), id[last+1:], true
+	return orderBlockKey(p.owner, p.seq>>orderBlockBits), byte(p.seq), p.random, true
 }
 
 func orderBlockKey(owner string, block uint64) string {
