@@ -232,6 +232,11 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult, now instant) {
 		r = DeductResult{Status: StatusUnavailable, Detail: "this node's lease was reclaimed; retry"}
 	case raftfsm.OutcomeUnknownSKU:
 		r = DeductResult{Status: StatusUnknownSKU}
+	case raftfsm.OutcomeRequestIDReused:
+		// Another node's take of this user's id, for another SKU or qty,
+		// reached the ledger first: this unit was not needed.
+		e.putBack(s, p.hint, qty)
+		reusedRequestID(&r)
 	case raftfsm.OutcomeClosed:
 		// The sale closed while the take was in flight: its lease went
 		// back to available, this unit with it.

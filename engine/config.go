@@ -192,6 +192,11 @@ type Cluster interface {
 	Unreachable() map[string]time.Time
 	// MemberIDs returns the voters' ids.
 	MemberIDs() ([]string, error)
+	// VotersKnowRules reports whether every voter runs a binary that
+	// applies ledger rules (raftfsm.Rules*) at least this new. It may ask
+	// the other voters over the network: the janitor calls it, on the
+	// leader, until the ledger runs its binary's rules.
+	VotersKnowRules(rules uint64) bool
 }
 
 // DefaultConfig returns the knobs for node id n1.

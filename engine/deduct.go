@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"hash/maphash"
 	"sync"
 	"time"
 
@@ -25,6 +26,9 @@ const (
 	StatusTryAgain                         // other nodes still hold units; none reached this node within LeaseWait
 	StatusClosed                           // the sale was closed
 	StatusLotterySale                      // the sale is a lottery: enter it instead
+	// StatusRequestIDReused: the buyer used this request id for another
+	// SKU or qty, or for a lottery entry; nothing changed.
+	StatusRequestIDReused
 )
 
 var statusNames = [...]string{
@@ -32,6 +36,7 @@ var statusNames = [...]string{
 	StatusNotStarted: "not_started", StatusUnknownSKU: "unknown_sku", StatusBadRequest: "bad_request",
 	StatusUnavailable: "unavailable", StatusOutcomeUnknown: "outcome_unknown", StatusRateLimited: "rate_limited",
 	StatusTryAgain: "try_again", StatusClosed: "closed", StatusLotterySale: "lottery_sale",
+	StatusRequestIDReused: "request_id_reused",
 }
 
 func (s Status) String() string {
@@ -45,14 +50,17 @@ func (s Status) String() string {
 func (s Status) Won() bool { return s == StatusOK || s == StatusAccepted }
 
 // statusCount sizes per-status counters.
-const statusCount = int(StatusLotterySale) + 1
+const statusCount = int(StatusRequestIDReused) + 1
 
 // DeductRequest is one buyer's attempt. The byte slices are only read during
 // Deduct and may be reused by the caller afterwards.
 type DeductRequest struct {
-	SKU       []byte
-	User      []byte
-	RequestID []byte // optional; makes the deduct idempotent
+	SKU  []byte
+	User []byte
+	// RequestID is optional; it makes the deduct idempotent. It is the
+	// user's: the same id from another user is another request, and the
+	// same user's id with another SKU or qty is refused.
+	RequestID []byte
 	Qty       int64
 	// NoWait answers as soon as the unit is won (wait=none).
 	NoWait bool
@@ -138,14 +146,14 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 	}
 	// A repeated request id gets its first answer, sold out or not. A new
 	// one is known to be new without a lock (mayBeRepeat).
-	if len(req.RequestID) > 0 && e.mayBeRepeat(req.RequestID) && e.answerRepeat(req, res) {
+	if len(req.RequestID) > 0 && e.mayBeRepeat(req) && e.answerRepeat(req, res) {
 		return nil
 	}
 	if s.soldOut.Load() {
 		// The flag may have been set since the repeat check above, by the
 		// commit of this very request id's first attempt (on another
 		// node): that attempt's answer wins over sold_out.
-		if len(req.RequestID) > 0 && e.mayBeRepeat(req.RequestID) && e.answerRepeat(req, res) {
+		if len(req.RequestID) > 0 && e.mayBeRepeat(req) && e.answerRepeat(req, res) {
 			return nil
 		}
 		res.Status = StatusSoldOut
@@ -211,10 +219,14 @@ func (e *Engine) startAttempt(s *sale, req *DeductRequest, res *DeductResult, sl
 	var p *pendingTake
 	if len(req.RequestID) > 0 {
 		p = e.newPendingTake(s, req)
-		e.pendingIDs.add(req.RequestID) // before it is registered: see mayBeRepeat
-		if other, mine := e.pendingReq.putIfAbsent(p.entry.RequestID, p); !mine {
+		e.pendingIDs.add(p.reqKey) // before it is registered: see mayBeRepeat
+		if other, mine := e.pendingReq.putIfAbsent(p.reqKey, p); !mine {
 			if taken {
 				e.putBack(s, req.Hint, req.Qty)
+			}
+			if !other.asksFor(req) {
+				reusedRequestID(res)
+				return waiter{}
 			}
 			return waiter{p: other, limit: e.cfg.CommitWait + e.cfg.LeaseWait}
 		}
@@ -249,10 +261,16 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 	var slow sync.WaitGroup
 	clock := instant{e.cfg.Now(), time.Now()}
 	slots := make([]pendingTake, len(reqs))
+	reused := reusedInBatch(reqs, e.batchSeed)
 	for i := range reqs {
 		req, r := &reqs[i], &res[i]
 		*r = DeductResult{}
 		req.clock, req.slot = clock, &slots[i]
+		if reused != nil && reused[i] {
+			reusedRequestID(r)
+			e.metrics.countDeduct(r.Status, req.Hint)
+			continue
+		}
 		s := e.admit(req, r)
 		if s == nil {
 			e.metrics.countDeduct(r.Status, req.Hint)
@@ -287,36 +305,99 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 	slow.Wait()
 }
 
+// reusedInBatch marks the items whose user and request id an earlier item
+// of the batch used with another SKU or qty: items are judged in order,
+// and such an item gets request_id_reused whatever became of the earlier
+// one (which may still be waiting for units when the later one is
+// judged). nil when there is none.
+func reusedInBatch(reqs []DeductRequest, seed maphash.Seed) []bool {
+	var first map[uint64]int
+	var out []bool
+	for i := range reqs {
+		r := &reqs[i]
+		if len(r.RequestID) == 0 {
+			continue
+		}
+		if first == nil {
+			first = make(map[uint64]int, len(reqs))
+		}
+		var buf [raftfsm.MaxRequestKeyBytes]byte
+		h := maphash.Bytes(seed, raftfsm.AppendRequestKey(buf[:0], r.User, r.RequestID))
+		j, seen := first[h]
+		if !seen {
+			first[h] = i
+			continue
+		}
+		q := &reqs[j]
+		if string(q.User) != string(r.User) || string(q.RequestID) != string(r.RequestID) {
+			continue // two ids of one hash: the ledger still judges them
+		}
+		if string(q.SKU) != string(r.SKU) || q.Qty != r.Qty {
+			if out == nil {
+				out = make([]bool, len(reqs))
+			}
+			out[i] = true
+		}
+	}
+	return out
+}
+
 // mayBeRepeat reports whether req's request id may have an answer here
 // already: an attempt pending on this node, or an order in the ledger.
 // False is certain, and costs a few atomic loads: the ledger adds an id to
 // its filter before the commit that holds it is visible (and so before any
 // sold-out flag it leads to), and an attempt adds its id before it
 // registers.
-func (e *Engine) mayBeRepeat(requestID []byte) bool {
-	return e.pendingIDs.mayContain(requestID) || e.ledger.MayHoldRequest(requestID)
+func (e *Engine) mayBeRepeat(req *DeductRequest) bool {
+	var buf [raftfsm.MaxRequestKeyBytes]byte
+	return e.pendingIDs.mayContain(raftfsm.AppendRequestKey(buf[:0], req.User, req.RequestID)) ||
+		e.ledger.MayHoldRequest(req.User, req.RequestID)
 }
 
 // answerRepeat fills res with the first answer of req's request id, if this
-// node or the ledger knows it.
+// node or the ledger knows it: its answer when req asks for what the first
+// call asked for, else request_id_reused.
 func (e *Engine) answerRepeat(req *DeductRequest, res *DeductResult) bool {
-	if p, ok := e.pendingReq.getBytes(req.RequestID); ok {
+	var buf [raftfsm.MaxRequestKeyBytes]byte
+	if p, ok := e.pendingReq.getBytes(raftfsm.AppendRequestKey(buf[:0], req.User, req.RequestID)); ok {
+		if !p.asksFor(req) {
+			reusedRequestID(res)
+			return true
+		}
 		e.awaitPending(p, req.NoWait, e.cfg.CommitWait+e.cfg.LeaseWait, res)
 		return true
 	}
 	return e.answerFromLedger(req, res)
 }
 
+// asksFor reports whether req asks for what p's take asked for.
+func (p *pendingTake) asksFor(req *DeductRequest) bool {
+	return p.entry.SKU == string(req.SKU) && p.entry.Qty == req.Qty
+}
+
+func reusedRequestID(res *DeductResult) {
+	*res = DeductResult{Status: StatusRequestIDReused,
+		Detail: "this user already used this request_id for another sku or qty (or a lottery entry); use a new request_id for a new purchase"}
+}
+
 // answerFromLedger fills res with the order the ledger holds for req's
 // request id, if any.
 func (e *Engine) answerFromLedger(req *DeductRequest, res *DeductResult) bool {
-	id, ok := e.ledger.OrderIDForRequestBytes(req.RequestID)
+	rec, ok := e.ledger.LookupRequest(req.User, req.RequestID)
 	if !ok {
 		return false
 	}
-	o, found, err := e.ledger.Order(id)
+	if rec.EntrySKU != "" {
+		reusedRequestID(res)
+		return true
+	}
+	o, found, err := e.ledger.Order(rec.OrderID)
 	if err != nil || !found {
 		res.Status, res.Detail = StatusUnavailable, "order of a repeated request id is unreadable"
+		return true
+	}
+	if o.SKU != string(req.SKU) || o.Qty != req.Qty {
+		reusedRequestID(res)
 		return true
 	}
 	res.Status, res.Order = StatusOK, o
@@ -428,9 +509,12 @@ func (e *Engine) pollWaiting(tick uint64) {
 // unit: until the unit is taken (taken closes), then until the ledger
 // answers (done closes). Repeats of its request id wait on it.
 type pendingTake struct {
-	sale     *sale
-	hint     uint32
-	entry    raftfsm.TakeEntry // OrderID is set when the unit is taken
+	sale  *sale
+	hint  uint32
+	entry raftfsm.TakeEntry // OrderID is set when the unit is taken
+	// reqKey keys the take in pendingReq (raftfsm.AppendRequestKey of its
+	// user and request id); "" without a request id.
+	reqKey   string
 	created  time.Time
 	attempts int
 
@@ -452,12 +536,20 @@ func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
 		p = new(pendingTake)
 	}
 	req.slot = nil // a slot serves one take
-	// The user and the request id share one allocation.
-	ids := string(req.User) + string(req.RequestID)
 	*p = pendingTake{
 		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
-		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty, User: ids[:len(req.User)], RequestID: ids[len(req.User):]},
+		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty},
 	}
+	if len(req.RequestID) == 0 {
+		p.entry.User = string(req.User)
+		return p
+	}
+	// The key holds the user and the request id as its tail: all three
+	// share one allocation.
+	var buf [raftfsm.MaxRequestKeyBytes]byte
+	p.reqKey = string(raftfsm.AppendRequestKey(buf[:0], req.User, req.RequestID))
+	tail := p.reqKey[len(p.reqKey)-len(req.User)-len(req.RequestID):]
+	p.entry.User, p.entry.RequestID = tail[:len(req.User)], tail[len(req.User):]
 	return p
 }
 
@@ -596,7 +688,7 @@ func (e *Engine) forget(p *pendingTake) {
 	if p.entry.OrderID != "" {
 		e.pendingOrd.delete(p.entry.OrderID)
 	}
-	if p.entry.RequestID != "" {
-		e.pendingReq.delete(p.entry.RequestID)
+	if p.reqKey != "" {
+		e.pendingReq.delete(p.reqKey)
 	}
 }

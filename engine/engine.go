@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,7 @@ type Engine struct {
 	orderIDs   *orderIDs
 	pendingReq *stripedMap[*pendingTake] // request id -> take awaiting commit
 	pendingIDs *pendingFilter            // request ids that may be in pendingReq, lock-free
+	batchSeed  maphash.Seed              // hashes a batch's request keys (reusedInBatch)
 	deadlines  *deadlines                // shared timeouts of waiting deducts
 	pendingOrd *stripedMap[*pendingTake] // order id -> take awaiting commit
 	turnedDown *turnedDown               // pending orders the ledger did not take
@@ -86,6 +88,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		ledger:       ledger,
 		pendingReq:   newStripedMap[*pendingTake](),
 		pendingIDs:   newPendingFilter(cfg.Now()),
+		batchSeed:    maphash.MakeSeed(),
 		deadlines:    newDeadlines(time.Now),
 		pendingOrd:   newStripedMap[*pendingTake](),
 		turnedDown:   newTurnedDown(),

@@ -626,6 +626,7 @@ func (c *switchableCluster) IsLeader() bool                    { return true }
 func (c *switchableCluster) CommitHealthy() bool               { return c.healthy.Load() }
 func (c *switchableCluster) Unreachable() map[string]time.Time { return nil }
 func (c *switchableCluster) MemberIDs() ([]string, error)      { return []string{"n1"}, nil }
+func (c *switchableCluster) VotersKnowRules(uint64) bool       { return true }
 
 // takesHang never answers a Take until released: a commit that cannot
 // happen (the quorum is gone).

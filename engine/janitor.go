@@ -66,6 +66,7 @@ func (e *Engine) runJanitor() {
 		}
 		lastSlow = now
 		e.registerSelf()
+		e.upgradeRules()
 		e.returnIdleLeases(now)
 		e.reclaimLostNodes(now, reclaimTried)
 	}
@@ -107,6 +108,27 @@ func (e *Engine) registerSelf() {
 		return
 	}
 	e.logger.Info("registered http address", "addr", e.cfg.AdvertiseHTTP)
+}
+
+// upgradeRules switches the ledger to this binary's rules once every
+// voter runs a binary that knows them: the leader proposes SetRules, and
+// from the next entry on every node applies the new rules (a cluster in
+// the middle of a rolling upgrade keeps the old ones until its last node
+// runs the new version). A new cluster switches on its first leader's
+// first pass, before it has a sale to sell.
+func (e *Engine) upgradeRules() {
+	if e.ledger.Rules() >= raftfsm.RulesCurrent || e.commitBlocked.Load() {
+		return
+	}
+	if c := e.cfg.Cluster; c != nil && (!c.IsLeader() || !c.VotersKnowRules(raftfsm.RulesCurrent)) {
+		return
+	}
+	from := e.ledger.Rules()
+	if _, err := e.propose(&raftfsm.SetRules{Rules: raftfsm.RulesCurrent}); err != nil {
+		e.logger.Debug("switch ledger rules", "err", err)
+		return
+	}
+	e.logger.Info("ledger rules switched: request ids are scoped to their user", "from", from, "to", raftfsm.RulesCurrent)
 }
 
 // returnIdleLeases gives back the units of sales this node has not sold

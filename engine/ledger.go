@@ -16,16 +16,19 @@ type Ledger interface {
 	// SKUAvailability is what a waiting buyer needs of a row, uncopied.
 	SKUAvailability(sku string) (available, leased int64, closed, ok bool)
 	Order(id string) (raftfsm.Order, bool, error)
-	// OrderIDForRequestBytes finds the order a request id produced;
-	// MayHoldRequest says, lock-free, whether it may exist at all.
-	OrderIDForRequestBytes(requestID []byte) (string, bool)
-	MayHoldRequest(requestID []byte) bool
+	// LookupRequest finds what a user's request id produced (an order,
+	// or a lottery entry); MayHoldRequest says, lock-free, whether it may
+	// exist at all.
+	LookupRequest(user, requestID []byte) (raftfsm.RequestRecord, bool)
+	MayHoldRequest(user, requestID []byte) bool
 	// BoughtBytes is a buyer's units of a per_user sale; MayHaveBought
 	// says, lock-free, whether they may have any.
 	BoughtBytes(sku, user []byte) int64
 	MayHaveBought(sku, user []byte) bool
 	ExpiredHolds(nowUnixNano int64, limit int) []string
 	NodeAddrs() map[string]string
+	// Rules are the ledger rules it applies entries under now.
+	Rules() uint64
 	AppliedIndex() uint64
 	WaitApplied(ctx context.Context, index uint64) error
 	AuditSKU(sku string) (raftfsm.Audit, bool, error)

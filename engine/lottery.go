@@ -17,6 +17,9 @@ var (
 	ErrEntriesClosed = errors.New("entries closed")
 	// ErrBusy: more entries wait for the log than the node queues; retry.
 	ErrBusy = errors.New("too many entries waiting")
+	// ErrRequestIDReused: the user already used the entry's request id for
+	// a purchase or for another lottery's entry.
+	ErrRequestIDReused = errors.New("request id reused")
 )
 
 // NotStartedError: the sale opens at At.
@@ -71,6 +74,13 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 	case e.closing.Load():
 		return raftfsm.Entry{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable)
 	}
+	// Deducts and entries share the user's ids; the ledger has the last
+	// word, this spares it the ones it would refuse.
+	if requestID != "" {
+		if _, used := e.ledger.LookupRequest([]byte(user), []byte(requestID)); used {
+			return raftfsm.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
+		}
+	}
 	p := &pendingEntry{entry: raftfsm.EnterEntry{SKU: sku, User: user, RequestID: requestID}, done: make(chan struct{})}
 	select {
 	case e.entryQueue <- p:
@@ -100,6 +110,8 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrNotLottery, sku)
 	case raftfsm.OutcomeEntriesClosed:
 		return raftfsm.Entry{}, fmt.Errorf("%w: the ledger applied the entry after the close or the draw of %q", ErrEntriesClosed, sku)
+	case raftfsm.OutcomeRequestIDReused:
+		return raftfsm.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
 	}
 	return raftfsm.Entry{}, fmt.Errorf("%w: entry %s", ErrInvalid, p.res.Outcome)
 }

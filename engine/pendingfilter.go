@@ -35,8 +35,9 @@ func newPendingFilter(now time.Time) *pendingFilter {
 	return f
 }
 
-func (f *pendingFilter) add(requestID []byte) {
-	f.cur.Load().Add(maphash.Bytes(f.seed, requestID))
+// add notes key, a take's request key (pendingTake.reqKey).
+func (f *pendingFilter) add(key string) {
+	f.cur.Load().Add(maphash.String(f.seed, key))
 }
 
 func (f *pendingFilter) mayContain(requestID []byte) bool {

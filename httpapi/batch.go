@@ -35,6 +35,8 @@ var (
 	keyDeducts    = "deducts"
 	keySKU        = "sku"
 	bodyBadBatch  = precomputedError("bad_request", `the body must be a JSON object with a "deducts" array of at most 1000 objects`)
+	// bodyBatchIdemKey: one header cannot name a hundred requests.
+	bodyBatchIdemKey = precomputedError("bad_request", "Idempotency-Key names one request: in a batch, each item carries its own request_id")
 )
 
 func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
@@ -64,6 +66,11 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadBatch)
 			return
 		}
+	}
+
+	if len(ctx.Request.Header.PeekBytes(headerIdempotencyKey)) > 0 {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBatchIdemKey)
+		return
 	}
 
 	sc := batchScratches.Get().(*batchScratch)

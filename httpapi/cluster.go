@@ -250,6 +250,7 @@ func (s *Server) clusterStatus() ClusterStatus {
 		n.HTTPAddr = addrs[n.ID]
 		if n.ID == st.NodeID {
 			n.Reachable, n.State, n.Term, n.CommitIndex, n.AppliedIndex = true, st.State, st.Term, st.CommitIndex, st.AppliedIndex
+			n.RulesKnown = st.RulesKnown
 			continue
 		}
 		if n.HTTPAddr == "" {
@@ -261,6 +262,7 @@ func (s *Server) clusterStatus() ClusterStatus {
 			var peer ClusterStatus
 			if s.peers.GetJSON(n.HTTPAddr, "/internal/v1/status", peerStatusTimeout, &peer) == nil {
 				n.Reachable, n.State, n.Term, n.CommitIndex, n.AppliedIndex = true, peer.State, peer.Term, peer.CommitIndex, peer.AppliedIndex
+				n.RulesKnown = peer.RulesKnown
 			}
 		}()
 	}

@@ -24,7 +24,9 @@ var (
 	bodyBadJSON     = precomputedError("bad_request", `body must be a JSON object {"user": string, "qty": integer, "request_id": string}`)
 	bodyBadUser     = precomputedError("bad_request", "user must be a non-empty string of at most 128 bytes")
 	bodyBadQty      = precomputedError("bad_request", "qty must be an integer from 1 to "+strconv.Itoa(engine.MaxQtyPerDeduct))
-	bodyBadReqID    = precomputedError("bad_request", "request_id must be a string of at most 128 bytes")
+	bodyBadReqID    = precomputedError("bad_request", "request_id must be a string of at most 128 bytes, without control characters")
+	bodyBadIdemKey  = precomputedError("bad_request", "the Idempotency-Key header and the body's request_id differ: send one, or both the same")
+	bodyReused      = precomputedError("request_id_reused", "this user already used this request_id for another sku or qty (or a lottery entry); nothing changed: use a new request_id for a new purchase")
 	bodyBadSKU      = precomputedError("bad_request", "sku must be 1 to 128 letters, digits or . _ - :")
 	bodyBadWait     = precomputedError("bad_request", "wait must be commit or none")
 )
@@ -34,6 +36,9 @@ var (
 	keyQty       = "qty"
 	keyRequestID = "request_id"
 	argWait      = []byte("wait")
+	// headerIdempotencyKey may carry a deduct's or an entry's request id
+	// instead of the body's request_id field.
+	headerIdempotencyKey = []byte("Idempotency-Key")
 )
 
 // deductScratch is one request's engine call state, pooled so the call
@@ -68,6 +73,9 @@ func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
 		return
 	}
 	user, requestID, qty, bad := deductFields(v)
+	if bad == nil {
+		requestID, bad = idempotencyKey(ctx, requestID)
+	}
 	if bad != nil {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bad)
 		return
@@ -82,6 +90,36 @@ func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
 	s.engine.Deduct(&sc.req, &sc.res)
 	sc.req = engine.DeductRequest{} // keep no view into the request past the handler
 	s.writeDeductResult(ctx, sc)
+}
+
+// idempotencyKey merges the Idempotency-Key header into the body's
+// request id: the header alone names it, both must agree. bad is the 400
+// answer to a header that is not a valid id or differs from the body.
+func idempotencyKey(ctx *fasthttp.RequestCtx, requestID []byte) ([]byte, []byte) {
+	h := ctx.Request.Header.PeekBytes(headerIdempotencyKey)
+	switch {
+	case len(h) == 0:
+		return requestID, nil
+	case !validRequestID(h):
+		return nil, bodyBadReqID
+	case len(requestID) > 0 && string(h) != string(requestID):
+		return nil, bodyBadIdemKey
+	}
+	return h, nil
+}
+
+// validRequestID reports whether id is at most maxIDBytes without control
+// characters (the ledger keys user-scoped ids with a 0x00 byte in front).
+func validRequestID(id []byte) bool {
+	if len(id) > maxIDBytes {
+		return false
+	}
+	for _, c := range id {
+		if c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // waitArg reads ?wait=commit|none; on a bad value it answers 400 and
@@ -107,7 +145,7 @@ func deductFields(v *fastjson.Value) (user, requestID []byte, qty int64, bad []b
 		return nil, nil, 0, bodyBadUser
 	}
 	requestID, ok = stringField(v, keyRequestID, false)
-	if !ok || len(requestID) > maxIDBytes {
+	if !ok || !validRequestID(requestID) {
 		return nil, nil, 0, bodyBadReqID
 	}
 	qty = 1
@@ -182,6 +220,8 @@ func deductAnswer(res *engine.DeductResult, buf []byte) (code int, body []byte, 
 		return fasthttp.StatusConflict, bodyClosed, 0
 	case engine.StatusLotterySale:
 		return fasthttp.StatusConflict, bodyLotterySale, 0
+	case engine.StatusRequestIDReused:
+		return fasthttp.StatusUnprocessableEntity, bodyReused, 0
 	case engine.StatusNotStarted:
 		left := time.Until(res.StartAt)
 		b, _ := json.Marshal(map[string]any{

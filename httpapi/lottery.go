@@ -82,6 +82,13 @@ func (s *Server) handleEnter(ctx *fasthttp.RequestCtx, sku []byte) {
 	if !decodeBody(ctx, &req) {
 		return
 	}
+	if h := ctx.Request.Header.PeekBytes(headerIdempotencyKey); len(h) > 0 {
+		if req.RequestID != "" && req.RequestID != string(h) {
+			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadIdemKey)
+			return
+		}
+		req.RequestID = string(h)
+	}
 	if !validID([]byte(req.User)) || (req.RequestID != "" && !validID([]byte(req.RequestID))) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "user and request_id must be 1 to 128 letters, digits or . _ - :")
 		return
@@ -115,6 +122,8 @@ func writeLotteryError(ctx *fasthttp.RequestCtx, err error) {
 		writeError(ctx, fasthttp.StatusConflict, "not_a_lottery", err.Error())
 	case errors.Is(err, engine.ErrEntriesClosed):
 		writeError(ctx, fasthttp.StatusConflict, "entries_closed", err.Error())
+	case errors.Is(err, engine.ErrRequestIDReused):
+		writeError(ctx, fasthttp.StatusUnprocessableEntity, "request_id_reused", err.Error())
 	case errors.Is(err, engine.ErrBusy):
 		ctx.Response.Header.Set("Retry-After", "1")
 		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limited", err.Error())

@@ -75,15 +75,21 @@ type Engine interface {
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
 type ClusterStatus struct {
-	NodeID       string       `json:"node_id"`
-	State        string       `json:"state"`
-	Leader       string       `json:"leader"`
-	Term         uint64       `json:"term"`
-	CommitIndex  uint64       `json:"commit_index"`
-	AppliedIndex uint64       `json:"applied_index"`
-	LedgerIndex  uint64       `json:"ledger_index"`
-	LastContact  string       `json:"last_contact,omitempty"`
-	Nodes        []NodeStatus `json:"nodes"`
+	NodeID       string `json:"node_id"`
+	State        string `json:"state"`
+	Leader       string `json:"leader"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	LedgerIndex  uint64 `json:"ledger_index"`
+	LastContact  string `json:"last_contact,omitempty"`
+	// LedgerRules are the rules the ledger applies entries under now;
+	// RulesKnown the newest this node's binary applies (raftfsm.Rules*).
+	// The leader switches the ledger to newer rules once every voter
+	// knows them; a node of a version before rules reports neither.
+	LedgerRules uint64       `json:"ledger_rules"`
+	RulesKnown  uint64       `json:"rules_known"`
+	Nodes       []NodeStatus `json:"nodes"`
 }
 
 // NodeStatus is one member of the cluster.
@@ -96,6 +102,7 @@ type NodeStatus struct {
 	Term         uint64 `json:"term,omitempty"`
 	CommitIndex  uint64 `json:"commit_index,omitempty"`
 	AppliedIndex uint64 `json:"applied_index,omitempty"`
+	RulesKnown   uint64 `json:"rules_known,omitempty"`
 }
 
 // Cluster reports raft state. It may be nil (tests).

@@ -10,7 +10,42 @@ import (
 // clusterView gives the engine (engine.Cluster) and the HTTP layer
 // (httpapi.Cluster) their views of raft. node is set once raft runs,
 // before either uses it.
-type clusterView struct{ node *raftfsm.Node }
+type clusterView struct {
+	node   *raftfsm.Node
+	ledger *raftfsm.Ledger
+	peers  *httpapi.PeerClient
+}
+
+// rulesProbeTimeout bounds the leader's question to one voter about the
+// ledger rules its binary knows.
+const rulesProbeTimeout = time.Second
+
+// VotersKnowRules asks every other voter (GET /internal/v1/status) for
+// the newest ledger rules its binary applies. A voter that does not
+// answer, or answers without them (a version before rules), does not
+// know them.
+func (c *clusterView) VotersKnowRules(rules uint64) bool {
+	members, err := c.node.Members()
+	if err != nil {
+		return false
+	}
+	addrs := c.ledger.NodeAddrs()
+	self := c.node.Status().ID
+	for _, m := range members {
+		if m.ID == self {
+			continue
+		}
+		addr := addrs[m.ID]
+		if addr == "" {
+			return false
+		}
+		var st httpapi.ClusterStatus
+		if err := c.peers.GetJSON(addr, "/internal/v1/status", rulesProbeTimeout, &st); err != nil || st.RulesKnown < rules {
+			return false
+		}
+	}
+	return true
+}
 
 func (c *clusterView) IsLeader() bool                     { return c.node.IsLeader() }
 func (c *clusterView) CommitHealthy() bool                { return c.node.CommitHealthy() }
@@ -35,6 +70,7 @@ func (c *clusterView) Status() httpapi.ClusterStatus {
 	out := httpapi.ClusterStatus{
 		NodeID: st.ID, State: st.State, Leader: st.LeaderID, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex, LedgerIndex: st.LedgerIndex,
+		LedgerRules: c.ledger.Rules(), RulesKnown: raftfsm.RulesCurrent,
 	}
 	if !st.LastContact.IsZero() {
 		out.LastContact = st.LastContact.UTC().Format(time.RFC3339Nano)

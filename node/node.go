@@ -185,7 +185,7 @@ func Start(cfg Config) (*Node, error) {
 		n.stop(context.Background(), false)
 		return nil, err
 	}
-	view := &clusterView{}
+	view := &clusterView{ledger: ledger}
 	ecfg := cfg.Engine
 	ecfg.NodeID, ecfg.Logger, ecfg.AdvertiseHTTP, ecfg.Cluster = cfg.ID, logger, advertise, view
 	if n.engine, err = engine.New(ecfg, ledger); err != nil {
@@ -204,6 +204,7 @@ func Start(cfg Config) (*Node, error) {
 	}
 	view.node = n.raft
 	peers := httpapi.NewPeerClient(cfg.HTTP.ClusterSecret, cfg.ID, cfg.PeerDial)
+	view.peers = peers
 	proposer := &Proposer{raft: n.raft, ledger: ledger, peers: peers, logger: logger.With("component", "proposer", "node", cfg.ID)}
 	n.proposer = proposer
 	hcfg := cfg.HTTP

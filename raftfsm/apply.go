@@ -32,7 +32,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	l.applyMu.Lock()
 	defer l.applyMu.Unlock()
 	l.mu.RLock()
-	db, applied, bh := l.db, l.applied, l.bh
+	db, applied, bh, rules := l.db, l.applied, l.bh, l.rules
 	l.mu.RUnlock()
 	if db == nil {
 		panic("BUG: ApplyBatch on a closed ledger")
@@ -44,7 +44,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 
 	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, batchOrder: map[string][]string{}, touched: make(map[string]*SKU),
 		requestChanges: map[string]requestChange{}, holdChanges: map[string]int64{},
-		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}}
+		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}, rules: rules}
 	defer a.closeTx()
 	a.startFeed()
 	results, last := a.applyEntries(logs, applied)
@@ -140,6 +140,7 @@ func (a *applier) publish(last uint64) {
 		l.skus[sku] = s
 	}
 	a.updateMirrors()
+	l.rules = a.rules
 	l.applied = last
 	l.mu.Unlock()
 	l.notifyApplied()
@@ -166,9 +167,12 @@ type applier struct {
 	batchOrder map[string][]string
 	index      uint64
 	at         int64 // the proposer's clock for the entry being applied
-	touched    map[string]*SKU
-	events     []Event
-	feed       feedBatch
+	// rules are the ledger's rules for the entry being applied (a
+	// SetRules in the batch changes them for the entries after it).
+	rules   uint64
+	touched map[string]*SKU
+	events  []Event
+	feed    feedBatch
 	// purgeDone: an archived sale's last orders left in this batch (the
 	// file may then be compacted).
 	purgeDone bool
@@ -263,6 +267,7 @@ func (a *applier) updateMirrors() {
 	if l.requests.rebuildFilterIfFull() {
 		l.reqFilter.Store(l.requests.filter)
 	}
+	l.legacyRequests.Store(l.requests.legacy > 0)
 	for node, addr := range a.nodeChanges {
 		l.nodes[node] = addr
 	}
@@ -326,6 +331,8 @@ func (a *applier) apply(c Command) (*Result, error) {
 		return a.enter(c)
 	case *Draw:
 		return a.draw(c)
+	case *SetRules:
+		return a.setRules(c), nil
 	}
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }

@@ -204,23 +204,8 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 			a.putKey(bucketOrders, o.ID, nil)
 		}
 		if o.RequestID != "" {
-			forgot, err := a.forgetRequestInGroup(o.CreatedAtUnixNano, o.RequestID, o.ID)
-			if err != nil {
+			if err := a.forgetOrderRequest(o); err != nil {
 				return nil, err
-			}
-			if !forgot { // a record of the earlier format, if it is still there
-				key := requestTimeKey(o.CreatedAtUnixNano, o.RequestID)
-				v, err := a.get(bucketRequestsByTime, key)
-				if err != nil {
-					return nil, err
-				}
-				if forgot = string(v) == o.ID; forgot {
-					a.put(bucketRequestsByTime, key, nil)
-				}
-			}
-			if forgot {
-				a.requestChanges[o.RequestID] = requestChange{at: o.CreatedAtUnixNano}
-				a.requestDelta--
 			}
 		}
 		if s.Config.PerUser > 0 {

@@ -53,6 +53,8 @@ func (a *applier) turnedDown(node string, e *TakeEntry, outcome Outcome) {
 		reason = ReleaseTurnedDownUnknownSKU
 	case OutcomeClosed:
 		reason = ReleaseTurnedDownClosed
+	case OutcomeRequestIDReused:
+		reason = ReleaseTurnedDownRequestIDReused
 	default:
 		return
 	}

@@ -228,19 +228,23 @@ func (a *applier) take(c *Take) (*Result, error) {
 				return nil, err
 			}
 		}
+		var reqKey string
 		if prior == nil && e.RequestID != "" {
-			id, ok, err := a.requestOrder(e.RequestID)
+			rp, err := a.priorRequest(e.User, e.RequestID)
 			if err != nil {
 				return nil, err
 			}
-			if ok {
-				if prior, err = a.getOrder(id); err != nil {
-					return nil, err
-				}
-				if prior == nil {
-					panic(fmt.Sprintf("BUG: request %q names missing order %q", e.RequestID, id))
-				}
+			reqKey = rp.key
+			// Under scoped request ids a repeat must ask for what the
+			// first call got: another SKU or qty, or an id the user
+			// entered a lottery with, changes nothing.
+			if a.rules >= RulesScopedRequestIDs &&
+				(rp.entrySKU != "" || rp.order != nil && (rp.order.SKU != e.SKU || rp.order.Qty != e.Qty)) {
+				r.Outcome = OutcomeRequestIDReused
+				a.turnedDown(c.Node, e, r.Outcome)
+				continue
 			}
+			prior = rp.order
 		}
 		if prior != nil {
 			r.Outcome, r.Order = OutcomeSame, *prior
@@ -305,8 +309,8 @@ func (a *applier) take(c *Take) (*Result, error) {
 				return nil, err
 			}
 		}
-		if e.RequestID != "" {
-			a.rememberRequest(e.RequestID, o.ID, o.CreatedAtUnixNano)
+		if reqKey != "" {
+			a.rememberRequest(reqKey, o.ID, o.CreatedAtUnixNano)
 		}
 		if o.State == OrderHeld {
 			a.holdChanges[o.ID] = o.ExpiresAtUnixNano

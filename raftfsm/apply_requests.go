@@ -73,6 +73,98 @@ func (a *applier) requestOrder(requestID string) (string, bool, error) {
 	return findRequest(func(key []byte) ([]byte, error) { return a.get(bucketRequestsByTime, key) }, at, requestID)
 }
 
+// requestPrior is what the ledger holds for a user's request id, as the
+// entry being applied judges it: the key the id is (or would be) held
+// under, and the order it produced or the lottery its entry went to
+// (neither: a new request).
+type requestPrior struct {
+	key      string
+	order    *Order
+	entrySKU string
+}
+
+// priorRequest looks user's request id up under the ledger's rules. Under
+// RulesGlobalRequestIDs the id is the key, whoever sent it. Under
+// RulesScopedRequestIDs it is the user's scoped key, and then the bare id
+// of a record the earlier rules wrote, which counts only if its order is
+// this user's: a repeat of an id recorded before the switch still gets its
+// answer, and another user's id is another request.
+func (a *applier) priorRequest(user, requestID string) (requestPrior, error) {
+	if a.rules < RulesScopedRequestIDs {
+		p := requestPrior{key: requestID}
+		id, ok, err := a.requestOrder(requestID)
+		if err != nil || !ok {
+			return p, err
+		}
+		p.order, err = a.mustOrderOfRequest(requestID, id)
+		return p, err
+	}
+	p := requestPrior{key: requestKey(user, requestID)}
+	v, ok, err := a.requestOrder(p.key)
+	if err != nil {
+		return p, err
+	}
+	if ok {
+		if sku, isEntry := entryOfRequestValue(v); isEntry {
+			p.entrySKU = sku
+			return p, nil
+		}
+		p.order, err = a.mustOrderOfRequest(p.key, v)
+		return p, err
+	}
+	// Always looked at, however few records of the earlier rules this
+	// node holds: the outcome must be the same on every node.
+	id, ok, err := a.requestOrder(requestID)
+	if err != nil || !ok {
+		return p, err
+	}
+	o, err := a.mustOrderOfRequest(requestID, id)
+	if err != nil || o.User != user {
+		return p, err
+	}
+	p.order = o
+	return p, nil
+}
+
+func (a *applier) mustOrderOfRequest(key, id string) (*Order, error) {
+	o, err := a.getOrder(id)
+	if err != nil {
+		return nil, err
+	}
+	if o == nil {
+		panic(fmt.Sprintf("BUG: request %q names missing order %q", key, id))
+	}
+	return o, nil
+}
+
+// forgetOrderRequest forgets the request id of order o (taken out by an
+// archive), under whichever key the rules of its take held it.
+func (a *applier) forgetOrderRequest(o *Order) error {
+	for _, key := range []string{requestKey(o.User, o.RequestID), o.RequestID} {
+		forgot, err := a.forgetRequestInGroup(o.CreatedAtUnixNano, key, o.ID)
+		if err != nil {
+			return err
+		}
+		if forgot {
+			a.requestChanges[key] = requestChange{at: o.CreatedAtUnixNano}
+			a.requestDelta--
+			return nil
+		}
+	}
+	// A record of the earlier file format, if it is still there.
+	tk := requestTimeKey(o.CreatedAtUnixNano, o.RequestID)
+	v, err := a.get(bucketRequestsByTime, tk)
+	if err != nil {
+		return err
+	}
+	if string(v) == o.ID {
+		a.put(bucketRequestsByTime, tk, nil)
+		a.requestChanges[o.RequestID] = requestChange{at: o.CreatedAtUnixNano}
+		a.requestDelta--
+	}
+	return nil
+}
+
 // The requests_by_time bucket holds, for the orders created by one log
 // entry, a request group: keyed by the entry's time alone (8 bytes,
 // big-endian), the request ids and their order ids. A Take of a hundred

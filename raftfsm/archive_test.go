@@ -80,7 +80,7 @@ func TestArchive_ClosedSaleLeavesTheLedgerAndItsTotalsStay(t *testing.T) {
 		if _, ok, _ := tl.l.Order(fmt.Sprintf("a%02d", i)); ok {
 			t.Fatalf("archived order a%02d still readable", i)
 		}
-		if _, ok := tl.l.OrderIDForRequest(fmt.Sprintf("req-a%02d", i)); ok {
+		if _, ok := tl.l.OrderIDForRequest(fmt.Sprintf("u%d", i), fmt.Sprintf("req-a%02d", i)); ok {
 			t.Fatalf("request id of archived order a%02d still held", i)
 		}
 		if _, ok, _ := tl.l.Order(fmt.Sprintf("b%02d", i)); !ok {

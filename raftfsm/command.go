@@ -29,6 +29,7 @@ const (
 	OpPurgeArchived
 	OpEnter
 	OpDraw
+	OpSetRules
 )
 
 var opNames = [...]string{
@@ -37,7 +38,7 @@ var opNames = [...]string{
 	OpRegister: "register", OpExpire: "expire", OpPruneRequests: "prune_requests",
 	OpAckConsumer: "ack_consumer", OpPruneEvents: "prune_events",
 	OpCloseSale: "close_sale", OpArchiveSale: "archive_sale", OpPurgeArchived: "purge_archived",
-	OpEnter: "enter", OpDraw: "draw",
+	OpEnter: "enter", OpDraw: "draw", OpSetRules: "set_rules",
 }
 
 func (o Op) String() string {
@@ -249,6 +250,8 @@ func newCommand(op Op) Command {
 		return &Enter{}
 	case OpDraw:
 		return &Draw{}
+	case OpSetRules:
+		return &SetRules{}
 	}
 	return nil
 }
@@ -480,6 +483,9 @@ const (
 	OutcomeNotLottery    // an entry or a draw for a sale that is no lottery
 	OutcomeEntriesClosed // an entry after the lottery's entries closed (or it was drawn, or is full)
 	OutcomeLottery       // a lease or restock the lottery sale does not take
+	// OutcomeRequestIDReused: the entry's user already used its request id
+	// for another SKU or qty, or for a lottery entry (RulesScopedRequestIDs).
+	OutcomeRequestIDReused
 )
 
 var outcomeNames = [...]string{
@@ -489,6 +495,7 @@ var outcomeNames = [...]string{
 	OutcomeClosed: "closed", OutcomeNotClosed: "not_closed", OutcomeHoldsPending: "holds_pending",
 	OutcomeUnconsumed: "unconsumed_events", OutcomeNotLottery: "not_a_lottery",
 	OutcomeEntriesClosed: "entries_closed", OutcomeLottery: "lottery_sale",
+	OutcomeRequestIDReused: "request_id_reused",
 }
 
 func (o Outcome) String() string {

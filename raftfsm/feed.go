@@ -55,6 +55,9 @@ const (
 	ReleaseTurnedDownLeaseShort = "turned_down_lease_short"
 	ReleaseTurnedDownUnknownSKU = "turned_down_unknown_sku"
 	ReleaseTurnedDownClosed     = "turned_down_closed"
+	// ReleaseTurnedDownRequestIDReused: the buyer's request id named
+	// another SKU or qty, or a lottery entry, when the take was applied.
+	ReleaseTurnedDownRequestIDReused = "turned_down_request_id_reused"
 )
 
 // FeedEvent is one event of the order feed: the order as it stood right

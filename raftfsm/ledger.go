@@ -199,16 +199,20 @@ type Ledger struct {
 	db       *bolt.DB
 	bh       *behind // changes applied and not yet in bbolt, and their persister
 	applied  uint64
+	rules    uint64 // the ledger's rules (rules.go)
 	skus     map[string]*SKU
 	requests *requestIndex // request id -> where its order id is
 	// reqSeed hashes request ids and buyer keys, for the whole life of the
 	// ledger; reqFilter and buyerFilter answer "surely not" without a lock.
-	reqSeed     maphash.Seed
-	reqFilter   atomic.Pointer[hashfilter.Filter]
-	buyerFilter atomic.Pointer[hashfilter.Filter]
-	nodes       map[string]string // node id -> HTTP address
-	holds       map[string]int64  // held order id -> expires at (unix nanos)
-	bought      map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
+	reqSeed   maphash.Seed
+	reqFilter atomic.Pointer[hashfilter.Filter]
+	// legacyRequests: requests holds ids of the rules before scoped ids
+	// (requestIndex.legacy), which reads then look up too.
+	legacyRequests atomic.Bool
+	buyerFilter    atomic.Pointer[hashfilter.Filter]
+	nodes          map[string]string // node id -> HTTP address
+	holds          map[string]int64  // held order id -> expires at (unix nanos)
+	bought         map[string]int64  // buyerKey(sku, user) -> units held or sold, for per_user sales
 	// orderSeqs is, per node, the highest sequence among the order ids it
 	// minted and which of its latest have orders (seqWindow). Read and
 	// written on the FSM goroutine only (and by loadMirrors before raft
@@ -449,12 +453,16 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	holds := make(map[string]int64)
 	bought := make(map[string]int64)
 	seqHigh := make(map[string]uint64)
-	var applied uint64
+	var applied, rules uint64
 	err := db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
 			applied = binary.BigEndian.Uint64(v)
 		}
-		err := tx.Bucket(bucketSKUs).ForEach(func(k, v []byte) error {
+		var err error
+		if rules, err = loadRules(tx.Bucket(bucketMeta).Get(keyRules)); err != nil {
+			return err
+		}
+		err = tx.Bucket(bucketSKUs).ForEach(func(k, v []byte) error {
 			var s SKU
 			if err := json.Unmarshal(v, &s); err != nil {
 				return fmt.Errorf("decode sku %q: %w", k, err)
@@ -520,12 +528,13 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	if err != nil {
 		return err
 	}
-	l.applied, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, skus, requests, nodes, holds, bought
+	l.applied, l.rules, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, rules, skus, requests, nodes, holds, bought
 	l.orderSeqs = make(map[string]*seqWindow, len(seqHigh))
 	for owner, high := range seqHigh {
 		l.orderSeqs[owner] = &seqWindow{floor: high, high: high}
 	}
 	l.reqFilter.Store(requests.filter)
+	l.legacyRequests.Store(requests.legacy > 0)
 	l.buyerFilter.Store(buyers)
 	return nil
 }

@@ -268,7 +268,7 @@ func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
 	if got := dst.l.AppliedIndex(); got != 6 {
 		t.Fatalf("applied index after restore %d, want 6", got)
 	}
-	if id, ok := dst.l.OrderIDForRequest("req-o2"); !ok || id != "o2" {
+	if id, ok := dst.l.OrderIDForRequest("u1", "req-o2"); !ok || id != "o2" {
 		t.Fatalf("request index after restore: %q %v", id, ok)
 	}
 	o, ok, err := dst.l.Order("o2")
@@ -297,22 +297,57 @@ type ledgerMachine struct {
 	// cancels and expiries).
 	closeAt       int64
 	lotteryOrders map[string]bool
-	// requestOrder is the order each request id first won; the ledger
-	// answers it for the id until the id is pruned or archived.
+	// requestOrder is the order each request key first won (or the
+	// lottery entry's value); the ledger answers it for the key until the
+	// id is pruned or archived.
 	requestOrder map[string]string
+	// rules are the ledger's rules (SwitchRules raises them); reused counts
+	// the refusals of reused ids seen.
+	rules  uint64
+	reused int
 }
 
-// lotteryUsers are the machine's lottery entrants.
-var lotteryUsers = []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9"}
+// lotteryUsers are the machine's lottery entrants; u1 and u2 buy too.
+var lotteryUsers = []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "u1", "u2"}
 
 func (m *ledgerMachine) Enter(t *rapid.T) {
 	var c Enter
 	for range rapid.IntRange(1, 3).Draw(t, "entrants") {
-		c.Entries = append(c.Entries, EnterEntry{SKU: "L", User: rapid.SampledFrom(lotteryUsers).Draw(t, "entrant")})
+		// Entrants share the buyers' ids: an id a buyer bought with is
+		// refused for an entry, under scoped rules.
+		user := rapid.SampledFrom(lotteryUsers).Draw(t, "entrant")
+		req := ""
+		if rapid.Bool().Draw(t, "entry_request_id") {
+			req = fmt.Sprintf("r%d", rapid.IntRange(0, m.next+1).Draw(t, "entry_req"))
+		}
+		c.Entries = append(c.Entries, EnterEntry{SKU: "L", User: user, RequestID: req})
 	}
 	row, _, _ := m.tl.l.SKU("L")
 	over := row.Closed() || row.Lottery.Drawn() || m.clock >= m.closeAt
+	held := make([]string, len(c.Entries))
+	for i, e := range c.Entries {
+		if e.RequestID != "" && m.rules >= RulesScopedRequestIDs {
+			held[i] = m.heldRequest(e.User, e.RequestID)
+		}
+	}
+	entered := map[string]bool{} // users entered by this command's earlier entries
 	for i, r := range m.tl.applyTyped(m.clock, &c).Entries {
+		e := c.Entries[i]
+		switch {
+		case r.Outcome == OutcomeRequestIDReused && held[i] == "" && !entered[e.User]:
+			t.Fatalf("entry of %s with request %s refused as reused; the ledger held nothing for it", e.User, e.RequestID)
+		case r.Outcome == OutcomeOK && held[i] != "":
+			t.Fatalf("entry of %s with request %s, held for %s, was taken", e.User, e.RequestID, held[i])
+		case r.Outcome == OutcomeRequestIDReused:
+			m.reused++
+			continue
+		}
+		if r.Outcome == OutcomeOK {
+			entered[e.User] = true
+			if e.RequestID != "" && m.rules >= RulesScopedRequestIDs {
+				m.requestOrder[requestKey(e.User, e.RequestID)] = requestEntryValue("L")
+			}
+		}
 		switch {
 		case r.Outcome == OutcomeOK && over:
 			t.Fatalf("entry of %s after the close (closed %v, drawn %v, now %d, close %d)", c.Entries[i].User, row.Closed(), row.Lottery.Drawn(), m.clock, m.closeAt)
@@ -446,26 +481,95 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 			User: rapid.SampledFrom([]string{"u1", "u2", "u3"}).Draw(t, "user"), RequestID: req, OrderID: id})
 		m.orders = append(m.orders, id)
 	}
-	held := map[string]string{}
-	for _, e := range c.Takes {
-		if id, ok := m.tl.l.OrderIDForRequest(e.RequestID); ok {
-			held[e.RequestID] = id
-		}
+	// What the ledger holds for each entry's request id before the take,
+	// as its rules look it up: the bare id, or the user's own.
+	held := make([]string, len(c.Takes))
+	for i, e := range c.Takes {
+		held[i] = m.heldRequest(e.User, e.RequestID)
 	}
+	rules := m.rules
+	won := map[string]string{} // request key -> order, of this take's earlier entries
 	for i, r := range m.at(c).Takes {
 		e := &c.Takes[i]
-		if id, ok := held[e.RequestID]; ok && r.Outcome != OutcomeSame {
-			t.Fatalf("take of held request id %s (order %s): %s", e.RequestID, id, r.Outcome)
-		} else if ok && r.Order.ID != id && r.Order.ID != e.OrderID {
-			t.Fatalf("take of held request id %s (order %s) answered order %s", e.RequestID, id, r.Order.ID)
+		key := m.requestKeyOf(rules, e.User, e.RequestID)
+		prior := held[i]
+		if id, ok := won[key]; ok && prior == "" {
+			prior = id
+		}
+		reproposal := r.Outcome == OutcomeSame && r.Order.ID == e.OrderID
+		switch {
+		case reproposal:
+		case prior == "" && (r.Outcome == OutcomeSame || r.Outcome == OutcomeRequestIDReused):
+			// Another user's id (scoped rules) or a forgotten one is a
+			// new request: it never gets someone else's order.
+			t.Fatalf("take of new request %s by %s (rules %d): %s, order %s", e.RequestID, e.User, rules, r.Outcome, r.Order.ID)
+		case prior != "":
+			want := OutcomeSame
+			if rules >= RulesScopedRequestIDs {
+				if p, isEntry := entryOfRequestValue(prior); isEntry {
+					_ = p
+					want = OutcomeRequestIDReused
+				} else if o, ok, _ := m.tl.l.Order(prior); ok && (o.SKU != e.SKU || o.Qty != e.Qty) {
+					want = OutcomeRequestIDReused
+				}
+			}
+			if r.Outcome != want || want == OutcomeSame && r.Order.ID != prior {
+				t.Fatalf("take of held request %s by %s (rules %d, held for %s): %s order %s, want %s", e.RequestID, e.User, rules, prior, r.Outcome, r.Order.ID, want)
+			}
+			if want == OutcomeRequestIDReused {
+				m.reused++
+			}
 		}
 		if r.Outcome == OutcomeOK {
 			m.taken = append(m.taken, e.OrderID)
 			m.takenSKU[e.OrderID] = e.SKU
-			if _, ok := m.requestOrder[e.RequestID]; !ok {
-				m.requestOrder[e.RequestID] = e.OrderID
+			if _, ok := m.requestOrder[key]; !ok {
+				m.requestOrder[key] = e.OrderID
 			}
+			won[key] = e.OrderID
 		}
+	}
+}
+
+// requestKeyOf is the key the ledger holds user's request id under with
+// rules.
+func (m *ledgerMachine) requestKeyOf(rules uint64, user, req string) string {
+	if rules >= RulesScopedRequestIDs {
+		return requestKey(user, req)
+	}
+	return req
+}
+
+// heldRequest is what the ledger holds for user's request id as its rules
+// judge (an order id, a lottery entry's value, or ""), read through the
+// same lookups the engine uses.
+func (m *ledgerMachine) heldRequest(user, req string) string {
+	if m.rules < RulesScopedRequestIDs {
+		v, _ := m.tl.l.lookupRequestKey([]byte(req))
+		return v
+	}
+	rec, ok := m.tl.l.LookupRequest([]byte(user), []byte(req))
+	switch {
+	case !ok:
+		return ""
+	case rec.EntrySKU != "":
+		return requestEntryValue(rec.EntrySKU)
+	}
+	return rec.OrderID
+}
+
+// SwitchRules switches the ledger to scoped request ids in the middle of
+// the run: ids recorded before still answer their users' repeats.
+func (m *ledgerMachine) SwitchRules(t *rapid.T) {
+	if m.rules >= RulesCurrent {
+		t.Skip("rules are current")
+	}
+	if r := m.tl.applyTyped(m.clock, &SetRules{Rules: RulesCurrent}); r.Outcome != OutcomeOK {
+		t.Fatalf("set rules: %s", r.Outcome)
+	}
+	m.rules = RulesCurrent
+	if r := m.tl.applyTyped(m.clock, &SetRules{Rules: RulesGlobalRequestIDs}); r.Outcome != OutcomeSame || m.tl.l.Rules() != RulesCurrent {
+		t.Fatalf("rules went back: %s, now %d", r.Outcome, m.tl.l.Rules())
 	}
 }
 
@@ -676,10 +780,10 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 	// Every request id the ledger holds answers the order it first won,
 	// and the index counts exactly those.
 	holding := 0
-	for req, id := range m.requestOrder {
-		if got, ok := m.tl.l.OrderIDForRequest(req); ok {
+	for key, id := range m.requestOrder {
+		if got, ok := m.tl.l.lookupRequestKey([]byte(key)); ok {
 			if got != id {
-				t.Fatalf("request id %s answers order %s, want %s", req, got, id)
+				t.Fatalf("request key %q answers %s, want %s", key, got, id)
 			}
 			holding++
 		}
@@ -718,9 +822,19 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 }
 
 func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
+	reused := 0 // refusals of reused request ids over all runs
+	defer func() {
+		if !t.Failed() && reused == 0 {
+			t.Error("no run drew a reused request id: the machine does not exercise scoped ids")
+		}
+	}()
 	rapid.Check(t, func(rt *rapid.T) {
 		m := &ledgerMachine{tl: newTestLedger(t), nodes: []string{"n1", "n2", "n3"}, skus: []string{"a", "b"}, takenSKU: map[string]string{},
 			closeAt: rapid.Int64Range(1, 400).Draw(rt, "close_at"), lotteryOrders: map[string]bool{}, requestOrder: map[string]string{}}
+		if rapid.Bool().Draw(rt, "scoped_from_the_start") {
+			m.tl.applyTyped(0, &SetRules{Rules: RulesCurrent})
+			m.rules = RulesCurrent
+		}
 		for _, sku := range m.skus {
 			m.at(legacyCommand{Op: OpCreateSale, SKU: sku, Sale: &SaleConfig{
 				Total:        rapid.Int64Range(0, 40).Draw(rt, "total"),
@@ -735,6 +849,7 @@ func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 		}
 		m.skus = append(m.skus, "L") // takes, leases, restocks, closes and archives meet it too
 		rt.Repeat(rapid.StateMachineActions(m))
+		reused += m.reused
 
 		// The mirrors rebuilt from disk equal the ones kept while applying.
 		before := mirrorsOf(m.tl.l)
@@ -756,6 +871,7 @@ func TestLedger_RandomCommandsKeepTheLaw(t *testing.T) {
 }
 
 type mirrors struct {
+	Rules    uint64
 	SKUs     map[string]*SKU
 	Requests []int64 // the creation times the request index holds (its hashes are per process)
 	Holds    map[string]int64
@@ -781,7 +897,7 @@ func mirrorsOf(l *Ledger) mirrors {
 			seqHigh[owner] = w.high
 		}
 	}
-	return mirrors{SKUs: l.skus, Requests: times, Holds: l.holds, Bought: l.bought, OrderSeqHigh: seqHigh}
+	return mirrors{Rules: l.rules, SKUs: l.skus, Requests: times, Holds: l.holds, Bought: l.bought, OrderSeqHigh: seqHigh}
 }
 
 // TestLedger_AuditBetweenCommitAndMirrorUpdate audits in the window where
@@ -840,11 +956,11 @@ func TestLedger_FiltersNeverMissWhatTheLedgerHolds(t *testing.T) {
 	tl := newTestLedger(t)
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10, PerUser: 1}})
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 5})
-	if tl.l.MayHoldRequest([]byte("r-never")) || tl.l.MayHaveBought([]byte("a"), []byte("u1")) {
+	if tl.l.MayHoldRequest([]byte("u1"), []byte("r-never")) || tl.l.MayHaveBought([]byte("a"), []byte("u1")) {
 		t.Fatal("an empty ledger's filters say maybe")
 	}
 	tl.apply(take("n1", "a", "u1", "o1", 1))
-	if !tl.l.MayHoldRequest([]byte("req-o1")) || !tl.l.MayHaveBought([]byte("a"), []byte("u1")) {
+	if !tl.l.MayHoldRequest([]byte("u1"), []byte("req-o1")) || !tl.l.MayHaveBought([]byte("a"), []byte("u1")) {
 		t.Fatal("a held request id or buyer is filtered out")
 	}
 	// After a reopen the filters are rebuilt from the file.
@@ -854,7 +970,7 @@ func TestLedger_FiltersNeverMissWhatTheLedgerHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	if !l2.MayHoldRequest([]byte("req-o1")) || !l2.MayHaveBought([]byte("a"), []byte("u1")) {
+	if !l2.MayHoldRequest([]byte("u1"), []byte("req-o1")) || !l2.MayHaveBought([]byte("a"), []byte("u1")) {
 		t.Fatal("filters lost an entry across a reopen")
 	}
 }

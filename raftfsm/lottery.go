@@ -246,6 +246,22 @@ func (a *applier) enter(c *Enter) (*Result, error) {
 			r.Outcome, r.Entry = OutcomeSame, prior
 			continue
 		}
+		// Deducts and entries share one id space per user: an id the
+		// user already bought with, or entered another lottery with, is
+		// not this entry's (the user's entry into this lottery, under any
+		// id, was answered above).
+		var reqKey string
+		if e.RequestID != "" && a.rules >= RulesScopedRequestIDs {
+			rp, err := a.priorRequest(e.User, e.RequestID)
+			if err != nil {
+				return nil, err
+			}
+			if rp.order != nil || rp.entrySKU != "" {
+				r.Outcome = OutcomeRequestIDReused
+				continue
+			}
+			reqKey = rp.key
+		}
 		lt := s.Lottery
 		if s.Closed() || lt.Drawn() || a.at >= s.Config.EntriesCloseAtUnixNano || lt.Entries >= MaxLotteryEntries {
 			r.Outcome = OutcomeEntriesClosed
@@ -256,9 +272,12 @@ func (a *applier) enter(c *Enter) (*Result, error) {
 		ent := Entry{SKU: e.SKU, Seq: lt.Entries, User: e.User, RequestID: e.RequestID, AtUnixNano: a.at}
 		a.put(bucketEntries, entryKey(e.SKU, ent.Seq), encodeEntryRecord(&ent))
 		a.put(bucketEntryUsers, appendBuyerKey(nil, e.SKU, e.User), binary.BigEndian.AppendUint64(nil, uint64(ent.Seq)))
+		if reqKey != "" {
+			a.rememberRequest(reqKey, requestEntryValue(e.SKU), a.at)
+		}
 		r.Outcome, r.Entry = OutcomeOK, ent
 	}
-	return res, nil
+	return res, a.flushRequestGroup()
 }
 
 func (a *applier) draw(c *Draw) (*Result, error) {
@@ -337,6 +356,19 @@ func (a *applier) purgeEntries(s *SKU, n int64) error {
 		}
 		a.put(bucketEntries, entryKey(s.SKU, seq), nil)
 		a.put(bucketEntryUsers, appendBuyerKey(nil, s.SKU, e.User), nil)
+		if e.RequestID != "" {
+			// Held under its scoped key if the entry came after the
+			// switch to scoped ids; earlier entries held none.
+			key := requestKey(e.User, e.RequestID)
+			forgot, err := a.forgetRequestInGroup(e.AtUnixNano, key, requestEntryValue(s.SKU))
+			if err != nil {
+				return err
+			}
+			if forgot {
+				a.requestChanges[key] = requestChange{at: e.AtUnixNano}
+				a.requestDelta--
+			}
+		}
 	}
 	return nil
 }

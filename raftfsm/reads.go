@@ -45,33 +45,73 @@ func (l *Ledger) SKUs() ([]SKU, uint64) {
 	return out, l.applied
 }
 
-// OrderIDForRequest returns the order a request id produced, if the ledger
-// holds one.
-func (l *Ledger) OrderIDForRequest(requestID string) (string, bool) {
-	return l.OrderIDForRequestBytes([]byte(requestID))
+// RequestRecord is what the ledger holds for one user's request id: the
+// order it produced, or the lottery the user entered with it.
+type RequestRecord struct {
+	OrderID  string
+	EntrySKU string
 }
 
-// OrderIDForRequestBytes is OrderIDForRequest for a request id the caller
-// holds as bytes. An id the ledger does not hold costs a hash and a map
-// probe under a read lock, no allocation; one it holds is read back from
-// its record.
-func (l *Ledger) OrderIDForRequestBytes(requestID []byte) (string, bool) {
+// OrderIDForRequest returns the order user's request id produced, if the
+// ledger holds one.
+func (l *Ledger) OrderIDForRequest(user, requestID string) (string, bool) {
+	rec, ok := l.LookupRequest([]byte(user), []byte(requestID))
+	return rec.OrderID, ok && rec.OrderID != ""
+}
+
+// LookupRequest finds what user's request id produced: under its scoped
+// key, then (while the ledger holds ids of the earlier rules) under the
+// bare id, which counts only if its order is this user's, as Apply judges
+// (priorRequest). An id the ledger does not hold costs a hash and a
+// filter probe, no allocation. Safe for concurrent use.
+func (l *Ledger) LookupRequest(user, requestID []byte) (RequestRecord, bool) {
+	var buf [maxRequestKeyBytes]byte
+	key := appendRequestKey(buf[:0], user, requestID)
+	if v, ok := l.lookupRequestKey(key); ok {
+		if sku, isEntry := entryOfRequestValue(v); isEntry {
+			return RequestRecord{EntrySKU: sku}, true
+		}
+		return RequestRecord{OrderID: v}, true
+	}
+	if !l.legacyRequests.Load() {
+		return RequestRecord{}, false
+	}
+	id, ok := l.lookupRequestKey(requestID)
+	if !ok {
+		return RequestRecord{}, false
+	}
+	o, found, err := l.Order(id)
+	if err != nil || !found || o.User != string(user) {
+		return RequestRecord{}, false
+	}
+	return RequestRecord{OrderID: id}, true
+}
+
+// lookupRequestKey returns the value the ledger holds under request key.
+func (l *Ledger) lookupRequestKey(key []byte) (string, bool) {
 	l.mu.RLock()
-	at, ok := l.requests.candidate(requestID)
+	at, ok := l.requests.candidate(key)
 	l.mu.RUnlock()
 	if !ok {
 		return "", false
 	}
-	id, ok, err := findRequest(func(key []byte) ([]byte, error) { return l.read(bucketRequestsByTime, key) }, at, string(requestID))
-	return id, ok && err == nil
+	v, ok, err := findRequest(func(k []byte) ([]byte, error) { return l.read(bucketRequestsByTime, k) }, at, string(key))
+	return v, ok && err == nil
 }
 
-// MayHoldRequest reports whether the ledger may hold requestID; false is
-// certain. It takes no lock and does not allocate: a buyer with a new
-// request id is not slowed down by the ids the ledger holds.
-func (l *Ledger) MayHoldRequest(requestID []byte) bool {
+// MayHoldRequest reports whether the ledger may hold user's request id;
+// false is certain. It takes no lock and does not allocate: a buyer with
+// a new request id is not slowed down by the ids the ledger holds.
+func (l *Ledger) MayHoldRequest(user, requestID []byte) bool {
 	f := l.reqFilter.Load()
-	return f == nil || f.MayContain(maphash.Bytes(l.reqSeed, requestID))
+	if f == nil {
+		return true
+	}
+	var buf [maxRequestKeyBytes]byte
+	if f.MayContain(maphash.Bytes(l.reqSeed, appendRequestKey(buf[:0], user, requestID))) {
+		return true
+	}
+	return l.legacyRequests.Load() && f.MayContain(maphash.Bytes(l.reqSeed, requestID))
 }
 
 // MayHaveBought reports whether user may hold or have bought units of a

@@ -26,6 +26,12 @@ type requestIndex struct {
 	// shrink, so one that lost most of its ids (an archived sale) is
 	// rebuilt.
 	peak int
+	// legacy counts the keys held of the rules before scoped request ids
+	// (isLegacyRequestKey), or more, never fewer: while it is 0, a read
+	// (MayHoldRequest, LookupRequest) of a scoped key that is not held
+	// needs no second look under its bare request id. Apply always looks:
+	// its outcome must not depend on this node's count.
+	legacy int
 }
 
 // requestFilterLog2Bits sizes the request id filter: 2 MiB, two million
@@ -75,6 +81,9 @@ func (r *requestIndex) candidate(requestID []byte) (int64, bool) {
 
 // add records a request id the ledger does not hold yet, created at at.
 func (r *requestIndex) add(requestID string, at int64) {
+	if isLegacyRequestKey(requestID) {
+		r.legacy++
+	}
 	h := maphash.String(r.seed, requestID)
 	// A hash the filter has not seen is surely not in byHash: most are
 	// new, and skip a probe of the large map (the filter's block is one
@@ -93,13 +102,21 @@ func (r *requestIndex) add(requestID string, at int64) {
 
 // remove forgets a request id the ledger holds, created at at.
 func (r *requestIndex) remove(requestID string, at int64) {
+	removed := false
+	defer func() {
+		if removed && isLegacyRequestKey(requestID) && r.legacy > 0 {
+			r.legacy--
+		}
+	}()
 	if _, ok := r.exact[requestID]; ok {
 		delete(r.exact, requestID)
+		removed = true
 		return
 	}
 	h := maphash.String(r.seed, requestID)
-	if r.byHash[h] == at {
+	if at0, ok := r.byHash[h]; ok && at0 == at {
 		delete(r.byHash, h)
+		removed = true
 	}
 	if r.peak > 4096 && len(r.byHash) < r.peak/4 {
 		m := make(map[uint64]int64, len(r.byHash)) // sized to what is left, unlike a clone

@@ -93,7 +93,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 		t.Fatalf("%d request ids after the reopen, want 20", n)
 	}
 	for i := range 20 {
-		if id, ok := l.OrderIDForRequest(fmt.Sprintf("r%02d", i)); !ok || id != fmt.Sprintf("o%02d", i) {
+		if id, ok := l.OrderIDForRequest("u", fmt.Sprintf("r%02d", i)); !ok || id != fmt.Sprintf("o%02d", i) {
 			t.Fatalf("request r%02d: %q %v", i, id, ok)
 		}
 	}
@@ -124,7 +124,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 		after = tl.row("b").PurgeAfter
 	}
 	for i := range 20 {
-		_, ok := l.OrderIDForRequest(fmt.Sprintf("r%02d", i))
+		_, ok := l.OrderIDForRequest("u", fmt.Sprintf("r%02d", i))
 		if ok != (i%2 == 0) {
 			t.Fatalf("after archiving b, request r%02d held: %v", i, ok)
 		}
@@ -142,7 +142,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 		t.Fatalf("%d request ids after pruning, want 3", n)
 	}
 	for i := range 20 {
-		_, ok := l.OrderIDForRequest(fmt.Sprintf("r%02d", i))
+		_, ok := l.OrderIDForRequest("u", fmt.Sprintf("r%02d", i))
 		if ok != (i == 14 || i == 16 || i == 18) {
 			t.Fatalf("after pruning, request r%02d held: %v", i, ok)
 		}
