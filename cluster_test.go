@@ -93,7 +93,22 @@ func startTestClusterOf(t *testing.T, size int, tune func(*node.Config)) *testCl
 		}
 	})
 	waitReady(t, c)
+	waitRulesCurrent(t, c)
 	return c
+}
+
+// waitRulesCurrent waits until every running node's ledger applies this
+// binary's rules (the leader switches a new cluster's on its first pass).
+func waitRulesCurrent(t *testing.T, c *testCluster) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "ledger rules current on every node", func() bool {
+		for _, id := range c.nodeIDs() {
+			if n := c.node(id); n != nil && n.Ledger().Rules() != raftfsm.RulesCurrent {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // start runs node id; ln is its raft listener (nil: listen again on the

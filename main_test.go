@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"stockd/node"
+	"stockd/raftfsm"
 
 	"github.com/valyala/fasthttp"
 )
@@ -33,9 +34,9 @@ func startTestNode(t *testing.T, dir string) *node.Node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop(context.Background()) })
-	waitFor(t, 10*time.Second, "node ready", func() bool {
+	waitFor(t, 10*time.Second, "node ready, its ledger on this binary's rules", func() bool {
 		code, _ := call(t, clientOf(n, 1), "GET", "/readyz", "")
-		return code == 200
+		return code == 200 && n.Ledger().Rules() == raftfsm.RulesCurrent
 	})
 	return n
 }

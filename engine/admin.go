@@ -4,6 +4,7 @@ import (
 	crand "crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"stockd/raftfsm"
@@ -21,14 +22,33 @@ type SaleSpec struct {
 	EntriesCloseAt time.Time
 }
 
+// StoredTimeMin and StoredTimeMax bound the times the ledger stores
+// exactly: int64 nanoseconds since 1970 reach from 1677-09-21 to
+// 2262-04-11. A time outside wraps around when stored, so CreateSale
+// refuses it.
+var (
+	StoredTimeMin = time.Unix(0, math.MinInt64).UTC()
+	StoredTimeMax = time.Unix(0, math.MaxInt64).UTC()
+)
+
 // CreateSale creates a sale. It reports created=false when a sale with the
 // same config already exists, and ErrConflict when one with another exists.
 func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error) {
 	if sku == "" || spec.Total < 0 || spec.PerUser < 0 || spec.HoldTTL < 0 {
 		return false, fmt.Errorf("%w: sale %q needs total, per_user and hold_ttl >= 0", ErrInvalid, sku)
 	}
-	if _, _, ok := e.ledger.SKU(sku); !ok && len(*e.sales.Load()) >= MaxSKUs {
+	_, _, exists := e.ledger.SKU(sku)
+	if !exists && len(*e.sales.Load()) >= MaxSKUs {
 		return false, fmt.Errorf("%w: this node holds %d", ErrTooManySKUs, MaxSKUs)
+	}
+	for _, t := range []struct {
+		field string
+		at    time.Time
+	}{{"start_at", spec.StartAt}, {"entries_close_at", spec.EntriesCloseAt}} {
+		if !t.at.IsZero() && (t.at.Before(StoredTimeMin) || t.at.After(StoredTimeMax)) {
+			return false, fmt.Errorf("%w: %s %s is outside the times the ledger stores exactly (%s to %s)", ErrInvalid, t.field,
+				t.at.Format(time.RFC3339Nano), StoredTimeMin.Format(time.RFC3339Nano), StoredTimeMax.Format(time.RFC3339Nano))
+		}
 	}
 	cfg := raftfsm.SaleConfig{Total: spec.Total, PerUser: spec.PerUser, HoldTTLNanos: int64(spec.HoldTTL)}
 	if !spec.StartAt.IsZero() {
@@ -39,6 +59,11 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 		switch {
 		case spec.EntriesCloseAt.IsZero() || !spec.EntriesCloseAt.After(spec.StartAt):
 			return false, fmt.Errorf("%w: a lottery needs entries_close_at, after start_at", ErrInvalid)
+		case !exists && !spec.EntriesCloseAt.After(e.cfg.Now()):
+			// A lottery closed before it is created would go straight to
+			// its draw with nobody in it. (The same call for a lottery
+			// that exists stays the idempotent repeat it is.)
+			return false, fmt.Errorf("%w: entries_close_at %s is already past", ErrInvalid, spec.EntriesCloseAt.UTC().Format(time.RFC3339Nano))
 		case spec.PerUser != 0:
 			return false, fmt.Errorf("%w: a lottery takes one entry per user; per_user does not apply", ErrInvalid)
 		}
@@ -63,7 +88,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 	case raftfsm.OutcomeConflict:
 		return false, fmt.Errorf("%w: sku %q", ErrConflict, sku)
 	}
-	return false, fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+	return false, fmt.Errorf("%w: the ledger refused the sale (%s): %s", ErrInvalid, res.Outcome, res.Detail)
 }
 
 // Restock adds qty units to a sale.

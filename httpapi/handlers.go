@@ -188,9 +188,8 @@ func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
 	}
 	spec.Total = *req.Total
 	if req.StartAt != "" {
-		at, err := time.Parse(time.RFC3339Nano, req.StartAt)
-		if err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "start_at must be RFC 3339, like 2026-11-30T12:00:00Z")
+		at, ok := parseStoredTime(ctx, "start_at", req.StartAt)
+		if !ok {
 			return
 		}
 		spec.StartAt = at
@@ -202,9 +201,12 @@ func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
 			return
 		}
 	case "lottery":
-		at, err := time.Parse(time.RFC3339Nano, req.EntriesCloseAt)
-		if err != nil {
+		if req.EntriesCloseAt == "" {
 			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "a lottery needs entries_close_at, RFC 3339, like 2026-11-30T12:00:00Z")
+			return
+		}
+		at, ok := parseStoredTime(ctx, "entries_close_at", req.EntriesCloseAt)
+		if !ok {
 			return
 		}
 		spec.Lottery, spec.EntriesCloseAt = true, at
@@ -214,8 +216,8 @@ func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
 	}
 	if req.HoldTTL != "" {
 		ttl, err := time.ParseDuration(req.HoldTTL)
-		if err != nil || ttl < 0 {
-			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "hold_ttl must be a duration like 90s or 15m")
+		if err != nil || ttl < 0 || ttl > MaxHoldTTL {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "hold_ttl must be a duration from 0s to "+MaxHoldTTL.String()+", like 90s or 15m")
 			return
 		}
 		spec.HoldTTL = ttl
@@ -235,6 +237,26 @@ func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
 		code = fasthttp.StatusCreated
 	}
 	writeJSON(ctx, code, skuJSON(v))
+}
+
+// MaxHoldTTL bounds hold_ttl: a hold awaits a payment, not a season, and
+// its deadline (the take's time plus the TTL) must stay a stored time.
+const MaxHoldTTL = 30 * 24 * time.Hour
+
+// parseStoredTime reads field, an RFC 3339 time the ledger must store
+// exactly; on a bad one it answers 400 naming the field and reports false.
+func parseStoredTime(ctx *fasthttp.RequestCtx, field, v string) (time.Time, bool) {
+	at, err := time.Parse(time.RFC3339Nano, v)
+	switch {
+	case err != nil:
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", field+" must be RFC 3339, like 2026-11-30T12:00:00Z")
+		return time.Time{}, false
+	case at.Before(engine.StoredTimeMin) || at.After(engine.StoredTimeMax):
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("%s %s is outside the times the ledger stores exactly (%s to %s)",
+			field, v, engine.StoredTimeMin.Format(time.RFC3339Nano), engine.StoredTimeMax.Format(time.RFC3339Nano)))
+		return time.Time{}, false
+	}
+	return at, true
 }
 
 func (s *Server) handleRestock(ctx *fasthttp.RequestCtx, sku []byte) {
