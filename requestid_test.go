@@ -227,7 +227,9 @@ func TestRequestID_ReuseRacingOnTwoNodes(t *testing.T) {
 		}
 		// Every 202 order settles: exactly one sold per user.
 		turnedDown := 0
-		defer func() { t.Logf("wait=none: %d of %d users had both calls answered 202, one turned down by the ledger", turnedDown, users) }()
+		defer func() {
+			t.Logf("wait=none: %d of %d users had both calls answered 202, one turned down by the ledger", turnedDown, users)
+		}()
 		for u, a := range answers {
 			sold := 0
 			for side := range a {

@@ -90,7 +90,9 @@ const MaxRequestKeyBytes = maxRequestKeyBytes
 // AppendRequestKey appends the scoped key of user's request id: one key a
 // user and an id, which no other pair shares. The engine keys its own
 // pending attempts with it. Safe for concurrent use.
-func AppendRequestKey(dst, user, requestID []byte) []byte { return appendRequestKey(dst, user, requestID) }
+func AppendRequestKey(dst, user, requestID []byte) []byte {
+	return appendRequestKey(dst, user, requestID)
+}
 
 // appendRequestKey appends the scoped key of user's request id.
 func appendRequestKey[T ~string | ~[]byte](dst []byte, user, requestID T) []byte {
