@@ -688,3 +688,57 @@ func TestEngine_StoppingWithoutALeaderAnswersWaitingBuyers(t *testing.T) {
 	tn.node.Close()
 	tn.ledger.Close()
 }
+
+// upgradingCluster is a one-node cluster whose other voters (by its word)
+// run a binary that may not know the newest ledger rules yet.
+type upgradingCluster struct {
+	switchableCluster
+	votersKnow atomic.Bool
+	asked      atomic.Int64
+}
+
+func (c *upgradingCluster) VotersKnowRules(uint64) bool {
+	c.asked.Add(1)
+	return c.votersKnow.Load()
+}
+
+// TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem: during a rolling
+// upgrade the ledger keeps its rules (request ids global: another user's
+// id answers the first order, as the earlier version did); once every
+// voter knows the new rules the leader switches them through the log, and
+// the same call is then another user's own request.
+func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
+	cluster := &upgradingCluster{}
+	cluster.healthy.Store(true)
+	tn := startTestNode(t, t.TempDir(), func(c *Config) { c.Cluster = cluster })
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 10}); err != nil {
+		t.Fatal(err)
+	}
+	first := tn.deduct("a", "alice", "r-1", 1, false)
+	if first.Status != StatusOK {
+		t.Fatalf("alice: %s", first.Status)
+	}
+	waitUntil(t, "the janitor asks the voters three times", func() bool { return cluster.asked.Load() >= 3 })
+	if r := tn.ledger.Rules(); r != raftfsm.RulesGlobalRequestIDs {
+		t.Fatalf("rules switched to %d while a voter does not know them", r)
+	}
+	// The earlier rules: bob's r-1 is alice's request.
+	if bob := tn.deduct("a", "bob", "r-1", 1, false); bob.Status != StatusOK || bob.Order.ID != first.Order.ID {
+		t.Fatalf("bob's r-1 before the switch: %s %s, want alice's order %s", bob.Status, bob.Order.ID, first.Order.ID)
+	}
+	cluster.votersKnow.Store(true)
+	waitUntil(t, "the rules switched", func() bool { return tn.ledger.Rules() == raftfsm.RulesCurrent })
+	carol := tn.deduct("a", "carol", "r-1", 1, false)
+	if carol.Status != StatusOK || carol.Order.ID == first.Order.ID || carol.Order.User != "carol" {
+		t.Fatalf("carol's r-1 after the switch: %s %+v", carol.Status, carol.Order)
+	}
+	if again := tn.deduct("a", "alice", "r-1", 1, false); again.Order.ID != first.Order.ID {
+		t.Fatalf("alice's repeat after the switch: %s %s", again.Status, again.Order.ID)
+	}
+	if reused := tn.deduct("a", "alice", "r-1", 2, false); reused.Status != StatusRequestIDReused {
+		t.Fatalf("alice's r-1 for 2 units: %s", reused.Status)
+	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 2 {
+		t.Fatalf("sold %d, want 2 (alice, carol)", a.Row.Sold)
+	}
+}
