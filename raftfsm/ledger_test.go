@@ -305,10 +305,11 @@ type ledgerMachine struct {
 	// the refusals of reused ids seen.
 	rules  uint64
 	reused int
+	sent   [][2]string // (user, request id) of every take entry so far
 }
 
-// lotteryUsers are the machine's lottery entrants; u1 and u2 buy too.
-var lotteryUsers = []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "u1", "u2"}
+// lotteryUsers are the machine's lottery entrants; u1, u2 and u3 buy too.
+var lotteryUsers = []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "u1", "u2", "u3"}
 
 func (m *ledgerMachine) Enter(t *rapid.T) {
 	var c Enter
@@ -319,6 +320,10 @@ func (m *ledgerMachine) Enter(t *rapid.T) {
 		req := ""
 		if rapid.Bool().Draw(t, "entry_request_id") {
 			req = fmt.Sprintf("r%d", rapid.IntRange(0, m.next+1).Draw(t, "entry_req"))
+			if len(m.sent) > 0 && rapid.Bool().Draw(t, "entry_dup") {
+				prior := rapid.SampledFrom(m.sent).Draw(t, "entry_dup_of")
+				user, req = prior[0], prior[1]
+			}
 		}
 		c.Entries = append(c.Entries, EnterEntry{SKU: "L", User: user, RequestID: req})
 	}
@@ -474,11 +479,19 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 			sku = s // a node re-proposes a take as it was
 		}
 		req := fmt.Sprintf("r%d", m.next)
-		if len(m.orders) > 0 && rapid.IntRange(0, 9).Draw(t, "dup") == 0 {
-			req = "r" + rapid.SampledFrom(m.orders).Draw(t, "dup_of")[1:] // a repeated request id
+		user := rapid.SampledFrom([]string{"u1", "u2", "u3"}).Draw(t, "user")
+		if len(m.sent) > 0 && rapid.IntRange(0, 3).Draw(t, "dup") == 0 {
+			// A request id sent before: mostly by its user again (a
+			// repeat, or a reuse for another SKU or qty), else by another.
+			prior := rapid.SampledFrom(m.sent).Draw(t, "dup_of")
+			req = prior[1]
+			if rapid.IntRange(0, 2).Draw(t, "dup_user") > 0 {
+				user = prior[0]
+			}
 		}
 		c.Takes = append(c.Takes, TakeEntry{SKU: sku, Qty: rapid.Int64Range(1, 2).Draw(t, "qty"),
-			User: rapid.SampledFrom([]string{"u1", "u2", "u3"}).Draw(t, "user"), RequestID: req, OrderID: id})
+			User: user, RequestID: req, OrderID: id})
+		m.sent = append(m.sent, [2]string{user, req})
 		m.orders = append(m.orders, id)
 	}
 	// What the ledger holds for each entry's request id before the take,
