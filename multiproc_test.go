@@ -71,8 +71,13 @@ func buildStockd(t *testing.T, dir string) string {
 
 func startProcCluster(t *testing.T, extraArgs ...string) *procCluster {
 	t.Helper()
+	return startProcClusterOf(t, buildStockd(t, t.TempDir()), extraArgs...)
+}
+
+// startProcClusterOf is startProcCluster with the binary bin.
+func startProcClusterOf(t *testing.T, bin string, extraArgs ...string) *procCluster {
+	t.Helper()
 	dir := t.TempDir()
-	bin := buildStockd(t, dir)
 	p := &procCluster{t: t, bin: bin, ids: []string{"n1", "n2", "n3"},
 		httpAddr: map[string]string{}, raftAddr: map[string]string{}, dataDir: map[string]string{},
 		procs: map[string]*exec.Cmd{}, exited: map[string]chan error{}, clients: map[string]*fasthttp.HostClient{},
@@ -146,25 +151,31 @@ func (p *procCluster) kill(id string) {
 // that does not stop in time.
 func (p *procCluster) stopAll() {
 	for _, id := range p.ids {
-		p.mu.Lock()
-		cmd, exited := p.procs[id], p.exited[id]
-		p.procs[id] = nil
-		p.mu.Unlock()
-		if cmd == nil {
-			continue
+		p.stop(id)
+	}
+}
+
+// stop sends SIGTERM to one node through its process handle and waits,
+// killing it if it does not stop in time.
+func (p *procCluster) stop(id string) {
+	p.mu.Lock()
+	cmd, exited := p.procs[id], p.exited[id]
+	p.procs[id], p.clients[id] = nil, nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			p.t.Errorf("%s: %v", id, err)
 		}
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			var exit *exec.ExitError
-			if err != nil && !errors.As(err, &exit) {
-				p.t.Errorf("%s: %v", id, err)
-			}
-		case <-time.After(20 * time.Second):
-			p.t.Errorf("%s did not stop on SIGTERM within 20s; killing it", id)
-			cmd.Process.Kill()
-			<-exited
-		}
+	case <-time.After(20 * time.Second):
+		p.t.Errorf("%s did not stop on SIGTERM within 20s; killing it", id)
+		cmd.Process.Kill()
+		<-exited
 	}
 }
 
