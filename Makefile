@@ -28,9 +28,10 @@ lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Three stockd processes on loopback; the leader is killed with SIGKILL
-# mid-sale and restarted on its data dir.
+# mid-sale and restarted on its data dir. Then a rolling upgrade from the
+# version before ledger rules (built from the repository's history).
 test-multiproc:
-	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run MultiProcess_Leader .
+	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade)' .
 
 # One node filled with a million sold orders and their request ids; fails
 # when its peak resident memory (VmHWM) passes 384 MiB.

@@ -297,10 +297,7 @@ func (p *procCluster) terminateAll(limit time.Duration) map[string]time.Duration
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, id := range p.ids {
-		p.mu.Lock()
-		cmd, exited := p.procs[id], p.exited[id]
-		p.procs[id], p.clients[id] = nil, nil
-		p.mu.Unlock()
+		cmd, exited := p.detach(id)
 		if cmd == nil {
 			continue
 		}

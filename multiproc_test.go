@@ -137,12 +137,19 @@ func (p *procCluster) logTailsIfFailed() {
 	}
 }
 
-// kill sends SIGKILL to one node through its process handle.
-func (p *procCluster) kill(id string) {
+// detach takes node id's process handle out of the cluster (nil: not
+// running), for the caller to stop it.
+func (p *procCluster) detach(id string) (*exec.Cmd, chan error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	cmd, exited := p.procs[id], p.exited[id]
 	p.procs[id], p.clients[id] = nil, nil
-	p.mu.Unlock()
+	return cmd, exited
+}
+
+// kill sends SIGKILL to one node through its process handle.
+func (p *procCluster) kill(id string) {
+	cmd, exited := p.detach(id)
 	cmd.Process.Kill()
 	<-exited
 }
@@ -158,10 +165,7 @@ func (p *procCluster) stopAll() {
 // stop sends SIGTERM to one node through its process handle and waits,
 // killing it if it does not stop in time.
 func (p *procCluster) stop(id string) {
-	p.mu.Lock()
-	cmd, exited := p.procs[id], p.exited[id]
-	p.procs[id], p.clients[id] = nil, nil
-	p.mu.Unlock()
+	cmd, exited := p.detach(id)
 	if cmd == nil {
 		return
 	}

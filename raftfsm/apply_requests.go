@@ -141,14 +141,8 @@ func (a *applier) mustOrderOfRequest(key, id string) (*Order, error) {
 // archive), under whichever key the rules of its take held it.
 func (a *applier) forgetOrderRequest(o *Order) error {
 	for _, key := range []string{requestKey(o.User, o.RequestID), o.RequestID} {
-		forgot, err := a.forgetRequestInGroup(o.CreatedAtUnixNano, key, o.ID)
-		if err != nil {
+		if forgot, err := a.forgetRequestKey(o.CreatedAtUnixNano, key, o.ID); err != nil || forgot {
 			return err
-		}
-		if forgot {
-			a.requestChanges[key] = requestChange{at: o.CreatedAtUnixNano}
-			a.requestDelta--
-			return nil
 		}
 	}
 	// A record of the earlier file format, if it is still there.
@@ -294,6 +288,18 @@ func (a *applier) flushRequestGroup() error {
 	a.putRequestGroup(a.at, append(had, a.newRequests...))
 	a.newRequests = a.newRequests[:0]
 	return nil
+}
+
+// forgetRequestKey forgets request key, held for value in the group of
+// time at, if the group holds it: in the file and in the mirrors.
+func (a *applier) forgetRequestKey(at int64, key, value string) (bool, error) {
+	forgot, err := a.forgetRequestInGroup(at, key, value)
+	if err != nil || !forgot {
+		return false, err
+	}
+	a.requestChanges[key] = requestChange{at: at}
+	a.requestDelta--
+	return true, nil
 }
 
 // forgetRequestInGroup takes request id (whose order is orderID) out of

@@ -359,14 +359,8 @@ func (a *applier) purgeEntries(s *SKU, n int64) error {
 		if e.RequestID != "" {
 			// Held under its scoped key if the entry came after the
 			// switch to scoped ids; earlier entries held none.
-			key := requestKey(e.User, e.RequestID)
-			forgot, err := a.forgetRequestInGroup(e.AtUnixNano, key, requestEntryValue(s.SKU))
-			if err != nil {
+			if _, err := a.forgetRequestKey(e.AtUnixNano, requestKey(e.User, e.RequestID), requestEntryValue(s.SKU)); err != nil {
 				return err
-			}
-			if forgot {
-				a.requestChanges[key] = requestChange{at: e.AtUnixNano}
-				a.requestDelta--
 			}
 		}
 	}
