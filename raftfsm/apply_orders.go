@@ -241,7 +241,13 @@ func (a *applier) take(c *Take) (*Result, error) {
 			if a.rules >= RulesScopedRequestIDs &&
 				(rp.entrySKU != "" || rp.order != nil && (rp.order.SKU != e.SKU || rp.order.Qty != e.Qty)) {
 				r.Outcome = OutcomeRequestIDReused
-				a.turnedDown(c.Node, e, r.Outcome)
+				// As for a closed sale, an id the ledger may have held is
+				// not reported: it may be a re-proposal of an order an
+				// archive took out. (The node that minted it still
+				// answers its buyer.)
+				if fresh {
+					a.turnedDown(c.Node, e, r.Outcome)
+				}
 				continue
 			}
 			prior = rp.order

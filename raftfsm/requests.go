@@ -27,10 +27,11 @@ type requestIndex struct {
 	// rebuilt.
 	peak int
 	// legacy counts the keys held of the rules before scoped request ids
-	// (isLegacyRequestKey), or more, never fewer: while it is 0, a read
-	// (MayHoldRequest, LookupRequest) of a scoped key that is not held
-	// needs no second look under its bare request id. Apply always looks:
-	// its outcome must not depend on this node's count.
+	// (isLegacyRequestKey), or more, never fewer: while it is 0 the
+	// ledger holds none, and a scoped key that is not held needs no second
+	// look under its bare request id (reads, and Apply: the look would
+	// find nothing on any node, so skipping it cannot make two nodes
+	// differ).
 	legacy int
 }
 
