@@ -65,7 +65,7 @@ func (a *applier) requestOrder(requestID string) (string, bool, error) {
 	}
 	l := a.ledger
 	l.mu.RLock()
-	at, ok := l.requests.candidate([]byte(requestID))
+	at, ok := l.requests.candidateString(requestID)
 	l.mu.RUnlock()
 	if !ok {
 		return "", false, nil

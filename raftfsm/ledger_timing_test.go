@@ -11,10 +11,21 @@ import (
 // unit: Takes of 100 entries, applied eight to a batch as raft hands them
 // over, and written to the file after every fourth batch (the persister's
 // work, on this goroutine so that it is counted). It reports the time a
-// unit takes; each unit carries a request id, as a gateway's do.
+// unit takes; each unit carries a request id, as a gateway's do. The
+// baseline applies them under the earlier rules (global request ids), the
+// other under scoped ones (ids keyed with their user, and the check for a
+// reuse).
 func BenchmarkLedger_TakeBatches(b *testing.B) {
+	b.Run("rules=global", func(b *testing.B) { benchmarkTakeBatches(b, RulesGlobalRequestIDs) })
+	b.Run("rules=scoped", func(b *testing.B) { benchmarkTakeBatches(b, RulesScopedRequestIDs) })
+}
+
+func benchmarkTakeBatches(b *testing.B, rules uint64) {
 	const perTake, perBatch, batchesPerWrite = 100, 8, 4
 	tl := newTestLedger(b)
+	if rules > 0 {
+		tl.applyTyped(0, &SetRules{Rules: rules})
+	}
 	units := int64(b.N)*perTake*perBatch + 1
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "s", Sale: &SaleConfig{Total: units}})
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "s", Qty: units})

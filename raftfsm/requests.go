@@ -65,7 +65,16 @@ func (r *requestIndex) rebuildFilterIfFull() bool {
 // candidate returns the creation time under which requestID's record
 // would be, if the index may hold it. The caller verifies the record.
 func (r *requestIndex) candidate(requestID []byte) (int64, bool) {
-	h := maphash.Bytes(r.seed, requestID)
+	return candidateOf(r, maphash.Bytes(r.seed, requestID), requestID)
+}
+
+// candidateString is candidate for a key held as a string.
+func (r *requestIndex) candidateString(requestID string) (int64, bool) {
+	return candidateOf(r, maphash.String(r.seed, requestID), requestID)
+}
+
+// candidateOf is candidate for the id requestID whose hash is h.
+func candidateOf[T ~string | ~[]byte](r *requestIndex, h uint64, requestID T) (int64, bool) {
 	// The filter holds every id added (exact ones too): a new id, the
 	// common case, is answered without a probe of the large map.
 	if !r.filter.MayContain(h) {

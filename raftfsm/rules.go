@@ -102,9 +102,11 @@ func appendRequestKey[T ~string | ~[]byte](dst []byte, user, requestID T) []byte
 	return append(dst, requestID...)
 }
 
-// requestKey is appendRequestKey into a new string.
+// requestKey is appendRequestKey into a new string (one allocation for
+// ids within maxKeyBytes).
 func requestKey(user, requestID string) string {
-	return string(appendRequestKey(make([]byte, 0, 1+maxVarintBytes+len(user)+len(requestID)), user, requestID))
+	var buf [maxRequestKeyBytes]byte
+	return string(appendRequestKey(buf[:0], user, requestID))
 }
 
 // isLegacyRequestKey reports whether key is a request id held as it is
