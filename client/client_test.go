@@ -1,0 +1,213 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeNode is a stockd node of a test: it records the deduct bodies it
+// got and answers each with the next of its scripted answers (the last
+// one repeats).
+type fakeNode struct {
+	srv     *httptest.Server
+	mu      sync.Mutex
+	bodies  []map[string]any
+	answers []func(w http.ResponseWriter)
+	calls   atomic.Int64
+}
+
+func newFakeNode(t *testing.T, answers ...func(w http.ResponseWriter)) *fakeNode {
+	t.Helper()
+	n := &fakeNode{answers: answers}
+	n.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/cluster" {
+			w.WriteHeader(http.StatusOK)
+			io.WriteString(w, `{"nodes":[]}`)
+			return
+		}
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		n.mu.Lock()
+		n.bodies = append(n.bodies, body)
+		i := min(int(n.calls.Add(1))-1, len(n.answers)-1)
+		answer := n.answers[i]
+		n.mu.Unlock()
+		answer(w)
+	}))
+	t.Cleanup(n.srv.Close)
+	return n
+}
+
+func (n *fakeNode) requestIDs() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for _, b := range n.bodies {
+		out = append(out, fmt.Sprint(b["request_id"]))
+	}
+	return out
+}
+
+func status(code int, body string) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		io.WriteString(w, body)
+	}
+}
+
+var (
+	won         = status(200, `{"order_id":"n1-1-x","state":"sold","sku":"phone","qty":1}`)
+	unavailable = status(503, `{"error":"unavailable","detail":"no leader"}`)
+	unknown     = status(504, `{"error":"outcome_unknown","detail":"retry"}`)
+	soldOut     = status(409, `{"error":"sold_out","detail":"no units left"}`)
+	reused      = status(422, `{"error":"request_id_reused","detail":"another sku"}`)
+	// dropped closes the connection without an answer.
+	dropped = func(w http.ResponseWriter) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}
+	limited = func(w http.ResponseWriter) {
+		w.Header().Set("Retry-After", "1")
+		status(429, `{"error":"rate_limited","detail":"later"}`)(w)
+	}
+)
+
+func newTestClient(t *testing.T, nodes ...*fakeNode) *Client {
+	t.Helper()
+	var endpoints []string
+	for _, n := range nodes {
+		endpoints = append(endpoints, n.srv.URL)
+	}
+	c, err := New(Config{Endpoints: endpoints, AttemptTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestDeduct_NotDefiniteAnswersAreRetriedWithTheSameRequestID: 503, 504
+// and a dropped connection on one node are retried on the other, with the
+// request id the first attempt carried (made by the client when the
+// caller gave none).
+func TestDeduct_NotDefiniteAnswersAreRetriedWithTheSameRequestID(t *testing.T) {
+	for name, failure := range map[string]func(http.ResponseWriter){"503": unavailable, "504": unknown, "dropped": dropped} {
+		t.Run(name, func(t *testing.T) {
+			bad, good := newFakeNode(t, failure), newFakeNode(t, won)
+			c := newTestClient(t, bad, good)
+			var ids []string
+			for range 4 { // the round robin starts on each node in turn
+				o, err := c.Deduct(context.Background(), Deduct{SKU: "phone", User: "alice"})
+				if err != nil || o.OrderID != "n1-1-x" || o.State != "sold" || o.RequestID == "" {
+					t.Fatalf("deduct: %+v %v", o, err)
+				}
+				ids = append(ids, o.RequestID)
+			}
+			if bad.calls.Load() == 0 {
+				t.Fatal("the failing node was never tried")
+			}
+			seen := map[string]bool{}
+			for _, id := range good.requestIDs() {
+				seen[id] = true
+			}
+			for _, id := range bad.requestIDs() {
+				if !seen[id] {
+					t.Fatalf("request id %s failed on one node and was not retried with it on the other (%v)", id, good.requestIDs())
+				}
+			}
+			if len(seen) != len(ids) {
+				t.Fatalf("%d calls made %d request ids", len(ids), len(seen))
+			}
+		})
+	}
+}
+
+// TestDeduct_DefiniteAnswersAreNeverRetried: a refusal is the answer,
+// with its sentinel and the request id.
+func TestDeduct_DefiniteAnswersAreNeverRetried(t *testing.T) {
+	f := func(answer func(http.ResponseWriter), want error) {
+		t.Helper()
+		n := newFakeNode(t, answer)
+		c := newTestClient(t, n)
+		o, err := c.Deduct(context.Background(), Deduct{SKU: "phone", User: "alice", RequestID: "r-1"})
+		var e *Error
+		if !errors.Is(err, want) || !errors.As(err, &e) || e.RequestID != "r-1" || o.RequestID != "r-1" {
+			t.Fatalf("deduct: %+v %v, want %v", o, err, want)
+		}
+		if n.calls.Load() != 1 {
+			t.Fatalf("a definite answer was sent %d times", n.calls.Load())
+		}
+	}
+	f(soldOut, ErrSoldOut)
+	f(reused, ErrRequestIDReused)
+	f(status(409, `{"error":"user_limit"}`), ErrUserLimit)
+	f(status(425, `{"error":"not_started"}`), ErrNotStarted)
+	f(status(404, `{"error":"unknown_sku"}`), ErrUnknownSKU)
+	f(status(400, `{"error":"bad_request"}`), ErrBadRequest)
+}
+
+// TestDeduct_RateLimitedWaitsForRetryAfter: a 429 is tried again after
+// its Retry-After, not before.
+func TestDeduct_RateLimitedWaitsForRetryAfter(t *testing.T) {
+	n := newFakeNode(t, limited, won)
+	c := newTestClient(t, n)
+	start := time.Now()
+	o, err := c.Deduct(context.Background(), Deduct{SKU: "phone", User: "alice", RequestID: "r-1"})
+	if err != nil || o.OrderID == "" {
+		t.Fatalf("deduct: %+v %v", o, err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Fatalf("retried %s after a 429 with Retry-After: 1", took)
+	}
+	if ids := n.requestIDs(); len(ids) != 2 || ids[0] != "r-1" || ids[1] != "r-1" {
+		t.Fatalf("request ids sent: %v", ids)
+	}
+}
+
+// TestDeduct_ContextEndsTheRetries: a cluster that never answers
+// definitely ends the call at the context's deadline, with an error that
+// names the request id and matches both ErrNotDefinite and the context's
+// error.
+func TestDeduct_ContextEndsTheRetries(t *testing.T) {
+	a, b := newFakeNode(t, unavailable), newFakeNode(t, unknown)
+	c := newTestClient(t, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	o, err := c.Deduct(ctx, Deduct{SKU: "phone", User: "alice"})
+	var nd *NotDefiniteError
+	if !errors.Is(err, ErrNotDefinite) || !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &nd) || nd.RequestID != o.RequestID || o.RequestID == "" {
+		t.Fatalf("deduct past the deadline: %+v %v", o, err)
+	}
+	if !strings.Contains(err.Error(), o.RequestID) {
+		t.Fatalf("the error does not name the request id: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the call outlived its 300ms context by far: %s", took)
+	}
+	if a.calls.Load()+b.calls.Load() < 2 {
+		t.Fatalf("only %d attempts before the deadline", a.calls.Load()+b.calls.Load())
+	}
+}
+
+// TestNew_RefusesBadEndpoints: a config that cannot work says why.
+func TestNew_RefusesBadEndpoints(t *testing.T) {
+	for _, endpoints := range [][]string{nil, {"10.0.0.1:8080"}, {"ftp://x"}, {"http://a:1", "https://b:2"}} {
+		if _, err := New(Config{Endpoints: endpoints}); err == nil {
+			t.Fatalf("endpoints %q accepted", endpoints)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"stockd/client"
+)
+
+// ledgerOrders reads every order of sku from node id (the NDJSON stream),
+// by request id.
+func ledgerOrders(t *testing.T, c *testCluster, id, sku string) map[string][]string {
+	t.Helper()
+	body := getRaw(t, c.client(id), "/v1/skus/"+sku+"/orders")
+	out := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader([]byte(body)))
+	for sc.Scan() {
+		var o struct {
+			OrderID   string `json:"order_id"`
+			RequestID string `json:"request_id"`
+			Done      bool   `json:"done"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &o); err != nil {
+			t.Fatalf("orders stream line %q: %v", sc.Text(), err)
+		}
+		if !o.Done {
+			out[o.RequestID] = append(out[o.RequestID], o.OrderID)
+		}
+	}
+	return out
+}
+
+// TestClient_LeaderCrashedMidSale: 200 goroutines buy through one
+// client.Client that knows one endpoint; the leader crashes in the middle
+// of the sale and comes back on another HTTP port. Every call ends in a
+// win, a definite refusal, or an error naming its request id; the wins
+// the client reported are the ledger's orders, no request id has two, and
+// the ledgers obey the law.
+func TestClient_LeaderCrashedMidSale(t *testing.T) {
+	c := startTestCluster(t)
+	const units, buyers, workers = 300, 600, 200
+	if code, body := call(t, c.client(c.leader()), "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create: %d %v", code, body)
+	}
+	waitSaleEverywhere(t, c, "phone")
+	cl, err := client.New(client.Config{Endpoints: []string{"http://" + c.node("n1").HTTPAddr()}, RefreshInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	waitFor(t, 10*time.Second, "the client to find the three members", func() bool { return len(cl.Members()) == 3 })
+
+	type result struct {
+		order client.Order
+		err   error
+	}
+	results := make([]result, buyers)
+	var wins atomic.Int64
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range next {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				o, err := cl.Deduct(ctx, client.Deduct{SKU: "phone", User: fmt.Sprintf("u%d", b), RequestID: fmt.Sprintf("cl-%d", b)})
+				cancel()
+				results[b] = result{o, err}
+				if err == nil {
+					wins.Add(1)
+				}
+			}
+		}()
+	}
+	leader := ""
+	for b := range buyers {
+		if b == buyers/3 {
+			leader = c.leader()
+			c.crash(leader)
+		}
+		if b == 2*buyers/3 {
+			c.start(leader, nil)
+		}
+		next <- b
+	}
+	close(next)
+	wg.Wait()
+	waitReady(t, c)
+
+	reported := map[string]string{} // request id -> order id the client reported
+	notDefinite := map[string]bool{}
+	for b, r := range results {
+		var nd *client.NotDefiniteError
+		switch {
+		case r.err == nil:
+			if r.order.OrderID == "" || r.order.RequestID != fmt.Sprintf("cl-%d", b) {
+				t.Fatalf("buyer %d won %+v", b, r.order)
+			}
+			reported[r.order.RequestID] = r.order.OrderID
+		case errors.Is(r.err, client.ErrSoldOut):
+		case errors.As(r.err, &nd) && nd.RequestID == fmt.Sprintf("cl-%d", b):
+			notDefinite[nd.RequestID] = true
+		default:
+			t.Fatalf("buyer %d: %v", b, r.err)
+		}
+	}
+	audit := checkClusterLedgers(t, c, "phone", nil)
+	orders := ledgerOrders(t, c, c.leader(), "phone")
+	for req, ids := range orders {
+		if len(ids) != 1 {
+			t.Fatalf("request id %s has %d orders: %v", req, len(ids), ids)
+		}
+		if reported[req] == "" && !notDefinite[req] {
+			t.Fatalf("order %s (request id %s) is in the ledger; its buyer was told it lost", ids[0], req)
+		}
+	}
+	for req, id := range reported {
+		if got := orders[req]; len(got) != 1 || got[0] != id {
+			t.Fatalf("the client reported %s's win as order %s; the ledger holds %v", req, id, got)
+		}
+	}
+	if sold := int(audit["sold"].(float64)); sold < len(reported) || sold > len(reported)+len(notDefinite) || sold != len(orders) {
+		t.Fatalf("sold %d, orders %d, reported wins %d, not definite %d", sold, len(orders), len(reported), len(notDefinite))
+	}
+	t.Logf("crashed %s at buyer %d, restarted at %d: %d wins reported, %d not definite, %d orders", leader, buyers/3, 2*buyers/3, len(reported), len(notDefinite), len(orders))
+}
