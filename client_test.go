@@ -133,3 +133,77 @@ func TestClient_LeaderCrashedMidSale(t *testing.T) {
 	}
 	t.Logf("crashed %s at buyer %d, restarted at %d: %d wins reported, %d not definite, %d orders", leader, buyers/3, 2*buyers/3, len(reported), len(notDefinite), len(orders))
 }
+
+// TestClient_CallsBesideDeduct: sales, holds confirmed and cancelled,
+// order reads and lottery entries through the client against one node.
+func TestClient_CallsBesideDeduct(t *testing.T) {
+	n := startTestNode(t, t.TempDir())
+	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	sale, err := cl.CreateSale(ctx, "tv", client.SaleConfig{Total: 3, HoldTTL: time.Minute})
+	if err != nil || sale.Total != 3 || sale.State != "open" || sale.HoldTTL != "1m0s" {
+		t.Fatalf("create: %+v %v", sale, err)
+	}
+	if _, err := cl.CreateSale(ctx, "tv", client.SaleConfig{Total: 4}); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("create with another config: %v", err)
+	}
+	a, err := cl.Deduct(ctx, client.Deduct{SKU: "tv", User: "alice"})
+	if err != nil || a.State != "held" || a.ExpiresAt.IsZero() {
+		t.Fatalf("alice: %+v %v", a, err)
+	}
+	b, err := cl.Deduct(ctx, client.Deduct{SKU: "tv", User: "bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := cl.Confirm(ctx, a.OrderID); err != nil || o.State != "sold" {
+		t.Fatalf("confirm: %+v %v", o, err)
+	}
+	if o, err := cl.Confirm(ctx, a.OrderID); err != nil || o.State != "sold" {
+		t.Fatalf("confirm again: %+v %v", o, err)
+	}
+	if o, err := cl.Cancel(ctx, b.OrderID); err != nil || o.State != "released" {
+		t.Fatalf("cancel: %+v %v", o, err)
+	}
+	if _, err := cl.Cancel(ctx, a.OrderID); !errors.Is(err, client.ErrInvalidState) {
+		t.Fatalf("cancel of a sold order: %v", err)
+	}
+	if o, err := cl.Order(ctx, a.OrderID); err != nil || o.User != "alice" || o.RequestID != a.RequestID {
+		t.Fatalf("order: %+v %v", o, err)
+	}
+	if _, err := cl.Order(ctx, "n1-0-none"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("an order that does not exist: %v", err)
+	}
+	if s, err := cl.SKU(ctx, "tv"); err != nil || s.Sold != 1 || s.Remaining != 2 {
+		t.Fatalf("sku: %+v %v", s, err)
+	}
+	if _, err := cl.Deduct(ctx, client.Deduct{SKU: "tv", User: "alice", Qty: 2, RequestID: a.RequestID}); !errors.Is(err, client.ErrRequestIDReused) {
+		t.Fatalf("alice's id for 2 units: %v", err)
+	}
+	if _, err := cl.CreateSale(ctx, "draw", client.SaleConfig{Total: 1, Lottery: true, EntriesCloseAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := cl.Enter(ctx, "draw", "carol", "c-1")
+	if err != nil || e.State != "entered" || e.User != "carol" {
+		t.Fatalf("enter: %+v %v", e, err)
+	}
+	if again, err := cl.Enter(ctx, "draw", "carol", "c-2"); err != nil || again.EntryID != e.EntryID {
+		t.Fatalf("a second entry: %+v %v", again, err)
+	}
+	if st, err := cl.Entry(ctx, "draw", "carol"); err != nil || st.EntryID != e.EntryID {
+		t.Fatalf("entry: %+v %v", st, err)
+	}
+	if _, err := cl.Enter(ctx, "tv", "dave", ""); !errors.Is(err, client.ErrNotALottery) {
+		t.Fatalf("entry into a sale: %v", err)
+	}
+	if s, err := cl.CloseSale(ctx, "tv"); err != nil || s.State != "closed" {
+		t.Fatalf("close: %+v %v", s, err)
+	}
+	if _, err := cl.Deduct(ctx, client.Deduct{SKU: "tv", User: "erin"}); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("deduct after close: %v", err)
+	}
+	checkLedger(t, clientOf(n, 1), "tv")
+}

@@ -1,0 +1,191 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Errors of the calls beside Deduct.
+var (
+	ErrNotFound      = errors.New("not found")
+	ErrConflict      = errors.New("conflict")
+	ErrExpired       = errors.New("hold expired")
+	ErrInvalidState  = errors.New("invalid state")
+	ErrEntriesClosed = errors.New("entries closed")
+	ErrNotALottery   = errors.New("not a lottery")
+	ErrUnauthorized  = errors.New("unauthorized")
+)
+
+func init() {
+	for code, err := range map[string]error{
+		"not_found": ErrNotFound, "conflict": ErrConflict, "expired": ErrExpired,
+		"invalid_state": ErrInvalidState, "entries_closed": ErrEntriesClosed,
+		"not_a_lottery": ErrNotALottery, "unauthorized": ErrUnauthorized,
+	} {
+		codeErrors[code] = err
+	}
+}
+
+// OrderInfo is an order as GET /v1/orders/{id} reads it.
+type OrderInfo struct {
+	OrderID       string `json:"order_id"`
+	SKU           string `json:"sku"`
+	User          string `json:"user"`
+	Qty           int64  `json:"qty"`
+	State         string `json:"state"` // pending, held, sold, released
+	RequestID     string `json:"request_id"`
+	CreatedAt     string `json:"created_at"`
+	ExpiresAt     string `json:"expires_at"`
+	ReleaseReason string `json:"release_reason"`
+}
+
+// Sale is a sale's row as GET /v1/skus/{sku} reads it.
+type Sale struct {
+	SKU       string `json:"sku"`
+	Total     int64  `json:"total"`
+	Remaining int64  `json:"remaining"`
+	Available int64  `json:"available"`
+	Leased    int64  `json:"leased"`
+	Held      int64  `json:"held"`
+	Sold      int64  `json:"sold"`
+	State     string `json:"state"` // upcoming, open, sold_out, closed
+	StartAt   string `json:"start_at"`
+	PerUser   int64  `json:"per_user"`
+	HoldTTL   string `json:"hold_ttl"`
+	Mode      string `json:"mode"`
+	Stale     bool   `json:"stale"`
+}
+
+// SaleConfig is what CreateSale sets (zero values: none).
+type SaleConfig struct {
+	Total   int64
+	StartAt time.Time
+	PerUser int64
+	HoldTTL time.Duration
+	// Lottery sales take entries until EntriesCloseAt.
+	Lottery        bool
+	EntriesCloseAt time.Time
+}
+
+// Entry is a lottery entrant's standing.
+type Entry struct {
+	EntryID    string `json:"entry_id"`
+	SKU        string `json:"sku"`
+	User       string `json:"user"`
+	State      string `json:"state"` // entered, won, waitlisted, lost
+	OrderID    string `json:"order_id"`
+	OrderState string `json:"order_state"`
+	Position   int64  `json:"position"`
+	Rank       int64  `json:"rank"`
+	EnteredAt  string `json:"entered_at"`
+}
+
+// call runs one call (retried as the package doc says while retryUnknown,
+// else only after 503 and failed dials) and decodes a 2xx answer into out.
+func (c *Client) call(ctx context.Context, method, path string, body any, token, requestID string, out any) error {
+	var b []byte
+	if body != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			return err
+		}
+	}
+	status, answer, err := c.do(ctx, method, path, b, token, requestID)
+	if err != nil {
+		return err
+	}
+	if status/100 != 2 {
+		return refusal(status, answer, requestID)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(answer, out); err != nil {
+		return fmt.Errorf("stockd: %s %s answered %d with %q: %w", method, path, status, answer, err)
+	}
+	return nil
+}
+
+// Order reads one order on any member (a node asks the node that minted
+// a pending order it does not know).
+func (c *Client) Order(ctx context.Context, orderID string) (OrderInfo, error) {
+	var o OrderInfo
+	err := c.call(ctx, http.MethodGet, "/v1/orders/"+url.PathEscape(orderID), nil, c.serviceToken(), "", &o)
+	return o, err
+}
+
+// Confirm turns a held order sold. It is idempotent: retried like a
+// deduct, and a confirm of a sold order answers the order again.
+func (c *Client) Confirm(ctx context.Context, orderID string) (OrderInfo, error) {
+	var o OrderInfo
+	err := c.call(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(orderID)+"/confirm", nil, c.serviceToken(), "", &o)
+	return o, err
+}
+
+// Cancel releases a held order (idempotent, as Confirm).
+func (c *Client) Cancel(ctx context.Context, orderID string) (OrderInfo, error) {
+	var o OrderInfo
+	err := c.call(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(orderID)+"/cancel", nil, c.serviceToken(), "", &o)
+	return o, err
+}
+
+// SKU reads a sale.
+func (c *Client) SKU(ctx context.Context, sku string) (Sale, error) {
+	var s Sale
+	err := c.call(ctx, http.MethodGet, "/v1/skus/"+url.PathEscape(sku), nil, "", "", &s)
+	return s, err
+}
+
+// CreateSale creates a sale (admin). The same config again answers the
+// sale (created false); another config is ErrConflict. Idempotent, so
+// retried like a deduct.
+func (c *Client) CreateSale(ctx context.Context, sku string, cfg SaleConfig) (Sale, error) {
+	body := map[string]any{"total": cfg.Total}
+	if !cfg.StartAt.IsZero() {
+		body["start_at"] = cfg.StartAt.UTC().Format(time.RFC3339Nano)
+	}
+	if cfg.PerUser > 0 {
+		body["per_user"] = cfg.PerUser
+	}
+	if cfg.HoldTTL > 0 {
+		body["hold_ttl"] = cfg.HoldTTL.String()
+	}
+	if cfg.Lottery {
+		body["mode"] = "lottery"
+		body["entries_close_at"] = cfg.EntriesCloseAt.UTC().Format(time.RFC3339Nano)
+	}
+	var s Sale
+	err := c.call(ctx, http.MethodPut, "/v1/skus/"+url.PathEscape(sku), body, c.cfg.AdminToken, "", &s)
+	return s, err
+}
+
+// CloseSale stops a sale for good (admin; idempotent).
+func (c *Client) CloseSale(ctx context.Context, sku string) (Sale, error) {
+	var s Sale
+	err := c.call(ctx, http.MethodPost, "/v1/skus/"+url.PathEscape(sku)+"/close", nil, c.cfg.AdminToken, "", &s)
+	return s, err
+}
+
+// Enter enters user into lottery sku; a repeat of the user answers their
+// first entry, so it is retried like a deduct. requestID may be empty.
+func (c *Client) Enter(ctx context.Context, sku, user, requestID string) (Entry, error) {
+	body := map[string]any{"user": user}
+	if requestID != "" {
+		body["request_id"] = requestID
+	}
+	var e Entry
+	err := c.call(ctx, http.MethodPost, "/v1/skus/"+url.PathEscape(sku)+"/enter", body, c.serviceToken(), requestID, &e)
+	return e, err
+}
+
+// Entry reads user's standing in lottery sku.
+func (c *Client) Entry(ctx context.Context, sku, user string) (Entry, error) {
+	var e Entry
+	err := c.call(ctx, http.MethodGet, "/v1/skus/"+url.PathEscape(sku)+"/entries/"+url.PathEscape(user), nil, c.serviceToken(), "", &e)
+	return e, err
+}
