@@ -207,3 +207,48 @@ func TestClient_CallsBesideDeduct(t *testing.T) {
 	}
 	checkLedger(t, clientOf(n, 1), "tv")
 }
+
+// TestClient_DeductBatch: a batch over two requests of the route's limit,
+// with a sold-out tail and an item reusing an earlier item's id: each
+// item's answer in order, every win an order of the ledger.
+func TestClient_DeductBatch(t *testing.T) {
+	n := startTestNode(t, t.TempDir())
+	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	if _, err := cl.CreateSale(ctx, "a", client.SaleConfig{Total: 1200}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.CreateSale(ctx, "b", client.SaleConfig{Total: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ds := make([]client.Deduct, 0, 1500)
+	for i := range 1500 {
+		ds = append(ds, client.Deduct{SKU: "a", User: fmt.Sprintf("u%d", i)})
+	}
+	ds[1200] = client.Deduct{SKU: "b", User: "u0", RequestID: "shared"}
+	ds[1201] = client.Deduct{SKU: "a", User: "u0", RequestID: "shared"} // the same user's id, another SKU
+	res := cl.DeductBatch(ctx, ds)
+	wins := 0
+	for i, r := range res {
+		switch {
+		case r.Order.RequestID == "":
+			t.Fatalf("item %d has no request id", i)
+		case i == 1201:
+			if !errors.Is(r.Err, client.ErrRequestIDReused) {
+				t.Fatalf("item 1201: %v", r.Err)
+			}
+		case r.Err == nil:
+			wins++
+		case !errors.Is(r.Err, client.ErrSoldOut):
+			t.Fatalf("item %d: %v", i, r.Err)
+		}
+	}
+	a, b := checkLedger(t, clientOf(n, 1), "a"), checkLedger(t, clientOf(n, 1), "b")
+	if sold := int(a["sold"].(float64) + b["sold"].(float64)); wins != 1201 || sold != wins {
+		t.Fatalf("%d wins reported, %d sold; want 1201 (1200 of a, 1 of b)", wins, sold)
+	}
+}

@@ -268,9 +268,7 @@ func (c *Client) Deduct(ctx context.Context, d Deduct) (Order, error) {
 			return out, fmt.Errorf("stockd: answer %d is not an order (%w); retry with request_id %q", status, err, d.RequestID)
 		}
 		out.OrderID, out.State, out.SKU, out.Qty = won.OrderID, won.State, won.SKU, won.Qty
-		if won.ExpiresAt != "" {
-			out.ExpiresAt, _ = time.Parse(time.RFC3339Nano, won.ExpiresAt)
-		}
+		out.ExpiresAt = parseTime(won.ExpiresAt)
 		return out, nil
 	}
 	return out, refusal(status, answer, d.RequestID)

@@ -211,3 +211,31 @@ func TestNew_RefusesBadEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// TestDeductBatch_RetriesOnlyTheItemsNotAnswered: an item answered 503
+// inside the batch is sent again, alone, with its request id; a batch
+// dropped whole is sent again whole.
+func TestDeductBatch_RetriesOnlyTheItemsNotAnswered(t *testing.T) {
+	n := newFakeNode(t,
+		dropped,
+		status(200, `{"results":[{"status":200,"order_id":"o1","state":"sold","sku":"a","qty":1},{"status":503,"error":"unavailable"},{"status":409,"error":"sold_out"}]}`),
+		status(200, `{"results":[{"status":200,"order_id":"o2","state":"sold","sku":"a","qty":1}]}`))
+	c := newTestClient(t, n)
+	res := c.DeductBatch(context.Background(), []Deduct{{SKU: "a", User: "u1"}, {SKU: "a", User: "u2", RequestID: "r-2"}, {SKU: "a", User: "u3"}})
+	if res[0].Err != nil || res[0].Order.OrderID != "o1" || res[1].Err != nil || res[1].Order.OrderID != "o2" || !errors.Is(res[2].Err, ErrSoldOut) {
+		t.Fatalf("results: %+v", res)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.bodies) != 3 {
+		t.Fatalf("%d batch requests, want 3 (dropped, answered, the one item again)", len(n.bodies))
+	}
+	last := n.bodies[2]["deducts"].([]any)
+	if len(last) != 1 || last[0].(map[string]any)["request_id"] != "r-2" {
+		t.Fatalf("the retry sent %v, want r-2 alone", last)
+	}
+	first, second := n.bodies[0]["deducts"].([]any), n.bodies[1]["deducts"].([]any)
+	if fmt.Sprint(first) != fmt.Sprint(second) {
+		t.Fatalf("the dropped batch was sent again as %v, first %v", second, first)
+	}
+}
