@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"stockd/client"
+	"stockd/node"
 )
 
 // ledgerOrders reads every order of sku from node id (the NDJSON stream),
@@ -250,5 +251,66 @@ func TestClient_DeductBatch(t *testing.T) {
 	a, b := checkLedger(t, clientOf(n, 1), "a"), checkLedger(t, clientOf(n, 1), "b")
 	if sold := int(a["sold"].(float64) + b["sold"].(float64)); wins != 1201 || sold != wins {
 		t.Fatalf("%d wins reported, %d sold; want 1201 (1200 of a, 1 of b)", wins, sold)
+	}
+}
+
+// TestClient_ShardedOverTwoClusters: sales and a batch over two clusters
+// through client.NewSharded: each SKU exists and sells only on its own
+// cluster, and the wins are the two ledgers' sold units.
+func TestClient_ShardedOverTwoClusters(t *testing.T) {
+	east, west := startTestNode(t, t.TempDir()), startTestNode(t, t.TempDir())
+	nodes := map[string]*node.Node{"east": east, "west": west}
+	s, err := client.NewSharded([]client.Config{
+		{Name: "east", Endpoints: []string{"http://" + east.HTTPAddr()}},
+		{Name: "west", Endpoints: []string{"http://" + west.HTTPAddr()}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	var ds []client.Deduct
+	on := map[string]int{}
+	for k := range 10 {
+		sku := fmt.Sprintf("sku%d", k)
+		on[s.ClusterOf(sku)]++
+		if _, err := s.CreateSale(ctx, sku, client.SaleConfig{Total: 20}); err != nil {
+			t.Fatal(err)
+		}
+		for u := range 30 {
+			ds = append(ds, client.Deduct{SKU: sku, User: fmt.Sprintf("u%d", u)})
+		}
+	}
+	if on["east"] == 0 || on["west"] == 0 {
+		t.Fatalf("ten SKUs all on one cluster: %v", on)
+	}
+	wins := 0
+	for i, r := range s.DeductBatch(ctx, ds) {
+		switch {
+		case r.Err == nil:
+			wins++
+		case !errors.Is(r.Err, client.ErrSoldOut):
+			t.Fatalf("item %d: %v", i, r.Err)
+		}
+	}
+	sold := 0
+	for k := range 10 {
+		sku := fmt.Sprintf("sku%d", k)
+		for name, n := range nodes {
+			code, _ := call(t, clientOf(n, 1), "GET", "/v1/skus/"+sku, "")
+			if own := name == s.ClusterOf(sku); own != (code == 200) {
+				t.Fatalf("%s on %s: %d (its cluster is %s)", sku, name, code, s.ClusterOf(sku))
+			}
+			if code == 200 {
+				sold += int(checkLedger(t, clientOf(n, 1), sku)["sold"].(float64))
+			}
+		}
+	}
+	if wins != 200 || sold != wins {
+		t.Fatalf("%d wins, %d sold; want 200 (ten sales of 20)", wins, sold)
+	}
+	o, err := s.Deduct(ctx, client.Deduct{SKU: "sku0", User: "late"})
+	if !errors.Is(err, client.ErrSoldOut) || o.RequestID == "" {
+		t.Fatalf("a deduct after the sell-out: %+v %v", o, err)
 	}
 }

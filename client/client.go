@@ -102,6 +102,9 @@ var ErrClientClosed = errors.New("client closed")
 
 // Config is what New needs. Endpoints is required.
 type Config struct {
+	// Name names the cluster among those of a Sharded client (the
+	// rendezvous hash reads it); a lone Client does not need one.
+	Name string
 	// Endpoints are base URLs of any members ("http://10.0.0.1:8080");
 	// the others are found through GET /v1/cluster.
 	Endpoints []string

@@ -239,3 +239,23 @@ func TestDeductBatch_RetriesOnlyTheItemsNotAnswered(t *testing.T) {
 		t.Fatalf("the dropped batch was sent again as %v, first %v", second, first)
 	}
 }
+
+// TestShardScore_IsTheDocumentedFunction: the first 8 bytes of SHA-256
+// over name, 0x00, sku; the figures were computed apart from Go (a few
+// lines of Python), as a client in another language would.
+func TestShardScore_IsTheDocumentedFunction(t *testing.T) {
+	f := func(name, sku string, want uint64) {
+		t.Helper()
+		if got := ShardScore(name, sku); got != want {
+			t.Fatalf("ShardScore(%q, %q) = %d, want %d", name, sku, got, want)
+		}
+	}
+	f("east", "phone", 7350999218743607683)
+	f("west", "phone", 12911646351512336729)
+	f("east", "sku1", 16621545248659859598)
+	f("west", "sku1", 9024672705044556703)
+	s := &Sharded{names: []string{"east", "west"}}
+	if s.ClusterOf("phone") != "west" || s.ClusterOf("sku1") != "east" {
+		t.Fatalf("phone on %s, sku1 on %s; want west and east", s.ClusterOf("phone"), s.ClusterOf("sku1"))
+	}
+}
