@@ -39,6 +39,19 @@ func ledgerOrders(t *testing.T, c *testCluster, id, sku string) map[string][]str
 	return out
 }
 
+// startClientNode is a node and a client.Client of it, closed at the
+// test's end.
+func startClientNode(t *testing.T) (*node.Node, *client.Client) {
+	t.Helper()
+	n := startTestNode(t, t.TempDir())
+	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return n, cl
+}
+
 // TestClient_LeaderCrashedMidSale: 200 goroutines buy through one
 // client.Client that knows one endpoint; the leader crashes in the middle
 // of the sale and comes back on another HTTP port. Every call ends in a
@@ -138,12 +151,7 @@ func TestClient_LeaderCrashedMidSale(t *testing.T) {
 // TestClient_CallsBesideDeduct: sales, holds confirmed and cancelled,
 // order reads and lottery entries through the client against one node.
 func TestClient_CallsBesideDeduct(t *testing.T) {
-	n := startTestNode(t, t.TempDir())
-	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	n, cl := startClientNode(t)
 	ctx := context.Background()
 	sale, err := cl.CreateSale(ctx, "tv", client.SaleConfig{Total: 3, HoldTTL: time.Minute})
 	if err != nil || sale.Total != 3 || sale.State != "open" || sale.HoldTTL != "1m0s" {
@@ -213,12 +221,7 @@ func TestClient_CallsBesideDeduct(t *testing.T) {
 // with a sold-out tail and an item reusing an earlier item's id: each
 // item's answer in order, every win an order of the ledger.
 func TestClient_DeductBatch(t *testing.T) {
-	n := startTestNode(t, t.TempDir())
-	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	n, cl := startClientNode(t)
 	ctx := context.Background()
 	if _, err := cl.CreateSale(ctx, "a", client.SaleConfig{Total: 1200}); err != nil {
 		t.Fatal(err)

@@ -3,33 +3,11 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"time"
 )
-
-// Errors of the calls beside Deduct.
-var (
-	ErrNotFound      = errors.New("not found")
-	ErrConflict      = errors.New("conflict")
-	ErrExpired       = errors.New("hold expired")
-	ErrInvalidState  = errors.New("invalid state")
-	ErrEntriesClosed = errors.New("entries closed")
-	ErrNotALottery   = errors.New("not a lottery")
-	ErrUnauthorized  = errors.New("unauthorized")
-)
-
-func init() {
-	for code, err := range map[string]error{
-		"not_found": ErrNotFound, "conflict": ErrConflict, "expired": ErrExpired,
-		"invalid_state": ErrInvalidState, "entries_closed": ErrEntriesClosed,
-		"not_a_lottery": ErrNotALottery, "unauthorized": ErrUnauthorized,
-	} {
-		codeErrors[code] = err
-	}
-}
 
 // OrderInfo is an order as GET /v1/orders/{id} reads it.
 type OrderInfo struct {

@@ -49,6 +49,13 @@ var (
 	ErrUnknownSKU      = errors.New("unknown sku")
 	ErrLotterySale     = errors.New("lottery sale")
 	ErrBadRequest      = errors.New("bad request")
+	ErrNotFound        = errors.New("not found")
+	ErrConflict        = errors.New("conflict")
+	ErrExpired         = errors.New("hold expired")
+	ErrInvalidState    = errors.New("invalid state")
+	ErrEntriesClosed   = errors.New("entries closed")
+	ErrNotALottery     = errors.New("not a lottery")
+	ErrUnauthorized    = errors.New("unauthorized")
 	// ErrNotDefinite: the context ended (or the client closed) before any
 	// node gave a definite answer; retry with the same request id.
 	ErrNotDefinite = errors.New("no definite answer")
@@ -58,7 +65,9 @@ var (
 var codeErrors = map[string]error{
 	"sold_out": ErrSoldOut, "user_limit": ErrUserLimit, "not_started": ErrNotStarted,
 	"closed": ErrClosed, "request_id_reused": ErrRequestIDReused, "unknown_sku": ErrUnknownSKU,
-	"lottery_sale": ErrLotterySale, "bad_request": ErrBadRequest,
+	"lottery_sale": ErrLotterySale, "bad_request": ErrBadRequest, "not_found": ErrNotFound,
+	"conflict": ErrConflict, "expired": ErrExpired, "invalid_state": ErrInvalidState,
+	"entries_closed": ErrEntriesClosed, "not_a_lottery": ErrNotALottery, "unauthorized": ErrUnauthorized,
 }
 
 // Error is a definite refusal by stockd: its HTTP status, the contract's
