@@ -30,6 +30,7 @@ func postBatch(t *testing.T, c *fasthttp.HostClient, body string) (int, []batchI
 	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	contractLog.record(req, resp)
 	var out struct {
 		Results []batchItemResult `json:"results"`
 	}

@@ -293,6 +293,7 @@ func callWithin(c *fasthttp.HostClient, timeout time.Duration, method, path, bod
 	if err := c.DoTimeout(req, resp, timeout); err != nil {
 		return 0, nil
 	}
+	contractLog.record(req, resp)
 	var out map[string]any
 	_ = jsonUnmarshal(resp.Body(), &out)
 	return resp.StatusCode(), out

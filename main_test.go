@@ -86,6 +86,7 @@ func call(t testing.TB, c *fasthttp.HostClient, method, path, body string) (int,
 		t.Errorf("%s %s: %v", method, path, err)
 		return 0, nil
 	}
+	contractLog.record(req, resp)
 	var out map[string]any
 	if err := json.Unmarshal(resp.Body(), &out); err != nil {
 		t.Errorf("%s %s: answer %q is not JSON: %v", method, path, resp.Body(), err)
@@ -313,11 +314,16 @@ func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 func getRaw(t *testing.T, c *fasthttp.HostClient, path string) string {
 	t.Helper()
-	code, body, err := c.Get(nil, "http://"+c.Addr+path)
-	if err != nil || code != 200 {
-		t.Fatalf("GET %s: %d %v", path, code, err)
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + path)
+	err := c.Do(req, resp)
+	if err != nil || resp.StatusCode() != 200 {
+		t.Fatalf("GET %s: %d %v", path, resp.StatusCode(), err)
 	}
-	return string(body)
+	contractLog.record(req, resp)
+	return string(resp.Body())
 }
 
 func TestServe_RefusesUnsafeStarts(t *testing.T) {

@@ -23,6 +23,7 @@ func callWithHeader(t *testing.T, c *fasthttp.HostClient, method, path, body, he
 	if err := c.Do(req, resp); err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
+	contractLog.record(req, resp)
 	var out map[string]any
 	if err := jsonUnmarshal(resp.Body(), &out); err != nil {
 		t.Fatalf("%s %s: answer %q is not JSON: %v", method, path, resp.Body(), err)

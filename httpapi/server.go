@@ -272,6 +272,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 	case bytes.HasPrefix(path, pathV1Consumers):
 		s.routeConsumer(ctx, method, path[len(pathV1Consumers):])
+	case string(path) == "/v1/openapi.json":
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleOpenAPI(ctx)
+		}
 	case string(path) == "/v1/stats":
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleStats(ctx)
