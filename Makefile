@@ -29,9 +29,11 @@ lint:
 
 # Three stockd processes on loopback; the leader is killed with SIGKILL
 # mid-sale and restarted on its data dir. Then a rolling upgrade from the
-# version before ledger rules (built from the repository's history).
+# version before ledger rules (built from the repository's history), and
+# buyers through the Go client (one cluster, then two through
+# client.NewSharded) while a leader is killed.
 test-multiproc:
-	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade)' .
+	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded)' .
 
 # One node filled with a million sold orders and their request ids; fails
 # when its peak resident memory (VmHWM) passes 384 MiB.

@@ -8,19 +8,20 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"stockd/client"
 	"stockd/node"
 )
 
-// ledgerOrders reads every order of sku from node id (the NDJSON stream),
+// ledgerOrders reads every order of sku from a node (the NDJSON stream),
 // by request id.
-func ledgerOrders(t *testing.T, c *testCluster, id, sku string) map[string][]string {
+func ledgerOrders(t *testing.T, node *fasthttp.HostClient, sku string) map[string][]string {
 	t.Helper()
-	body := getRaw(t, c.client(id), "/v1/skus/"+sku+"/orders")
+	body := getRaw(t, node, "/v1/skus/"+sku+"/orders")
 	out := map[string][]string{}
 	sc := bufio.NewScanner(bytes.NewReader([]byte(body)))
 	for sc.Scan() {
@@ -37,6 +38,86 @@ func ledgerOrders(t *testing.T, c *testCluster, id, sku string) map[string][]str
 		}
 	}
 	return out
+}
+
+// clientBuy is one buyer's call through a client: its order (the request
+// id always set) and error.
+type clientBuy struct {
+	order client.Order
+	err   error
+}
+
+// buyThrough runs buyers deducts (buyer b: user u<b>, request id cl-<b>,
+// SKU skuOf(b)) on workers goroutines through deduct; dispatch runs
+// before buyer b is handed out.
+func buyThrough(deduct func(context.Context, client.Deduct) (client.Order, error), skuOf func(int) string, buyers, workers int, dispatch func(b int)) []clientBuy {
+	results := make([]clientBuy, buyers)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range next {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				o, err := deduct(ctx, client.Deduct{SKU: skuOf(b), User: fmt.Sprintf("u%d", b), RequestID: fmt.Sprintf("cl-%d", b)})
+				cancel()
+				results[b] = clientBuy{o, err}
+			}
+		}()
+	}
+	for b := range buyers {
+		dispatch(b)
+		next <- b
+	}
+	close(next)
+	wg.Wait()
+	return results
+}
+
+// checkClientWins checks a sale's buys against its ledger's orders (by
+// request id) and audit: every call ended in a win, sold_out or an error
+// naming its request id; no request id has two orders; each reported win
+// is its order; an order whose buyer was told it lost does not exist (a
+// call without a definite answer may have one). It returns the reported
+// wins by request id and the number of calls without a definite answer.
+func checkClientWins(t *testing.T, results []clientBuy, orders map[string][]string, audit map[string]any) (map[string]string, int) {
+	t.Helper()
+	reported := map[string]string{}
+	notDefinite := map[string]bool{}
+	for b, r := range results {
+		var nd *client.NotDefiniteError
+		want := fmt.Sprintf("cl-%d", b)
+		switch {
+		case r.err == nil:
+			if r.order.OrderID == "" || r.order.RequestID != want {
+				t.Fatalf("buyer %d won %+v", b, r.order)
+			}
+			reported[want] = r.order.OrderID
+		case errors.Is(r.err, client.ErrSoldOut):
+		case errors.As(r.err, &nd) && nd.RequestID == want:
+			notDefinite[want] = true
+		default:
+			t.Fatalf("buyer %d: %v", b, r.err)
+		}
+	}
+	for req, ids := range orders {
+		if len(ids) != 1 {
+			t.Fatalf("request id %s has %d orders: %v", req, len(ids), ids)
+		}
+		if reported[req] == "" && !notDefinite[req] {
+			t.Fatalf("order %s (request id %s) is in the ledger; its buyer was told it lost", ids[0], req)
+		}
+	}
+	for req, id := range reported {
+		if got := orders[req]; len(got) != 1 || got[0] != id {
+			t.Fatalf("the client reported %s's win as order %s; the ledger holds %v", req, id, got)
+		}
+	}
+	if sold := int(audit["sold"].(float64)); sold != len(orders) || sold < len(reported) || sold > len(reported)+len(notDefinite) {
+		t.Fatalf("sold %d, orders %d, reported wins %d, not definite %d", sold, len(orders), len(reported), len(notDefinite))
+	}
+	return reported, len(notDefinite)
 }
 
 // startClientNode is a node and a client.Client of it, closed at the
@@ -72,80 +153,21 @@ func TestClient_LeaderCrashedMidSale(t *testing.T) {
 	defer cl.Close()
 	waitFor(t, 10*time.Second, "the client to find the three members", func() bool { return len(cl.Members()) == 3 })
 
-	type result struct {
-		order client.Order
-		err   error
-	}
-	results := make([]result, buyers)
-	var wins atomic.Int64
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for b := range next {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				o, err := cl.Deduct(ctx, client.Deduct{SKU: "phone", User: fmt.Sprintf("u%d", b), RequestID: fmt.Sprintf("cl-%d", b)})
-				cancel()
-				results[b] = result{o, err}
-				if err == nil {
-					wins.Add(1)
-				}
-			}
-		}()
-	}
 	leader := ""
-	for b := range buyers {
-		if b == buyers/3 {
+	results := buyThrough(cl.Deduct, func(int) string { return "phone" }, buyers, workers, func(b int) {
+		switch b {
+		case buyers / 3:
 			leader = c.leader()
 			c.crash(leader)
-		}
-		if b == 2*buyers/3 {
+		case 2 * buyers / 3:
 			c.start(leader, nil)
 		}
-		next <- b
-	}
-	close(next)
-	wg.Wait()
+	})
 	waitReady(t, c)
-
-	reported := map[string]string{} // request id -> order id the client reported
-	notDefinite := map[string]bool{}
-	for b, r := range results {
-		var nd *client.NotDefiniteError
-		switch {
-		case r.err == nil:
-			if r.order.OrderID == "" || r.order.RequestID != fmt.Sprintf("cl-%d", b) {
-				t.Fatalf("buyer %d won %+v", b, r.order)
-			}
-			reported[r.order.RequestID] = r.order.OrderID
-		case errors.Is(r.err, client.ErrSoldOut):
-		case errors.As(r.err, &nd) && nd.RequestID == fmt.Sprintf("cl-%d", b):
-			notDefinite[nd.RequestID] = true
-		default:
-			t.Fatalf("buyer %d: %v", b, r.err)
-		}
-	}
 	audit := checkClusterLedgers(t, c, "phone", nil)
-	orders := ledgerOrders(t, c, c.leader(), "phone")
-	for req, ids := range orders {
-		if len(ids) != 1 {
-			t.Fatalf("request id %s has %d orders: %v", req, len(ids), ids)
-		}
-		if reported[req] == "" && !notDefinite[req] {
-			t.Fatalf("order %s (request id %s) is in the ledger; its buyer was told it lost", ids[0], req)
-		}
-	}
-	for req, id := range reported {
-		if got := orders[req]; len(got) != 1 || got[0] != id {
-			t.Fatalf("the client reported %s's win as order %s; the ledger holds %v", req, id, got)
-		}
-	}
-	if sold := int(audit["sold"].(float64)); sold < len(reported) || sold > len(reported)+len(notDefinite) || sold != len(orders) {
-		t.Fatalf("sold %d, orders %d, reported wins %d, not definite %d", sold, len(orders), len(reported), len(notDefinite))
-	}
-	t.Logf("crashed %s at buyer %d, restarted at %d: %d wins reported, %d not definite, %d orders", leader, buyers/3, 2*buyers/3, len(reported), len(notDefinite), len(orders))
+	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, c.client(c.leader()), "phone"), audit)
+	orders := len(reported)
+	t.Logf("crashed %s at buyer %d, restarted at %d: %d wins reported, %d not definite", leader, buyers/3, 2*buyers/3, orders, notDefinite)
 }
 
 // TestClient_CallsBesideDeduct: sales, holds confirmed and cancelled,

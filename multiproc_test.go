@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"stockd/client"
 )
 
 // The multi-process test runs the real binary as three processes. It is
@@ -260,4 +263,110 @@ func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
 		t.Fatalf("after sell-out: %v", a)
 	}
 	checkClusterLedgers(t, p, "probe", nil)
+}
+
+// TestMultiProcess_ClientThroughALeaderKill: a few hundred goroutines buy
+// through one client.Client that knows one endpoint; the leader process
+// is killed with SIGKILL in the middle of the sale and restarted on its
+// data dir. Every call ends in a definite outcome or an error naming its
+// request id, the wins the client reported are exactly the ledger's
+// orders, no request id has two, and the ledgers obey the law.
+func TestMultiProcess_ClientThroughALeaderKill(t *testing.T) {
+	if os.Getenv("STOCKD_MULTIPROC") == "" {
+		t.Skip("set STOCKD_MULTIPROC=1 (make test-multiproc) to run three stockd processes")
+	}
+	const units, buyers, workers = 1500, 3000, 300
+	p := startProcCluster(t)
+	cl, err := client.New(client.Config{Endpoints: []string{"http://" + p.httpAddr["n1"]}, RefreshInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.CreateSale(context.Background(), "tv", client.SaleConfig{Total: units}); err != nil {
+		t.Fatal(err)
+	}
+	waitSaleEverywhere(t, p, "tv")
+	waitFor(t, 10*time.Second, "the client to find the three members", func() bool { return len(cl.Members()) == 3 })
+	leader := ""
+	results := buyThrough(cl.Deduct, func(int) string { return "tv" }, buyers, workers, func(b int) {
+		switch b {
+		case buyers / 3:
+			leader = p.leader()
+			p.kill(leader)
+		case 2 * buyers / 3:
+			p.start(leader)
+		}
+	})
+	waitReady(t, p)
+	audit := checkClusterLedgers(t, p, "tv", nil)
+	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, p.client(p.leader()), "tv"), audit)
+	t.Logf("killed %s at buyer %d, restarted it at %d: %d wins reported, %d without a definite answer, %d sold", leader, buyers/3, 2*buyers/3, len(reported), notDefinite, int(audit["sold"].(float64)))
+}
+
+// TestMultiProcess_ShardedClientOverTwoClusters: the same over two
+// three-process clusters through client.NewSharded, one cluster's leader
+// killed mid-sale: each SKU is sold only on its own cluster, and each
+// cluster's wins are its ledger's orders.
+func TestMultiProcess_ShardedClientOverTwoClusters(t *testing.T) {
+	if os.Getenv("STOCKD_MULTIPROC") == "" {
+		t.Skip("set STOCKD_MULTIPROC=1 (make test-multiproc) to run three stockd processes")
+	}
+	const skus, units, buyers, workers = 6, 150, 1800, 200
+	bin := buildStockd(t, t.TempDir())
+	clusters := map[string]*procCluster{"east": startProcClusterOf(t, bin), "west": startProcClusterOf(t, bin)}
+	var cfgs []client.Config
+	for _, name := range []string{"east", "west"} {
+		cfgs = append(cfgs, client.Config{Name: name, Endpoints: []string{"http://" + clusters[name].httpAddr["n1"]}, RefreshInterval: 200 * time.Millisecond})
+	}
+	s, err := client.NewSharded(cfgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	skuOf := func(b int) string { return fmt.Sprintf("sku%d", b%skus) }
+	for k := range skus {
+		if _, err := s.CreateSale(context.Background(), skuOf(k), client.SaleConfig{Total: units}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := clusters[s.ClusterOf(skuOf(0))]
+	leader := ""
+	results := buyThrough(s.Deduct, skuOf, buyers, workers, func(b int) {
+		switch b {
+		case buyers / 3:
+			leader = victim.leader()
+			victim.kill(leader)
+		case 2 * buyers / 3:
+			victim.start(leader)
+		}
+	})
+	for name, p := range clusters {
+		waitReady(t, p)
+		var mine []clientBuy
+		for k := range skus {
+			sku := skuOf(k)
+			code, _ := callQuiet(p.client(p.leader()), "GET", "/v1/skus/"+sku, "")
+			if own := s.ClusterOf(sku) == name; own != (code == 200) {
+				t.Fatalf("%s on %s: %d (its cluster is %s)", sku, name, code, s.ClusterOf(sku))
+			}
+			if code != 200 {
+				continue
+			}
+			// This SKU's buyers, in their places: checkClientWins reads
+			// a buyer's request id from its index.
+			part := make([]clientBuy, buyers)
+			for b := k; b < buyers; b += skus {
+				part[b] = results[b]
+				mine = append(mine, results[b])
+			}
+			for b := range part {
+				if b%skus != k {
+					part[b] = clientBuy{err: client.ErrSoldOut} // not this SKU's: stands for nothing
+				}
+			}
+			audit := checkClusterLedgers(t, p, sku, nil)
+			checkClientWins(t, part, ledgerOrders(t, p.client(p.leader()), sku), audit)
+		}
+		t.Logf("cluster %s: %d buys checked", name, len(mine))
+	}
 }
