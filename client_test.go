@@ -230,6 +230,12 @@ func TestClient_CallsBesideDeduct(t *testing.T) {
 	if _, err := cl.Enter(ctx, "tv", "dave", ""); !errors.Is(err, client.ErrNotALottery) {
 		t.Fatalf("entry into a sale: %v", err)
 	}
+	if s, err := cl.Restock(ctx, "tv", 2); err != nil || s.Total != 5 {
+		t.Fatalf("restock: %+v %v", s, err)
+	}
+	if st, err := cl.Cluster(ctx); err != nil || st.NodeID != "n1" || st.LedgerRules != 1 || len(st.Nodes) != 1 {
+		t.Fatalf("cluster: %+v %v", st, err)
+	}
 	if s, err := cl.CloseSale(ctx, "tv"); err != nil || s.State != "closed" {
 		t.Fatalf("close: %+v %v", s, err)
 	}

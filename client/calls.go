@@ -167,3 +167,49 @@ func (c *Client) Entry(ctx context.Context, sku, user string) (Entry, error) {
 	err := c.call(ctx, http.MethodGet, "/v1/skus/"+url.PathEscape(sku)+"/entries/"+url.PathEscape(user), nil, c.serviceToken(), "", &e)
 	return e, err
 }
+
+// Restock adds qty units to a sale (admin). It is not idempotent: it is
+// sent again only when it surely was not applied (503, 429, a failed
+// dial); after a 504 or a connection lost once sent it ends in a
+// NotDefiniteError whose cause is ErrMaybeApplied, and the caller reads
+// the sale to learn whether the units came.
+func (c *Client) Restock(ctx context.Context, sku string, qty int64) (Sale, error) {
+	b, err := json.Marshal(map[string]any{"qty": qty})
+	if err != nil {
+		return Sale{}, err
+	}
+	status, answer, err := c.doAs(ctx, http.MethodPost, "/v1/skus/"+url.PathEscape(sku)+"/restock", b, c.cfg.AdminToken, "", false)
+	if err != nil {
+		return Sale{}, err
+	}
+	if status/100 != 2 {
+		return Sale{}, refusal(status, answer, "")
+	}
+	var s Sale
+	if err := json.Unmarshal(answer, &s); err != nil {
+		return Sale{}, fmt.Errorf("stockd: restock answered %d with %q: %w", status, answer, err)
+	}
+	return s, nil
+}
+
+// ClusterStatus is GET /v1/cluster: this node's view and each member's.
+type ClusterStatus struct {
+	NodeID      string `json:"node_id"`
+	State       string `json:"state"`
+	Leader      string `json:"leader"`
+	Term        uint64 `json:"term"`
+	LedgerRules uint64 `json:"ledger_rules"`
+	Nodes       []struct {
+		ID        string `json:"id"`
+		HTTPAddr  string `json:"http_addr"`
+		Reachable bool   `json:"reachable"`
+		State     string `json:"state"`
+	} `json:"nodes"`
+}
+
+// Cluster reads the cluster as one member sees it.
+func (c *Client) Cluster(ctx context.Context) (ClusterStatus, error) {
+	var st ClusterStatus
+	err := c.call(ctx, http.MethodGet, "/v1/cluster", nil, "", "", &st)
+	return st, err
+}

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -323,6 +324,18 @@ func definite(status int) bool {
 // do runs one call until a definite answer, retrying on the next member
 // as the package doc says. requestID names the call in errors.
 func (c *Client) do(ctx context.Context, method, path string, body []byte, token, requestID string) (int, []byte, error) {
+	return c.doAs(ctx, method, path, body, token, requestID, true)
+}
+
+// ErrMaybeApplied: a call that must not be sent twice (Restock) reached a
+// node and got no definite answer; read the state to learn whether it
+// was applied.
+var ErrMaybeApplied = errors.New("may have been applied")
+
+// doAs is do; a call that is not idempotent is sent again only when it
+// surely was not applied (503, 429, a failed dial), and otherwise ends in
+// a NotDefiniteError whose cause is ErrMaybeApplied.
+func (c *Client) doAs(ctx context.Context, method, path string, body []byte, token, requestID string, idempotent bool) (int, []byte, error) {
 	var last error
 	backoff := retryBackoffMin
 	for attempt := 0; ; attempt++ {
@@ -340,6 +353,12 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, token
 			return status, answer, nil
 		}
 		var wait time.Duration
+		if !idempotent && (err != nil && !dialFailed(err) || err == nil && status == http.StatusGatewayTimeout) {
+			if err == nil {
+				err = fmt.Errorf("%d %s", status, bytes.TrimSpace(answer))
+			}
+			return 0, nil, &NotDefiniteError{RequestID: requestID, Last: fmt.Errorf("%s: %w", m.base, err), Cause: ErrMaybeApplied}
+		}
 		switch {
 		case err != nil:
 			last = fmt.Errorf("%s: %w", m.base, err)
@@ -366,6 +385,13 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, token
 			return 0, nil, &NotDefiniteError{RequestID: requestID, Last: last, Cause: ErrClientClosed}
 		}
 	}
+}
+
+// dialFailed reports whether err happened before a request could reach
+// the node.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // retryAfter reads a 429's Retry-After seconds (default one), bounded.

@@ -259,3 +259,20 @@ func TestShardScore_IsTheDocumentedFunction(t *testing.T) {
 		t.Fatalf("phone on %s, sku1 on %s; want west and east", s.ClusterOf("phone"), s.ClusterOf("sku1"))
 	}
 }
+
+// TestRestock_IsNotSentTwiceWhenItMayHaveBeenApplied: a restock answered
+// 504 ends at once with ErrMaybeApplied (not sent again); one answered
+// 503 is sent again.
+func TestRestock_IsNotSentTwiceWhenItMayHaveBeenApplied(t *testing.T) {
+	n := newFakeNode(t, unknown, status(200, `{"sku":"a","total":5}`))
+	c := newTestClient(t, n)
+	_, err := c.Restock(context.Background(), "a", 5)
+	if !errors.Is(err, ErrMaybeApplied) || !errors.Is(err, ErrNotDefinite) || n.calls.Load() != 1 {
+		t.Fatalf("restock answered 504: %v after %d sends", err, n.calls.Load())
+	}
+	m := newFakeNode(t, unavailable, status(200, `{"sku":"a","total":5}`))
+	c = newTestClient(t, m)
+	if s, err := c.Restock(context.Background(), "a", 5); err != nil || s.Total != 5 || m.calls.Load() != 2 {
+		t.Fatalf("restock answered 503 then 200: %+v %v after %d sends", s, err, m.calls.Load())
+	}
+}
