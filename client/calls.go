@@ -3,9 +3,11 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -212,4 +214,53 @@ func (c *Client) Cluster(ctx context.Context) (ClusterStatus, error) {
 	var st ClusterStatus
 	err := c.call(ctx, http.MethodGet, "/v1/cluster", nil, "", "", &st)
 	return st, err
+}
+
+// EventsPage is one read of the order feed: the events after a cursor (as
+// the JSON the node sent, one object each), the cursor to read after next
+// time, and the feed's head.
+type EventsPage struct {
+	Events []json.RawMessage `json:"events"`
+	Next   string            `json:"next"`
+	Head   string            `json:"head"`
+}
+
+// ErrCursorExpired: the cursor is older than the feed's retention (410).
+var ErrCursorExpired = errors.New("cursor expired")
+
+// Events reads up to limit events of the order feed after cursor after
+// ("0": from the oldest kept), waiting up to wait for the first new one.
+// A node that does not answer is passed for the next, as for a deduct (a
+// read changes nothing). Set Config.AttemptTimeout above wait.
+func (c *Client) Events(ctx context.Context, after string, limit int, wait time.Duration) (EventsPage, error) {
+	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}, "wait": {wait.String()}}
+	var p EventsPage
+	err := c.call(ctx, http.MethodGet, "/v1/events?"+q.Encode(), nil, c.serviceToken(), "", &p)
+	return p, err
+}
+
+// ConsumerCursor returns the cursor consumer name acknowledged last
+// (found false: the cluster knows no such consumer).
+func (c *Client) ConsumerCursor(ctx context.Context, name string) (cursor string, found bool, err error) {
+	var st struct {
+		Consumers []struct {
+			Name   string `json:"name"`
+			Cursor string `json:"cursor"`
+		} `json:"consumers"`
+	}
+	if err := c.call(ctx, http.MethodGet, "/v1/consumers", nil, c.serviceToken(), "", &st); err != nil {
+		return "", false, err
+	}
+	for _, k := range st.Consumers {
+		if k.Name == name {
+			return k.Cursor, true, nil
+		}
+	}
+	return "", false, nil
+}
+
+// AckConsumer records cursor as consumer name's (admin; through any node,
+// idempotent): the feed keeps the events after it.
+func (c *Client) AckConsumer(ctx context.Context, name, cursor string) error {
+	return c.call(ctx, http.MethodPut, "/v1/consumers/"+url.PathEscape(name), map[string]any{"cursor": cursor}, c.cfg.AdminToken, "", nil)
 }

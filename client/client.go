@@ -69,6 +69,7 @@ var codeErrors = map[string]error{
 	"lottery_sale": ErrLotterySale, "bad_request": ErrBadRequest, "not_found": ErrNotFound,
 	"conflict": ErrConflict, "expired": ErrExpired, "invalid_state": ErrInvalidState,
 	"entries_closed": ErrEntriesClosed, "not_a_lottery": ErrNotALottery, "unauthorized": ErrUnauthorized,
+	"cursor_expired": ErrCursorExpired,
 }
 
 // Error is a definite refusal by stockd: its HTTP status, the contract's

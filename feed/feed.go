@@ -2,12 +2,12 @@
 // (DESIGN.md, "Orders flow out"): what a shop's order service would copy.
 // It reads the events after its acknowledged cursor, prints each as one
 // JSON line, acknowledges each page, and moves to the next node when one
-// stops answering. It talks to stockd over HTTP only.
+// stops answering (package client does the moving). It talks to stockd
+// over HTTP only.
 package feed
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/valyala/fasthttp"
+	"stockd/client"
 )
 
 // options are the consumer's flags.
@@ -41,7 +41,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	c := &consumer{o: o, out: stdout, log: stderr, client: &fasthttp.Client{ReadTimeout: o.wait + 10*time.Second, WriteTimeout: 10 * time.Second}}
+	cl, err := client.New(client.Config{Endpoints: o.targets, ServiceToken: o.serviceToken, AdminToken: o.adminToken,
+		AttemptTimeout: o.wait + 10*time.Second})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	c := &consumer{o: o, out: stdout, log: stderr, client: cl}
 	return c.run(ctx)
 }
 
@@ -90,8 +96,7 @@ type consumer struct {
 	o      *options
 	out    io.Writer
 	log    io.Writer
-	client *fasthttp.Client
-	node   int // index of the target read from
+	client *client.Client
 }
 
 // errGone is a cursor older than the feed's retention.
@@ -102,32 +107,17 @@ func (c *consumer) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.log, "stockd feed: consumer %s reading after %s from %s\n", c.o.consumer, cursor, c.o.targets[c.node])
-	printed, failures := 0, 0
+	fmt.Fprintf(c.log, "stockd feed: consumer %s reading after %s from %s\n", c.o.consumer, cursor, strings.Join(c.o.targets, ","))
+	printed := 0
 	for ctx.Err() == nil {
-		var page struct {
-			Events []json.RawMessage `json:"events"`
-			Next   string            `json:"next"`
-		}
-		path := fmt.Sprintf("/v1/events?after=%s&limit=%d&wait=%s", url.QueryEscape(cursor), c.o.limit, c.o.wait)
-		code, body, err := c.call(fasthttp.MethodGet, c.o.targets[c.node]+path, c.o.serviceToken, nil)
+		// The client moves to the next node when one does not answer.
+		page, err := c.client.Events(ctx, cursor, c.o.limit, c.o.wait)
 		switch {
-		case err != nil || code >= 500:
-			failures++
-			next := (c.node + 1) % len(c.o.targets)
-			fmt.Fprintf(c.log, "stockd feed: %s did not answer (%s); reading from %s\n", c.o.targets[c.node], describe(code, body, err), c.o.targets[next])
-			c.node = next
-			if !sleep(ctx, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)) {
-				return nil
-			}
-			continue
-		case code == fasthttp.StatusGone:
-			return fmt.Errorf("%w (%s): events after %s were pruned; reconcile the orders and start again with -from 0", errGone, describe(code, body, nil), cursor)
-		case code != fasthttp.StatusOK:
-			return fmt.Errorf("read after %s: %s", cursor, describe(code, body, nil))
-		}
-		failures = 0
-		if err := json.Unmarshal(body, &page); err != nil {
+		case errors.Is(err, client.ErrCursorExpired):
+			return fmt.Errorf("%w (%v): events after %s were pruned; reconcile the orders and start again with -from 0", errGone, err, cursor)
+		case errors.Is(err, client.ErrNotDefinite) && ctx.Err() != nil:
+			return nil
+		case err != nil:
 			return fmt.Errorf("read after %s: %w", cursor, err)
 		}
 		for _, e := range page.Events {
@@ -139,8 +129,8 @@ func (c *consumer) run(ctx context.Context) error {
 		if len(page.Events) > 0 {
 			cursor = page.Next
 			if c.o.ack {
-				if err := c.acknowledge(ctx, cursor); err != nil {
-					return err
+				if err := c.client.AckConsumer(ctx, c.o.consumer, cursor); err != nil {
+					return fmt.Errorf("acknowledge %s: %w", cursor, err)
 				}
 			}
 		}
@@ -157,86 +147,12 @@ func (c *consumer) startCursor(ctx context.Context) (string, error) {
 	if c.o.from != "" {
 		return c.o.from, nil
 	}
-	for attempt := 0; ctx.Err() == nil && attempt < 3*len(c.o.targets); attempt++ {
-		code, body, err := c.call(fasthttp.MethodGet, c.o.targets[c.node]+"/v1/consumers", c.o.serviceToken, nil)
-		if err != nil || code != fasthttp.StatusOK {
-			c.node = (c.node + 1) % len(c.o.targets)
-			sleep(ctx, 200*time.Millisecond)
-			continue
-		}
-		var st struct {
-			Consumers []struct {
-				Name   string `json:"name"`
-				Cursor string `json:"cursor"`
-			} `json:"consumers"`
-		}
-		if err := json.Unmarshal(body, &st); err != nil {
-			return "", fmt.Errorf("read the consumers: %w", err)
-		}
-		for _, k := range st.Consumers {
-			if k.Name == c.o.consumer {
-				return k.Cursor, nil
-			}
-		}
+	cursor, found, err := c.client.ConsumerCursor(ctx, c.o.consumer)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("read the consumers from %s: %w", strings.Join(c.o.targets, ","), err)
+	case !found:
 		return "0", nil
 	}
-	return "", fmt.Errorf("no node of %s answered GET /v1/consumers", strings.Join(c.o.targets, ","))
-}
-
-// acknowledge records cursor as the consumer's, through any node (a
-// follower relays it to the leader).
-func (c *consumer) acknowledge(ctx context.Context, cursor string) error {
-	body := fmt.Appendf(nil, `{"cursor":%q}`, cursor)
-	var last string
-	for attempt := 0; ctx.Err() == nil && attempt < 3*len(c.o.targets); attempt++ {
-		target := c.o.targets[(c.node+attempt)%len(c.o.targets)]
-		code, resp, err := c.call(fasthttp.MethodPut, target+"/v1/consumers/"+url.PathEscape(c.o.consumer), c.o.adminToken, body)
-		switch {
-		case err == nil && code == fasthttp.StatusOK:
-			return nil
-		case err == nil && code < 500:
-			return fmt.Errorf("acknowledge %s: %s", cursor, describe(code, resp, nil))
-		}
-		last = describe(code, resp, err)
-		sleep(ctx, 200*time.Millisecond)
-	}
-	return fmt.Errorf("acknowledge %s: no node took it (%s)", cursor, last)
-}
-
-func (c *consumer) call(method, uri, token string, body []byte) (int, []byte, error) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(uri)
-	req.Header.SetMethod(method)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	if body != nil {
-		req.Header.SetContentType("application/json")
-		req.SetBody(body)
-	}
-	if err := c.client.DoTimeout(req, resp, c.o.wait+10*time.Second); err != nil {
-		return 0, nil, err
-	}
-	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
-}
-
-func describe(code int, body []byte, err error) string {
-	if err != nil {
-		return err.Error()
-	}
-	return fmt.Sprintf("%d %s", code, strings.TrimSpace(string(body)))
-}
-
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return cursor, nil
 }
