@@ -15,6 +15,7 @@ import (
 
 	"stockd/client"
 	"stockd/node"
+	"stockd/raftfsm"
 )
 
 // ledgerOrders reads every order of sku from a node (the NDJSON stream),
@@ -343,5 +344,42 @@ func TestClient_ShardedOverTwoClusters(t *testing.T) {
 	o, err := s.Deduct(ctx, client.Deduct{SKU: "sku0", User: "late"})
 	if !errors.Is(err, client.ErrSoldOut) || o.RequestID == "" {
 		t.Fatalf("a deduct after the sell-out: %+v %v", o, err)
+	}
+}
+
+// TestClient_TokensOnANode: a node with a service and an admin token
+// refuses a client without them (401, ErrUnauthorized) and serves one
+// with them.
+func TestClient_TokensOnANode(t *testing.T) {
+	cfg := testNodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg.HTTP.ServiceToken, cfg.HTTP.AdminToken = "svc-token", "adm-token"
+	n, err := node.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop(context.Background())
+	waitFor(t, 10*time.Second, "node ready", func() bool {
+		code, _ := callQuiet(clientOf(n, 1), "GET", "/readyz", "")
+		return code == 200 && n.Ledger().Rules() == raftfsm.RulesCurrent
+	})
+	ctx := context.Background()
+	bare, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	if _, err := bare.Deduct(ctx, client.Deduct{SKU: "a", User: "u"}); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("a deduct without the service token: %v", err)
+	}
+	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}, ServiceToken: "svc-token", AdminToken: "adm-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.CreateSale(ctx, "a", client.SaleConfig{Total: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := cl.Deduct(ctx, client.Deduct{SKU: "a", User: "u"}); err != nil || o.State != "sold" {
+		t.Fatalf("a deduct with the token: %+v %v", o, err)
 	}
 }

@@ -276,3 +276,40 @@ func TestRestock_IsNotSentTwiceWhenItMayHaveBeenApplied(t *testing.T) {
 		t.Fatalf("restock answered 503 then 200: %+v %v after %d sends", s, err, m.calls.Load())
 	}
 }
+
+// TestClient_TokensAndTLS: the service token goes with deducts, the
+// admin token with admin calls, as bearer tokens; Config.TLS reaches an
+// HTTPS node.
+func TestClient_TokensAndTLS(t *testing.T) {
+	var got sync.Map // path -> Authorization
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.URL.Path, r.Header.Get("Authorization"))
+		switch r.URL.Path {
+		case "/v1/cluster":
+			io.WriteString(w, `{"nodes":[]}`)
+		case "/v1/skus/a":
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, `{"sku":"a","total":1}`)
+		default:
+			won(w)
+		}
+	}))
+	defer srv.Close()
+	c, err := New(Config{Endpoints: []string{srv.URL}, ServiceToken: "svc", AdminToken: "adm",
+		TLS: srv.Client().Transport.(*http.Transport).TLSClientConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Deduct(context.Background(), Deduct{SKU: "a", User: "u"}); err != nil {
+		t.Fatalf("deduct over TLS: %v", err)
+	}
+	if _, err := c.CreateSale(context.Background(), "a", SaleConfig{Total: 1}); err != nil {
+		t.Fatalf("create over TLS: %v", err)
+	}
+	for path, want := range map[string]string{"/v1/skus/a/deduct": "Bearer svc", "/v1/skus/a": "Bearer adm"} {
+		if v, _ := got.Load(path); v != want {
+			t.Fatalf("%s carried Authorization %q, want %q", path, v, want)
+		}
+	}
+}
