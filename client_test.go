@@ -121,6 +121,19 @@ func checkClientWins(t *testing.T, results []clientBuy, orders map[string][]stri
 	return reported, len(notDefinite)
 }
 
+// clientOfCluster is a client.Client that knows endpoint and has found
+// the cluster's members, closed at the test's end.
+func clientOfCluster(t *testing.T, endpoint string, members int) *client.Client {
+	t.Helper()
+	cl, err := client.New(client.Config{Endpoints: []string{endpoint}, RefreshInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	waitFor(t, 10*time.Second, "the client to find the cluster's members", func() bool { return len(cl.Members()) == members })
+	return cl
+}
+
 // startClientNode is a node and a client.Client of it, closed at the
 // test's end.
 func startClientNode(t *testing.T) (*node.Node, *client.Client) {
@@ -147,12 +160,7 @@ func TestClient_LeaderCrashedMidSale(t *testing.T) {
 		t.Fatalf("create: %d %v", code, body)
 	}
 	waitSaleEverywhere(t, c, "phone")
-	cl, err := client.New(client.Config{Endpoints: []string{"http://" + c.node("n1").HTTPAddr()}, RefreshInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	waitFor(t, 10*time.Second, "the client to find the three members", func() bool { return len(cl.Members()) == 3 })
+	cl := clientOfCluster(t, "http://"+c.node("n1").HTTPAddr(), 3)
 
 	leader := ""
 	results := buyThrough(cl.Deduct, func(int) string { return "phone" }, buyers, workers, func(b int) {

@@ -277,16 +277,11 @@ func TestMultiProcess_ClientThroughALeaderKill(t *testing.T) {
 	}
 	const units, buyers, workers = 1500, 3000, 300
 	p := startProcCluster(t)
-	cl, err := client.New(client.Config{Endpoints: []string{"http://" + p.httpAddr["n1"]}, RefreshInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := clientOfCluster(t, "http://"+p.httpAddr["n1"], 3)
 	if _, err := cl.CreateSale(context.Background(), "tv", client.SaleConfig{Total: units}); err != nil {
 		t.Fatal(err)
 	}
 	waitSaleEverywhere(t, p, "tv")
-	waitFor(t, 10*time.Second, "the client to find the three members", func() bool { return len(cl.Members()) == 3 })
 	leader := ""
 	results := buyThrough(cl.Deduct, func(int) string { return "tv" }, buyers, workers, func(b int) {
 		switch b {

@@ -375,15 +375,8 @@ func (c *Client) doAs(ctx context.Context, method, path string, body []byte, tok
 			wait = backoff
 			backoff = min(2*backoff, retryBackoffMax)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return 0, nil, &NotDefiniteError{RequestID: requestID, Last: last, Cause: ctx.Err()}
-		case <-c.closed:
-			t.Stop()
-			return 0, nil, &NotDefiniteError{RequestID: requestID, Last: last, Cause: ErrClientClosed}
+		if !c.pause(ctx, wait) {
+			return 0, nil, &NotDefiniteError{RequestID: requestID, Last: last, Cause: c.stopCause(ctx)}
 		}
 	}
 }

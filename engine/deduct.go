@@ -219,7 +219,7 @@ func (e *Engine) startAttempt(s *sale, req *DeductRequest, res *DeductResult, sl
 	var p *pendingTake
 	if len(req.RequestID) > 0 {
 		p = e.newPendingTake(s, req)
-		e.pendingIDs.add(p.reqKey) // before it is registered: see mayBeRepeat
+		e.pendingIDs.add(p.entry.User, p.entry.RequestID) // before it is registered: see mayBeRepeat
 		if other, mine := e.pendingReq.putIfAbsent(p.reqKey, p); !mine {
 			if taken {
 				e.putBack(s, req.Hint, req.Qty)
@@ -321,9 +321,7 @@ func reusedInBatch(reqs []DeductRequest, seed maphash.Seed) []bool {
 		if first == nil {
 			first = make(map[uint64]int, len(reqs))
 		}
-		// The pair's hash, without building its key; two pairs of one
-		// hash are compared below.
-		h := maphash.Bytes(seed, r.RequestID) + 0x9e3779b97f4a7c15*maphash.Bytes(seed, r.User)
+		h := requestHash(seed, r.User, r.RequestID) // two pairs of one hash are compared below
 		j, seen := first[h]
 		if !seen {
 			first[h] = i
@@ -350,9 +348,7 @@ func reusedInBatch(reqs []DeductRequest, seed maphash.Seed) []bool {
 // sold-out flag it leads to), and an attempt adds its id before it
 // registers.
 func (e *Engine) mayBeRepeat(req *DeductRequest) bool {
-	var buf [raftfsm.MaxRequestKeyBytes]byte
-	return e.pendingIDs.mayContain(raftfsm.AppendRequestKey(buf[:0], req.User, req.RequestID)) ||
-		e.ledger.MayHoldRequest(req.User, req.RequestID)
+	return e.pendingIDs.mayContain(req.User, req.RequestID) || e.ledger.MayHoldRequest(req.User, req.RequestID)
 }
 
 // answerRepeat fills res with the first answer of req's request id, if this

@@ -35,14 +35,26 @@ func newPendingFilter(now time.Time) *pendingFilter {
 	return f
 }
 
-// add notes key, a take's request key (pendingTake.reqKey).
-func (f *pendingFilter) add(key string) {
-	f.cur.Load().Add(maphash.String(f.seed, key))
+// add notes a take's user and request id.
+func (f *pendingFilter) add(user, requestID string) {
+	f.cur.Load().Add(requestHashString(f.seed, user, requestID))
 }
 
-func (f *pendingFilter) mayContain(requestID []byte) bool {
-	h := maphash.Bytes(f.seed, requestID)
+func (f *pendingFilter) mayContain(user, requestID []byte) bool {
+	h := requestHash(f.seed, user, requestID)
 	return f.cur.Load().MayContain(h) || f.prev.Load().MayContain(h)
+}
+
+// requestHash is the hash of a user's request id, made without building
+// their key: two pairs of one hash are told apart where it matters (the
+// pending map and the batch check compare the ids themselves).
+func requestHash(seed maphash.Seed, user, requestID []byte) uint64 {
+	return maphash.Bytes(seed, requestID) + 0x9e3779b97f4a7c15*maphash.Bytes(seed, user)
+}
+
+// requestHashString is requestHash of ids held as strings (the same hash).
+func requestHashString(seed maphash.Seed, user, requestID string) uint64 {
+	return maphash.String(seed, requestID) + 0x9e3779b97f4a7c15*maphash.String(seed, user)
 }
 
 // rotate starts a new span when the current one is over. The janitor

@@ -526,8 +526,7 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 		case prior != "":
 			want := OutcomeSame
 			if rules >= RulesScopedRequestIDs {
-				if p, isEntry := entryOfRequestValue(prior); isEntry {
-					_ = p
+				if _, isEntry := entryOfRequestValue(prior); isEntry {
 					want = OutcomeRequestIDReused
 				} else if o, ok, _ := m.tl.l.Order(prior); ok && (o.SKU != e.SKU || o.Qty != e.Qty) {
 					want = OutcomeRequestIDReused
