@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -197,6 +198,10 @@ type Cluster interface {
 	// the other voters over the network: the janitor calls it, on the
 	// leader, until the ledger runs its binary's rules.
 	VotersKnowRules(rules uint64) bool
+	// ReadIndex returns a log index every write the cluster acknowledged
+	// before the call has reached; it may ask the leader over the network.
+	// A node that has applied it may answer "there is no such thing".
+	ReadIndex(ctx context.Context) (uint64, error)
 }
 
 // DefaultConfig returns the knobs for node id n1.

@@ -74,6 +74,8 @@ type DeductRequest struct {
 	// slot, when set, is where its pending take goes: a batch allocates
 	// them together.
 	slot *pendingTake
+	// catchUp, when set, is shared by a batch's deducts (batchCatchUp).
+	catchUp *batchCatchUp
 }
 
 // instant is one reading of the engine's clock (now, a test's in tests)
@@ -121,8 +123,9 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 	}
 	s := e.lookupSale(req.SKU)
 	if s == nil {
-		res.Status = StatusUnknownSKU
-		return nil
+		if s = e.saleAfterCatchUp(req, res); s == nil {
+			return nil
+		}
 	}
 	if s.closed.Load() {
 		res.Status = StatusClosed
@@ -262,10 +265,11 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 	clock := instant{e.cfg.Now(), time.Now()}
 	slots := make([]pendingTake, len(reqs))
 	reused := reusedInBatch(reqs, e.batchSeed)
+	var caught batchCatchUp
 	for i := range reqs {
 		req, r := &reqs[i], &res[i]
 		*r = DeductResult{}
-		req.clock, req.slot = clock, &slots[i]
+		req.clock, req.slot, req.catchUp = clock, &slots[i], &caught
 		if reused != nil && reused[i] {
 			reusedRequestID(r)
 			e.metrics.countDeduct(r.Status, req.Hint)

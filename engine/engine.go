@@ -58,6 +58,7 @@ type Engine struct {
 	drainLost  chan struct{}
 	drainWatch sync.Once
 	closed     atomic.Bool
+	catchUps   catchUps
 	stop       chan struct{}
 	// stopped is done once stop is closed, for waits that take a context.
 	stopped    context.Context

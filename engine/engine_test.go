@@ -628,6 +628,14 @@ func (c *switchableCluster) Unreachable() map[string]time.Time { return nil }
 func (c *switchableCluster) MemberIDs() ([]string, error)      { return []string{"n1"}, nil }
 func (c *switchableCluster) VotersKnowRules(uint64) bool       { return true }
 
+// ReadIndex: alone, the node's own ledger holds every write.
+func (c *switchableCluster) ReadIndex(context.Context) (uint64, error) {
+	if !c.healthy.Load() {
+		return 0, errors.New("no leader")
+	}
+	return 0, nil
+}
+
 // takesHang never answers a Take until released: a commit that cannot
 // happen (the quorum is gone).
 type takesHang struct {

@@ -58,6 +58,13 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 		return st.Entry, err // a repeat: the first entry, whatever happened since
 	}
 	row, _, ok := e.ledger.SKU(sku)
+	if !ok {
+		// Made through another node a moment ago, perhaps.
+		if err := e.catchUp(ctx); err != nil {
+			return raftfsm.Entry{}, err
+		}
+		row, _, ok = e.ledger.SKU(sku)
+	}
 	switch {
 	case !ok:
 		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)

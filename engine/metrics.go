@@ -39,6 +39,8 @@ type Metrics struct {
 	entries          atomic.Uint64 // lottery entries answered (new or repeated) after a commit
 	feedUnreadPruned atomic.Uint64 // feed events pruned at the cap before a consumer acknowledged them
 	feedAtCap        atomic.Bool   // the last prune cut into a consumer's unacknowledged events
+	catchUps         atomic.Uint64 // misses that caught up with the leader before answering
+	catchUpRounds    atomic.Uint64 // read indexes asked for them
 
 	driftMu sync.Mutex
 	drift   map[string]int64 // sku -> units of drift found by the last audit
@@ -105,6 +107,8 @@ type Snapshot struct {
 	LeaseGranted     uint64
 	LeaseErrors      uint64
 	LeaseShort       uint64
+	CatchUps         uint64
+	CatchUpRounds    uint64
 	LeaseReturned    uint64
 	LeaseReclaimed   uint64
 	LeaseGivenBack   uint64
@@ -184,6 +188,8 @@ func (m *Metrics) snapshot() Snapshot {
 		LeaseGranted:     m.leaseGranted.Load(),
 		LeaseErrors:      m.leaseErrors.Load(),
 		LeaseShort:       m.leaseShort.Load(),
+		CatchUps:         m.catchUps.Load(),
+		CatchUpRounds:    m.catchUpRounds.Load(),
 		LeaseReturned:    m.leaseReturned.Load(),
 		LeaseReclaimed:   m.leaseReclaimed.Load(),
 		LeaseGivenBack:   m.leaseGivenBack.Load(),

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"testing"
@@ -41,6 +42,9 @@ type leaderCluster struct{ changes *int }
 
 func (l leaderCluster) Status() ClusterStatus { return ClusterStatus{NodeID: "n1", Leader: "n1"} }
 func (l leaderCluster) IsLeader() bool        { return true }
+func (l leaderCluster) LeaderReadIndex(context.Context) (uint64, error) {
+	return 0, nil
+}
 func (l leaderCluster) AddVoter(string, string) error {
 	*l.changes++
 	return nil

@@ -37,9 +37,34 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx, route []byte) {
 		if s.allow(ctx, ctx.Method(), fasthttp.MethodGet) {
 			writeJSON(ctx, fasthttp.StatusOK, s.cluster.Status())
 		}
+	case "read-index":
+		if s.allow(ctx, ctx.Method(), fasthttp.MethodGet) {
+			s.handleReadIndex(ctx)
+		}
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no such internal route")
 	}
+}
+
+// readIndexWait bounds the leader's confirmation of a read index.
+const readIndexWait = time.Second
+
+// ReadIndexJSON is GET /internal/v1/read-index's answer: an index every
+// write the cluster acknowledged before the call has reached (leader
+// only; raftfsm.Node.ReadIndex).
+type ReadIndexJSON struct {
+	Index uint64 `json:"index"`
+}
+
+func (s *Server) handleReadIndex(ctx *fasthttp.RequestCtx) {
+	wait, cancel := context.WithTimeout(context.Background(), readIndexWait)
+	defer cancel()
+	index, err := s.cluster.LeaderReadIndex(wait)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", err.Error())
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, ReadIndexJSON{Index: index})
 }
 
 // Internal wire of POST /internal/v1/propose (DESIGN.md, "Forwarding

@@ -272,8 +272,13 @@ func (s *Server) handleSaleOrders(ctx *fasthttp.RequestCtx, sku []byte) {
 		return
 	}
 	if _, ok := s.engine.SKU(string(sku)); !ok {
-		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
-		return
+		if !s.caughtUp(ctx) {
+			return
+		}
+		if _, ok := s.engine.SKU(string(sku)); !ok {
+			writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+			return
+		}
 	}
 	name := string(sku)
 	streamNDJSON(ctx, 256, func(emit func(any) error) any {

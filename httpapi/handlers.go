@@ -130,6 +130,19 @@ func decodeBody(ctx *fasthttp.RequestCtx, v any) bool {
 	return true
 }
 
+// caughtUp is a read's step before it answers 404: a sale, order or entry
+// made through another node a moment ago may not be in this node's ledger
+// yet, so the node catches up with the cluster (engine.CatchUp) and the
+// caller reads again. It reports false, having answered 503, when the node
+// could not: a 404 it cannot vouch for would be taken as final.
+func (s *Server) caughtUp(ctx *fasthttp.RequestCtx) bool {
+	if err := s.engine.CatchUp(ctx); err != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", err.Error())
+		return false
+	}
+	return true
+}
+
 // writeEngineError maps control-plane errors onto the contract's codes.
 func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
 	f := func(code int, errCode string) { writeError(ctx, code, errCode, err.Error()) }
@@ -285,6 +298,12 @@ func (s *Server) handleRestock(ctx *fasthttp.RequestCtx, sku []byte) {
 func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
 	v, ok := s.engine.SKU(string(sku))
 	if !ok {
+		if !s.caughtUp(ctx) {
+			return
+		}
+		v, ok = s.engine.SKU(string(sku))
+	}
+	if !ok {
 		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
 		return
 	}
@@ -298,6 +317,12 @@ func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
 
 func (s *Server) handleAudit(ctx *fasthttp.RequestCtx, sku []byte) {
 	a, local, ok, err := s.engine.Audit(string(sku))
+	if err == nil && !ok {
+		if !s.caughtUp(ctx) {
+			return
+		}
+		a, local, ok, err = s.engine.Audit(string(sku))
+	}
 	if err != nil {
 		writeEngineError(ctx, err)
 		return
@@ -324,6 +349,12 @@ func (s *Server) handleGetOrder(ctx *fasthttp.RequestCtx, id []byte) {
 		return
 	}
 	o, ok, err := s.engine.Order(string(id))
+	if err == nil && !ok {
+		if !s.caughtUp(ctx) {
+			return
+		}
+		o, ok, err = s.engine.Order(string(id))
+	}
 	if err != nil {
 		writeEngineError(ctx, err)
 		return

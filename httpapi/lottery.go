@@ -138,6 +138,12 @@ func (s *Server) handleEntryStatus(ctx *fasthttp.RequestCtx, sku, user []byte) {
 		return
 	}
 	st, o, ok, err := s.engine.EntryStatus(string(sku), string(user))
+	if err == nil && !ok {
+		if !s.caughtUp(ctx) {
+			return
+		}
+		st, o, ok, err = s.engine.EntryStatus(string(sku), string(user))
+	}
 	if err != nil {
 		writeEngineError(ctx, err)
 		return
@@ -173,6 +179,12 @@ func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
 		return
 	}
 	v, ok := s.engine.SKU(string(sku))
+	if !ok {
+		if !s.caughtUp(ctx) {
+			return
+		}
+		v, ok = s.engine.SKU(string(sku))
+	}
 	if !ok || v.Row.Lottery == nil {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no lottery with this sku")
 		return
@@ -216,6 +228,12 @@ const drawAlgorithm = "sha256(seed||entries_hash||be64(seq)) ascending, seq on t
 
 func (s *Server) handleDraw(ctx *fasthttp.RequestCtx, sku []byte) {
 	v, ok := s.engine.SKU(string(sku))
+	if !ok {
+		if !s.caughtUp(ctx) {
+			return
+		}
+		v, ok = s.engine.SKU(string(sku))
+	}
 	if !ok || v.Row.Lottery == nil {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no lottery with this sku")
 		return

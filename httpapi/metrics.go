@@ -65,6 +65,8 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteCounterUint64(&w, "stockd_lease_granted_units_total", m.LeaseGranted)
 	metrics.WriteCounterUint64(&w, "stockd_lease_errors_total", m.LeaseErrors)
 	metrics.WriteCounterUint64(&w, "stockd_lease_short_takes_total", m.LeaseShort)
+	metrics.WriteCounterUint64(&w, "stockd_catch_ups_total", m.CatchUps)
+	metrics.WriteCounterUint64(&w, "stockd_catch_up_rounds_total", m.CatchUpRounds)
 	metrics.WriteCounterUint64(&w, "stockd_lease_returned_units_total", m.LeaseReturned)
 	metrics.WriteCounterUint64(&w, "stockd_lease_reclaimed_units_total", m.LeaseReclaimed)
 	metrics.WriteCounterUint64(&w, "stockd_lease_given_back_units_total", m.LeaseGivenBack)

@@ -62,6 +62,9 @@ type Engine interface {
 	// WaitApplied blocks until it reaches index or ctx ends.
 	AppliedIndex() uint64
 	WaitApplied(ctx context.Context, index uint64) error
+	// CatchUp returns once this node's ledger holds every write the
+	// cluster acknowledged before the call, or an error saying why not.
+	CatchUp(ctx context.Context) error
 	// The order feed.
 	Events(ctx context.Context, after engine.Cursor, limit int, wait time.Duration) (engine.FeedPage, error)
 	Feed() (engine.FeedView, error)
@@ -113,6 +116,9 @@ type Cluster interface {
 	IsLeader() bool
 	AddVoter(id, raftAddr string) error
 	RemoveServer(id string) error
+	// LeaderReadIndex is, on the leader, an index every write the cluster
+	// acknowledged before the call has reached; an error elsewhere.
+	LeaderReadIndex(ctx context.Context) (uint64, error)
 }
 
 // Config holds the server's knobs.

@@ -53,6 +53,7 @@ func (f *fakeEngine) LeaderReachable() bool                     { return true }
 func (f *fakeEngine) Reclaim(string) (int64, error)             { return 0, nil }
 func (f *fakeEngine) AppliedIndex() uint64                      { return 0 }
 func (f *fakeEngine) WaitApplied(context.Context, uint64) error { return nil }
+func (f *fakeEngine) CatchUp(context.Context) error             { return nil }
 func (f *fakeEngine) Events(context.Context, engine.Cursor, int, time.Duration) (engine.FeedPage, error) {
 	return engine.FeedPage{}, nil
 }

@@ -1,6 +1,9 @@
 package node
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"stockd/httpapi"
@@ -19,6 +22,10 @@ type clusterView struct {
 // rulesProbeTimeout bounds the leader's question to one voter about the
 // ledger rules its binary knows.
 const rulesProbeTimeout = time.Second
+
+// readIndexAskMax bounds a follower's question to the leader for a read
+// index.
+const readIndexAskMax = time.Second
 
 // VotersKnowRules asks every other voter (GET /internal/v1/status) for
 // the newest ledger rules its binary applies. A voter that does not
@@ -45,6 +52,37 @@ func (c *clusterView) VotersKnowRules(rules uint64) bool {
 		}
 	}
 	return true
+}
+
+// LeaderReadIndex is the leader's side of ReadIndex.
+func (c *clusterView) LeaderReadIndex(ctx context.Context) (uint64, error) {
+	return c.node.ReadIndex(ctx)
+}
+
+// ReadIndex returns an index every write the cluster acknowledged before
+// the call has reached: the leader's own, or the one it answers on
+// GET /internal/v1/read-index.
+func (c *clusterView) ReadIndex(ctx context.Context) (uint64, error) {
+	if c.node.IsLeader() {
+		return c.node.ReadIndex(ctx)
+	}
+	id, _ := c.node.Leader()
+	if id == "" {
+		return 0, errors.New("no raft leader known")
+	}
+	addr := c.ledger.NodeAddrs()[id]
+	if addr == "" {
+		return 0, fmt.Errorf("leader %s has not registered its HTTP address", id)
+	}
+	timeout := readIndexAskMax
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(d))
+	}
+	var out httpapi.ReadIndexJSON
+	if err := c.peers.GetJSON(addr, "/internal/v1/read-index", timeout, &out); err != nil {
+		return 0, fmt.Errorf("ask leader %s for a read index: %w", id, err)
+	}
+	return out.Index, nil
 }
 
 func (c *clusterView) IsLeader() bool                     { return c.node.IsLeader() }

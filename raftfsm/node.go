@@ -28,6 +28,8 @@ var (
 	ErrShutdown = errors.New("raft node shut down")
 	// ErrBusy: the proposal could not be queued in time; nothing was proposed.
 	ErrBusy = errors.New("raft proposal queue full")
+	// ErrNotCaughtUp: this node cannot vouch for reads now (ReadIndex).
+	ErrNotCaughtUp = errors.New("leader cannot vouch for reads now")
 )
 
 const (
@@ -548,6 +550,41 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// ReadIndex returns, on the leader, a log index that every write
+// acknowledged before the call has reached: its ledger's applied index,
+// read once it has applied what earlier terms committed
+// (catchUpAsLeader) and then confirmed with a quorum that it still leads.
+// A node whose ledger has applied that index answers a read as the
+// cluster would have at the call, which a "no such sale" or "no such
+// order" needs: the one answer a node cannot give from its own ledger
+// alone. Followers get ErrNotLeader; a leader not yet caught up, or one
+// that cannot reach a quorum, ErrNotCaughtUp.
+func (n *Node) ReadIndex(ctx context.Context) (uint64, error) {
+	if !n.IsLeader() {
+		return 0, ErrNotLeader
+	}
+	term := n.raft.CurrentTerm()
+	if n.freshTerm.Load() != term {
+		return 0, fmt.Errorf("%w: a new leader has not applied the earlier terms yet", ErrNotCaughtUp)
+	}
+	index := n.ledger.AppliedIndex()
+	verified := make(chan error, 1)
+	f := n.raft.VerifyLeader()
+	go func() { verified <- f.Error() }() // ends by the leader lease at the latest
+	select {
+	case err := <-verified:
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", ErrNotCaughtUp, err)
+		}
+	case <-ctx.Done():
+		return 0, fmt.Errorf("%w: confirm leadership: %v", ErrNotCaughtUp, ctx.Err())
+	}
+	if n.raft.CurrentTerm() != term {
+		return 0, fmt.Errorf("%w: the term changed", ErrNotCaughtUp)
+	}
+	return index, nil
 }
 
 // Barrier waits until every entry committed before it is applied on this
