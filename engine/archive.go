@@ -6,9 +6,10 @@ import (
 	"stockd/raftfsm"
 )
 
-// purgeStep is how many order records one PurgeArchived step reads: a
-// step is one raft entry every node applies, so it stays short (tens of
-// milliseconds) and the sale's other traffic goes on between steps.
+// A purge step is one raft entry every node applies, so it stays short
+// (tens of milliseconds) and the sale's other traffic goes on between
+// steps: purgeStep order records (or lottery entries) read, at most
+// raftfsm.PurgeOrdersMax orders named.
 const purgeStep = 20_000
 
 // purgeCheck paces the purger's look for archived sales with orders left
@@ -48,9 +49,17 @@ func (e *Engine) runPurger() {
 }
 
 // purge proposes steps for one archived sale until it is done, an error
-// (the next check goes on from where the ledger says), or a stop.
+// (the next check goes on from where the ledger says), or a stop. Each
+// step names the orders it removes, read from this node's file after
+// where its last read stopped (a place in this file only, kept here).
 func (e *Engine) purge(sku string) {
+	if e.ledger.Rules() < raftfsm.RulesNamedPurges {
+		// Not every node runs a version whose steps name their orders
+		// yet: the orders wait (the rules switch once every voter does).
+		return
+	}
 	started, removed := time.Now(), int64(0)
+	var after []byte
 	for {
 		select {
 		case <-e.stop:
@@ -65,7 +74,16 @@ func (e *Engine) purge(sku string) {
 			}
 			return
 		}
-		res, err := e.propose(&raftfsm.PurgeArchived{SKU: sku, After: row.PurgeAfter, Scan: purgeStep})
+		ids, next, done, err := e.ledger.ArchivedOrderIDs(sku, after, raftfsm.PurgeOrdersMax, purgeStep)
+		if err != nil {
+			e.logger.Error("archive step: reading the sale's orders failed", "sku", sku, "err", err)
+			return
+		}
+		step := &raftfsm.PurgeOrders{SKU: sku, IDs: ids, OrdersDone: done}
+		if done {
+			step.Entries = purgeStep
+		}
+		res, err := e.propose(step)
 		if err != nil {
 			e.logger.Warn("archive step not committed; trying again later", "sku", sku, "err", err)
 			return
@@ -74,11 +92,15 @@ func (e *Engine) purge(sku string) {
 			e.logger.Error("archive step refused", "sku", sku, "outcome", res.Outcome.String(), "detail", res.Detail)
 			return
 		}
-		removed += res.Qty
+		removed, after = removed+res.Qty, next
 		if e.cfg.Cluster == nil {
 			continue // a node alone has applied its own step
 		}
 		if !e.cfg.Cluster.IsLeader() {
+			return
+		}
+		// The next read must see this step applied here.
+		if err := e.ledger.WaitApplied(e.stopped, res.Index); err != nil {
 			return
 		}
 	}

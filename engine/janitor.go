@@ -128,7 +128,7 @@ func (e *Engine) upgradeRules() {
 		e.logger.Debug("switch ledger rules", "err", err)
 		return
 	}
-	e.logger.Info("ledger rules switched: request ids are scoped to their user", "from", from, "to", raftfsm.RulesCurrent)
+	e.logger.Info("ledger rules switched", "from", from, "to", raftfsm.RulesCurrent)
 }
 
 // returnIdleLeases gives back the units of sales this node has not sold

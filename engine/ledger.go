@@ -51,6 +51,8 @@ type Ledger interface {
 	EntryStatus(sku, user string) (raftfsm.EntryStatus, bool, error)
 	SaleEntries(sku string, fn func(*raftfsm.Entry) error) (uint64, error)
 	SaleOrders(sku string, state raftfsm.OrderState, after string, fn func(*raftfsm.Order) error) (raftfsm.OrdersSnapshot, error)
+	// ArchivedOrderIDs lists an archived sale's orders for its purge.
+	ArchivedOrderIDs(sku string, after []byte, limit, scanMax int) (ids []string, next []byte, done bool, err error)
 }
 
 var _ Ledger = (*raftfsm.Ledger)(nil)

@@ -328,6 +328,8 @@ func (a *applier) apply(c Command) (*Result, error) {
 		return a.archiveSale(c), nil
 	case *PurgeArchived:
 		return a.purgeArchived(c)
+	case *PurgeOrders:
+		return a.purgeOrders(c)
 	case *Enter:
 		return a.enter(c)
 	case *Draw:

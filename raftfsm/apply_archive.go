@@ -1,8 +1,11 @@
 package raftfsm
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -102,6 +105,8 @@ func (a *applier) consumers() []Consumer {
 func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 	s := a.sku(c.SKU)
 	switch {
+	case a.rules >= RulesNamedPurges:
+		return invalid("under ledger rules %d an archive's purge names its orders (purge_orders)", a.rules), nil
 	case s == nil:
 		return &Result{Outcome: OutcomeUnknownSKU}, nil
 	case !s.Archived:
@@ -184,39 +189,13 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		}
 		a.putKey(bucketOrders, b.key, b.members)
 	}
-	// The orders leave, their ids' sequences stay known: a take of an id
-	// at or below them is never taken for new (take's check against its
-	// node's highest sequence), here or on a node that rebuilds the marks
-	// from the file.
-	marked := map[string]bool{}
 	for i := range doomed {
-		if owner, _, ok := orderSeq(doomed[i].ID); ok && !marked[owner] {
-			marked[owner] = true
-			a.put(bucketMeta, orderSeqKey(owner), binary.BigEndian.AppendUint64(nil, a.ledger.orderSeqsOf(owner).high))
+		if !blocked[i] {
+			a.putKey(bucketOrders, doomed[i].ID, nil)
 		}
 	}
-	for i := range doomed {
-		o := &doomed[i]
-		if o.State == OrderHeld {
-			panic(fmt.Sprintf("BUG: held order %q of archived sale %q", o.ID, o.SKU))
-		}
-		if !blocked[i] {
-			a.putKey(bucketOrders, o.ID, nil)
-		}
-		if o.RequestID != "" {
-			if err := a.forgetOrderRequest(o); err != nil {
-				return nil, err
-			}
-		}
-		if s.Config.PerUser > 0 {
-			key := appendBuyerKey(nil, o.SKU, o.User)
-			a.put(bucketBuyers, key, nil)
-			a.boughtChanges[string(key)] = 0
-		}
-		if o.State == OrderSold {
-			s.ArchivedSold += o.Qty
-		}
-		s.ArchivedOrders++
+	if err := a.forgetArchived(s, doomed); err != nil {
+		return nil, err
 	}
 	s.PurgeAfter = last
 	res := &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}
@@ -237,4 +216,165 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		a.purgeDone = true
 	}
 	return res, nil
+}
+
+// forgetArchived does the rest of taking out an archived sale's orders,
+// once their records are gone: their ids' sequences stay known, their
+// request ids and per-user counts leave, the sale counts them archived.
+// What it writes does not depend on the orders' order.
+func (a *applier) forgetArchived(s *SKU, doomed []Order) error {
+	// A take of an id at or below a kept sequence is never taken for new
+	// (take's check against its node's highest sequence), here or on a
+	// node that rebuilds the marks from the file.
+	marked := map[string]bool{}
+	for i := range doomed {
+		if owner, _, ok := orderSeq(doomed[i].ID); ok && !marked[owner] {
+			marked[owner] = true
+			a.put(bucketMeta, orderSeqKey(owner), binary.BigEndian.AppendUint64(nil, a.ledger.orderSeqsOf(owner).high))
+		}
+	}
+	for i := range doomed {
+		o := &doomed[i]
+		if o.State == OrderHeld {
+			panic(fmt.Sprintf("BUG: held order %q of archived sale %q", o.ID, o.SKU))
+		}
+		if o.RequestID != "" {
+			if err := a.forgetOrderRequest(o); err != nil {
+				return err
+			}
+		}
+		if s.Config.PerUser > 0 {
+			key := appendBuyerKey(nil, o.SKU, o.User)
+			a.put(bucketBuyers, key, nil)
+			a.boughtChanges[string(key)] = 0
+		}
+		if o.State == OrderSold {
+			s.ArchivedSold += o.Qty
+		}
+		s.ArchivedOrders++
+	}
+	return nil
+}
+
+// purgeOrders applies a PurgeOrders step: the named orders of the sale
+// leave, wherever this node's file keeps them (a record of their own or a
+// block), then some of a lottery's entries.
+func (a *applier) purgeOrders(c *PurgeOrders) (*Result, error) {
+	s := a.sku(c.SKU)
+	switch {
+	case a.rules < RulesNamedPurges:
+		return invalid("purge_orders needs ledger rules %d (the ledger runs %d)", RulesNamedPurges, a.rules), nil
+	case s == nil:
+		return &Result{Outcome: OutcomeUnknownSKU}, nil
+	case !s.Archived:
+		return &Result{Outcome: OutcomeInvalidState, Detail: "the sale is not archived"}, nil
+	case s.PurgeDone:
+		return &Result{Outcome: OutcomeSame}, nil
+	case len(c.IDs) > PurgeOrdersMax || c.Entries < 0 || c.Entries > purgeScanMax:
+		return invalid("a purge step names up to %d orders and %d entries", PurgeOrdersMax, purgeScanMax), nil
+	}
+	doomed, err := a.takeOutOrders(c.SKU, c.IDs)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.forgetArchived(s, doomed); err != nil {
+		return nil, err
+	}
+	res := &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}
+	lt := s.Lottery
+	if lt != nil && c.Entries > 0 && lt.PurgedEntries < lt.Entries {
+		if err := a.purgeEntries(s, c.Entries); err != nil {
+			return nil, err
+		}
+	}
+	if c.OrdersDone && (lt == nil || lt.PurgedEntries >= lt.Entries) {
+		if lt != nil {
+			a.ledger.forgetRanking(s.SKU)
+		}
+		s.PurgeDone = true
+		res.Detail = "done"
+		a.purgeDone = true
+	}
+	return res, nil
+}
+
+// takeOutOrders deletes the orders of sku among ids, from their records
+// or their blocks, and returns them sorted by id (so that what follows
+// does not depend on where this file kept each).
+func (a *applier) takeOutOrders(sku string, ids []string) ([]Order, error) {
+	if err := a.flushOrderBlock(); err != nil {
+		return nil, err
+	}
+	var doomed []Order
+	inBlocks := map[string]map[string]bool{} // block key -> ids of its members to take out
+	seen := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		if seen[id] || isOrderBlockKey([]byte(id)) {
+			continue // a block's key names no order
+		}
+		seen[id] = true
+		v, err := a.get(bucketOrders, []byte(id))
+		if err != nil {
+			return nil, err
+		}
+		if v != nil {
+			o, err := decodeOrderRecord(id, v)
+			if err != nil {
+				return nil, err
+			}
+			if o.SKU == sku {
+				a.putKey(bucketOrders, id, nil)
+				doomed = append(doomed, o)
+			}
+			continue
+		}
+		if key, _, _, ok := orderBlockPlace(id); ok {
+			if inBlocks[key] == nil {
+				inBlocks[key] = map[string]bool{}
+			}
+			inBlocks[key][id] = true
+		}
+	}
+	var id []byte
+	for _, key := range slices.Sorted(maps.Keys(inBlocks)) {
+		v, err := a.get(bucketOrders, []byte(key))
+		if err != nil || v == nil {
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		b, err := parseOrderBlock([]byte(key), v)
+		if err != nil {
+			return nil, err
+		}
+		stays := []byte{orderBlockFormat}
+		var failed error
+		err = b.each(func(off int, m *blockMember) bool {
+			if id = b.appendID(id[:0], m); inBlocks[key][string(id)] {
+				o, err := decodeOrderRecord(string(id), m.record)
+				if err != nil {
+					failed = err
+					return false
+				}
+				if o.SKU == sku {
+					doomed = append(doomed, o)
+					return true
+				}
+			}
+			stays = append(stays, v[off:m.next]...)
+			return true
+		})
+		if err = cmp.Or(failed, err); err != nil {
+			return nil, err
+		}
+		if len(stays) == 1 {
+			stays = nil // no member left
+		}
+		if len(stays) < len(v) {
+			a.putKey(bucketOrders, key, stays)
+		}
+	}
+	slices.SortFunc(doomed, func(x, y Order) int { return strings.Compare(x.ID, y.ID) })
+	return doomed, nil
 }

@@ -30,6 +30,7 @@ const (
 	OpEnter
 	OpDraw
 	OpSetRules
+	OpPurgeOrders
 )
 
 var opNames = [...]string{
@@ -38,7 +39,7 @@ var opNames = [...]string{
 	OpRegister: "register", OpExpire: "expire", OpPruneRequests: "prune_requests",
 	OpAckConsumer: "ack_consumer", OpPruneEvents: "prune_events",
 	OpCloseSale: "close_sale", OpArchiveSale: "archive_sale", OpPurgeArchived: "purge_archived",
-	OpEnter: "enter", OpDraw: "draw", OpSetRules: "set_rules",
+	OpEnter: "enter", OpDraw: "draw", OpSetRules: "set_rules", OpPurgeOrders: "purge_orders",
 }
 
 func (o Op) String() string {
@@ -152,11 +153,31 @@ type ArchiveSale struct{ SKU string }
 // PurgeArchived deletes the orders of archived sale SKU among the next
 // (at most) Scan order records after order id After; the result's Order
 // names where the next step starts (Detail "done" when none is left).
+// It walks the records as the file stores them, so nodes whose files
+// store orders differently would remove different ones: refused from
+// RulesNamedPurges on, applied as before under earlier rules.
 type PurgeArchived struct {
 	SKU   string
 	After string
 	Scan  int64
 }
+
+// PurgeOrders takes orders of archived sale SKU out of the ledger, by id:
+// IDs that are not the sale's, or gone already, are passed over. Then up
+// to Entries of a lottery's entries leave. OrdersDone says the proposer
+// found none of the sale's orders left beside IDs: the purge ends once
+// the entries are out too. A step names what it removes, so every node
+// removes the same however its file stores orders (RulesNamedPurges).
+type PurgeOrders struct {
+	SKU        string
+	IDs        []string
+	Entries    int64
+	OrdersDone bool
+}
+
+// PurgeOrdersMax bounds the ids of one PurgeOrders step (some hundreds of
+// KiB of log entry).
+const PurgeOrdersMax = 8192
 
 // SaleConfig is what an operator sets when creating a sale.
 type SaleConfig struct {
@@ -210,6 +231,7 @@ func (*PruneEvents) Op() Op   { return OpPruneEvents }
 func (*CloseSale) Op() Op     { return OpCloseSale }
 func (*ArchiveSale) Op() Op   { return OpArchiveSale }
 func (*PurgeArchived) Op() Op { return OpPurgeArchived }
+func (*PurgeOrders) Op() Op   { return OpPurgeOrders }
 
 // newCommand returns an empty command of op, or nil for an unknown op.
 func newCommand(op Op) Command {
@@ -252,6 +274,8 @@ func newCommand(op Op) Command {
 		return &Draw{}
 	case OpSetRules:
 		return &SetRules{}
+	case OpPurgeOrders:
+		return &PurgeOrders{}
 	}
 	return nil
 }
@@ -416,6 +440,27 @@ func (c *PurgeArchived) appendFields(b []byte) []byte {
 }
 func (c *PurgeArchived) decodeFields(d *decoder) {
 	c.SKU, c.After, c.Scan = d.string(), d.string(), d.varint()
+}
+
+func (c *PurgeOrders) appendFields(b []byte) []byte {
+	b = appendUvarint(appendString(b, c.SKU), uint64(len(c.IDs)))
+	for _, id := range c.IDs {
+		b = appendString(b, id)
+	}
+	done := int64(0)
+	if c.OrdersDone {
+		done = 1
+	}
+	return appendVarint(appendVarint(b, c.Entries), done)
+}
+
+func (c *PurgeOrders) decodeFields(d *decoder) {
+	c.SKU = d.string()
+	c.IDs = make([]string, d.count(1))
+	for i := range c.IDs {
+		c.IDs[i] = d.string()
+	}
+	c.Entries, c.OrdersDone = d.varint(), d.varint() == 1
 }
 
 // commandFormat is the first byte of every binary log entry. A JSON entry

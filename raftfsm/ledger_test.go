@@ -764,6 +764,7 @@ func (m *ledgerMachine) CloseAndArchive(t *rapid.T) {
 	default:
 		t.Fatalf("archive %s (held %d, archived %v): %s", sku, row.Held, row.Archived, res.Outcome)
 	}
+	var after []byte
 	for step := 0; ; step++ {
 		row, _, _ = m.tl.l.SKU(sku)
 		if row.PurgeDone {
@@ -772,7 +773,7 @@ func (m *ledgerMachine) CloseAndArchive(t *rapid.T) {
 		if step > 1000 {
 			t.Fatalf("the purge of %s does not end", sku)
 		}
-		m.tl.applyTyped(m.clock, &PurgeArchived{SKU: sku, After: row.PurgeAfter, Scan: rapid.Int64Range(1, 5).Draw(t, "scan")})
+		purgeOneStep(t, m.tl, m.clock, sku, rapid.Int64Range(1, 5).Draw(t, "scan"), &after)
 	}
 	for _, id := range m.taken {
 		if o, ok, _ := m.tl.l.Order(id); ok && o.SKU == sku {

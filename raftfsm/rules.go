@@ -22,8 +22,13 @@ const (
 	// between deducts and lottery entries, and refuses a repeat with
 	// another SKU or qty (OutcomeRequestIDReused).
 	RulesScopedRequestIDs uint64 = 1
+	// RulesNamedPurges: an archived sale's orders leave the ledger in
+	// PurgeOrders steps that name the orders they remove, so every node
+	// removes the same whatever its file's format; the PurgeArchived steps
+	// of earlier rules, which walk the file, are refused.
+	RulesNamedPurges uint64 = 2
 	// RulesCurrent is the newest rules this binary applies.
-	RulesCurrent = RulesScopedRequestIDs
+	RulesCurrent = RulesNamedPurges
 )
 
 // keyRules holds the ledger's rules in the meta bucket (big-endian

@@ -219,7 +219,8 @@ func TestRules_ScopedEntriesShareTheUsersIDs(t *testing.T) {
 		if r := tl.applyTyped(60, &ArchiveSale{SKU: sku}); r.Outcome != OutcomeOK {
 			t.Fatalf("archive %s: %s %s", sku, r.Outcome, r.Detail)
 		}
-		for r := tl.applyTyped(60, &PurgeArchived{SKU: sku, Scan: 100}); r.Detail != "done"; r = tl.applyTyped(60, &PurgeArchived{SKU: sku, After: tl.row(sku).PurgeAfter, Scan: 100}) {
+		var after []byte
+		for r := purgeOneStep(t, tl, 60, sku, 100, &after); r.Detail != "done"; r = purgeOneStep(t, tl, 60, sku, 100, &after) {
 			if r.Outcome != OutcomeOK {
 				t.Fatalf("purge %s: %s", sku, r.Outcome)
 			}
