@@ -36,7 +36,6 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-
 	bin := o.Binary
 	if bin == "" {
 		if bin, err = os.Executable(); err != nil {
@@ -48,41 +47,10 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	// stockd target sets: launched clusters (kept up for every scenario)
-	// or the given targets.
-	var targetSets [][]string
-	var targetPIDs [][]int // the launched nodes of each set; nil for -target
-	var targetNoFeed []bool
-	if len(o.Launches) > 0 {
-		for i, ln := range o.Launches {
-			nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, i), ln.Nodes, ln.NoFeed, o.NodeArgs...)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				for _, l := range nodes {
-					if err := l.stop(); err != nil {
-						fmt.Fprintln(stderr, "stop launched node:", err)
-					}
-				}
-			}()
-			var urls []string
-			var pids []int
-			for _, l := range nodes {
-				urls = append(urls, l.url)
-				pids = append(pids, l.cmd.Process.Pid)
-			}
-			targetSets = append(targetSets, urls)
-			targetPIDs = append(targetPIDs, pids)
-			targetNoFeed = append(targetNoFeed, ln.NoFeed)
-		}
-	} else if len(o.Targets) > 0 {
-		targetSets = [][]string{o.Targets}
-	}
-
-	var progress io.Writer
-	if o.Progress {
-		progress = stderr
+	t, stop, err := startTargets(&o, bin, dir)
+	defer stop(stderr)
+	if err != nil {
+		return err
 	}
 	report := &Report{
 		Date:    time.Now().UTC().Format(time.RFC3339),
@@ -95,67 +63,133 @@ func Main(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
-		if len(o.Scenarios) == 0 {
-			return nil
-		}
 	}
 	if i := slices.Index(o.Scenarios, lotteryScenario); i >= 0 {
-		if len(targetSets) == 0 {
-			return fmt.Errorf("-scenario %s needs -launch or -target", lotteryScenario)
+		if err := runLotteries(ctx, &o, t, runID, stdout); err != nil {
+			return err
 		}
-		var results []lotteryResult
-		for j, targets := range targetSets {
-			var pids []int
-			if j < len(targetPIDs) {
-				pids = targetPIDs[j]
-			}
-			r, err := runLottery(ctx, &o, targets, pids, lotteryLabel(targets), runID+"-"+strconv.Itoa(j))
-			if err != nil {
-				return err
-			}
-			results = append(results, r)
-		}
-		writeLotteryResults(stdout, &o, results)
 		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
-		if len(o.Scenarios) == 0 {
-			return nil
-		}
+	}
+	if len(o.Scenarios) == 0 {
+		return nil
+	}
+	var progress io.Writer
+	if o.Progress {
+		progress = stderr
 	}
 	for _, name := range o.Scenarios {
-		sc, err := NewScenario(name, &o, runID)
+		if err := runScenario(ctx, &o, name, runID, t, bin, dir, report, progress); err != nil {
+			return err
+		}
+	}
+	return finishReport(report, &o, stdout)
+}
+
+// targets are the stockd clusters the rows run against: launched ones
+// (kept up for every scenario) or the -target ones.
+type targets struct {
+	sets   [][]string // each cluster's node URLs
+	pids   [][]int    // each launched cluster's node pids; none for -target
+	noFeed []bool
+}
+
+// startTargets launches o's clusters, or takes its -target nodes. stop
+// ends what it launched, even after an error.
+func startTargets(o *Options, bin, dir string) (targets, func(io.Writer), error) {
+	var t targets
+	var launched []*launched
+	stop := func(stderr io.Writer) {
+		for _, l := range launched {
+			if err := l.stop(); err != nil {
+				fmt.Fprintln(stderr, "stop launched node:", err)
+			}
+		}
+	}
+	if len(o.Launches) == 0 {
+		if len(o.Targets) > 0 {
+			t.sets = [][]string{o.Targets}
+		}
+		return t, stop, nil
+	}
+	for i, ln := range o.Launches {
+		nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, i), ln.Nodes, ln.NoFeed, o.NodeArgs...)
+		launched = append(launched, nodes...)
+		if err != nil {
+			return t, stop, err
+		}
+		var urls []string
+		var pids []int
+		for _, l := range nodes {
+			urls = append(urls, l.url)
+			pids = append(pids, l.cmd.Process.Pid)
+		}
+		t.sets, t.pids, t.noFeed = append(t.sets, urls), append(t.pids, pids), append(t.noFeed, ln.NoFeed)
+	}
+	return t, stop, nil
+}
+
+// runLotteries runs the lottery scenario against every target cluster.
+func runLotteries(ctx context.Context, o *Options, t targets, runID string, stdout io.Writer) error {
+	if len(t.sets) == 0 {
+		return fmt.Errorf("-scenario %s needs -launch or -target", lotteryScenario)
+	}
+	var results []lotteryResult
+	for j, nodes := range t.sets {
+		var pids []int
+		if j < len(t.pids) {
+			pids = t.pids[j]
+		}
+		r, err := runLottery(ctx, o, nodes, pids, lotteryLabel(nodes), runID+"-"+strconv.Itoa(j))
 		if err != nil {
 			return err
 		}
-		strategies, skipped := buildStrategies(ctx, &o, targetSets, targetPIDs, targetNoFeed, bin, dir)
-		for _, why := range skipped {
-			report.Runs = append(report.Runs, &Run{Scenario: name, Strategy: why[0], Skipped: why[1], Total: sc.TotalUnits()})
-		}
-		for i, st := range strategies {
-			// Each strategy gets its own SKUs and request ids: two rows
-			// against the same stockd nodes must not meet each other's
-			// sales (a request id that won in one row would answer the
-			// next row with its old order).
-			sc, err := NewScenario(name, &o, runID+"-"+strconv.Itoa(i))
-			if err != nil {
-				return err
-			}
-			cpu := startCPUMeter(st)
-			feed := startFeedReader(ctx, st, o.FeedReader)
-			run, err := runOne(ctx, st, sc, &o, progress)
-			if err == nil {
-				cpu.record(run)
-				feed.record(run)
-			} else {
-				feed.stop()
-			}
-			st.Close()
-			if err != nil {
-				return err
-			}
-			report.Runs = append(report.Runs, run)
-		}
-		sortRuns(report.Runs)
+		results = append(results, r)
 	}
+	writeLotteryResults(stdout, o, results)
+	return nil
+}
+
+// runScenario runs one scenario's rows, a strategy each, into report.
+func runScenario(ctx context.Context, o *Options, name, runID string, t targets, bin, dir string, report *Report, progress io.Writer) error {
+	sc, err := NewScenario(name, o, runID)
+	if err != nil {
+		return err
+	}
+	strategies, skipped := buildStrategies(ctx, o, t.sets, t.pids, t.noFeed, bin, dir)
+	for _, why := range skipped {
+		report.Runs = append(report.Runs, &Run{Scenario: name, Strategy: why[0], Skipped: why[1], Total: sc.TotalUnits()})
+	}
+	for i, st := range strategies {
+		// Each strategy gets its own SKUs and request ids: two rows
+		// against the same stockd nodes must not meet each other's
+		// sales (a request id that won in one row would answer the
+		// next row with its old order).
+		sc, err := NewScenario(name, o, runID+"-"+strconv.Itoa(i))
+		if err != nil {
+			return err
+		}
+		cpu := startCPUMeter(st)
+		feed := startFeedReader(ctx, st, o.FeedReader)
+		run, err := runOne(ctx, st, sc, o, progress)
+		if err == nil {
+			cpu.record(run)
+			feed.record(run)
+		} else {
+			feed.stop()
+		}
+		st.Close()
+		if err != nil {
+			return err
+		}
+		report.Runs = append(report.Runs, run)
+	}
+	sortRuns(report.Runs)
+	return nil
+}
+
+// finishReport prints the tables, writes the JSON and HTML reports asked
+// for, and fails when a row's check failed.
+func finishReport(report *Report, o *Options, stdout io.Writer) error {
 	report.setRatios()
 	report.PrintTables(stdout)
 	if o.JSONPath != "" {

@@ -120,6 +120,14 @@ type slotStats struct {
 }
 
 // note records one answer to a request id.
+// noteError counts an error, keeping the first two's text.
+func (ws *workerStats) noteError(err error) {
+	ws.errors++
+	if len(ws.notes) < 2 {
+		ws.notes = append(ws.notes, err.Error())
+	}
+}
+
 func (ws *workerStats) note(r *Request, start, end time.Time, answer uint8) {
 	ws.answered = append(ws.answered, answerNote{buyer: r.Buyer, sku: r.SKU, start: start.UnixNano(), end: end.UnixNano(), answer: answer})
 }
@@ -186,48 +194,14 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 	if err := st.Setup(ctx, sc); err != nil {
 		return nil, fmt.Errorf("%s on %s: setup: %w", st.Name(), sc.Name, err)
 	}
-
-	var next atomic.Int64
-	start := time.Now()
-	stopAt := start.Add(o.Duration)
-	slotsMax := int(o.Duration/slotWidth) + 2
+	r := &rowRun{ctx: ctx, st: st, sc: sc, run: run, start: time.Now(), slotsMax: int(o.Duration/slotWidth) + 2}
+	r.stopAt = r.start.Add(o.Duration)
 
 	// The stock-over-time sampler and the progress bar read, never write,
 	// what the workers do.
 	samplerDone := make(chan struct{})
 	var samplerWG sync.WaitGroup
-	samplerWG.Add(1)
-	go func() {
-		defer samplerWG.Done()
-		var bar *progressbar.ProgressBar
-		if progress != nil {
-			bar = progressbar.NewOptions(sc.Requests, progressbar.OptionSetWriter(progress),
-				progressbar.OptionSetDescription(fmt.Sprintf("%-12s %-18s", sc.Name, st.Name())),
-				progressbar.OptionShowCount(), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
-			defer bar.Finish()
-		}
-		t := time.NewTicker(slotWidth)
-		defer t.Stop()
-		sample := func() {
-			if left, err := st.Remaining(ctx); err == nil {
-				run.Stock = append(run.Stock, StockSample{AtSec: time.Since(start).Seconds(), Remaining: left})
-			}
-			if bar != nil {
-				bar.Set(int(min(next.Load(), int64(sc.Requests))))
-			}
-		}
-		sample()
-		for {
-			select {
-			case <-samplerDone:
-				sample()
-				return
-			case <-t.C:
-				sample()
-			}
-		}
-	}()
-
+	samplerWG.Go(func() { r.sample(progress, samplerDone) })
 	stats := make([]*workerStats, o.Conns)
 	var wg sync.WaitGroup
 	for w := 0; w < o.Conns; w++ {
@@ -235,94 +209,168 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		// should spend its CPU on the load, not on growing them.
 		share := sc.Requests/o.Conns + 1
 		ws := &workerStats{lat: NewLatencies(share), losses: map[string]int{}, won: map[string]bool{}, wonIDs: make([]string, 0, share),
-			slots: make([]slotStats, slotsMax), firstSoldOut: map[int]time.Time{}, answered: make([]answerNote, 0, 2*share)}
+			slots: make([]slotStats, r.slotsMax), firstSoldOut: map[int]time.Time{}, answered: make([]answerNote, 0, 2*share)}
 		stats[w] = ws
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			// record counts one answer: request i, sent at t0, answered at t1.
-			record := func(i int, r *Request, out Outcome, t0, t1 time.Time) {
-				d := t1.Sub(t0)
-				ws.lat.Record(d)
-				slot := &ws.slots[min(int(t0.Sub(start)/slotWidth), slotsMax-1)]
-				slot.n++
-				slot.sumNanos += int64(d)
-				slot.maxNanos = max(slot.maxNanos, int64(d))
-				switch {
-				case out.Err != nil:
-					ws.errors++
-					if len(ws.notes) < 2 {
-						ws.notes = append(ws.notes, out.Err.Error())
-					}
-				case out.Win:
-					ws.note(r, t0, t1, answerWin)
-					if sc.HoldTTL == 0 {
-						ws.wonIDs = append(ws.wonIDs, out.OrderID)
-						return
-					}
-					if ws.won[out.OrderID] {
-						return // a re-sent request answered with its first win
-					}
-					ws.won[out.OrderID] = true
-					kept, err := st.AfterWin(ctx, w, r, out.OrderID, sc.HoldFate(i))
-					if !kept {
-						ws.released++
-					}
-					if err != nil {
-						ws.errors++
-						if len(ws.notes) < 2 {
-							ws.notes = append(ws.notes, err.Error())
-						}
-					}
-				default:
-					ws.losses[out.Reason]++
-					ws.note(r, t0, t1, answerLoss)
-					if f, ok := ws.firstSoldOut[r.SKU]; out.Reason == "sold_out" && (!ok || t1.Before(f)) {
-						ws.firstSoldOut[r.SKU] = t1
-					}
-				}
-			}
-			if batch, ok := st.(batchDeducter); ok {
-				// A batch of requests a call, each recorded with the
-				// call's latency.
-				k := batch.BatchSize()
-				for {
-					base := int(next.Add(int64(k)) - int64(k))
-					if base >= sc.Requests || time.Now().After(stopAt) || ctx.Err() != nil {
-						return
-					}
-					rs := make([]Request, 0, k)
-					for j := base; j < min(base+k, sc.Requests); j++ {
-						rs = append(rs, sc.Request(j))
-					}
-					t0 := time.Now()
-					outs := batch.DeductBatch(ctx, w, rs)
-					t1 := time.Now()
-					for j := range rs {
-						record(base+j, &rs[j], outs[j], t0, t1)
-					}
-				}
-			}
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= sc.Requests || time.Now().After(stopAt) || ctx.Err() != nil {
-					return
-				}
-				r := sc.Request(i)
-				t0 := time.Now()
-				out := st.Deduct(ctx, w, &r)
-				record(i, &r, out, t0, time.Now())
-			}
-		}(w)
+		wg.Go(func() { r.work(w, ws) })
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	elapsed := time.Since(r.start)
 	close(samplerDone)
 	samplerWG.Wait()
+	won := r.merge(stats, elapsed)
+	if v, ok := st.(verifier); ok && sc.HoldTTL == 0 {
+		ids := make([]string, 0, len(won))
+		for id := range won {
+			ids = append(ids, id)
+		}
+		kept, unresolved, err := v.Verify(ctx, ids)
+		if err != nil {
+			return nil, fmt.Errorf("%s on %s: %w", st.Name(), sc.Name, err)
+		}
+		if unresolved > 0 {
+			run.ErrorNotes = append(run.ErrorNotes, fmt.Sprintf("%d accepted orders never committed (wait=none qualifications the ledger turned down)", unresolved))
+		}
+		// A request id accepted on two nodes at once holds one order.
+		run.Kept, run.Wins = kept, kept+unresolved
+	}
+	final, err := st.Final(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s on %s: final count: %w", st.Name(), sc.Name, err)
+	}
+	run.Final = final
+	run.Oversold = Oversold(int64(run.Kept), run.Total, final.Sold)
+	return run, nil
+}
 
+// rowRun is one row's run: a strategy against a scenario.
+type rowRun struct {
+	ctx      context.Context
+	st       Strategy
+	sc       *Scenario
+	run      *Run
+	next     atomic.Int64 // the next request to send
+	start    time.Time
+	stopAt   time.Time
+	slotsMax int
+}
+
+// sample records the stock over time and moves the progress bar (when
+// progress is set) until done closes.
+func (r *rowRun) sample(progress io.Writer, done <-chan struct{}) {
+	var bar *progressbar.ProgressBar
+	if progress != nil {
+		bar = progressbar.NewOptions(r.sc.Requests, progressbar.OptionSetWriter(progress),
+			progressbar.OptionSetDescription(fmt.Sprintf("%-12s %-18s", r.sc.Name, r.st.Name())),
+			progressbar.OptionShowCount(), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
+		defer bar.Finish()
+	}
+	t := time.NewTicker(slotWidth)
+	defer t.Stop()
+	sample := func() {
+		if left, err := r.st.Remaining(r.ctx); err == nil {
+			r.run.Stock = append(r.run.Stock, StockSample{AtSec: time.Since(r.start).Seconds(), Remaining: left})
+		}
+		if bar != nil {
+			bar.Set(int(min(r.next.Load(), int64(r.sc.Requests))))
+		}
+	}
+	sample()
+	for {
+		select {
+		case <-done:
+			sample()
+			return
+		case <-t.C:
+			sample()
+		}
+	}
+}
+
+// over reports whether worker loops must stop before request i.
+func (r *rowRun) over(i int) bool {
+	return i >= r.sc.Requests || time.Now().After(r.stopAt) || r.ctx.Err() != nil
+}
+
+// work is worker w's loop: it sends requests (a batch a call if the
+// strategy takes batches, each recorded with the call's latency) until
+// the scenario's requests or the run's time are used up.
+func (r *rowRun) work(w int, ws *workerStats) {
+	if batch, ok := r.st.(batchDeducter); ok {
+		k := batch.BatchSize()
+		for {
+			base := int(r.next.Add(int64(k)) - int64(k))
+			if r.over(base) {
+				return
+			}
+			rs := make([]Request, 0, k)
+			for j := base; j < min(base+k, r.sc.Requests); j++ {
+				rs = append(rs, r.sc.Request(j))
+			}
+			t0 := time.Now()
+			outs := batch.DeductBatch(r.ctx, w, rs)
+			t1 := time.Now()
+			for j := range rs {
+				r.record(ws, w, base+j, &rs[j], outs[j], t0, t1)
+			}
+		}
+	}
+	for {
+		i := int(r.next.Add(1) - 1)
+		if r.over(i) {
+			return
+		}
+		req := r.sc.Request(i)
+		t0 := time.Now()
+		out := r.st.Deduct(r.ctx, w, &req)
+		r.record(ws, w, i, &req, out, t0, time.Now())
+	}
+}
+
+// record counts one answer of worker w: request i, sent at t0, answered
+// at t1.
+func (r *rowRun) record(ws *workerStats, w, i int, req *Request, out Outcome, t0, t1 time.Time) {
+	d := t1.Sub(t0)
+	ws.lat.Record(d)
+	slot := &ws.slots[min(int(t0.Sub(r.start)/slotWidth), r.slotsMax-1)]
+	slot.n++
+	slot.sumNanos += int64(d)
+	slot.maxNanos = max(slot.maxNanos, int64(d))
+	switch {
+	case out.Err != nil:
+		ws.noteError(out.Err)
+	case out.Win:
+		ws.note(req, t0, t1, answerWin)
+		if r.sc.HoldTTL == 0 {
+			ws.wonIDs = append(ws.wonIDs, out.OrderID)
+			return
+		}
+		if ws.won[out.OrderID] {
+			return // a re-sent request answered with its first win
+		}
+		ws.won[out.OrderID] = true
+		kept, err := r.st.AfterWin(r.ctx, w, req, out.OrderID, r.sc.HoldFate(i))
+		if !kept {
+			ws.released++
+		}
+		if err != nil {
+			ws.noteError(err)
+		}
+	default:
+		ws.losses[out.Reason]++
+		ws.note(req, t0, t1, answerLoss)
+		if f, ok := ws.firstSoldOut[req.SKU]; out.Reason == "sold_out" && (!ok || t1.Before(f)) {
+			ws.firstSoldOut[req.SKU] = t1
+		}
+	}
+}
+
+// merge adds the workers' figures into the row and returns the orders
+// won.
+func (r *rowRun) merge(stats []*workerStats, elapsed time.Duration) map[string]bool {
+	run := r.run
 	all := NewLatencies(0)
 	won := map[string]bool{}
-	merged := make([]slotStats, slotsMax)
+	merged := make([]slotStats, r.slotsMax)
 	for _, ws := range stats {
 		all.Merge(ws.lat)
 		for k, v := range ws.losses {
@@ -353,7 +401,7 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 	run.Latency = all.Summarize()
 	run.Wins = len(won)
 	run.Kept += run.Wins
-	if sc.HoldTTL == 0 {
+	if r.sc.HoldTTL == 0 {
 		tailChecks(run, stats)
 	}
 	for i, s := range merged {
@@ -366,27 +414,5 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		}
 		run.Timeline = append(run.Timeline, sl)
 	}
-
-	if v, ok := st.(verifier); ok && sc.HoldTTL == 0 {
-		ids := make([]string, 0, len(won))
-		for id := range won {
-			ids = append(ids, id)
-		}
-		kept, unresolved, err := v.Verify(ctx, ids)
-		if err != nil {
-			return nil, fmt.Errorf("%s on %s: %w", st.Name(), sc.Name, err)
-		}
-		if unresolved > 0 {
-			run.ErrorNotes = append(run.ErrorNotes, fmt.Sprintf("%d accepted orders never committed (wait=none qualifications the ledger turned down)", unresolved))
-		}
-		// A request id accepted on two nodes at once holds one order.
-		run.Kept, run.Wins = kept, kept+unresolved
-	}
-	final, err := st.Final(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%s on %s: final count: %w", st.Name(), sc.Name, err)
-	}
-	run.Final = final
-	run.Oversold = Oversold(int64(run.Kept), run.Total, final.Sold)
-	return run, nil
+	return won
 }

@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"hash/maphash"
-	"sync"
 	"time"
 
 	"stockd/raftfsm"
@@ -147,32 +145,7 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 		res.Status, res.StartAt = StatusNotStarted, time.Unix(0, s.startAtUnixNano)
 		return nil
 	}
-	// A repeated request id gets its first answer, sold out or not. A new
-	// one is known to be new without a lock (mayBeRepeat).
-	if len(req.RequestID) > 0 && e.mayBeRepeat(req) && e.answerRepeat(req, res) {
-		return nil
-	}
-	if s.soldOut.Load() {
-		// The flag may have been set since the repeat check above, by the
-		// commit of this very request id's first attempt (on another
-		// node): that attempt's answer wins over sold_out.
-		if len(req.RequestID) > 0 && e.mayBeRepeat(req) && e.answerRepeat(req, res) {
-			return nil
-		}
-		res.Status = StatusSoldOut
-		e.noteSoldOut(s)
-		return nil
-	}
-	// A repeat buyer of a per_user sale is turned away here once the ledger
-	// has committed their purchases; the ledger stays the final word for
-	// concurrent attempts.
-	if s.perUser > 0 && e.ledger.MayHaveBought(req.SKU, req.User) && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser {
-		// The purchase that reached the limit may be this very request
-		// id's, committed since the repeat check above: its answer then.
-		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
-			return nil
-		}
-		res.Status = StatusUserLimit
+	if e.answeredBeforeStock(s, req, res) {
 		return nil
 	}
 	if !req.NoWait && e.commitBlocked.Load() {
@@ -250,100 +223,44 @@ func (e *Engine) startAttempt(s *sale, req *DeductRequest, res *DeductResult, sl
 	return waiter{p: p, limit: e.cfg.CommitWait}
 }
 
+// answeredBeforeStock gives the answers that need no unit: a repeated
+// request id's first answer, sold out, the per-user limit. It reports
+// whether res holds one.
+func (e *Engine) answeredBeforeStock(s *sale, req *DeductRequest, res *DeductResult) bool {
+	// A repeated request id gets its first answer, sold out or not. A new
+	// one is known to be new without a lock (mayBeRepeat).
+	if len(req.RequestID) > 0 && e.mayBeRepeat(req) && e.answerRepeat(req, res) {
+		return true
+	}
+	if s.soldOut.Load() {
+		// The flag may have been set since the repeat check above, by the
+		// commit of this very request id's first attempt (on another
+		// node): that attempt's answer wins over sold_out.
+		if len(req.RequestID) > 0 && e.mayBeRepeat(req) && e.answerRepeat(req, res) {
+			return true
+		}
+		res.Status = StatusSoldOut
+		e.noteSoldOut(s)
+		return true
+	}
+	// A repeat buyer of a per_user sale is turned away here once the ledger
+	// has committed their purchases; the ledger stays the final word for
+	// concurrent attempts.
+	if s.perUser > 0 && e.ledger.MayHaveBought(req.SKU, req.User) && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser {
+		// The purchase that reached the limit may be this very request
+		// id's, committed since the repeat check above: its answer then.
+		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+			return true
+		}
+		res.Status = StatusUserLimit
+		return true
+	}
+	return false
+}
+
 // needSlow is startAttempt's waiter limit for a take that must wait for
 // units: the caller runs the whole attempt instead.
 const needSlow = -1
-
-// DeductBatch runs reqs as Deduct would, into res (same length), without
-// a goroutine for each: every deduct whose units are in the buckets joins
-// the commit pipeline at once, then all are awaited together; those that
-// must wait for units run on their own goroutines. A gateway's batch of a
-// hundred buyers thus costs the node one wait, not a hundred.
-func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
-	waiters := make([]waiter, len(reqs))
-	var slow sync.WaitGroup
-	clock := instant{e.cfg.Now(), time.Now()}
-	slots := make([]pendingTake, len(reqs))
-	reused := reusedInBatch(reqs, e.batchSeed)
-	var caught batchCatchUp
-	for i := range reqs {
-		req, r := &reqs[i], &res[i]
-		*r = DeductResult{}
-		req.clock, req.slot, req.catchUp = clock, &slots[i], &caught
-		if reused != nil && reused[i] {
-			reusedRequestID(r)
-			e.metrics.countDeduct(r.Status, req.Hint)
-			continue
-		}
-		s := e.admit(req, r)
-		if s == nil {
-			e.metrics.countDeduct(r.Status, req.Hint)
-			continue
-		}
-		w := e.startAttempt(s, req, r, false)
-		if w.limit == needSlow {
-			slow.Add(1)
-			req.clock = instant{} // it waits for units: its own clock readings
-			go func() {
-				defer slow.Done()
-				defer e.admission.done()
-				e.attempt(s, req, r)
-				e.metrics.countDeduct(r.Status, req.Hint)
-			}()
-			continue
-		}
-		if w.p == nil {
-			e.admission.done()
-			e.metrics.countDeduct(r.Status, req.Hint)
-		}
-		waiters[i] = w
-	}
-	for i, w := range waiters {
-		if w.p == nil {
-			continue
-		}
-		e.awaitPending(w.p, reqs[i].NoWait, w.limit, &res[i])
-		e.admission.done()
-		e.metrics.countDeduct(res[i].Status, reqs[i].Hint)
-	}
-	slow.Wait()
-}
-
-// reusedInBatch marks the items whose user and request id an earlier item
-// of the batch used with another SKU or qty: items are judged in order,
-// and such an item gets request_id_reused whatever became of the earlier
-// one (which may still be waiting for units when the later one is
-// judged). nil when there is none.
-func reusedInBatch(reqs []DeductRequest, seed maphash.Seed) []bool {
-	var first map[uint64]int
-	var out []bool
-	for i := range reqs {
-		r := &reqs[i]
-		if len(r.RequestID) == 0 {
-			continue
-		}
-		if first == nil {
-			first = make(map[uint64]int, len(reqs))
-		}
-		h := requestHash(seed, r.User, r.RequestID) // two pairs of one hash are compared below
-		j, seen := first[h]
-		if !seen {
-			first[h] = i
-			continue
-		}
-		q := &reqs[j]
-		if string(q.User) != string(r.User) || string(q.RequestID) != string(r.RequestID) {
-			continue // two ids of one hash: the ledger still judges them
-		}
-		if string(q.SKU) != string(r.SKU) || q.Qty != r.Qty {
-			if out == nil {
-				out = make([]bool, len(reqs))
-			}
-			out[i] = true
-		}
-	}
-	return out
-}
 
 // mayBeRepeat reports whether req's request id may have an answer here
 // already: an attempt pending on this node, or an order in the ledger.
@@ -369,11 +286,6 @@ func (e *Engine) answerRepeat(req *DeductRequest, res *DeductResult) bool {
 		return true
 	}
 	return e.answerFromLedger(req, res)
-}
-
-// asksFor reports whether req asks for what p's take asked for.
-func (p *pendingTake) asksFor(req *DeductRequest) bool {
-	return p.entry.SKU == string(req.SKU) && p.entry.Qty == req.Qty
 }
 
 func reusedRequestID(res *DeductResult) {
@@ -503,91 +415,6 @@ func (e *Engine) pollWaiting(tick uint64) {
 			continue
 		}
 		e.requestRefill(s)
-	}
-}
-
-// pendingTake is one attempt of a deduct from the moment it may take a
-// unit: until the unit is taken (taken closes), then until the ledger
-// answers (done closes). Repeats of its request id wait on it.
-type pendingTake struct {
-	sale  *sale
-	hint  uint32
-	entry raftfsm.TakeEntry // OrderID is set when the unit is taken
-	// reqKey keys the take in pendingReq (raftfsm.AppendRequestKey of its
-	// user and request id); "" without a request id.
-	reqKey   string
-	created  time.Time
-	attempts int
-
-	taken  chan struct{}
-	once   sync.Once
-	done   chan struct{}
-	mu     sync.Mutex
-	result DeductResult
-	// path is the adaptive limit that counts this take while it waits for
-	// the ledger (set once it is queued for commit, at entered on the real
-	// clock: the engine's may be a test's).
-	path    *adaptiveLimit
-	entered time.Time
-}
-
-func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
-	p := req.slot
-	if p == nil {
-		p = new(pendingTake)
-	}
-	req.slot = nil // a slot serves one take
-	*p = pendingTake{
-		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
-		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty},
-	}
-	if len(req.RequestID) == 0 {
-		p.entry.User = string(req.User)
-		return p
-	}
-	// The key holds the user and the request id as its tail: all three
-	// share one allocation.
-	var buf [raftfsm.MaxRequestKeyBytes]byte
-	p.reqKey = string(raftfsm.AppendRequestKey(buf[:0], req.User, req.RequestID))
-	tail := p.reqKey[len(p.reqKey)-len(req.User)-len(req.RequestID):]
-	p.entry.User, p.entry.RequestID = tail[:len(req.User)], tail[len(req.User):]
-	return p
-}
-
-func (p *pendingTake) resolve(r DeductResult) { p.resolveAt(r, time.Time{}) }
-
-// resolveAt is resolve with the real time of the answer, read once for a
-// batch of takes (zero: read it now).
-func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
-	p.once.Do(func() {
-		p.mu.Lock()
-		p.result = r
-		p.mu.Unlock()
-		close(p.done)
-		if p.path != nil {
-			if end.IsZero() {
-				end = time.Now()
-			}
-			p.path.leave(end.Sub(p.entered))
-		}
-	})
-}
-
-func (p *pendingTake) outcome() (DeductResult, bool) {
-	select {
-	case <-p.done:
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.result, true
-	default:
-		return DeductResult{}, false
-	}
-}
-
-func (p *pendingTake) pendingOrder() raftfsm.Order {
-	return raftfsm.Order{
-		ID: p.entry.OrderID, SKU: p.entry.SKU, User: p.entry.User, Qty: p.entry.Qty,
-		State: raftfsm.OrderPending, RequestID: p.entry.RequestID, CreatedAtUnixNano: p.created.UnixNano(),
 	}
 }
 

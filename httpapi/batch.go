@@ -67,7 +67,6 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-
 	if len(ctx.Request.Header.PeekBytes(headerIdempotencyKey)) > 0 {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBatchIdemKey)
 		return
@@ -100,13 +99,20 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 		sc.answers[sc.at[j]] = batchAnswer{code, body}
 	}
 
-	out := sc.out[:0]
+	sc.out = appendBatchAnswers(sc.out[:0], sc.answers)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType(contentTypeJSON)
+	ctx.SetBody(sc.out) // a copy: the scratch goes back to its pool
+}
+
+// appendBatchAnswers appends the batch's answer: each item as
+// {"status":N, then the single deduct's answer without its brace.
+func appendBatchAnswers(out []byte, answers []batchAnswer) []byte {
 	out = append(out, `{"results":[`...)
-	for i, a := range sc.answers {
+	for i, a := range answers {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		// {"status":N, then the single deduct's answer without its brace.
 		out = append(out, `{"status":`...)
 		out = strconv.AppendInt(out, int64(a.code), 10)
 		body := a.body
@@ -120,11 +126,7 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 			out = append(out, '}')
 		}
 	}
-	out = append(out, "]}\n"...)
-	sc.out = out
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType(contentTypeJSON)
-	ctx.SetBody(out) // a copy: the scratch goes back to its pool
+	return append(out, "]}\n"...)
 }
 
 // batchAnswer is one item's answer: its status and the single deduct's body.

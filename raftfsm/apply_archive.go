@@ -120,16 +120,13 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	var from []byte
+	var from []byte // nil: from the first
 	if c.After != "" {
 		from = []byte(c.After)
 	}
 	var doomed []Order
-	var blocked []bool // doomed[i] is a block's member
-	type blockLeft struct {
-		key     string
-		members []byte // the block's value without the sale's members
-	}
+	var blocked []bool                           // doomed[i] is a block's member
+	type blockLeft struct{ key, members string } // a block's value without the sale's members
 	var kept []blockLeft
 	scanned, last := int64(0), c.After
 	var decodeErr error
@@ -152,42 +149,30 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 		}
 		// A block is scanned whole: its members of the sale leave, the
 		// others stay in it.
-		b, err := parseOrderBlock(k, v)
+		out, stays, n, err := splitBlock(k, v, c.SKU)
 		if err != nil {
 			decodeErr = err
 			return false
 		}
-		stays := []byte{orderBlockFormat}
-		err = b.each(func(off int, m *blockMember) bool {
-			scanned++
-			o, err := b.order(m)
-			if err != nil {
-				decodeErr = err
-				return false
-			}
-			if o.SKU == c.SKU {
-				doomed, blocked = append(doomed, o), append(blocked, true)
-			} else {
-				stays = append(stays, v[off:m.next]...)
-			}
-			return true
-		})
-		if err != nil && decodeErr == nil {
-			decodeErr = err
+		scanned += int64(n)
+		for range out {
+			blocked = append(blocked, true)
 		}
+		doomed = append(doomed, out...)
 		if len(stays) < len(v) {
-			kept = append(kept, blockLeft{last, stays})
+			kept = append(kept, blockLeft{last, string(stays)})
 		}
-		return decodeErr == nil
+		return true
 	})
 	if decodeErr != nil {
 		return nil, decodeErr
 	}
 	for _, b := range kept {
-		if len(b.members) == 1 {
-			b.members = nil // no member left
+		var v []byte // no member left: the block goes
+		if len(b.members) > 1 {
+			v = []byte(b.members)
 		}
-		a.putKey(bucketOrders, b.key, b.members)
+		a.putKey(bucketOrders, b.key, v)
 	}
 	for i := range doomed {
 		if !blocked[i] {
@@ -377,4 +362,30 @@ func (a *applier) takeOutOrders(sku string, ids []string) ([]Order, error) {
 	}
 	slices.SortFunc(doomed, func(x, y Order) int { return strings.Compare(x.ID, y.ID) })
 	return doomed, nil
+}
+
+// splitBlock reads order block k (value v) and returns its members of
+// sku, the block's value without them, and how many members it read.
+func splitBlock(k, v []byte, sku string) (out []Order, stays []byte, n int, err error) {
+	b, err := parseOrderBlock(k, v)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	stays = []byte{orderBlockFormat}
+	var failed error
+	err = b.each(func(off int, m *blockMember) bool {
+		n++
+		o, err := b.order(m)
+		if err != nil {
+			failed = err
+			return false
+		}
+		if o.SKU == sku {
+			out = append(out, o)
+		} else {
+			stays = append(stays, v[off:m.next]...)
+		}
+		return true
+	})
+	return out, stays, n, cmp.Or(failed, err)
 }

@@ -202,127 +202,9 @@ func (a *applier) take(c *Take) (*Result, error) {
 		a.feed.events = slices.Grow(a.feed.events, len(c.Entries)) // an event each, mostly
 	}
 	for i := range c.Entries {
-		e := &c.Entries[i]
-		r := &res.Takes[i]
-		if e.OrderID == "" || e.OrderID[0] == orderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
-			r.Outcome = OutcomeInvalid
-			continue
-		}
-		// The same order id again: a re-proposal after an unknown outcome.
-		// An id above the highest its node minted so far is surely new
-		// (the common case), without a lookup; so is one the node's
-		// window has not seen. fresh, which decides what a turned-down
-		// take reports, must be the same on every node: it reads only the
-		// highest.
-		var prior *Order
-		id, shaped := parseOrderID(e.OrderID)
-		var seqs *seqWindow
-		if shaped {
-			seqs = a.ledger.orderSeqsOf(id.owner)
-		}
-		fresh := shaped && id.seq > seqs.high
-		newSeq := fresh || shaped && seqs.unseen(id.seq)
-		if !newSeq {
-			var err error
-			if prior, err = a.getOrder(e.OrderID); err != nil {
-				return nil, err
-			}
-		}
-		var reqKey string
-		if prior == nil && e.RequestID != "" {
-			rp, err := a.priorRequest(e.User, e.RequestID)
-			if err != nil {
-				return nil, err
-			}
-			reqKey = rp.key
-			// Under scoped request ids a repeat must ask for what the
-			// first call got: another SKU or qty, or an id the user
-			// entered a lottery with, changes nothing.
-			if a.rules >= RulesScopedRequestIDs &&
-				(rp.entrySKU != "" || rp.order != nil && (rp.order.SKU != e.SKU || rp.order.Qty != e.Qty)) {
-				r.Outcome = OutcomeRequestIDReused
-				// As for a closed sale, an id the ledger may have held is
-				// not reported: it may be a re-proposal of an order an
-				// archive took out. (The node that minted it still
-				// answers its buyer.)
-				if fresh {
-					a.turnedDown(c.Node, e, r.Outcome)
-				}
-				continue
-			}
-			prior = rp.order
-		}
-		if prior != nil {
-			r.Outcome, r.Order = OutcomeSame, *prior
-			continue
-		}
-		s := a.sku(e.SKU)
-		if s == nil {
-			r.Outcome = OutcomeUnknownSKU
-			a.turnedDown(c.Node, e, r.Outcome)
-			continue
-		}
-		if s.Closed() {
-			r.Outcome = OutcomeClosed
-			// An id the ledger may have held is not reported: it may
-			// be a re-proposal of an order an archive took out.
-			if fresh {
-				a.turnedDown(c.Node, e, r.Outcome)
-			}
-			continue
-		}
-		if s.Leased[c.Node] < e.Qty {
-			r.Outcome = OutcomeLeaseShort
-			a.turnedDown(c.Node, e, r.Outcome)
-			continue
-		}
-		if s.Config.PerUser > 0 {
-			bought, err := a.addBought(e.SKU, e.User, 0)
-			if err != nil {
-				return nil, err
-			}
-			if bought+e.Qty > s.Config.PerUser {
-				r.Outcome = OutcomeUserLimit
-				a.turnedDown(c.Node, e, r.Outcome)
-				continue
-			}
-		}
-		s.Leased[c.Node] -= e.Qty
-		if s.Leased[c.Node] == 0 {
-			delete(s.Leased, c.Node)
-		}
-		o := Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
-			Node: c.Node, CreatedAtUnixNano: a.at}
-		if ttl := s.Config.HoldTTLNanos; ttl > 0 {
-			o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
-			s.Held += e.Qty
-		} else {
-			o.State = OrderSold
-			s.Sold += e.Qty
-		}
-		var place *orderID
-		if shaped {
-			seqs.see(id.seq)
-			if newSeq {
-				place = &id
-			}
-		}
-		if err := a.putTakenOrder(&o, place); err != nil {
+		if err := a.takeEntry(c.Node, &c.Entries[i], &res.Takes[i]); err != nil {
 			return nil, err
 		}
-		if s.Config.PerUser > 0 {
-			if _, err := a.addBought(e.SKU, e.User, e.Qty); err != nil {
-				return nil, err
-			}
-		}
-		if reqKey != "" {
-			a.rememberRequest(reqKey, o.ID, o.CreatedAtUnixNano)
-		}
-		if o.State == OrderHeld {
-			a.holdChanges[o.ID] = o.ExpiresAtUnixNano
-		}
-		a.feedEvent(FeedOrderCreated, &o)
-		r.Outcome, r.Order = OutcomeOK, o
 	}
 	if err := a.flushOrderBlock(); err != nil {
 		return nil, err
@@ -331,6 +213,165 @@ func (a *applier) take(c *Take) (*Result, error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// takeEntry judges one entry of node's Take into r.
+func (a *applier) takeEntry(node string, e *TakeEntry, r *TakeResult) error {
+	if e.OrderID == "" || e.OrderID[0] == orderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
+		r.Outcome = OutcomeInvalid
+		return nil
+	}
+	t, err := a.identifyTake(e)
+	if err != nil {
+		return err
+	}
+	switch {
+	case t.reused:
+		r.Outcome = OutcomeRequestIDReused
+		// As for a closed sale, an id the ledger may have held is not
+		// reported: it may be a re-proposal of an order an archive took
+		// out. (The node that minted it still answers its buyer.)
+		if t.fresh {
+			a.turnedDown(node, e, r.Outcome)
+		}
+		return nil
+	case t.prior != nil:
+		r.Outcome, r.Order = OutcomeSame, *t.prior
+		return nil
+	}
+	s, outcome, err := a.takeAllowed(node, e, t.fresh)
+	if err != nil || s == nil {
+		r.Outcome = outcome
+		return err
+	}
+	o, err := a.createTaken(node, e, s, &t)
+	if err != nil {
+		return err
+	}
+	r.Outcome, r.Order = OutcomeOK, o
+	return nil
+}
+
+// takeIdentity is what a take's ids say before its sale is looked at: is
+// it a re-proposal of an order, a repeat of a request id, or new.
+type takeIdentity struct {
+	id     orderID
+	shaped bool       // the id has the engine's shape
+	seqs   *seqWindow // its node's sequences, when shaped
+	// fresh: above the highest sequence its node minted so far, so surely
+	// new (the common case, without a lookup). It decides what a
+	// turned-down take reports, so it reads only the highest, the same on
+	// every node. newSeq: fresh, or a sequence the window has not seen.
+	fresh, newSeq bool
+	prior         *Order // the order a re-proposal or a repeat answers
+	reused        bool   // the request id asked for another SKU or qty
+	reqKey        string // where the request id is recorded
+}
+
+func (a *applier) identifyTake(e *TakeEntry) (takeIdentity, error) {
+	var t takeIdentity
+	t.id, t.shaped = parseOrderID(e.OrderID)
+	if t.shaped {
+		t.seqs = a.ledger.orderSeqsOf(t.id.owner)
+	}
+	t.fresh = t.shaped && t.id.seq > t.seqs.high
+	t.newSeq = t.fresh || t.shaped && t.seqs.unseen(t.id.seq)
+	if !t.newSeq {
+		var err error
+		if t.prior, err = a.getOrder(e.OrderID); err != nil || t.prior != nil {
+			return t, err // the same order id again: a re-proposal after an unknown outcome
+		}
+	}
+	if e.RequestID == "" {
+		return t, nil
+	}
+	rp, err := a.priorRequest(e.User, e.RequestID)
+	if err != nil {
+		return t, err
+	}
+	t.reqKey = rp.key
+	// Under scoped request ids a repeat must ask for what the first call
+	// got: another SKU or qty, or an id the user entered a lottery with,
+	// changes nothing.
+	t.reused = a.rules >= RulesScopedRequestIDs &&
+		(rp.entrySKU != "" || rp.order != nil && (rp.order.SKU != e.SKU || rp.order.Qty != e.Qty))
+	if !t.reused {
+		t.prior = rp.order
+	}
+	return t, nil
+}
+
+// takeAllowed returns the sale a new take may take from, or nil and the
+// outcome that refuses it (reported in the feed as turned down).
+func (a *applier) takeAllowed(node string, e *TakeEntry, fresh bool) (*SKU, Outcome, error) {
+	s := a.sku(e.SKU)
+	outcome := OutcomeOK
+	switch {
+	case s == nil:
+		outcome = OutcomeUnknownSKU
+	case s.Closed():
+		// An id the ledger may have held is not reported: it may be a
+		// re-proposal of an order an archive took out.
+		if !fresh {
+			return nil, OutcomeClosed, nil
+		}
+		outcome = OutcomeClosed
+	case s.Leased[node] < e.Qty:
+		outcome = OutcomeLeaseShort
+	case s.Config.PerUser > 0:
+		bought, err := a.addBought(e.SKU, e.User, 0)
+		if err != nil {
+			return nil, OutcomeOK, err
+		}
+		if bought+e.Qty > s.Config.PerUser {
+			outcome = OutcomeUserLimit
+		}
+	}
+	if outcome != OutcomeOK {
+		a.turnedDown(node, e, outcome)
+		return nil, outcome, nil
+	}
+	return s, OutcomeOK, nil
+}
+
+// createTaken makes the order of a take the ledger allows.
+func (a *applier) createTaken(node string, e *TakeEntry, s *SKU, t *takeIdentity) (Order, error) {
+	s.Leased[node] -= e.Qty
+	if s.Leased[node] == 0 {
+		delete(s.Leased, node)
+	}
+	o := Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
+		Node: node, CreatedAtUnixNano: a.at}
+	if ttl := s.Config.HoldTTLNanos; ttl > 0 {
+		o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
+		s.Held += e.Qty
+	} else {
+		o.State = OrderSold
+		s.Sold += e.Qty
+	}
+	var place *orderID
+	if t.shaped {
+		t.seqs.see(t.id.seq)
+		if t.newSeq {
+			place = &t.id
+		}
+	}
+	if err := a.putTakenOrder(&o, place); err != nil {
+		return o, err
+	}
+	if s.Config.PerUser > 0 {
+		if _, err := a.addBought(e.SKU, e.User, e.Qty); err != nil {
+			return o, err
+		}
+	}
+	if t.reqKey != "" {
+		a.rememberRequest(t.reqKey, o.ID, o.CreatedAtUnixNano)
+	}
+	if o.State == OrderHeld {
+		a.holdChanges[o.ID] = o.ExpiresAtUnixNano
+	}
+	a.feedEvent(FeedOrderCreated, &o)
+	return o, nil
 }
 
 func (a *applier) confirm(c *Confirm) (*Result, error) {

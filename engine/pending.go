@@ -1,0 +1,97 @@
+package engine
+
+import (
+	"stockd/raftfsm"
+	"sync"
+	"time"
+)
+
+// asksFor reports whether req asks for what p's take asked for.
+func (p *pendingTake) asksFor(req *DeductRequest) bool {
+	return p.entry.SKU == string(req.SKU) && p.entry.Qty == req.Qty
+}
+
+// pendingTake is one attempt of a deduct from the moment it may take a
+// unit: until the unit is taken (taken closes), then until the ledger
+// answers (done closes). Repeats of its request id wait on it.
+type pendingTake struct {
+	sale  *sale
+	hint  uint32
+	entry raftfsm.TakeEntry // OrderID is set when the unit is taken
+	// reqKey keys the take in pendingReq (raftfsm.AppendRequestKey of its
+	// user and request id); "" without a request id.
+	reqKey   string
+	created  time.Time
+	attempts int
+
+	taken  chan struct{}
+	once   sync.Once
+	done   chan struct{}
+	mu     sync.Mutex
+	result DeductResult
+	// path is the adaptive limit that counts this take while it waits for
+	// the ledger (set once it is queued for commit, at entered on the real
+	// clock: the engine's may be a test's).
+	path    *adaptiveLimit
+	entered time.Time
+}
+
+func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
+	p := req.slot
+	if p == nil {
+		p = new(pendingTake)
+	}
+	req.slot = nil // a slot serves one take
+	*p = pendingTake{
+		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
+		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty},
+	}
+	if len(req.RequestID) == 0 {
+		p.entry.User = string(req.User)
+		return p
+	}
+	// The key holds the user and the request id as its tail: all three
+	// share one allocation.
+	var buf [raftfsm.MaxRequestKeyBytes]byte
+	p.reqKey = string(raftfsm.AppendRequestKey(buf[:0], req.User, req.RequestID))
+	tail := p.reqKey[len(p.reqKey)-len(req.User)-len(req.RequestID):]
+	p.entry.User, p.entry.RequestID = tail[:len(req.User)], tail[len(req.User):]
+	return p
+}
+
+func (p *pendingTake) resolve(r DeductResult) { p.resolveAt(r, time.Time{}) }
+
+// resolveAt is resolve with the real time of the answer, read once for a
+// batch of takes (zero: read it now).
+func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
+	p.once.Do(func() {
+		p.mu.Lock()
+		p.result = r
+		p.mu.Unlock()
+		close(p.done)
+		if p.path != nil {
+			if end.IsZero() {
+				end = time.Now()
+			}
+			p.path.leave(end.Sub(p.entered))
+		}
+	})
+}
+
+func (p *pendingTake) outcome() (DeductResult, bool) {
+	select {
+	case <-p.done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.result, true
+	default:
+		return DeductResult{}, false
+	}
+}
+
+func (p *pendingTake) pendingOrder() raftfsm.Order {
+	return raftfsm.Order{
+		ID: p.entry.OrderID, SKU: p.entry.SKU, User: p.entry.User, Qty: p.entry.Qty,
+		State: raftfsm.OrderPending, RequestID: p.entry.RequestID, CreatedAtUnixNano: p.created.UnixNano(),
+	}
+}

@@ -1,0 +1,246 @@
+// Package layout holds the tests of the project's shape: which package may
+// import which, and how large a file or a function may grow. They read
+// the module with go list and go/parser; nothing here is built into
+// stockd.
+package layout
+
+import (
+	"bytes"
+	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "stockd"
+
+// allowed says which of the module's packages each may import (its own
+// packages below it and the leaf helpers under internal/ aside). The
+// arrows point one way: main -> node -> httpapi -> engine -> {shard,
+// raftfsm}; node may also import engine and raftfsm; no production
+// package but main imports node; client and feed talk HTTP; bench may
+// import shard and engine for its in-process strategies; shard and raftfsm
+// import nothing of ours but what they own.
+var allowed = map[string][]string{
+	"stockd":         {"node", "bench", "feed", "raftfsm"},
+	"stockd/node":    {"httpapi", "engine", "raftfsm"},
+	"stockd/httpapi": {"engine"},
+	"stockd/engine":  {"shard", "raftfsm"},
+	"stockd/shard":   {},
+	"stockd/raftfsm": {},
+	"stockd/client":  {},
+	"stockd/feed":    {"client"},
+	"stockd/bench":   {"shard", "engine", "client"},
+}
+
+// harness is the multi-node test harness: only tests import it.
+const harness = "stockd/internal/testnode"
+
+type pkg struct {
+	ImportPath   string
+	Dir          string
+	GoFiles      []string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json", module+"/...")
+	cmd.Dir = moduleRoot(t)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(&out)
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 8 {
+		t.Fatalf("go list found %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
+		t.Fatalf("no go.mod at %s", dir)
+	}
+	return dir
+}
+
+// top is the top-level package a package of the module belongs to
+// (stockd/raftfsm/command: stockd/raftfsm).
+func top(path string) string {
+	rest, ok := strings.CutPrefix(path, module+"/")
+	if !ok {
+		return path
+	}
+	first, _, _ := strings.Cut(rest, "/")
+	return module + "/" + first
+}
+
+// mayImport reports whether package from may import package to, both of
+// the module.
+func mayImport(from, to string) bool {
+	switch {
+	case to == harness || strings.HasPrefix(to, harness+"/"):
+		return false // tests only
+	case strings.HasPrefix(to, module+"/internal/"):
+		return true // leaf helpers; TestLayout_InternalHelpersAreLeaves checks them
+	case from != module && top(from) == top(to):
+		return true // a package's own subpackages
+	}
+	name := strings.TrimPrefix(top(to), module+"/")
+	if to == module {
+		name = module
+	}
+	return slices.Contains(allowed[top(from)], name)
+}
+
+func TestLayout_ImportsFollowTheArrows(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if strings.HasPrefix(p.ImportPath, module+"/internal/") {
+			continue
+		}
+		if _, known := allowed[top(p.ImportPath)]; !known {
+			t.Errorf("package %s is not in the layout: add it to allowed (and to docs/architecture.md)", p.ImportPath)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if (imp == module || strings.HasPrefix(imp, module+"/")) && !mayImport(p.ImportPath, imp) {
+				t.Errorf("%s imports %s, which the layout forbids", p.ImportPath, imp)
+			}
+		}
+	}
+}
+
+// TestLayout_InternalHelpersAreLeaves: a helper under internal/ imports
+// nothing of ours but other helpers, so any package may use it without
+// bending the arrows; the test harness may import anything, and only
+// tests import it.
+func TestLayout_InternalHelpersAreLeaves(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if !strings.HasPrefix(p.ImportPath, module+"/internal/") || p.ImportPath == harness || strings.HasPrefix(p.ImportPath, module+"/internal/layout") {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, module+"/") && !strings.HasPrefix(imp, module+"/internal/") {
+				t.Errorf("helper %s imports %s", p.ImportPath, imp)
+			}
+		}
+	}
+}
+
+// Size limits: a file a reader can hold, a function one screen or two,
+// shorter on the deduct path (which a newcomer follows first).
+const (
+	fileLinesMax       = 600
+	funcLinesMax       = 100
+	deductFuncLinesMax = 70
+)
+
+// deductPath are the files a deduct runs through, handler to fsync.
+var deductPath = []string{
+	"httpapi/deduct.go", "httpapi/batch.go", "engine/deduct.go", "engine/deduct_batch.go", "engine/pending.go",
+	"engine/committer.go", "engine/admission.go", "engine/pendingfilter.go", "shard/shard.go", "node/proposer.go",
+	"raftfsm/apply_orders.go", "raftfsm/apply.go",
+}
+
+func TestLayout_FilesAndFunctionsStayReadable(t *testing.T) {
+	root := moduleRoot(t)
+	for _, p := range listPackages(t) {
+		for _, name := range p.GoFiles {
+			path := filepath.Join(p.Dir, name)
+			rel, _ := filepath.Rel(root, path)
+			src, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := bytes.Count(src, []byte("\n")); n > fileLinesMax {
+				t.Errorf("%s: %d lines, the most is %d", rel, n, fileLinesMax)
+			}
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, path, src, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			limit := funcLinesMax
+			if slices.Contains(deductPath, filepath.ToSlash(rel)) {
+				limit = deductFuncLinesMax
+			}
+			for _, d := range f.Decls {
+				fn, ok := d.(*ast.FuncDecl)
+				if !ok || fn.Body == nil {
+					continue
+				}
+				lines := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1
+				if lines > limit {
+					t.Errorf("%s: func %s is %d lines, the most is %d", rel, funcName(fn), lines, limit)
+				}
+			}
+		}
+	}
+}
+
+func funcName(fn *ast.FuncDecl) string {
+	if fn.Recv == nil || len(fn.Recv.List) == 0 {
+		return fn.Name.Name
+	}
+	var b strings.Builder
+	switch r := fn.Recv.List[0].Type.(type) {
+	case *ast.StarExpr:
+		if id, ok := r.X.(*ast.Ident); ok {
+			b.WriteString("(*" + id.Name + ").")
+		}
+	case *ast.Ident:
+		b.WriteString(r.Name + ".")
+	}
+	return b.String() + fn.Name.Name
+}
+
+// TestLayout_TheRulesRefuseWhatTheArrowsForbid checks the checker: pairs
+// the layout must refuse and pairs it must allow.
+func TestLayout_TheRulesRefuseWhatTheArrowsForbid(t *testing.T) {
+	for _, c := range []struct {
+		from, to string
+		ok       bool
+	}{
+		{"stockd/engine", "stockd/httpapi", false},
+		{"stockd/raftfsm", "stockd/engine", false},
+		{"stockd/shard", "stockd/raftfsm", false},
+		{"stockd/httpapi", "stockd/node", false},
+		{"stockd/httpapi", "stockd/raftfsm", false},
+		{"stockd/client", "stockd/engine", false},
+		{"stockd/feed", "stockd/httpapi", false},
+		{"stockd/bench", "stockd/node", false},
+		{"stockd/engine", harness, false},
+		{"stockd/node", "stockd/httpapi", true},
+		{"stockd/node", "stockd/raftfsm", true},
+		{"stockd/engine", "stockd/raftfsm", true},
+		{"stockd/raftfsm", "stockd/internal/hashfilter", true},
+		{"stockd", "stockd/node", true},
+	} {
+		if got := mayImport(c.from, c.to); got != c.ok {
+			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)
+		}
+	}
+}

@@ -1,0 +1,203 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// entryOf reads user's entry into sku as this batch sees it.
+func (a *applier) entryOf(sku, user string) (Entry, bool, error) {
+	v, err := a.get(bucketEntryUsers, appendBuyerKey(nil, sku, user))
+	if err != nil || v == nil {
+		return Entry{}, false, err
+	}
+	if len(v) != 8 {
+		return Entry{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
+	}
+	e, err := a.entry(sku, int64(binary.BigEndian.Uint64(v)))
+	return e, err == nil, err
+}
+
+func (a *applier) entry(sku string, seq int64) (Entry, error) {
+	v, err := a.get(bucketEntries, entryKey(sku, seq))
+	if err != nil {
+		return Entry{}, err
+	}
+	if v == nil {
+		panic(fmt.Sprintf("BUG: entry %d of lottery %q is missing", seq, sku))
+	}
+	return decodeEntryRecord(sku, seq, v)
+}
+
+func (a *applier) enter(c *Enter) (*Result, error) {
+	res := &Result{Outcome: OutcomeOK, Entries: make([]EntryResult, len(c.Entries))}
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		r := &res.Entries[i]
+		if e.User == "" || len(e.User) > maxKeyBytes || len(e.SKU) > maxKeyBytes || len(e.RequestID) > maxKeyBytes {
+			r.Outcome = OutcomeInvalid
+			continue
+		}
+		s := a.sku(e.SKU)
+		if s == nil {
+			r.Outcome = OutcomeUnknownSKU
+			continue
+		}
+		if s.Lottery == nil {
+			r.Outcome = OutcomeNotLottery
+			continue
+		}
+		prior, ok, err := a.entryOf(e.SKU, e.User)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			r.Outcome, r.Entry = OutcomeSame, prior
+			continue
+		}
+		// Deducts and entries share one id space per user: an id the
+		// user already bought with, or entered another lottery with, is
+		// not this entry's (the user's entry into this lottery, under any
+		// id, was answered above).
+		var reqKey string
+		if e.RequestID != "" && a.rules >= RulesScopedRequestIDs {
+			rp, err := a.priorRequest(e.User, e.RequestID)
+			if err != nil {
+				return nil, err
+			}
+			if rp.order != nil || rp.entrySKU != "" {
+				r.Outcome = OutcomeRequestIDReused
+				continue
+			}
+			reqKey = rp.key
+		}
+		lt := s.Lottery
+		if s.Closed() || lt.Drawn() || a.at >= s.Config.EntriesCloseAtUnixNano || lt.Entries >= MaxLotteryEntries {
+			r.Outcome = OutcomeEntriesClosed
+			continue
+		}
+		lt.Entries++
+		lt.EntriesHash = nextEntriesHash(lt.EntriesHash, e.User)
+		ent := Entry{SKU: e.SKU, Seq: lt.Entries, User: e.User, RequestID: e.RequestID, AtUnixNano: a.at}
+		a.put(bucketEntries, entryKey(e.SKU, ent.Seq), encodeEntryRecord(&ent))
+		a.put(bucketEntryUsers, appendBuyerKey(nil, e.SKU, e.User), binary.BigEndian.AppendUint64(nil, uint64(ent.Seq)))
+		if reqKey != "" {
+			a.rememberRequest(reqKey, requestEntryValue(e.SKU), a.at)
+		}
+		r.Outcome, r.Entry = OutcomeOK, ent
+	}
+	return res, a.flushRequestGroup()
+}
+
+func (a *applier) draw(c *Draw) (*Result, error) {
+	s := a.sku(c.SKU)
+	switch {
+	case s == nil:
+		return &Result{Outcome: OutcomeUnknownSKU}, nil
+	case s.Lottery == nil:
+		return &Result{Outcome: OutcomeNotLottery}, nil
+	case s.Lottery.Drawn():
+		return &Result{Outcome: OutcomeSame, Qty: s.Lottery.Winners}, nil
+	case s.Closed():
+		return &Result{Outcome: OutcomeClosed}, nil
+	case a.at < s.Config.EntriesCloseAtUnixNano:
+		return &Result{Outcome: OutcomeInvalidState, Detail: "entries are still open"}, nil
+	}
+	lt := s.Lottery
+	lt.DrawnAtUnixNano = a.at
+	rk := a.ledger.ranking(c.SKU, lt)
+	winners := min(s.Available, lt.Entries)
+	for r := range winners {
+		if err := a.award(s, int64(rk.seqs[r])); err != nil {
+			return nil, err
+		}
+	}
+	lt.Winners = winners
+	if err := a.settleWaitlist(s); err != nil {
+		return nil, err
+	}
+	return &Result{Outcome: OutcomeOK, Qty: winners}, nil
+}
+
+// award gives one unit of lottery s to entry seq: an order, held for the
+// sale's hold_ttl or sold at once.
+func (a *applier) award(s *SKU, seq int64) error {
+	e, err := a.entry(s.SKU, seq)
+	if err != nil {
+		return err
+	}
+	if s.Available < 1 {
+		panic(fmt.Sprintf("BUG: lottery %q awards entry %d with no unit available", s.SKU, seq))
+	}
+	o := Order{ID: lotteryOrderID(s.Lottery.OrderKey, s.SKU, seq), SKU: s.SKU, User: e.User, Qty: 1,
+		Node: lotteryNode, CreatedAtUnixNano: a.at}
+	if prior, err := a.getOrder(o.ID); err != nil || prior != nil {
+		if err != nil {
+			return err
+		}
+		panic(fmt.Sprintf("BUG: lottery %q awards entry %d order id %q, which order %+v has", s.SKU, seq, o.ID, *prior))
+	}
+	s.Available--
+	if ttl := s.Config.HoldTTLNanos; ttl > 0 {
+		o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
+		s.Held++
+		a.holdChanges[o.ID] = o.ExpiresAtUnixNano
+	} else {
+		o.State = OrderSold
+		s.Sold++
+	}
+	if err := a.putOrder(&o); err != nil {
+		return err
+	}
+	a.feedEvent(FeedOrderCreated, &o)
+	return nil
+}
+
+// purgeEntries takes up to n more entries of archived lottery s out of
+// the ledger, in sequence order.
+func (a *applier) purgeEntries(s *SKU, n int64) error {
+	lt := s.Lottery
+	for end := min(lt.Entries, lt.PurgedEntries+n); lt.PurgedEntries < end; lt.PurgedEntries++ {
+		seq := lt.PurgedEntries + 1
+		e, err := a.entry(s.SKU, seq)
+		if err != nil {
+			return err
+		}
+		a.put(bucketEntries, entryKey(s.SKU, seq), nil)
+		a.put(bucketEntryUsers, appendBuyerKey(nil, s.SKU, e.User), nil)
+		if e.RequestID != "" {
+			// Held under its scoped key if the entry came after the
+			// switch to scoped ids; earlier entries held none.
+			if _, err := a.forgetRequestKey(e.AtUnixNano, requestKey(e.User, e.RequestID), requestEntryValue(s.SKU)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// settleWaitlist gives a drawn lottery's available units to the next
+// waitlisted entries, then marks the waitlist lost once no unit can come
+// back (nothing held). A closed sale's waitlist is lost at once.
+func (a *applier) settleWaitlist(s *SKU) error {
+	lt := s.Lottery
+	if lt == nil || !lt.Drawn() || lt.WaitlistLostAtUnixNano != 0 {
+		return nil
+	}
+	if !s.Closed() {
+		var rk *ranking
+		for s.Available > 0 && lt.Won() < lt.Entries {
+			if rk == nil {
+				rk = a.ledger.ranking(s.SKU, lt)
+			}
+			if err := a.award(s, int64(rk.seqs[lt.Won()])); err != nil {
+				return err
+			}
+			lt.Promoted++
+		}
+	}
+	if lt.Won() < lt.Entries && (s.Held == 0 || s.Closed()) {
+		lt.WaitlistLostAtUnixNano = max(a.at, 1)
+	}
+	return nil
+}

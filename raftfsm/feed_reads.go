@@ -1,0 +1,221 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// FeedPage is one read of the order feed.
+type FeedPage struct {
+	Events []FeedEvent
+	// Head is the newest event this node has applied (zero: none yet).
+	Head Cursor
+	// Behind: the cursor read after lies beyond this node's applied log.
+	// The node is catching up; the same read succeeds once it has.
+	Behind bool
+}
+
+// FeedStats is the feed's state on this node.
+type FeedStats struct {
+	Head      Cursor
+	HeadAt    int64  // the newest event's time, unix nanos (0: none)
+	Floor     Cursor // events up to this cursor are pruned
+	Retained  uint64 // events kept: Head.Seq - Floor.Seq
+	Consumers []Consumer
+}
+
+// event reads event seq from memory or, failing that, from bbolt; an
+// event at or below the floor is pruned.
+func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
+	l.feed.mu.RLock()
+	e, ok := l.feed.memEvent(seq)
+	floor := l.feed.floorAt.Seq
+	l.feed.mu.RUnlock()
+	if ok {
+		return e, true, nil
+	}
+	if seq <= floor {
+		return FeedEvent{}, false, nil // pruned (its chunk may remain)
+	}
+	var found bool
+	err := l.view(func(tx *bolt.Tx) error {
+		var err error
+		e, found, err = readFeedEvent(tx.Bucket(bucketEvents), seq)
+		return err
+	})
+	return e, found, err
+}
+
+// checkCursor verifies that c names an event this feed had (or the
+// start); floor and floorAt are the feed's as read by the caller.
+func (l *Ledger) checkCursor(c Cursor, floorAt Cursor) error {
+	floor := floorAt.Seq
+	switch {
+	case c.Seq == 0:
+		return nil
+	case c.Seq < floor:
+		return fmt.Errorf("%w: %s (events up to %s are pruned)", ErrCursorExpired, c, floorAt)
+	case c.Seq == floor:
+		if c != floorAt {
+			return fmt.Errorf("%w: %s names no event of this feed", ErrBadCursor, c)
+		}
+		return nil
+	}
+	e, ok, err := l.event(c.Seq)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s (events up to it were pruned)", ErrCursorExpired, c)
+	}
+	if e.Index != c.Index {
+		return fmt.Errorf("%w: %s names no event of this feed", ErrBadCursor, c)
+	}
+	return nil
+}
+
+// ReadFeed returns up to limit events after cursor after, in order.
+// Errors: ErrCursorExpired for a cursor older than retention,
+// ErrBadCursor for one that names no event of the feed.
+func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
+	f := &l.feed
+	f.mu.RLock()
+	visible, floorAt := f.visible, f.floorAt
+	floor := floorAt.Seq
+	memFirst := f.mem.firstSeq()
+	f.mu.RUnlock()
+	page := FeedPage{}
+	if visible > 0 {
+		head, ok, err := l.event(visible)
+		if err != nil {
+			return page, err
+		}
+		if ok {
+			page.Head = head.Cursor()
+		}
+	}
+	if after.Seq > visible {
+		if after.Index > l.AppliedIndex() {
+			page.Behind = true
+			return page, nil
+		}
+		return page, fmt.Errorf("%w: %s is beyond the feed's newest event %s", ErrBadCursor, after, page.Head)
+	}
+	if err := l.checkCursor(after, floorAt); err != nil {
+		return page, err
+	}
+	from := max(after.Seq, floor) + 1
+	to := min(visible, from+uint64(limit)-1)
+	if from > to {
+		return page, nil
+	}
+	page.Events = make([]FeedEvent, 0, to-from+1)
+	if memFirst == 0 || from < memFirst {
+		// The older part is in bbolt only.
+		end := to
+		if memFirst != 0 {
+			end = min(to, memFirst-1)
+		}
+		err := l.view(func(tx *bolt.Tx) error {
+			cur := tx.Bucket(bucketEvents).Cursor()
+			want := from
+			for k, v := seekFeedChunk(cur, from); len(k) == 8 && want <= end; k, v = cur.Next() {
+				if binary.BigEndian.Uint64(k) > want {
+					break // pruned under us
+				}
+				err := eachFeedEvent(binary.BigEndian.Uint64(k), v, want, end, func(e *FeedEvent) bool {
+					page.Events = append(page.Events, *e)
+					want++
+					return true
+				})
+				if err != nil {
+					return err
+				}
+			}
+			if want <= end {
+				return fmt.Errorf("%w: %s (events after it were pruned while reading)", ErrCursorExpired, after)
+			}
+			return nil
+		})
+		if err != nil {
+			return page, err
+		}
+		from = end + 1
+	}
+	f.mu.RLock()
+	want := from
+	f.mem.from(from, func(e *FeedEvent) bool {
+		if e.Seq != want || want > to {
+			return false // trimmed under us: the caller reads on from the last event
+		}
+		page.Events = append(page.Events, *e)
+		want++
+		return true
+	})
+	f.mu.RUnlock()
+	return page, nil
+}
+
+// FeedChanged returns a channel closed when new events are published (or
+// the ledger is replaced or closed): long-polling readers wait on it.
+func (l *Ledger) FeedChanged() <-chan struct{} { return l.feed.changed() }
+
+// FeedStats reads the feed's head, floor and consumers.
+func (l *Ledger) FeedStats() (FeedStats, error) {
+	f := &l.feed
+	f.mu.RLock()
+	st := FeedStats{Floor: f.floorAt, Retained: f.visible - min(f.floorAt.Seq, f.visible)}
+	visible := f.visible
+	for _, c := range f.consumers {
+		st.Consumers = append(st.Consumers, c)
+	}
+	f.mu.RUnlock()
+	slices.SortFunc(st.Consumers, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
+	if visible > 0 {
+		e, ok, err := l.event(visible)
+		if err != nil {
+			return st, err
+		}
+		if ok {
+			st.Head, st.HeadAt = e.Cursor(), e.At
+		}
+	}
+	return st, nil
+}
+
+// FeedCursorBefore is the cursor of the newest event older than
+// atUnixNano, and whether there is one after the floor: retention by time
+// prunes up to it.
+func (l *Ledger) FeedCursorBefore(atUnixNano int64) (Cursor, bool, error) {
+	f := &l.feed
+	f.mu.RLock()
+	lo, hi := f.floorAt.Seq+1, f.visible // search (floor, visible]
+	f.mu.RUnlock()
+	var best Cursor
+	found := false
+	for lo <= hi {
+		mid := lo + (hi-lo)/2
+		e, ok, err := l.event(mid)
+		if err != nil {
+			return Cursor{}, false, err
+		}
+		if !ok { // pruned meanwhile: look above
+			lo = mid + 1
+			continue
+		}
+		if e.At < atUnixNano {
+			best, found = e.Cursor(), true
+			lo = mid + 1
+		} else {
+			hi = mid - 1
+		}
+	}
+	return best, found, nil
+}
+
+// FeedEvent reads event seq, if the feed still holds it.
+func (l *Ledger) FeedEvent(seq uint64) (FeedEvent, bool, error) { return l.event(seq) }

@@ -1,0 +1,126 @@
+package raftfsm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"slices"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// OrdersSnapshot is where a reconciliation read of a sale's orders
+// stands: the orders as of log index Applied, which are the effects of
+// the feed's events up to FeedCursor. A consumer that reconciles from it
+// goes on reading the feed after FeedCursor.
+type OrdersSnapshot struct {
+	Applied    uint64
+	FeedCursor Cursor
+}
+
+// SaleOrders calls fn, in order id order, for every order of sku (in
+// state, if not empty) whose id sorts after after, from one consistent
+// state of the ledger file; fn returning an error stops the scan. It
+// writes pending changes first, and scans every order of the ledger (the
+// file has no per-sale index): a reconciliation read, not a hot path.
+func (l *Ledger) SaleOrders(sku string, state OrderState, after string, fn func(*Order) error) (OrdersSnapshot, error) {
+	if err := l.Flush(); err != nil {
+		return OrdersSnapshot{}, err
+	}
+	var snap OrdersSnapshot
+	err := l.view(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get(keyApplied); len(v) == 8 {
+			snap.Applied = binary.BigEndian.Uint64(v)
+		}
+		if v := meta.Get(keyFeedSeq); len(v) == 8 {
+			seq := binary.BigEndian.Uint64(v)
+			if e, ok, err := readFeedEvent(tx.Bucket(bucketEvents), seq); err != nil {
+				return err
+			} else if ok {
+				snap.FeedCursor = e.Cursor()
+			} else if fv := meta.Get(keyFeedFloor); fv != nil {
+				if c, err := decodeCursor(fv); err == nil && c.Seq == seq {
+					snap.FeedCursor = c // the newest event was pruned
+				}
+			}
+		}
+		return eachSaleOrder(tx.Bucket(bucketOrders), sku, state, after, fn)
+	})
+	return snap, err
+}
+
+// eachSaleOrder is SaleOrders' scan of the orders bucket. The blocks come
+// first in the file: the sale's members after after are gathered as
+// references, sorted by id and merged with the order records after them.
+func eachSaleOrder(bucket *bolt.Bucket, sku string, state OrderState, after string, fn func(*Order) error) error {
+	type memberRef struct{ block, off uint32 }
+	var blocks []orderBlock
+	var refs []memberRef
+	var id []byte
+	cur := bucket.Cursor()
+	k, v := cur.First()
+	for ; k != nil && isOrderBlockKey(k); k, v = cur.Next() {
+		b, err := parseOrderBlock(k, v)
+		if err != nil {
+			return err
+		}
+		blocks = append(blocks, b)
+		err = b.each(func(off int, m *blockMember) bool {
+			if recSKU, recState, ok := orderRecordSKU(m.record); !ok || string(recSKU) != sku || (state != "" && recState != state) {
+				return true // a record that does not decode fails when it is read
+			}
+			if id = b.appendID(id[:0], m); string(id) > after {
+				refs = append(refs, memberRef{uint32(len(blocks) - 1), uint32(off)})
+			}
+			return true
+		})
+		if err != nil {
+			return err
+		}
+	}
+	member := func(r memberRef) blockMember {
+		m, _ := blocks[r.block].member(int(r.off)) // read once already
+		return m
+	}
+	var other []byte
+	slices.SortFunc(refs, func(x, y memberRef) int {
+		mx, my := member(x), member(y)
+		id = blocks[x.block].appendID(id[:0], &mx)
+		other = blocks[y.block].appendID(other[:0], &my)
+		return bytes.Compare(id, other)
+	})
+	if after != "" {
+		k, v = cur.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = cur.Next()
+		}
+	}
+	for i := 0; k != nil || i < len(refs); {
+		var o Order
+		var err error
+		if i < len(refs) {
+			m := member(refs[i])
+			if id = blocks[refs[i].block].appendID(id[:0], &m); k == nil || bytes.Compare(id, k) < 0 {
+				i++
+				if o, err = decodeOrderRecord(string(id), m.record); err != nil {
+					return err
+				}
+				if err := fn(&o); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if o, err = decodeOrderRecord(string(k), v); err != nil {
+			return err
+		}
+		k, v = cur.Next()
+		if o.SKU != sku || (state != "" && o.State != state) {
+			continue
+		}
+		if err := fn(&o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
