@@ -111,7 +111,7 @@ func enterAll(t *testing.T, c *testCluster, sku string, users []string, workers 
 }
 
 // recomputedDraw is a lottery's draw as the test recomputes it from GET
-// .../draw and the exported entries, with the README's algorithm.
+// .../draw and the exported entries, with the algorithm docs/feed-and-lottery.md gives.
 type recomputedDraw struct {
 	draw   map[string]any
 	ranked []string // users, best first

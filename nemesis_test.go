@@ -25,7 +25,7 @@ import (
 
 // The nemesis: seeded random fault schedules against an in-process
 // cluster of real nodes, a sale running through them, and afterwards the
-// invariants of DESIGN.md plus a linearizability check of what buyers saw.
+// ledger's invariants plus a linearizability check of what buyers saw.
 //
 //	go test -run Nemesis .                      2 schedules, 3 nodes (the default suite)
 //	STOCKD_NEMESIS=20,5 go test -run Nemesis .  20 over three nodes, 5 over five
@@ -602,7 +602,7 @@ func (h *nemesisHistory) deductTV(c *testCluster, seed uint64, client, buyer, fi
 }
 
 // readLeader reads the tv SKUs' sold counts in turn (up to a second stale,
-// as DESIGN.md allows) from the node that leads, every few
+// as the contract allows) from the node that leads, every few
 // milliseconds until stop; answers marked stale are left out.
 func (h *nemesisHistory) readLeader(c *testCluster, stop <-chan struct{}) {
 	var reads uint
@@ -625,7 +625,7 @@ func (h *nemesisHistory) readLeader(c *testCluster, stop <-chan struct{}) {
 			continue
 		}
 		sold, _ := out["sold"].(float64)
-		// DESIGN.md: a SKU read is "cacheable for a second". A leader cut
+		// The contract: a SKU read is "cacheable for a second". A leader cut
 		// off from its quorum answers from its last state until its lease
 		// runs out, so a read may show the state of up to a second before
 		// it was made: its interval starts that much earlier.

@@ -15,7 +15,7 @@ import (
 	"stockd/node"
 )
 
-// The end of a sale, where answers must stay true (DESIGN.md, "True
+// The end of a sale, where answers must stay true (docs/architecture.md, "True
 // answers at the end of a sale"): many more buyers than units, a share of
 // request ids sent twice at once (to the same node or another), and the
 // checks that no request id is answered both a win and a loss, that no

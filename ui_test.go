@@ -159,7 +159,7 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 	}
 	checkClusterLedgers(t, c, "tv", acked)
 
-	// A screenshot for the README, when asked for (make ui-screenshot):
+	// A screenshot for docs/operations.md, when asked for (make ui-screenshot):
 	// in the middle of a larger sale, buyers on every node.
 	if out := os.Getenv("STOCKD_UI_SCREENSHOT"); out != "" {
 		screenshotMidSale(t, ctx, c, out)

@@ -100,7 +100,7 @@ func (s *stockdStrategy) Durability() string {
 	case s.nodes > 1:
 		return fmt.Sprintf("raft quorum of %d, fsync", s.nodes)
 	}
-	return "fsync (raft log + ledger)"
+	return "fsync (raft log; ledger behind)"
 }
 
 func (s *stockdStrategy) Supports(*Scenario) string { return "" }

@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// Admission that follows what the ledger commits (DESIGN.md,
-// "Degradation"): the node counts the deducts it has won and the ledger
+// Admission that follows what the ledger commits (docs/http.md, "The HTTP
+// contract"): the node counts the deducts it has won and the ledger
 // has not yet answered (the commit path), and bounds them. The bound moves
 // by AIMD on how long those deducts wait: when the slowest of a window
 // waited longer than the target on average, or nothing was answered for

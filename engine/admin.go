@@ -17,7 +17,7 @@ type SaleSpec struct {
 	PerUser int64
 	HoldTTL time.Duration
 	// Lottery makes the sale a lottery whose entries close at
-	// EntriesCloseAt (DESIGN.md, "Lottery sales").
+	// EntriesCloseAt (docs/feed-and-lottery.md).
 	Lottery        bool
 	EntriesCloseAt time.Time
 }

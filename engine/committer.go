@@ -9,7 +9,7 @@ import (
 	"stockd/raftfsm"
 )
 
-// runCommitter is the group commit of DESIGN.md: it waits for a won take,
+// runCommitter is the group commit: it waits for a won take,
 // waits for a free proposal slot, then sends everything queued by then (up
 // to maxTakeBatchEntries and TakeBatchBytesMax encoded) as one Take. There
 // is no timer: an idle node proposes a lone take at once, and a busy one

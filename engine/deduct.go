@@ -6,7 +6,7 @@ import (
 	"stockd/raftfsm"
 )
 
-// Status is the outcome of a deduct, one per HTTP answer of DESIGN.md.
+// Status is the outcome of a deduct, one per HTTP answer of the contract.
 type Status uint8
 
 // Deduct outcomes.
@@ -322,7 +322,7 @@ func (e *Engine) answerFromLedger(req *DeductRequest, res *DeductResult) bool {
 // truth: the node's applied ledger has fewer units available and leased to
 // any node than the buyer wants, so no node can still sell them. While
 // other nodes hold leased units, the lease request asks them for some
-// (DESIGN.md, "Leases"); a buyer still without a unit after LeaseWait gets
+// (docs/architecture.md, "Leases"); a buyer still without a unit after LeaseWait gets
 // try_again, never a sold_out that is not yet true.
 func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 	// A shared deadline and a shared poll, not a timer and a ticker each:

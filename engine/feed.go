@@ -9,7 +9,7 @@ import (
 	"stockd/raftfsm"
 )
 
-// The order feed (DESIGN.md, "Orders flow out"): reads with long-polling,
+// The order feed (docs/feed-and-lottery.md): reads with long-polling,
 // named consumers and their acknowledged cursors, and the leader's
 // retention.
 

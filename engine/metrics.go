@@ -219,7 +219,7 @@ func (m *Metrics) snapshot() Snapshot {
 	return s
 }
 
-// SaleTail is a sale's tail on one node (DESIGN.md, "True answers at the
+// SaleTail is a sale's tail on one node (docs/architecture.md, "True answers at the
 // end of a sale"): from its first sold_out answer to its last win.
 type SaleTail struct {
 	FirstSoldOut time.Time // zero: no sold_out answer since stock last came back

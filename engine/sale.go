@@ -96,7 +96,7 @@ func (e *Engine) lookupSale(sku []byte) *sale {
 }
 
 // updateSoldOut sets or clears the sold-out flag. The flag is the
-// cluster's truth (DESIGN.md): set only when this node's buckets are empty
+// cluster's truth: set only when this node's buckets are empty
 // and its applied ledger has no unit available or leased to any node.
 // Setting is checked again after the store, so a unit that comes back
 // concurrently clears the flag rather than hiding behind it.

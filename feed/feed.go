@@ -1,5 +1,5 @@
 // Package feed is `stockd feed`, an example consumer of the order feed
-// (DESIGN.md, "Orders flow out"): what a shop's order service would copy.
+// (docs/feed-and-lottery.md): what a shop's order service would copy.
 // It reads the events after its acknowledged cursor, prints each as one
 // JSON line, acknowledges each page, and moves to the next node when one
 // stops answering (package client does the moving). It talks to stockd

@@ -7,7 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// Who may call what (DESIGN.md): three credentials, each guarding its
+// Who may call what: three credentials, each guarding its
 // routes whatever the caller's address, except that admin calls without an
 // admin token come only from loopback.
 //

@@ -12,7 +12,7 @@ import (
 	"stockd/engine"
 )
 
-// Batch deducts (DESIGN.md, "Batch deducts"): POST /v1/deducts carries up
+// Batch deducts (docs/http.md): POST /v1/deducts carries up
 // to BatchMaxItems deducts of any SKUs, for a gateway that aggregates its
 // users' traffic. Each item is run as the single deduct would be, all at
 // once, so they ride the same group commit; each gets the answer the

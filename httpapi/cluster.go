@@ -67,7 +67,7 @@ func (s *Server) handleReadIndex(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, ReadIndexJSON{Index: index})
 }
 
-// Internal wire of POST /internal/v1/propose (DESIGN.md, "Forwarding
+// Internal wire of POST /internal/v1/propose (docs/architecture.md, "Forwarding
 // inside the cluster"): the body is one command in the ledger's binary
 // encoding, the answer one encoded result. InternalMaxBodyBytes is its own
 // cap, far above the largest Take batch, and independent of the public

@@ -14,7 +14,7 @@ import (
 	"stockd/engine"
 )
 
-// The order feed's routes (DESIGN.md, "Orders flow out"): GET /v1/events,
+// The order feed's routes (docs/feed-and-lottery.md): GET /v1/events,
 // GET /v1/consumers, PUT and DELETE /v1/consumers/{name}.
 
 // eventJSON is one event of GET /v1/events.

@@ -11,7 +11,7 @@ import (
 
 const contentTypeJSON = "application/json"
 
-// errorBody is the error shape of DESIGN.md.
+// errorBody is the contract's error shape.
 type errorBody struct {
 	Error  string `json:"error"`
 	Detail string `json:"detail,omitempty"`

@@ -208,7 +208,7 @@ func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
 }
 
 // drawResponse is GET /v1/skus/{sku}/draw: what anyone needs to recompute
-// the draw from the exported entries (README, "Lottery sales").
+// the draw from the exported entries (docs/feed-and-lottery.md, "Lottery sales").
 type drawResponse struct {
 	SKU            string `json:"sku"`
 	Entries        int64  `json:"entries"`

@@ -1,4 +1,4 @@
-// Package httpapi serves stockd's v1 HTTP contract (DESIGN.md) with
+// Package httpapi serves stockd's v1 HTTP contract with
 // fasthttp: routing, the JSON wire format, admin auth, metrics and health.
 //
 // The deduct handler is the hot path: it parses the body with a pooled

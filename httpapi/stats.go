@@ -7,7 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// The operator's page (DESIGN.md, "The operator's page"): GET /ui is one
+// The operator's page (docs/operations.md, "The operator's page"): GET /ui is one
 // self-contained page, embedded here, that polls GET /v1/stats. The stats
 // are read from atomics and the ledger's mirrors: no lock on the deduct
 // path is taken for them.

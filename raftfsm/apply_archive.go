@@ -28,7 +28,7 @@ func loadOrderSeqs(meta interface {
 	})
 }
 
-// Closing and archiving a sale (DESIGN.md, "Orders flow out"): a closed
+// Closing and archiving a sale (docs/feed-and-lottery.md): a closed
 // sale takes nothing new; an archived one's orders leave the ledger in
 // bounded PurgeArchived steps, its totals stay.
 

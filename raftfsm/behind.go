@@ -14,7 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Write-behind (DESIGN.md, "Where the ledger's time goes"): Apply changes
+// Write-behind (docs/architecture.md, "The write path"): Apply changes
 // the ledger in memory and answers; a persister goroutine writes the
 // changes to bbolt behind it, many batches to one transaction, with the
 // index they reach. Only the raft log on a quorum stands between a take and

@@ -7,7 +7,7 @@ import (
 // Op names a ledger command.
 type Op uint8
 
-// The ledger commands of DESIGN.md. Values are part of the log format: append,
+// The ledger commands. Values are part of the log format: append,
 // never renumber.
 const (
 	OpCreateSale Op = iota + 1
@@ -394,7 +394,7 @@ type TakeResult struct {
 // OrderState is the life cycle of an order.
 type OrderState string
 
-// Order states of DESIGN.md. pending exists only on a node before commit.
+// Order states. pending exists only on a node before commit.
 const (
 	OrderPending  OrderState = "pending"
 	OrderHeld     OrderState = "held"

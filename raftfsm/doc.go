@@ -1,4 +1,4 @@
-// Package raftfsm is the replicated ledger: the commands of DESIGN.md (one
+// Package raftfsm is the replicated ledger: the commands (one
 // type per op, in a compact binary encoding), their deterministic
 // application, and the raft node that orders them.
 //

@@ -13,7 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// The order feed (DESIGN.md, "Orders flow out"): every order event the
+// The order feed (docs/feed-and-lottery.md): every order event the
 // ledger applies (an order created, confirmed or released) gets the next
 // sequence number of the feed, in log order. Every node applies the same
 // log, so every node numbers the same events the same way, and a consumer

@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// recomputeDraw ranks exported entries the way the README writes the
+// recomputeDraw ranks exported entries the way docs/feed-and-lottery.md writes the
 // draw down, without the ledger's code: the hash chain, then the keys.
 func recomputeDraw(t *testing.T, seed []byte, entries []Entry) (hash []byte, ranked []int64) {
 	t.Helper()
