@@ -33,25 +33,25 @@ lint:
 # buyers through the Go client (one cluster, then two through
 # client.NewSharded) while a leader is killed.
 test-multiproc:
-	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded)' .
+	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded)' ./scenario
 
 # One node filled with a million sold orders and their request ids; fails
 # when its peak resident memory (VmHWM) passes 384 MiB.
 test-memory:
-	STOCKD_MEMORY=1 $(GO) test -count=1 -v -timeout 15m -run Memory_ .
+	STOCKD_MEMORY=1 $(GO) test -count=1 -v -timeout 15m -run Memory_ ./scenario
 
 # A sale at the size of a real one: three stockd processes, 1,200 client
 # connections over them, 36,000 buyers for 30,000 units, 4 % of request ids
 # sent to two nodes at once, then SIGTERM to all three under the drain limit.
 test-crowd:
-	STOCKD_CROWD=1 $(GO) test -count=1 -v -timeout 10m -run MultiProcess_Crowd .
+	STOCKD_CROWD=1 $(GO) test -count=1 -v -timeout 10m -run MultiProcess_Crowd ./scenario
 
 # Seeded random fault schedules against an in-process cluster (DESIGN.md's
 # invariants and a linearizability check after each): 20 over three nodes
 # and 5 over five. A failure prints its seed and the command that replays
 # it. `make test` runs 2 of them.
 test-nemesis:
-	STOCKD_NEMESIS=20,5 $(GO) test -count=1 -v -timeout 15m -run 'Nemesis' . | scripts/nemesis-summary.sh
+	STOCKD_NEMESIS=20,5 $(GO) test -count=1 -v -timeout 15m -run 'Nemesis' ./scenario | scripts/nemesis-summary.sh
 
 # Many more schedules, four in five over three nodes, the rest over five:
 # make soak SEEDS=500. Prints each failing schedule's replay command and a
@@ -60,7 +60,7 @@ test-nemesis:
 # with every goroutine's stack.
 SEEDS ?= 100
 soak:
-	STOCKD_NEMESIS=$$(( $(SEEDS) - $(SEEDS) / 5 )),$$(( $(SEEDS) / 5 )) $(GO) test -count=1 -v -timeout $$(( $(SEEDS) * 60 ))s -run 'Nemesis$$' . | NEMESIS_LOG=soak.log scripts/nemesis-summary.sh
+	STOCKD_NEMESIS=$$(( $(SEEDS) - $(SEEDS) / 5 )),$$(( $(SEEDS) / 5 )) $(GO) test -count=1 -v -timeout $$(( $(SEEDS) * 60 ))s -run 'Nemesis$$' ./scenario | NEMESIS_LOG=soak.log scripts/nemesis-summary.sh
 
 vet:
 	$(GO) vet ./...
@@ -80,11 +80,11 @@ bench-peers: build
 # The README's picture of the operator's page: headless Chromium on a
 # three-node cluster in the middle of a sale (docs/ui.png).
 ui-screenshot:
-	STOCKD_UI_SCREENSHOT=$(CURDIR)/docs/ui.png $(GO) test -count=1 -v -run 'TestUI_PageFollowsASaleLive' .
+	STOCKD_UI_SCREENSHOT=$(CURDIR)/docs/ui.png $(GO) test -count=1 -v -run 'TestUI_PageFollowsASaleLive' ./scenario
 
 # The Go micro-benchmarks: shard variants and HTTP deduct vs a no-op handler.
 bench-go:
-	$(GO) test -run '^$$' -bench . -benchtime 2s -cpu 2 ./shard/ .
+	$(GO) test -run '^$$' -bench . -benchtime 2s -cpu 2 ./shard/ ./scenario
 
 clean:
 	rm -rf bin

@@ -179,12 +179,16 @@ type applier struct {
 
 	requestChanges map[string]requestChange // request id -> its order, or a deletion
 	newRequests    []requestPair            // the entry's new request ids, for its group
-	requestDelta   int64                    // request ids added less those deleted by this batch
-	legacyAdded    bool                     // a key of the rules before scoped ids was added by this batch
-	holdChanges    map[string]int64         // held order id -> expires at; -1 deletes
-	boughtChanges  map[string]int64         // buyer key -> units; 0 deletes
-	nodeChanges    map[string]string        // node id -> HTTP address
-	block          openOrderBlock
+	// groups, while set, holds request groups decoded (holdRequestGroups);
+	// groupsChanged marks those to write back.
+	groups        map[int64][]requestPair
+	groupsChanged map[int64]bool
+	requestDelta  int64             // request ids added less those deleted by this batch
+	legacyAdded   bool              // a key of the rules before scoped ids was added by this batch
+	holdChanges   map[string]int64  // held order id -> expires at; -1 deletes
+	boughtChanges map[string]int64  // buyer key -> units; 0 deletes
+	nodeChanges   map[string]string // node id -> HTTP address
+	block         openOrderBlock
 }
 
 // get reads key from this batch's changes, then pending, then bbolt. The

@@ -208,6 +208,8 @@ func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
 // request ids and per-user counts leave, the sale counts them archived.
 // What it writes does not depend on the orders' order.
 func (a *applier) forgetArchived(s *SKU, doomed []Order) error {
+	a.holdRequestGroups()
+	defer a.writeRequestGroups()
 	// A take of an id at or below a kept sequence is never taken for new
 	// (take's check against its node's highest sequence), here or on a
 	// node that rebuilds the marks from the file.

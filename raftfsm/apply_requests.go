@@ -267,16 +267,49 @@ func (a *applier) rememberRequest(requestID, orderID string, createdAtUnixNano i
 
 // requestGroup reads the group of orders created at at (none: nil).
 func (a *applier) requestGroup(at int64) ([]requestPair, error) {
+	if pairs, ok := a.groups[at]; ok {
+		return pairs, nil
+	}
 	v, err := a.get(bucketRequestsByTime, requestGroupKey(at))
 	if err != nil || v == nil {
 		return nil, err
 	}
-	return decodeRequestGroup(v)
+	pairs, err := decodeRequestGroup(v)
+	if err == nil && a.groups != nil {
+		a.groups[at] = pairs
+	}
+	return pairs, err
+}
+
+// holdRequestGroups keeps the request groups read and changed, decoded,
+// until writeRequestGroups: an archive's purge forgets thousands of ids
+// of the same few groups, which would otherwise be decoded and encoded
+// again for each.
+func (a *applier) holdRequestGroups() { a.groups = map[int64][]requestPair{} }
+
+// writeRequestGroups writes the groups held since holdRequestGroups.
+func (a *applier) writeRequestGroups() {
+	held := a.groups
+	a.groups = nil
+	for at, pairs := range held {
+		if a.groupsChanged[at] {
+			a.putRequestGroup(at, pairs)
+		}
+	}
+	clear(a.groupsChanged)
 }
 
 // putRequestGroup writes the group of orders created at at; an empty one
 // is deleted.
 func (a *applier) putRequestGroup(at int64, pairs []requestPair) {
+	if a.groups != nil {
+		a.groups[at] = pairs
+		if a.groupsChanged == nil {
+			a.groupsChanged = map[int64]bool{}
+		}
+		a.groupsChanged[at] = true
+		return
+	}
 	var v []byte
 	if len(pairs) > 0 {
 		v = encodeRequestGroup(pairs)

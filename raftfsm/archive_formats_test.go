@@ -215,7 +215,11 @@ func logicalLedger(t *testing.T, l *Ledger) map[string]string {
 		return tx.ForEach(func(name []byte, bucket *bolt.Bucket) error {
 			return bucket.ForEach(func(k, v []byte) error {
 				switch {
-				case bytes.Equal(name, bucketMeta) && bytes.Equal(k, keyFormat):
+				case bytes.Equal(name, bucketMeta) && (bytes.Equal(k, keyFormat) || bytes.Equal(k, keyFeedSeq)),
+					bytes.Equal(name, bucketEvents):
+					// The format differs by design; the feed's events
+					// reach the file on their own schedule (compared
+					// through ReadFeed below).
 				case bytes.Equal(name, bucketOrders) && isOrderBlockKey(k):
 					b, err := parseOrderBlock(k, v)
 					if err != nil {
@@ -237,6 +241,14 @@ func logicalLedger(t *testing.T, l *Ledger) map[string]string {
 	}
 	if len(out) < 300 {
 		t.Fatalf("the ledger holds %d records", len(out))
+	}
+	var feed feedTally
+	feed.readAll(t, l)
+	for _, e := range feed.events {
+		out[fmt.Sprintf("feed/%d", e.Seq)] = fmt.Sprintf("%+v", e)
+	}
+	if len(feed.events) < 600 {
+		t.Fatalf("the feed holds %d events", len(feed.events))
 	}
 	return out
 }

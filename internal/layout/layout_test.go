@@ -37,6 +37,9 @@ var allowed = map[string][]string{
 	"stockd/client":  {},
 	"stockd/feed":    {"client"},
 	"stockd/bench":   {"shard", "engine", "client"},
+	// The scenario tests (clusters, faults, crowds, the contract's
+	// conformance): test files only, so no arrows of their own.
+	"stockd/scenario": {},
 }
 
 // harness is the multi-node test harness: only tests import it.

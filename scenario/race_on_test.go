@@ -1,6 +1,6 @@
 //go:build race
 
-package main
+package scenario
 
 // raceEnabled: allocation counts mean nothing under the race detector.
 const raceEnabled = true

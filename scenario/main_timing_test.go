@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"context"
@@ -24,7 +24,7 @@ var noopNsPerOp atomic.Int64
 // BenchmarkHTTP measures deducts over real loopback HTTP against a fasthttp
 // handler that does nothing, in the same run. Run it with
 //
-//	go test -run XXX -bench BenchmarkHTTP -benchtime 3s .
+//	go test -run XXX -bench BenchmarkHTTP -benchtime 3s ./scenario
 //
 // noop must run first (sub-benchmarks run in order) for the x_noop ratios.
 func BenchmarkHTTP(b *testing.B) {

@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"stockd/feed"
 	"stockd/node"
 )
 
@@ -533,9 +534,9 @@ func TestFeed_ExampleConsumerPrintsAndAcknowledges(t *testing.T) {
 	consume := func() []feedEvent {
 		t.Helper()
 		var out, errs bytes.Buffer
-		args := []string{"feed", "-target", deadURL + ",http://" + n.HTTPAddr(), "-consumer", "orders-svc", "-limit", "3", "-wait", "0s", "-exit-when-idle"}
-		if code := run(args, &out, &errs); code != 0 {
-			t.Fatalf("stockd feed exited %d: %s", code, errs.String())
+		args := []string{"-target", deadURL + ",http://" + n.HTTPAddr(), "-consumer", "orders-svc", "-limit", "3", "-wait", "0s", "-exit-when-idle"}
+		if err := feed.Main(context.Background(), args, &out, &errs); err != nil {
+			t.Fatalf("stockd feed: %v: %s", err, errs.String())
 		}
 		var events []feedEvent
 		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {

@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"bytes"
@@ -90,7 +90,7 @@ func (l *exchangeLog) check() error {
 	if len(l.logged) == 0 {
 		return nil
 	}
-	b, err := os.ReadFile("httpapi/openapi.json")
+	b, err := os.ReadFile("../httpapi/openapi.json")
 	if err != nil {
 		return err
 	}

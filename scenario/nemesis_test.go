@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"cmp"
@@ -27,10 +27,10 @@ import (
 // cluster of real nodes, a sale running through them, and afterwards the
 // ledger's invariants plus a linearizability check of what buyers saw.
 //
-//	go test -run Nemesis .                      2 schedules, 3 nodes (the default suite)
-//	STOCKD_NEMESIS=20,5 go test -run Nemesis .  20 over three nodes, 5 over five
-//	go test -run Nemesis -seed 1234 .           replay one schedule (3 nodes; -nemesis.nodes 5)
-//	go test -run Nemesis -nemesis.faults crash,remove-join .   only these faults
+//	go test -run Nemesis ./scenario                      2 schedules, 3 nodes (the default suite)
+//	STOCKD_NEMESIS=20,5 go test -run Nemesis ./scenario  20 over three nodes, 5 over five
+//	go test -run Nemesis -seed 1234 ./scenario           replay one schedule (3 nodes; -nemesis.nodes 5)
+//	go test -run Nemesis -nemesis.faults crash,remove-join ./scenario   only these faults
 var (
 	nemesisSeed   = flag.Uint64("seed", 0, "TestNemesis: replay the schedule of this seed only")
 	nemesisNodes  = flag.Int("nemesis.nodes", 3, "TestNemesis: cluster size for -seed")
@@ -83,7 +83,7 @@ func TestNemesis(t *testing.T) {
 			defer func() {
 				if t.Failed() {
 					nemesisTotals.violations.Add(1)
-					t.Logf("replay: go test -run Nemesis -seed %d -nemesis.nodes %d .", r.seed, r.nodes)
+					t.Logf("replay: go test -run Nemesis -seed %d -nemesis.nodes %d ./scenario", r.seed, r.nodes)
 				}
 			}()
 			runNemesis(t, r.nodes, r.seed)

@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"context"
@@ -66,7 +66,7 @@ func freePort(t *testing.T) string {
 func buildStockd(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "stockd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "stockd").CombinedOutput(); err != nil {
 		t.Fatalf("build stockd: %v\n%s", err, out)
 	}
 	return bin
