@@ -160,12 +160,10 @@ func (e *Engine) propose(c raftfsm.Command) (*raftfsm.Result, error) {
 		return res, nil
 	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUnavailable), errors.Is(err, ErrTooLarge), errors.Is(err, ErrRejected):
 		return nil, fmt.Errorf("%s: %w", c.Op(), err)
-	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
-		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op(), err)
-	case errors.Is(err, raftfsm.ErrMalformed):
-		return nil, fmt.Errorf("%w: %s: %w", ErrRejected, c.Op(), err)
 	default:
-		return nil, fmt.Errorf("%w: %s: %w", ErrUnavailable, c.Op(), err)
+		// A Proposer breaking its contract: whether c was applied is not
+		// known, so its retry must carry the same ids.
+		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op(), err)
 	}
 }
 

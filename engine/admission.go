@@ -1,7 +1,7 @@
 package engine
 
 import (
-	"sync/atomic"
+	"stockd/internal/counter"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -15,18 +15,13 @@ import (
 type admission struct {
 	shards      []paddedLimiter
 	tokenEvery  time.Duration // one shard's refill interval: the retry hint
-	inFlight    paddedInt64
+	inFlight    counter.Int64
 	maxInFlight int64 // 0: no cap
 }
 
 type paddedLimiter struct {
 	lim *rate.Limiter
-	_   [120]byte
-}
-
-type paddedInt64 struct {
-	v atomic.Int64
-	_ [120]byte
+	_   [counter.CacheLine - 8]byte
 }
 
 // admissionShards spreads the token bucket; a power of two for the mask.
@@ -48,14 +43,14 @@ func newAdmission(ratePerSec float64, burst, maxInFlight int) *admission {
 // admit reports whether a deduct may proceed; when it may not, retryAfter
 // says when to come back. An admitted deduct must call done.
 func (a *admission) admit(hint uint32, now time.Time) (ok bool, retryAfter time.Duration) {
-	if a.maxInFlight > 0 && a.inFlight.v.Add(1) > a.maxInFlight {
-		a.inFlight.v.Add(-1)
+	if a.maxInFlight > 0 && a.inFlight.Add(1) > a.maxInFlight {
+		a.inFlight.Add(-1)
 		return false, time.Second
 	}
 	// AllowN, unlike Reserve, does not allocate.
 	if a.shards != nil && !a.shards[hint&(admissionShards-1)].lim.AllowN(now, 1) {
 		if a.maxInFlight > 0 {
-			a.inFlight.v.Add(-1)
+			a.inFlight.Add(-1)
 		}
 		return false, a.tokenEvery
 	}
@@ -64,6 +59,6 @@ func (a *admission) admit(hint uint32, now time.Time) (ok bool, retryAfter time.
 
 func (a *admission) done() {
 	if a.maxInFlight > 0 {
-		a.inFlight.v.Add(-1)
+		a.inFlight.Add(-1)
 	}
 }

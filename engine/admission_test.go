@@ -19,7 +19,7 @@ func TestAdmission_InFlightCap(t *testing.T) {
 	if ok, _ := a.admit(3, now); !ok {
 		t.Fatal("a slot freed by done was not given out")
 	}
-	if got := a.inFlight.v.Load(); got != 2 {
+	if got := a.inFlight.Load(); got != 2 {
 		t.Fatalf("in flight %d, want 2", got)
 	}
 }

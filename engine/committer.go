@@ -11,9 +11,11 @@ import (
 
 // runCommitter is the group commit: it waits for a won take,
 // waits for a free proposal slot, then sends everything queued by then (up
-// to maxTakeBatchEntries and TakeBatchBytesMax encoded) as one Take. There
-// is no timer: an idle node proposes a lone take at once, and a busy one
-// batches whatever piled up while its proposals were in flight. Slots come
+// to maxTakeBatchEntries and TakeBatchBytesMax encoded) as one Take. An
+// idle node proposes a lone take at once, and a busy one batches whatever
+// piled up while its proposals were in flight; after a batch of more than
+// one take, a node in a cluster lingers up to ForwardLinger (ProposeLinger
+// when it leads) once its slot frees, for the rest of the wave. Slots come
 // from localSlots while this node leads and from forwardSlots while it
 // forwards to a leader elsewhere.
 func (e *Engine) runCommitter() {

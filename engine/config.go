@@ -82,14 +82,14 @@ const (
 )
 
 // Proposer replicates a command and returns the ledger's result once it is
-// applied. It may be called from several goroutines at once. A single node
-// passes its raftfsm.Node; a follower passes something that forwards to the
-// leader.
+// applied. It may be called from several goroutines at once. node's
+// Proposer proposes to raft on the leader and forwards from a follower.
 //
 // Errors are the engine's sentinels: ErrUnavailable (nothing applied; may
 // be retried), ErrOutcomeUnknown (retry with the same order ids),
 // ErrTooLarge and ErrRejected (nothing applied; never send the same command
-// again). A raftfsm.Node also qualifies: its sentinels are mapped here.
+// again). Any other error is taken as ErrOutcomeUnknown. node's Proposer
+// maps raft's errors onto these, once.
 type Proposer interface {
 	Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error)
 }

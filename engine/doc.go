@@ -1,21 +1,38 @@
 // Package engine sells stock: it owns the sales a node knows, their per-core
 // buckets, the leases that fill them, and the group-commit pipeline that
-// turns won units into replicated orders.
+// turns won units into replicated orders; and, around them, lottery
+// entries, holds and their expiry, the order feed's reads, archiving and
+// the catch-up that makes a "not found" true.
 //
-// Goroutines:
-//   - request goroutines call Deduct; on the fast path it reads a few
-//     atomics, CAS-decrements a bucket and, for a winner, enqueues one take;
-//   - the committer gathers queued takes into Take batches and proposes them
-//     to the ledger, at most Config.ProposalsInFlightMax at a time, with no
-//     fixed timer: a batch leaves as soon as a proposal slot is free;
-//   - the leaser proposes Lease commands for sales whose buckets run low;
-//   - raft's FSM goroutine calls Applied with ledger events: units enter the
-//     buckets only there, when a Lease granted to this node is applied.
+// Goroutines (Start launches the first six; Close stops them all):
+//   - the committer gathers won takes into Take batches and proposes each
+//     on a goroutine of its own, at most ProposalsInFlightMax (leading) or
+//     ForwardedInFlightMax (following) at a time. After a batch of more
+//     than one take it lingers up to ForwardLinger / ProposeLinger (1 ms)
+//     once a slot frees, so a wave of buyers shares one raft entry; an idle
+//     node, or one alone, proposes at once;
+//   - the entrants' committer does the same for lottery entries;
+//   - the leaser proposes Lease and Return commands for sales whose
+//     buckets run low, or that idle, or that another node needs;
+//   - the janitor, on the leader: expiries of holds, reclaims of silent
+//     nodes' leases, request-id and feed pruning, the ledger rules switch;
+//     on every node: the periodic self-audit;
+//   - the purger, on the leader: an archived sale's PurgeOrders steps;
+//   - the poller wakes deducts waiting for units when the ledger changed
+//     under them (takes committed on other nodes send no event here);
+//   - a catch-up round at a time asks the cluster for a read index while
+//     misses wait (catchup.go); a drain watcher while the node stops.
+//
+// Request goroutines call Deduct: on the fast path it reads a few atomics,
+// CAS-decrements a bucket and, for a winner, enqueues one take. Raft's FSM
+// goroutine calls Applied with ledger events: units enter the buckets only
+// there, when a Lease granted to this node is applied.
 //
 // The whole life of a deduct, hop by hop through httpapi, engine, node and
 // raftfsm, is in node/doc.go.
 //
 // What crosses the boundary: DeductRequest/DeductResult (caller-owned, byte
 // slices in, no allocation for a loser), raftfsm commands out through the
-// Proposer, raftfsm events in through Applied.
+// Proposer (whose errors are the engine's sentinels), the ledger read
+// through the Ledger interface, raftfsm events in through Applied.
 package engine

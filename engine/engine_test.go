@@ -75,14 +75,33 @@ func startTestNodeWrapped(t *testing.T, dir string, tune func(*Config), wrap fun
 	if err := node.Barrier(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	var proposer Proposer = node
+	var proposer Proposer = raftProposer{node}
 	if wrap != nil {
-		proposer = wrap(node)
+		proposer = wrap(proposer)
 	}
 	e.Start(proposer)
 	tn := &testNode{t: t, dir: dir, ledger: ledger, node: node, engine: e}
 	t.Cleanup(tn.stop)
 	return tn
+}
+
+// raftProposer proposes straight to a raft node, its errors mapped onto
+// the engine's sentinels as node's Proposer maps them (the engine itself
+// reads nothing but its own).
+type raftProposer struct{ n *raftfsm.Node }
+
+func (p raftProposer) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
+	res, err := p.n.Propose(at, c)
+	switch {
+	case err == nil:
+		return res, nil
+	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+		return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	case errors.Is(err, raftfsm.ErrMalformed):
+		return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+	default:
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 }
 
 func (tn *testNode) stop() {

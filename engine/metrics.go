@@ -2,6 +2,7 @@ package engine
 
 import (
 	"maps"
+	"stockd/internal/counter"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,15 +13,10 @@ import (
 // avoid.
 const counterShards = 8
 
-type paddedUint64 struct {
-	v atomic.Uint64
-	_ [120]byte
-}
-
 // Metrics are the engine's counters. Reads may run concurrently with the
 // engine; each figure is read atomically, not the set as a whole.
 type Metrics struct {
-	deducts [statusCount][counterShards]paddedUint64
+	deducts [statusCount][counterShards]counter.Uint64
 
 	takeBatchSizes   [len(batchSizeBounds) + 1]atomic.Uint64
 	commitTimes      [len(commitSecondsBounds) + 1]atomic.Uint64
@@ -63,11 +59,7 @@ var batchSizeBounds = [...]float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 
 func (m *Metrics) countBatch(entries int) {
 	m.takeBatches.Add(1)
 	m.takeBatchEntries.Add(uint64(entries))
-	i := 0
-	for i < len(batchSizeBounds) && float64(entries) > batchSizeBounds[i] {
-		i++
-	}
-	m.takeBatchSizes[i].Add(1)
+	m.takeBatchSizes[counter.Bucket(batchSizeBounds[:], float64(entries))].Add(1)
 }
 
 // commitSecondsBounds are the upper bounds of the histogram of a Take
@@ -77,23 +69,18 @@ var commitSecondsBounds = [...]float64{0.0005, 0.001, 0.002, 0.004, 0.008, 0.016
 
 func (m *Metrics) countCommit(d time.Duration) {
 	m.commitNanos.Add(uint64(max(d, 0)))
-	sec := d.Seconds()
-	i := 0
-	for i < len(commitSecondsBounds) && sec > commitSecondsBounds[i] {
-		i++
-	}
-	m.commitTimes[i].Add(1)
+	m.commitTimes[counter.Bucket(commitSecondsBounds[:], d.Seconds())].Add(1)
 }
 
 func (m *Metrics) countDeduct(s Status, hint uint32) {
-	m.deducts[s][hint%counterShards].v.Add(1)
+	m.deducts[s][hint%counterShards].Add(1)
 }
 
 // Deducts returns the number of deducts that ended with status s.
 func (m *Metrics) Deducts(s Status) uint64 {
 	var n uint64
 	for i := range m.deducts[s] {
-		n += m.deducts[s][i].v.Load()
+		n += m.deducts[s][i].Load()
 	}
 	return n
 }

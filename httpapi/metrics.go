@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"stockd/internal/counter"
 	"sync/atomic"
 	"time"
 
@@ -36,12 +37,7 @@ func (h *latencyHistogram) observe(start time.Time) { h.observeN(time.Since(star
 
 // observeN counts n answers that each took d (a batch's items).
 func (h *latencyHistogram) observeN(d time.Duration, n int) {
-	sec := d.Seconds()
-	i := 0
-	for i < len(latencyBucketsSeconds) && sec > latencyBucketsSeconds[i] {
-		i++
-	}
-	h.counts[i].Add(uint64(n))
+	h.counts[counter.Bucket(latencyBucketsSeconds, d.Seconds())].Add(uint64(n))
 	h.sumNanos.Add(uint64(n) * uint64(d))
 }
 

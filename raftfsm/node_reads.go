@@ -61,8 +61,9 @@ func (n *Node) Leader() (id, addr string) {
 	return string(i), string(a)
 }
 
-// WaitLeader blocks until the cluster has a leader and this node has applied
-// everything committed before the call, or ctx ends.
+// WaitLeader blocks until this node knows a leader (itself or another), or
+// ctx ends. It says nothing of what this node has applied: Barrier, on the
+// leader, or the engine's catch-up, elsewhere.
 func (n *Node) WaitLeader(ctx context.Context) error {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()

@@ -195,13 +195,6 @@ func (l *Ledger) ExpiredHolds(nowUnixNano int64, limit int) []string {
 	return ids
 }
 
-// HeldOrders is the number of held orders.
-func (l *Ledger) HeldOrders() int {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	return len(l.holds)
-}
-
 // RequestIDs is the number of request ids the ledger remembers.
 func (l *Ledger) RequestIDs() int {
 	l.mu.RLock()

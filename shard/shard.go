@@ -12,25 +12,20 @@ package shard
 
 import (
 	"fmt"
+	"stockd/internal/counter"
 	"sync/atomic"
 )
 
-// cacheLinePadBytes keeps each counter on its own pair of cache lines:
+// Each counter is a counter.Int64, alone on its pair of cache lines:
 // adjacent-line prefetch on x86 makes 64 bytes too little in practice.
-const cacheLinePadBytes = 128
 
 // MaxBuckets bounds the number of buckets per SKU; more buckets than cores
 // only spread stock thinner and make sibling scans longer.
 const MaxBuckets = 256
 
-type paddedCounter struct {
-	units atomic.Int64
-	_     [cacheLinePadBytes - 8]byte
-}
-
 // Buckets is one SKU's node-local stock, split over per-core counters.
 type Buckets struct {
-	counters []paddedCounter
+	counters []counter.Int64
 	mask     uint32 // len(counters)-1 when that is a power of two, else 0
 }
 
@@ -39,7 +34,7 @@ func New(n int) *Buckets {
 	if n < 1 || n > MaxBuckets {
 		panic(fmt.Sprintf("BUG: shard.New: %d buckets outside 1..%d", n, MaxBuckets))
 	}
-	b := &Buckets{counters: make([]paddedCounter, n)}
+	b := &Buckets{counters: make([]counter.Int64, n)}
 	if n&(n-1) == 0 {
 		b.mask = uint32(n - 1)
 	}
@@ -71,7 +66,7 @@ func (b *Buckets) Take(hint uint32, qty int64) bool {
 		if j >= n {
 			j -= n
 		}
-		if takeFrom(&b.counters[j].units, qty) {
+		if takeFrom(&b.counters[j].Int64, qty) {
 			return true
 		}
 	}
@@ -86,13 +81,13 @@ func (b *Buckets) Take(hint uint32, qty int64) bool {
 		if j >= n {
 			j -= n
 		}
-		got += takeUpTo(&b.counters[j].units, qty-got)
+		got += takeUpTo(&b.counters[j].Int64, qty-got)
 	}
 	if got == qty {
 		return true
 	}
 	if got > 0 {
-		b.counters[start].units.Add(got)
+		b.counters[start].Add(got)
 	}
 	return false
 }
@@ -128,7 +123,7 @@ func (b *Buckets) Put(hint uint32, qty int64) {
 	if qty <= 0 {
 		panic(fmt.Sprintf("BUG: shard.Put: qty %d <= 0", qty))
 	}
-	b.counters[b.index(hint)].units.Add(qty)
+	b.counters[b.index(hint)].Add(qty)
 }
 
 // Load spreads qty newly granted units (qty > 0) evenly over the buckets.
@@ -144,7 +139,7 @@ func (b *Buckets) Load(qty int64) {
 			add++
 		}
 		if add > 0 {
-			b.counters[i].units.Add(add)
+			b.counters[i].Add(add)
 		}
 	}
 }
@@ -161,7 +156,7 @@ func (b *Buckets) TakeUpTo(want int64) int64 {
 		if got == want {
 			break
 		}
-		got += takeUpTo(&b.counters[i].units, want-got)
+		got += takeUpTo(&b.counters[i].Int64, want-got)
 	}
 	return got
 }
@@ -171,7 +166,7 @@ func (b *Buckets) TakeUpTo(want int64) int64 {
 func (b *Buckets) Drain() int64 {
 	var total int64
 	for i := range b.counters {
-		total += b.counters[i].units.Swap(0)
+		total += b.counters[i].Swap(0)
 	}
 	return total
 }
@@ -181,7 +176,7 @@ func (b *Buckets) Drain() int64 {
 func (b *Buckets) Units() int64 {
 	var total int64
 	for i := range b.counters {
-		total += b.counters[i].units.Load()
+		total += b.counters[i].Load()
 	}
 	return total
 }

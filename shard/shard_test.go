@@ -51,7 +51,7 @@ func TestBuckets_TakeNeverExceedsLoaded(t *testing.T) {
 			t.Fatalf("conservation: taken %d + left %d != loaded %d", taken.Load(), left, loaded)
 		}
 		for i := range buckets.counters {
-			if v := buckets.counters[i].units.Load(); v < 0 {
+			if v := buckets.counters[i].Load(); v < 0 {
 				t.Fatalf("bucket %d below zero: %d", i, v)
 			}
 		}
@@ -83,9 +83,9 @@ func TestBuckets_LoadSpreadsEvenly(t *testing.T) {
 		t.Helper()
 		b := New(buckets)
 		b.Load(qty)
-		lo, hi := b.counters[0].units.Load(), b.counters[0].units.Load()
+		lo, hi := b.counters[0].Load(), b.counters[0].Load()
 		for i := range b.counters {
-			v := b.counters[i].units.Load()
+			v := b.counters[i].Load()
 			lo, hi = min(lo, v), max(hi, v)
 		}
 		if hi-lo > 1 || b.Units() != qty {
