@@ -26,7 +26,6 @@ import (
 	"stockd/bench"
 	"stockd/feed"
 	"stockd/node"
-	"stockd/raftfsm"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -190,11 +189,11 @@ func applyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
 	return err
 }
 
-func parsePeers(s string) ([]raftfsm.Peer, error) {
+func parsePeers(s string) ([]node.Peer, error) {
 	if s == "" {
 		return nil, nil
 	}
-	var peers []raftfsm.Peer
+	var peers []node.Peer
 	seen := map[string]bool{}
 	for _, part := range strings.Split(s, ",") {
 		id, addr, ok := strings.Cut(strings.TrimSpace(part), "=")
@@ -205,7 +204,7 @@ func parsePeers(s string) ([]raftfsm.Peer, error) {
 			return nil, fmt.Errorf("-peers names %q twice", id)
 		}
 		seen[id] = true
-		peers = append(peers, raftfsm.Peer{ID: id, Addr: addr})
+		peers = append(peers, node.Peer{ID: id, Addr: addr})
 	}
 	return peers, nil
 }

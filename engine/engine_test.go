@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftnode"
 )
 
 type tbWriter struct{ tb testing.TB }
@@ -22,7 +23,7 @@ type testNode struct {
 	t      *testing.T
 	dir    string
 	ledger *raftfsm.Ledger
-	node   *raftfsm.Node
+	node   *raftnode.Node
 	engine *Engine
 }
 
@@ -60,10 +61,10 @@ func startTestNodeWrapped(t *testing.T, dir string, tune func(*Config), wrap fun
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := raftfsm.DefaultConfig()
+	rc := raftnode.DefaultConfig()
 	rc.Dir, rc.RaftBind, rc.Logger = dir, "127.0.0.1:0", logger
 	rc.HeartbeatTimeout, rc.ElectionTimeout, rc.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
-	node, err := raftfsm.StartNode(rc, ledger)
+	node, err := raftnode.StartNode(rc, ledger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,14 +89,14 @@ func startTestNodeWrapped(t *testing.T, dir string, tune func(*Config), wrap fun
 // raftProposer proposes straight to a raft node, its errors mapped onto
 // the engine's sentinels as node's Proposer maps them (the engine itself
 // reads nothing but its own).
-type raftProposer struct{ n *raftfsm.Node }
+type raftProposer struct{ n *raftnode.Node }
 
 func (p raftProposer) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
 	res, err := p.n.Propose(at, c)
 	switch {
 	case err == nil:
 		return res, nil
-	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+	case errors.Is(err, raftnode.ErrOutcomeUnknown):
 		return nil, fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 	case errors.Is(err, raftfsm.ErrMalformed):
 		return nil, fmt.Errorf("%w: %w", ErrRejected, err)

@@ -51,7 +51,7 @@ const readIndexWait = time.Second
 
 // ReadIndexJSON is GET /internal/v1/read-index's answer: an index every
 // write the cluster acknowledged before the call has reached (leader
-// only; raftfsm.Node.ReadIndex).
+// only; raftnode.Node.ReadIndex).
 type ReadIndexJSON struct {
 	Index uint64 `json:"index"`
 }

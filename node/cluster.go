@@ -8,13 +8,14 @@ import (
 
 	"stockd/httpapi"
 	"stockd/raftfsm"
+	"stockd/raftnode"
 )
 
 // clusterView gives the engine (engine.Cluster) and the HTTP layer
 // (httpapi.Cluster) their views of raft. node is set once raft runs,
 // before either uses it.
 type clusterView struct {
-	node   *raftfsm.Node
+	node   *raftnode.Node
 	ledger *raftfsm.Ledger
 	peers  *httpapi.PeerClient
 }

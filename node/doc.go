@@ -13,7 +13,7 @@
 //     raftfsm.Take (bounded by entries and encoded bytes) and hands it to
 //     Proposer.Propose on a goroutine of its own, a few in flight.
 //  4. Proposer.Propose encodes the command once. On the leader it goes
-//     straight to raft (raftfsm.Node.ProposeEncoded). On a follower it is
+//     straight to raft (raftnode.Node.ProposeEncoded). On a follower it is
 //     POSTed to the leader's /internal/v1/propose (httpapi.PeerClient),
 //     where Proposer.HandleForwarded decodes, checks and proposes it and
 //     sends back the encoded Result; the follower then waits until its

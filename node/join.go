@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"stockd/httpapi"
-	"stockd/raftfsm"
+	"stockd/raftnode"
 )
 
 const (
@@ -22,7 +22,7 @@ const (
 
 // joinCluster asks a running cluster (through any member's HTTP URL) to
 // add this node as a voter, unless it already is one.
-func joinCluster(cfg Config, voters []raftfsm.Peer, logger *slog.Logger) error {
+func joinCluster(cfg Config, voters []raftnode.Peer, logger *slog.Logger) error {
 	for _, v := range voters {
 		if v.ID == cfg.ID {
 			return nil // restarted on its data dir: already a member

@@ -12,7 +12,11 @@ import (
 	"stockd/engine"
 	"stockd/httpapi"
 	"stockd/raftfsm"
+	"stockd/raftnode"
 )
+
+// Peer is one voter of a cluster: its node id and raft address.
+type Peer = raftnode.Peer
 
 // Config is one node's setup: its identity and the knobs of each part.
 // Start copies ID, DataDir and Logger into the parts, so a caller sets
@@ -22,7 +26,7 @@ type Config struct {
 	DataDir string
 	// Peers is the initial cluster, identical on every node; empty: a
 	// single node (or one that joins through Join).
-	Peers []raftfsm.Peer
+	Peers []Peer
 	// Join is the HTTP URL of a running member to ask for membership.
 	Join string
 	// AdvertiseHTTP is the HTTP address peers use to reach this node
@@ -46,12 +50,12 @@ type Config struct {
 	Version         string
 
 	HTTP   httpapi.Config
-	Raft   raftfsm.Config
+	Raft   raftnode.Config
 	Engine engine.Config
 
 	// StreamLayer and PeerDial carry raft and node-to-node HTTP instead of
 	// plain TCP (tests cut links with them).
-	StreamLayer raftfsm.StreamLayer
+	StreamLayer raftnode.StreamLayer
 	PeerDial    httpapi.DialFunc
 }
 
@@ -68,7 +72,7 @@ func DefaultConfig() Config {
 		DrainTimeout: 10 * time.Second,
 		Version:      "dev",
 		HTTP:         httpapi.DefaultConfig(),
-		Raft:         raftfsm.DefaultConfig(),
+		Raft:         raftnode.DefaultConfig(),
 		Engine:       engine.DefaultConfig(),
 	}
 }
@@ -141,7 +145,7 @@ type Node struct {
 	logger   *slog.Logger
 	proposer *Proposer
 	ledger   *raftfsm.Ledger
-	raft     *raftfsm.Node
+	raft     *raftnode.Node
 	engine   *engine.Engine
 	http     *httpapi.Server
 	httpAddr string
@@ -199,7 +203,7 @@ func Start(cfg Config) (*Node, error) {
 			rcfg.Advertise = p.Addr
 		}
 	}
-	if n.raft, err = raftfsm.StartNode(rcfg, ledger); err != nil {
+	if n.raft, err = raftnode.StartNode(rcfg, ledger); err != nil {
 		return fail(err)
 	}
 	view.node = n.raft
@@ -244,7 +248,7 @@ func (n *Node) HTTPAddr() string { return n.httpAddr }
 func (n *Node) Broken() <-chan struct{} { return n.raft.Broken() }
 
 // Raft returns the node's raft member.
-func (n *Node) Raft() *raftfsm.Node { return n.raft }
+func (n *Node) Raft() *raftnode.Node { return n.raft }
 
 // Engine returns the node's engine.
 func (n *Node) Engine() *engine.Engine { return n.engine }

@@ -12,6 +12,7 @@ import (
 	"stockd/engine"
 	"stockd/httpapi"
 	"stockd/raftfsm"
+	"stockd/raftnode"
 )
 
 const (
@@ -25,7 +26,7 @@ const (
 // the internal wire, in the ledger's binary encoding. It is also the
 // leader's side of that wire (HandleForwarded). Safe for concurrent use.
 type Proposer struct {
-	raft   *raftfsm.Node
+	raft   *raftnode.Node
 	ledger *raftfsm.Ledger
 	peers  *httpapi.PeerClient
 	logger *slog.Logger
@@ -49,7 +50,7 @@ func translate(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+	case errors.Is(err, raftnode.ErrOutcomeUnknown):
 		return fmt.Errorf("%w: %w", engine.ErrOutcomeUnknown, err)
 	case errors.Is(err, raftfsm.ErrMalformed):
 		return fmt.Errorf("%w: %w", engine.ErrRejected, err)
@@ -121,9 +122,9 @@ func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 	switch {
 	case err == nil:
 		return http.StatusOK, raftfsm.EncodeResult(nil, res)
-	case errors.Is(err, raftfsm.ErrOutcomeUnknown):
+	case errors.Is(err, raftnode.ErrOutcomeUnknown):
 		return httpapi.ProposeOutcomeUnknown, errorBody("outcome_unknown", err.Error())
-	case errors.Is(err, raftfsm.ErrNotLeader):
+	case errors.Is(err, raftnode.ErrNotLeader):
 		return httpapi.ProposeNotLeader, errorBody("not_leader", err.Error())
 	default:
 		return httpapi.ProposeUnavailable, errorBody("unavailable", err.Error())

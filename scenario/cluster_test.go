@@ -14,6 +14,7 @@ import (
 	"stockd/httpapi"
 	"stockd/node"
 	"stockd/raftfsm"
+	"stockd/raftnode"
 
 	"github.com/valyala/fasthttp"
 )
@@ -26,7 +27,7 @@ type testCluster struct {
 	ids      []string
 	dirs     map[string]string
 	raftAddr map[string]string
-	peers    []raftfsm.Peer
+	peers    []raftnode.Peer
 
 	// tune adjusts every node's config before it starts.
 	tune func(*node.Config)
@@ -72,7 +73,7 @@ func startTestClusterOf(t *testing.T, size int, tune func(*node.Config)) *testCl
 		c.dirs[id] = t.TempDir()
 		c.raftAddr[id] = ln.Addr().String()
 		c.net.own(c.raftAddr[id], id)
-		c.peers = append(c.peers, raftfsm.Peer{ID: id, Addr: c.raftAddr[id]})
+		c.peers = append(c.peers, raftnode.Peer{ID: id, Addr: c.raftAddr[id]})
 	}
 	for _, id := range c.ids {
 		c.start(id, lns[id])

@@ -4,10 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"stockd/raftnode"
 	"sync"
 	"time"
-
-	"stockd/raftfsm"
 )
 
 // faultNet carries raft and forwarding traffic between in-process nodes
@@ -228,8 +227,8 @@ type faultLayer struct {
 	self string
 }
 
-var _ raftfsm.StreamLayer = (*faultLayer)(nil)
+var _ raftnode.StreamLayer = (*faultLayer)(nil)
 
-func (l *faultLayer) Dial(address raftfsm.ServerAddress, timeout time.Duration) (net.Conn, error) {
+func (l *faultLayer) Dial(address raftnode.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	return l.net.dial(l.self, string(address), timeout)
 }

@@ -23,20 +23,22 @@ const module = "stockd"
 // allowed says which of the module's packages each may import (its own
 // packages below it and the leaf helpers under internal/ aside). The
 // arrows point one way: main -> node -> httpapi -> engine -> {shard,
-// raftfsm}; node may also import engine and raftfsm; no production
+// raftfsm}; node may also import engine, raftfsm and raftnode (the raft
+// node's wiring, which imports raftfsm); no production
 // package but main imports node; client and feed talk HTTP; bench may
 // import shard and engine for its in-process strategies; shard and raftfsm
 // import nothing of ours but what they own.
 var allowed = map[string][]string{
-	"stockd":         {"node", "bench", "feed", "raftfsm"},
-	"stockd/node":    {"httpapi", "engine", "raftfsm"},
-	"stockd/httpapi": {"engine"},
-	"stockd/engine":  {"shard", "raftfsm"},
-	"stockd/shard":   {},
-	"stockd/raftfsm": {},
-	"stockd/client":  {},
-	"stockd/feed":    {"client"},
-	"stockd/bench":   {"shard", "engine", "client"},
+	"stockd":          {"node", "bench", "feed"},
+	"stockd/node":     {"httpapi", "engine", "raftfsm", "raftnode"},
+	"stockd/raftnode": {"raftfsm"},
+	"stockd/httpapi":  {"engine"},
+	"stockd/engine":   {"shard", "raftfsm"},
+	"stockd/shard":    {},
+	"stockd/raftfsm":  {},
+	"stockd/client":   {},
+	"stockd/feed":     {"client"},
+	"stockd/bench":    {"shard", "engine", "client"},
 	// The scenario tests (clusters, faults, crowds, the contract's
 	// conformance): test files only, so no arrows of their own.
 	"stockd/scenario": {},
@@ -241,6 +243,10 @@ func TestLayout_TheRulesRefuseWhatTheArrowsForbid(t *testing.T) {
 		{"stockd/engine", "stockd/raftfsm", true},
 		{"stockd/raftfsm", "stockd/internal/hashfilter", true},
 		{"stockd", "stockd/node", true},
+		{"stockd", "stockd/raftfsm", false},
+		{"stockd/engine", "stockd/raftnode", false},
+		{"stockd/raftfsm", "stockd/raftnode", false},
+		{"stockd/raftnode", "stockd/raftfsm", true},
 	} {
 		if got := mayImport(c.from, c.to); got != c.ok {
 			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)

@@ -1,4 +1,4 @@
-package raftfsm
+package raftnode
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"stockd/raftfsm"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,7 +133,7 @@ func (c *Config) Validate() error {
 type Node struct {
 	cfg       Config
 	raft      *raft.Raft
-	ledger    *Ledger
+	ledger    *raftfsm.Ledger
 	logStore  logStore
 	transport raft.Transport
 	logger    *slog.Logger
@@ -160,7 +161,7 @@ type Node struct {
 // StartNode starts raft over an open ledger: it bootstraps the cluster when
 // the data dir holds no raft state and rejoins it otherwise. The ledger's
 // observer should be set before this call.
-func StartNode(cfg Config, ledger *Ledger) (*Node, error) {
+func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -391,7 +392,7 @@ func (n *Node) RemoveServer(id string) error {
 // catchUpFromSnapshot restores the ledger from the newest snapshot when the
 // ledger file is older than it (lost or copied from a backup): raft will not
 // restore at start, and the log before the snapshot may be gone.
-func catchUpFromSnapshot(ledger *Ledger, snaps *raft.FileSnapshotStore, logger *slog.Logger) error {
+func catchUpFromSnapshot(ledger *raftfsm.Ledger, snaps *raft.FileSnapshotStore, logger *slog.Logger) error {
 	list, err := snaps.List()
 	if err != nil {
 		return fmt.Errorf("list snapshots: %w", err)
@@ -409,7 +410,7 @@ func catchUpFromSnapshot(ledger *Ledger, snaps *raft.FileSnapshotStore, logger *
 }
 
 // Ledger returns the node's state machine.
-func (n *Node) Ledger() *Ledger { return n.ledger }
+func (n *Node) Ledger() *raftfsm.Ledger { return n.ledger }
 
 // ID returns the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
@@ -417,14 +418,14 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // Propose replicates one command and returns the ledger's result once it is
 // committed and applied on this node. Errors are the sentinels above, or a
 // wrapped encoding error.
-func (n *Node) Propose(atUnixNano int64, c Command) (*Result, error) {
-	return n.ProposeEncoded(EncodeCommand(nil, atUnixNano, c))
+func (n *Node) Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error) {
+	return n.ProposeEncoded(raftfsm.EncodeCommand(nil, atUnixNano, c))
 }
 
 // ProposeEncoded replicates a command already in EncodeCommand form (as a
 // follower forwards it) and returns the ledger's result like Propose. The
 // caller must not change b afterwards.
-func (n *Node) ProposeEncoded(b []byte) (*Result, error) {
+func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 	f := n.raft.Apply(b, applyEnqueueTimeout)
 	// raft never answers a proposal still queued for its leader loop when
 	// it shuts down (an Apply future does not watch for shutdown), so the
@@ -444,7 +445,7 @@ func (n *Node) ProposeEncoded(b []byte) (*Result, error) {
 	if err != nil {
 		return nil, translateRaftError(err)
 	}
-	res, ok := f.Response().(*Result)
+	res, ok := f.Response().(*raftfsm.Result)
 	if !ok || res == nil {
 		return nil, fmt.Errorf("BUG: command returned %T", f.Response())
 	}
