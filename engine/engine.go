@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/orderid"
 )
 
 // Engine sells from one node. Its methods may be called from any goroutine.
@@ -22,7 +23,7 @@ type Engine struct {
 	salesMu sync.Mutex                       // serialises writers of sales
 	sales   atomic.Pointer[map[string]*sale] // copy on write: lock-free reads
 
-	orderIDs   *orderIDs
+	orderIDs   *orderid.Minter
 	pendingReq *stripedMap[*pendingTake] // request id -> take awaiting commit
 	pendingIDs *pendingFilter            // request ids that may be in pendingReq, lock-free
 	batchSeed  maphash.Seed              // hashes a batch's request keys (reusedInBatch)
@@ -110,7 +111,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 	// Order ids must never repeat, even across restarts and for pending
 	// orders a crash lost: the sequence starts at the boot time in
 	// microseconds, far above any earlier run's sequence.
-	e.orderIDs = newOrderIDs(cfg.NodeID, uint64(cfg.Now().UnixMicro()))
+	e.orderIDs = orderid.NewMinter(cfg.NodeID, uint64(cfg.Now().UnixMicro()))
 	e.stopped, e.endStopped = context.WithCancel(context.Background())
 	empty := map[string]*sale{}
 	e.sales.Store(&empty)
@@ -132,7 +133,7 @@ func (e *Engine) Start(proposer Proposer) {
 	go func() { defer e.wg.Done(); e.poll.run(e.stop, e.pollWaiting) }()
 }
 
-func (e *Engine) nextOrderID() string { return e.orderIDs.next() }
+func (e *Engine) nextOrderID() string { return e.orderIDs.Next() }
 
 // BeginDrain makes new deducts answer unavailable at once, so a stopping
 // node's in-flight requests finish while no new ones start. Close follows.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/orderid"
 )
 
 // SKUView is a sale as GET /v1/skus/{sku} shows it.
@@ -75,6 +76,10 @@ func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
 	}
 	return raftfsm.Order{}, false, nil
 }
+
+// OrderOwner is the node that minted order id ("" for an id of another
+// shape): where a pending order can be read before it commits.
+func (e *Engine) OrderOwner(id string) string { return orderid.Owner(id) }
 
 // Audit recounts a sale in the local ledger and checks this node's local
 // law: units in its buckets plus its takes in flight equal leased[me].

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -378,7 +377,7 @@ func (s *Server) relayOrderRead(ctx *fasthttp.RequestCtx, id string) bool {
 	if s.cluster == nil || len(ctx.Request.Header.Peek(headerPeerNode)) > 0 {
 		return false
 	}
-	minter := orderNode(id)
+	minter := s.engine.OrderOwner(id)
 	if minter == "" || minter == s.cluster.Status().NodeID {
 		return false
 	}
@@ -398,20 +397,6 @@ func (s *Server) relayOrderRead(ctx *fasthttp.RequestCtx, id string) bool {
 	ctx.SetContentType(contentTypeJSON)
 	ctx.SetBody(resp.Body())
 	return true
-}
-
-// orderNode is the id of the node that minted an order id
-// (<node>-<sequence>-<random>), or "".
-func orderNode(id string) string {
-	last := strings.LastIndexByte(id, '-')
-	if last <= 0 {
-		return ""
-	}
-	seq := strings.LastIndexByte(id[:last], '-')
-	if seq <= 0 {
-		return ""
-	}
-	return id[:seq]
 }
 
 func (s *Server) handleOrderCommand(ctx *fasthttp.RequestCtx, id []byte, run func(string) (engine.Order, error)) {

@@ -48,6 +48,8 @@ type Engine interface {
 	SKUViews() []engine.SKUView
 	SaleOrders(sku, state, after string, fn func(*engine.Order) error) (engine.OrdersSnapshot, error)
 	Order(id string) (engine.Order, bool, error)
+	// OrderOwner is the node that minted order id, or "".
+	OrderOwner(id string) string
 	Confirm(id string) (engine.Order, error)
 	Cancel(id string) (engine.Order, error)
 	Audit(sku string) (engine.Audit, engine.LocalAudit, bool, error)

@@ -54,6 +54,7 @@ func (f *fakeEngine) Reclaim(string) (int64, error)             { return 0, nil 
 func (f *fakeEngine) AppliedIndex() uint64                      { return 0 }
 func (f *fakeEngine) WaitApplied(context.Context, uint64) error { return nil }
 func (f *fakeEngine) CatchUp(context.Context) error             { return nil }
+func (f *fakeEngine) OrderOwner(string) string                  { return "" }
 func (f *fakeEngine) Events(context.Context, engine.Cursor, int, time.Duration) (engine.FeedPage, error) {
 	return engine.FeedPage{}, nil
 }
@@ -228,15 +229,3 @@ func TestHandler_RateLimitedSaysWhenToRetry(t *testing.T) {
 	f(2500*time.Millisecond, "3")
 }
 
-func TestOrderNode_IsThePrefixBeforeSequenceAndRandom(t *testing.T) {
-	f := func(id, want string) {
-		t.Helper()
-		if got := orderNode(id); got != want {
-			t.Fatalf("orderNode(%q) = %q, want %q", id, got, want)
-		}
-	}
-	f("n1-homk32wr1h-3k9x0a", "n1")
-	f("node-a-1a-zz", "node-a")
-	f("n1-1", "")
-	f("plain", "")
-}

@@ -3,41 +3,14 @@ package raftfsm
 import (
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
+	"stockd/raftfsm/orderid"
 )
 
-// orderID is an order id of the engine's shape, "<node>-<sequence base
-// 36>-<random base 36>", in parts: the node that minted it and its
-// sequence, which never repeats on that node. The node is everything
-// before the last two dashes, so an id has one owner whoever proposes it.
-type orderID struct {
-	owner, seqText, random string
-	seq                    uint64
-}
-
-// parseOrderID splits id; ok is false for an id of another shape.
-func parseOrderID(id string) (p orderID, ok bool) {
-	last := strings.LastIndexByte(id, '-')
-	if last <= 0 || last == len(id)-1 {
-		return orderID{}, false
-	}
-	prev := strings.LastIndexByte(id[:last], '-')
-	if prev <= 0 || prev == last-1 {
-		return orderID{}, false
-	}
-	seq, err := strconv.ParseUint(id[prev+1:last], 36, 64)
-	if err != nil {
-		return orderID{}, false
-	}
-	return orderID{owner: id[:prev], seqText: id[prev+1 : last], random: id[last+1:], seq: seq}, true
-}
-
-// orderSeq is parseOrderID for a caller that needs the owner and the
+// orderSeq is orderid.Parse for a caller that needs the owner and the
 // sequence only.
 func orderSeq(id string) (owner string, seq uint64, ok bool) {
-	p, ok := parseOrderID(id)
-	return p.owner, p.seq, ok
+	p, ok := orderid.Parse(id)
+	return p.Node, p.Seq, ok
 }
 
 // raiseOrderSeq counts order id in high, each node's highest sequence.
@@ -139,12 +112,12 @@ type openOrderBlock struct {
 // for a sequence no order of its node has, so the member's slot in the
 // block is free: a block holds at most 256 members however a node names
 // its orders), else as a record of its own.
-func (a *applier) putTakenOrder(o *Order, place *orderID) error {
+func (a *applier) putTakenOrder(o *Order, place *orderid.ID) error {
 	if place == nil || o.State != OrderSold {
 		a.putOrderRecord(o)
 		return nil
 	}
-	key, slot, random, ok := place.blockPlace()
+	key, slot, random, ok := blockPlace(place)
 	if !ok {
 		a.putOrderRecord(o)
 		return nil
@@ -255,7 +228,7 @@ func (a *applier) takeEntry(node string, e *TakeEntry, r *TakeResult) error {
 // takeIdentity is what a take's ids say before its sale is looked at: is
 // it a re-proposal of an order, a repeat of a request id, or new.
 type takeIdentity struct {
-	id     orderID
+	id     orderid.ID
 	shaped bool       // the id has the engine's shape
 	seqs   *seqWindow // its node's sequences, when shaped
 	// fresh: above the highest sequence its node minted so far, so surely
@@ -270,12 +243,12 @@ type takeIdentity struct {
 
 func (a *applier) identifyTake(e *TakeEntry) (takeIdentity, error) {
 	var t takeIdentity
-	t.id, t.shaped = parseOrderID(e.OrderID)
+	t.id, t.shaped = orderid.Parse(e.OrderID)
 	if t.shaped {
-		t.seqs = a.ledger.orderSeqsOf(t.id.owner)
+		t.seqs = a.ledger.orderSeqsOf(t.id.Node)
 	}
-	t.fresh = t.shaped && t.id.seq > t.seqs.high
-	t.newSeq = t.fresh || t.shaped && t.seqs.unseen(t.id.seq)
+	t.fresh = t.shaped && t.id.Seq > t.seqs.high
+	t.newSeq = t.fresh || t.shaped && t.seqs.unseen(t.id.Seq)
 	if !t.newSeq {
 		var err error
 		if t.prior, err = a.getOrder(e.OrderID); err != nil || t.prior != nil {
@@ -349,9 +322,9 @@ func (a *applier) createTaken(node string, e *TakeEntry, s *SKU, t *takeIdentity
 		o.State = OrderSold
 		s.Sold += e.Qty
 	}
-	var place *orderID
+	var place *orderid.ID
 	if t.shaped {
-		t.seqs.see(t.id.seq)
+		t.seqs.see(t.id.Seq)
 		if t.newSeq {
 			place = &t.id
 		}

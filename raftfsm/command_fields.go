@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"maps"
 	"slices"
-	"strconv"
+	"stockd/raftfsm/orderid"
 )
 
 func (c *CreateSale) appendFields(b []byte) []byte {
@@ -191,13 +191,13 @@ func (c *PurgeOrders) appendFields(b []byte) []byte {
 	byNode := map[string][]shaped{}
 	var other []string
 	for _, id := range c.IDs {
-		p, ok := parseOrderID(id)
-		random, err := strconv.ParseUint(p.random, 36, 64)
-		if !ok || err != nil || strconv.FormatUint(p.seq, 36) != p.seqText || strconv.FormatUint(random, 36) != p.random {
+		p, ok := orderid.Parse(id)
+		random, rok := p.RandomNumber()
+		if !ok || !rok || !p.CanonicalSeq() {
 			other = append(other, id)
 			continue
 		}
-		byNode[p.owner] = append(byNode[p.owner], shaped{p.seq, random})
+		byNode[p.Node] = append(byNode[p.Node], shaped{p.Seq, random})
 	}
 	b = appendUvarint(appendString(b, c.SKU), uint64(len(byNode)))
 	for _, node := range slices.Sorted(maps.Keys(byNode)) {
@@ -230,7 +230,7 @@ func (c *PurgeOrders) decodeFields(d *decoder) {
 		for range d.count(2) {
 			seq += d.uvarint()
 			random := d.uvarint()
-			c.IDs = append(c.IDs, node+"-"+strconv.FormatUint(seq, 36)+"-"+strconv.FormatUint(random, 36))
+			c.IDs = append(c.IDs, orderid.Format(node, seq, random))
 		}
 	}
 	for range d.count(1) {

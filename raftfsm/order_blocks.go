@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bytes"
 	"fmt"
+	"stockd/raftfsm/orderid"
 	"strconv"
 )
 
@@ -34,20 +35,19 @@ const (
 // block: the block's key, the member's slot in it and the id's random
 // part. ok is false for an id not of the engine's canonical shape.
 func orderBlockPlace(id string) (key string, slot byte, random string, ok bool) {
-	p, ok := parseOrderID(id)
+	p, ok := orderid.Parse(id)
 	if !ok {
 		return "", 0, "", false
 	}
-	return p.blockPlace()
+	return blockPlace(&p)
 }
 
 // blockPlace is orderBlockPlace for an id already parsed.
-func (p *orderID) blockPlace() (key string, slot byte, random string, ok bool) {
-	var buf [16]byte
-	if string(strconv.AppendUint(buf[:0], p.seq, 36)) != p.seqText {
+func blockPlace(p *orderid.ID) (key string, slot byte, random string, ok bool) {
+	if !p.CanonicalSeq() {
 		return "", 0, "", false // not canonical: "0a", "A"; its id could not be rebuilt
 	}
-	return orderBlockKey(p.owner, p.seq>>orderBlockBits), byte(p.seq), p.random, true
+	return orderBlockKey(p.Node, p.Seq>>orderBlockBits), byte(p.Seq), p.Random, true
 }
 
 func orderBlockKey(owner string, block uint64) string {
