@@ -155,9 +155,6 @@ type Config struct {
 	FeedRetention     time.Duration
 	FeedCap           uint64
 	FeedPruneInterval time.Duration
-	// FeedOff: the ledger records no order feed (reads answer
-	// unavailable).
-	FeedOff bool
 	// RateLimit caps deducts per second on this node (0: no cap), with
 	// RateBurst of headroom; MaxInFlight caps deducts being served at once
 	// (0: no cap). Both answer 429 with a retry time; sold-out and

@@ -23,7 +23,7 @@ const FeedWaitMax = 30 * time.Second
 // none yet it waits up to wait for some (or for this node to catch up
 // with a cursor from a node ahead of it).
 func (e *Engine) Events(ctx context.Context, after raftfsm.Cursor, limit int, wait time.Duration) (raftfsm.FeedPage, error) {
-	if e.cfg.FeedOff {
+	if !e.ledger.FeedOn() {
 		return raftfsm.FeedPage{}, fmt.Errorf("%w: this node runs with -no-order-feed", ErrUnavailable)
 	}
 	limit = min(max(limit, 1), FeedLimitMax)

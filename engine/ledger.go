@@ -44,6 +44,8 @@ type Ledger interface {
 	// when new ones are published, its state, and lookups for retention.
 	ReadFeed(after raftfsm.Cursor, limit int) (raftfsm.FeedPage, error)
 	FeedChanged() <-chan struct{}
+	// FeedOn says whether the ledger records the feed at all.
+	FeedOn() bool
 	FeedStats() (raftfsm.FeedStats, error)
 	FeedEvent(seq uint64) (raftfsm.FeedEvent, bool, error)
 	FeedCursorBefore(atUnixNano int64) (raftfsm.Cursor, bool, error)

@@ -182,7 +182,6 @@ func Start(cfg Config) (*Node, error) {
 	}
 	ledger.SetFeed(!cfg.NoOrderFeed)
 	ledger.SetApplyDelay(cfg.FaultApplyDelay)
-	cfg.Engine.FeedOff = cfg.NoOrderFeed
 	n := &Node{cfg: cfg, logger: logger, ledger: ledger}
 	fail := func(err error) (*Node, error) {
 		httpLn.Close()

@@ -54,8 +54,8 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	a.checkAndStageRows(last)
 	l.feed.stage(a.feed.events) // before the persister can see the batch
 	bh.merge(a.batch, a.batchOrder, last)
-	if l.testHookAfterCommit != nil {
-		l.testHookAfterCommit()
+	if l.test.afterCommit != nil {
+		l.test.afterCommit()
 	}
 	a.publish(last)
 	if a.purgeDone {

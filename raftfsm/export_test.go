@@ -5,5 +5,5 @@ package raftfsm
 // each commit. For raftfsm_test's crash test, which needs a raft node.
 func HaltPersister(l *Ledger) {
 	l.bh.halt()
-	l.noPersist = true
+	l.test.noFinalWrite = true
 }

@@ -204,7 +204,7 @@ func TestFeed_OrderEventsSurviveReopenCrashAndRestore(t *testing.T) {
 	// A crash after applying, before the ledger's write: raft replays the
 	// entries and the feed numbers their events as it did the first time.
 	l2.bh.halt()
-	l2.noPersist = true
+	l2.test.noFinalWrite = true
 	tl.l = l2
 	tl.apply(legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "h", Qty: 1, User: "u9", OrderID: "o9"}}})
 	crashed := tl.index

@@ -227,12 +227,8 @@ type Ledger struct {
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances
 
-	// testHookAfterCommit runs between a batch's hand-over to the persister
-	// and the mirrors' update: tests use it to read in that window.
-	testHookAfterCommit func()
-	// noPersist makes Close skip the final write (tests: a crash before
-	// the ledger write, with the persister halted).
-	noPersist bool
+	// test holds the hooks of this package's tests; nothing else sets it.
+	test testHooks
 
 	// applyMu is held while a batch is applied (see behind.applying).
 	applyMu sync.Mutex
@@ -249,6 +245,19 @@ type Ledger struct {
 	persistFault    atomic.Pointer[func() error]
 	persistFailing  atomic.Bool
 	persistFailures atomic.Uint64
+}
+
+// testHooks are what this package's tests (and export_test.go's helpers
+// for raftfsm_test) set on a ledger; a ledger opened by OpenLedger has
+// none. Faults a serving node can be given on purpose (a slow apply, a
+// failing disk) are SetApplyDelay and SetPersistFault instead.
+type testHooks struct {
+	// afterCommit runs between a batch's hand-over to the persister and
+	// the mirrors' update: a test reads in that window.
+	afterCommit func()
+	// noFinalWrite makes Close skip its last write (a crash before the
+	// ledger's write, with the persister halted).
+	noFinalWrite bool
 }
 
 // ErrLedgerClosed is returned by reads after Close.
@@ -390,7 +399,7 @@ func (l *Ledger) Close() error {
 	}
 	l.bh.halt()
 	var err error
-	if !l.noPersist {
+	if !l.test.noFinalWrite {
 		err = l.bh.flush()
 	}
 	if cerr := l.db.Close(); err == nil {
@@ -410,6 +419,9 @@ func (l *Ledger) SetApplyDelay(d time.Duration) { l.applyDelay.Store(int64(d)) }
 // Every node of a cluster must run with the same setting from its first
 // start: the feed's numbering is part of the replicated state.
 func (l *Ledger) SetFeed(on bool) { l.feedOff.Store(!on) }
+
+// FeedOn reports whether the ledger records order events.
+func (l *Ledger) FeedOn() bool { return !l.feedOff.Load() }
 
 // NodeAddrs returns the HTTP address every registered node gave.
 func (l *Ledger) NodeAddrs() map[string]string {

@@ -928,7 +928,7 @@ func TestLedger_AuditBetweenCommitAndMirrorUpdate(t *testing.T) {
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 10}})
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 10})
 	audits := 0
-	tl.l.testHookAfterCommit = func() {
+	tl.l.test.afterCommit = func() {
 		audits++
 		checkAudit(t, tl.l, "a")
 	}

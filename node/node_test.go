@@ -1,0 +1,158 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"stockd/engine"
+	"stockd/raftfsm"
+	"stockd/raftnode"
+)
+
+// testConfig is a single node on loopback ports chosen by the system,
+// its data in dir.
+func testConfig(dir string) Config {
+	cfg := DefaultConfig()
+	cfg.DataDir = dir
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.Raft.RaftBind = "127.0.0.1:0"
+	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+	return cfg
+}
+
+// do sends one HTTP call to n and decodes its JSON answer.
+func do(t *testing.T, n *Node, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+n.HTTPAddr()+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	json.Unmarshal(b, &out)
+	return resp.StatusCode, out
+}
+
+func startNode(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	n, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if code, _ := do(t, n, "GET", "/readyz", ""); code == 200 {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the node is not ready after 15s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestNode_SellsStopsAndStartsAgainOnItsData: one node serves a sale,
+// stops (draining), and a node started on the same data dir holds every
+// sale it answered, with the ledger's law intact.
+func TestNode_SellsStopsAndStartsAgainOnItsData(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, testConfig(dir))
+	if code, body := do(t, n, "PUT", "/v1/skus/tee", `{"total":5}`); code != 201 {
+		t.Fatalf("create: %d %v", code, body)
+	}
+	orders := map[string]bool{}
+	for i := range 7 {
+		code, body := do(t, n, "POST", "/v1/skus/tee/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
+		switch {
+		case i < 5 && code == 200:
+			orders[body["order_id"].(string)] = true
+		case i >= 5 && code == 409 && body["error"] == "sold_out":
+		default:
+			t.Fatalf("deduct %d: %d %v", i, code, body)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	n2 := startNode(t, testConfig(dir))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n2.Stop(ctx)
+	}()
+	a, ok, err := n2.Ledger().AuditSKU("tee")
+	if err != nil || !ok || !a.OK || a.Row.Sold != 5 || a.Row.Available != 0 || a.Row.Total != 5 {
+		t.Fatalf("after the restart: %+v %v %v", a, ok, err)
+	}
+	for id := range orders {
+		if o, ok, err := n2.Ledger().Order(id); err != nil || !ok || o.State != raftfsm.OrderSold {
+			t.Fatalf("order %s after the restart: %+v %v %v", id, o, ok, err)
+		}
+	}
+	// A repeat of an answered request id gets its order back.
+	code, body := do(t, n2, "POST", "/v1/skus/tee/deduct", `{"user":"u0","request_id":"r0"}`)
+	if code != 200 || !orders[body["order_id"].(string)] {
+		t.Fatalf("a repeat after the restart: %d %v", code, body)
+	}
+}
+
+func TestConfig_ValidateNamesWhatCannotWork(t *testing.T) {
+	for _, c := range []struct {
+		tune func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.ID = "n/1" }, "a node id is"},
+		{func(c *Config) { c.DataDir = "" }, "data dir"},
+		{func(c *Config) { c.Peers = []Peer{{ID: "n1", Addr: "127.0.0.1:1"}}; c.Join = "http://x" }, "exclude each other"},
+		{func(c *Config) { c.Peers = []Peer{{ID: "n1", Addr: "127.0.0.1:1"}} }, "needs -cluster-secret"},
+		{func(c *Config) { c.DrainTimeout = 0 }, "drain timeout"},
+		{func(c *Config) { c.HTTP.Addr = ":8080" }, "need -admin-token"},
+	} {
+		cfg := testConfig(t.TempDir())
+		c.tune(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("want %q, got %v", c.want, err)
+		}
+	}
+	cfg := testConfig(t.TempDir())
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the test's own config: %v", err)
+	}
+}
+
+// TestTranslate_RaftErrorsBecomeTheEngines: every way a proposal fails
+// reaches the engine as one of its sentinels, which say whether it may
+// have been applied.
+func TestTranslate_RaftErrorsBecomeTheEngines(t *testing.T) {
+	for _, c := range []struct {
+		err, want error
+	}{
+		{raftnode.ErrNotLeader, engine.ErrUnavailable},
+		{raftnode.ErrShutdown, engine.ErrUnavailable},
+		{raftnode.ErrBusy, engine.ErrUnavailable},
+		{fmt.Errorf("%w: leadership lost", raftnode.ErrOutcomeUnknown), engine.ErrOutcomeUnknown},
+		{fmt.Errorf("%w: bad op", raftfsm.ErrMalformed), engine.ErrRejected},
+	} {
+		if got := translate(c.err); !errors.Is(got, c.want) {
+			t.Errorf("%v became %v, want %v", c.err, got, c.want)
+		}
+	}
+	if translate(nil) != nil {
+		t.Error("no error became one")
+	}
+}
