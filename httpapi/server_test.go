@@ -228,4 +228,3 @@ func TestHandler_RateLimitedSaysWhenToRetry(t *testing.T) {
 	f(100*time.Millisecond, "1")
 	f(2500*time.Millisecond, "3")
 }
-
