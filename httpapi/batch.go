@@ -44,13 +44,11 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
-	p := deductParsers.Get()
-	defer deductParsers.Put(p)
-	v, err := p.ParseBytes(ctx.PostBody())
-	if err != nil || v.Type() != fastjson.TypeObject {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadBatch)
+	p, v := parseObject(ctx, bodyBadBatch)
+	if p == nil {
 		return
 	}
+	defer deductParsers.Put(p)
 	list := v.Get(keyDeducts)
 	if list == nil || list.Type() != fastjson.TypeArray {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadBatch)

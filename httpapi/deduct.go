@@ -65,13 +65,11 @@ func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
 	if !ok {
 		return
 	}
-	p := deductParsers.Get()
-	defer deductParsers.Put(p)
-	v, err := p.ParseBytes(ctx.PostBody())
-	if err != nil || v.Type() != fastjson.TypeObject {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadJSON)
+	p, v := parseObject(ctx, bodyBadJSON)
+	if p == nil {
 		return
 	}
+	defer deductParsers.Put(p)
 	user, requestID, qty, bad := deductFields(v)
 	if bad == nil {
 		requestID, bad = idempotencyKey(ctx, requestID)
@@ -256,3 +254,17 @@ func errorJSON(buf []byte, errCode, detail string) []byte {
 
 // statusTooEarly is 425, which fasthttp names no constant for.
 const statusTooEarly = 425
+
+// parseObject parses the request's body with a pooled parser, which the
+// caller puts back once done with v. A body that is not a JSON object is
+// answered 400 with bad, and p is nil.
+func parseObject(ctx *fasthttp.RequestCtx, bad []byte) (p *fastjson.Parser, v *fastjson.Value) {
+	p = deductParsers.Get()
+	v, err := p.ParseBytes(ctx.PostBody())
+	if err != nil || v.Type() != fastjson.TypeObject {
+		deductParsers.Put(p)
+		writeRaw(ctx, fasthttp.StatusBadRequest, bad)
+		return nil, nil
+	}
+	return p, v
+}
