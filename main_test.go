@@ -8,9 +8,6 @@ import (
 	"testing"
 )
 
-// testClusterSecret is the -cluster-secret of in-process test nodes.
-const testClusterSecret = "test-cluster-secret"
-
 func TestApplyEnv_FlagWinsOverEnvironment(t *testing.T) {
 	env := map[string]string{"STOCKD_ADMIN_TOKEN": "from-env", "STOCKD_ID": "n9", "STOCKD_HTTP": "127.0.0.1:1"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }

@@ -75,8 +75,12 @@ func (l *exchangeLog) record(req *fasthttp.Request, resp *fasthttp.Response) {
 	l.kinds[kind]++
 	e := exchange{method: string(req.Header.Method()), uri: uri, reqHeader: http.Header{}, respHeader: http.Header{},
 		reqBody: bytes.Clone(req.Body()), status: resp.StatusCode(), respBody: bytes.Clone(resp.Body())}
-	req.Header.VisitAll(func(k, v []byte) { e.reqHeader.Add(string(k), string(v)) })
-	resp.Header.VisitAll(func(k, v []byte) { e.respHeader.Add(string(k), string(v)) })
+	for k, v := range req.Header.All() {
+		e.reqHeader.Add(string(k), string(v))
+	}
+	for k, v := range resp.Header.All() {
+		e.respHeader.Add(string(k), string(v))
+	}
 	if ct := resp.Header.ContentType(); len(ct) > 0 {
 		e.respHeader.Set("Content-Type", string(ct))
 	}
