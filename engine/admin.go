@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // SaleSpec is what CreateSale needs; zero values mean "none".
@@ -50,11 +51,11 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 				t.at.Format(time.RFC3339Nano), StoredTimeMin.Format(time.RFC3339Nano), StoredTimeMax.Format(time.RFC3339Nano))
 		}
 	}
-	cfg := raftfsm.SaleConfig{Total: spec.Total, PerUser: spec.PerUser, HoldTTLNanos: int64(spec.HoldTTL)}
+	cfg := command.SaleConfig{Total: spec.Total, PerUser: spec.PerUser, HoldTTLNanos: int64(spec.HoldTTL)}
 	if !spec.StartAt.IsZero() {
 		cfg.StartAtUnixNano = spec.StartAt.UnixNano()
 	}
-	cmd := &raftfsm.CreateSale{SKU: sku, Sale: cfg}
+	cmd := &command.CreateSale{SKU: sku, Sale: cfg}
 	if spec.Lottery {
 		switch {
 		case spec.EntriesCloseAt.IsZero() || !spec.EntriesCloseAt.After(spec.StartAt):
@@ -67,7 +68,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 		case spec.PerUser != 0:
 			return false, fmt.Errorf("%w: a lottery takes one entry per user; per_user does not apply", ErrInvalid)
 		}
-		cmd.Sale.Mode, cmd.Sale.EntriesCloseAtUnixNano = raftfsm.SaleModeLottery, spec.EntriesCloseAt.UnixNano()
+		cmd.Sale.Mode, cmd.Sale.EntriesCloseAtUnixNano = command.SaleModeLottery, spec.EntriesCloseAt.UnixNano()
 		// The seed and the order-id key: secret until the draw (the
 		// seed) or for ever (the key). A repeat of this call proposes
 		// another secret, which the ledger ignores for an existing sale.
@@ -96,7 +97,7 @@ func (e *Engine) Restock(sku string, qty int64) error {
 	if qty <= 0 {
 		return fmt.Errorf("%w: restock qty %d <= 0", ErrInvalid, qty)
 	}
-	res, err := e.propose(&raftfsm.Restock{SKU: sku, Qty: qty})
+	res, err := e.propose(&command.Restock{SKU: sku, Qty: qty})
 	if err != nil {
 		return err
 	}
@@ -107,7 +108,7 @@ func (e *Engine) Restock(sku string, qty int64) error {
 // back to available; held orders may still be confirmed until they
 // expire.
 func (e *Engine) CloseSale(sku string) error {
-	res, err := e.propose(&raftfsm.CloseSale{SKU: sku})
+	res, err := e.propose(&command.CloseSale{SKU: sku})
 	if err != nil {
 		return err
 	}
@@ -118,7 +119,7 @@ func (e *Engine) CloseSale(sku string) error {
 // stay): the leader then removes them in bounded steps, and every node
 // compacts its ledger file once they are gone.
 func (e *Engine) ArchiveSale(sku string) error {
-	res, err := e.propose(&raftfsm.ArchiveSale{SKU: sku})
+	res, err := e.propose(&command.ArchiveSale{SKU: sku})
 	if err != nil {
 		return err
 	}
@@ -153,7 +154,7 @@ func saleOutcome(sku string, res *raftfsm.Result) error {
 
 // propose stamps c with the engine's clock and replicates it. Its errors
 // are the engine's sentinels (see Proposer).
-func (e *Engine) propose(c raftfsm.Command) (*raftfsm.Result, error) {
+func (e *Engine) propose(c command.Command) (*raftfsm.Result, error) {
 	res, err := e.proposer.Propose(e.cfg.Now().UnixNano(), c)
 	switch {
 	case err == nil:
@@ -169,15 +170,15 @@ func (e *Engine) propose(c raftfsm.Command) (*raftfsm.Result, error) {
 
 // Confirm turns a held order sold.
 func (e *Engine) Confirm(id string) (raftfsm.Order, error) {
-	return e.orderCommand(&raftfsm.Confirm{OrderID: id})
+	return e.orderCommand(&command.Confirm{OrderID: id})
 }
 
 // Cancel releases a held order; its units return to available.
 func (e *Engine) Cancel(id string) (raftfsm.Order, error) {
-	return e.orderCommand(&raftfsm.Release{OrderID: id, Reason: raftfsm.ReleaseCancelled})
+	return e.orderCommand(&command.Release{OrderID: id, Reason: raftfsm.ReleaseCancelled})
 }
 
-func (e *Engine) orderCommand(c raftfsm.Command) (raftfsm.Order, error) {
+func (e *Engine) orderCommand(c command.Command) (raftfsm.Order, error) {
 	res, err := e.propose(c)
 	if err != nil {
 		return raftfsm.Order{}, err
@@ -202,7 +203,7 @@ func (e *Engine) orderCommand(c raftfsm.Command) (raftfsm.Order, error) {
 // Reclaim returns all of node's leases to available (after it left the
 // cluster) and reports the units.
 func (e *Engine) Reclaim(node string) (int64, error) {
-	res, err := e.propose(&raftfsm.Reclaim{Node: node})
+	res, err := e.propose(&command.Reclaim{Node: node})
 	if err != nil {
 		return 0, err
 	}

@@ -4,12 +4,13 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // A purge step is one raft entry every node applies, so it stays short
 // (tens of milliseconds) and the sale's other traffic goes on between
 // steps: purgeStep order records (or lottery entries) read, at most
-// raftfsm.PurgeOrdersMax orders named.
+// command.PurgeOrdersMax orders named.
 const purgeStep = 20_000
 
 // purgeCheck paces the purger's look for archived sales with orders left
@@ -74,12 +75,12 @@ func (e *Engine) purge(sku string) {
 			}
 			return
 		}
-		ids, next, done, err := e.ledger.ArchivedOrderIDs(sku, after, raftfsm.PurgeOrdersMax, purgeStep)
+		ids, next, done, err := e.ledger.ArchivedOrderIDs(sku, after, command.PurgeOrdersMax, purgeStep)
 		if err != nil {
 			e.logger.Error("archive step: reading the sale's orders failed", "sku", sku, "err", err)
 			return
 		}
-		step := &raftfsm.PurgeOrders{SKU: sku, IDs: ids, OrdersDone: done}
+		step := &command.PurgeOrders{SKU: sku, IDs: ids, OrdersDone: done}
 		if done {
 			step.Entries = purgeStep
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // runCommitter is the group commit: it waits for a won take,
@@ -44,7 +45,7 @@ func (e *Engine) runCommitter() {
 		}
 		batch := make([]*pendingTake, 1, 64)
 		batch[0] = first
-		size := raftfsm.TakeHeaderSize(e.cfg.NodeID) + first.entry.EncodedSize()
+		size := command.TakeHeaderSize(e.cfg.NodeID) + first.entry.EncodedSize()
 		batch, size, carry = e.fill(batch, size, nil)
 		// Under load buyers arrive in waves behind the batch that just
 		// came back: waiting a moment sends one raft entry for the wave
@@ -126,13 +127,13 @@ func (e *Engine) abandon(p *pendingTake) {
 // good is answered and its unit put back. Other failures (not sent,
 // outcome unknown) are retried with the same order ids.
 func (e *Engine) commitTakes(batch []*pendingTake) {
-	entries := make([]raftfsm.TakeEntry, len(batch))
+	entries := make([]command.TakeEntry, len(batch))
 	for i, p := range batch {
 		entries[i] = p.entry
 	}
 	e.metrics.countBatch(len(batch))
 	proposed := time.Now()
-	res, err := e.propose(&raftfsm.Take{Node: e.cfg.NodeID, Entries: entries})
+	res, err := e.propose(&command.Take{Node: e.cfg.NodeID, Entries: entries})
 	e.metrics.countCommit(time.Since(proposed))
 	if err == nil && len(res.Takes) != len(batch) {
 		e.logger.Error("BUG: take results do not match the batch", "entries", len(batch), "results", len(res.Takes))

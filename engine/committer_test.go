@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // refusingProposer stands for a leader with a smaller size limit than this
@@ -23,8 +24,8 @@ type refusingProposer struct {
 	takes [][]string // order ids of every Take proposed, in order
 }
 
-func (p *refusingProposer) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
-	take, ok := c.(*raftfsm.Take)
+func (p *refusingProposer) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+	take, ok := c.(*command.Take)
 	if !ok {
 		return p.inner.Propose(at, c)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"stockd/shard"
 )
 
@@ -91,7 +92,7 @@ const (
 // again). Any other error is taken as ErrOutcomeUnknown. node's Proposer
 // maps raft's errors onto these, once.
 type Proposer interface {
-	Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error)
+	Propose(atUnixNano int64, c command.Command) (*raftfsm.Result, error)
 }
 
 // Config holds the engine's knobs. Logger and NodeID are required.

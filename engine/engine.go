@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
 )
 
@@ -215,7 +215,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		if units <= 0 {
 			continue
 		}
-		res, err := e.propose(&raftfsm.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: units})
+		res, err := e.propose(&command.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: units})
 		if err != nil {
 			// The units stay leased to this node; the next start loads them
 			// back into the buckets from the ledger.

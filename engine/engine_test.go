@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"stockd/raftnode"
 )
 
@@ -91,7 +92,7 @@ func startTestNodeWrapped(t *testing.T, dir string, tune func(*Config), wrap fun
 // reads nothing but its own).
 type raftProposer struct{ n *raftnode.Node }
 
-func (p raftProposer) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
+func (p raftProposer) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
 	res, err := p.n.Propose(at, c)
 	switch {
 	case err == nil:
@@ -506,8 +507,8 @@ type laggingReturns struct {
 	returns atomic.Int64
 }
 
-func (p *laggingReturns) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
-	if _, ok := c.(*raftfsm.Return); ok {
+func (p *laggingReturns) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+	if _, ok := c.(*command.Return); ok {
 		p.returns.Add(1)
 		return &raftfsm.Result{Outcome: raftfsm.OutcomeOK, Index: 1 << 40}, nil
 	}
@@ -545,9 +546,9 @@ const farAhead = 1 << 40
 // the cluster): committed at an index never applied here.
 type takesCommittedElsewhere struct{ Proposer }
 
-func (p takesCommittedElsewhere) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
+func (p takesCommittedElsewhere) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
 	res, err := p.Proposer.Propose(at, c)
-	if _, ok := c.(*raftfsm.Take); ok && err == nil {
+	if _, ok := c.(*command.Take); ok && err == nil {
 		moved := *res
 		moved.Index = farAhead
 		return &moved, nil
@@ -622,7 +623,7 @@ func TestEngine_LeaderLingersOnlyInACluster(t *testing.T) {
 		c.ProposeLinger, c.ForwardLinger = 3*time.Millisecond, 2*time.Millisecond
 	})
 	e := tn.engine
-	if _, err := e.propose(&raftfsm.Register{Node: e.cfg.NodeID, Addr: "127.0.0.1:2"}); err != nil {
+	if _, err := e.propose(&command.Register{Node: e.cfg.NodeID, Addr: "127.0.0.1:2"}); err != nil {
 		t.Fatal(err)
 	}
 	if d := e.lingerFor(e.localSlots); d != 0 {
@@ -631,7 +632,7 @@ func TestEngine_LeaderLingersOnlyInACluster(t *testing.T) {
 	if d := e.lingerFor(e.forwardSlots); d != 2*time.Millisecond {
 		t.Fatalf("forwarding lingers %s, want the forward linger", d)
 	}
-	if _, err := e.propose(&raftfsm.Register{Node: "n2", Addr: "127.0.0.1:1"}); err != nil {
+	if _, err := e.propose(&command.Register{Node: "n2", Addr: "127.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
 	if d := e.lingerFor(e.localSlots); d != 3*time.Millisecond {
@@ -663,8 +664,8 @@ type takesHang struct {
 	release chan struct{}
 }
 
-func (p takesHang) Propose(at int64, c raftfsm.Command) (*raftfsm.Result, error) {
-	if _, ok := c.(*raftfsm.Take); ok {
+func (p takesHang) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+	if _, ok := c.(*command.Take); ok {
 		<-p.release
 		return nil, fmt.Errorf("%w: released by the test", ErrUnavailable)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // The order feed (docs/feed-and-lottery.md): reads with long-polling,
@@ -22,7 +23,7 @@ const FeedWaitMax = 30 * time.Second
 // Events returns up to limit events after cursor after. When there are
 // none yet it waits up to wait for some (or for this node to catch up
 // with a cursor from a node ahead of it).
-func (e *Engine) Events(ctx context.Context, after raftfsm.Cursor, limit int, wait time.Duration) (raftfsm.FeedPage, error) {
+func (e *Engine) Events(ctx context.Context, after command.Cursor, limit int, wait time.Duration) (raftfsm.FeedPage, error) {
 	if !e.ledger.FeedOn() {
 		return raftfsm.FeedPage{}, fmt.Errorf("%w: this node runs with -no-order-feed", ErrUnavailable)
 	}
@@ -36,7 +37,7 @@ func (e *Engine) Events(ctx context.Context, after raftfsm.Cursor, limit int, wa
 		switch {
 		case errors.Is(err, raftfsm.ErrCursorExpired):
 			return page, fmt.Errorf("%w: %w", ErrCursorExpired, err)
-		case errors.Is(err, raftfsm.ErrBadCursor):
+		case errors.Is(err, command.ErrBadCursor):
 			return page, fmt.Errorf("%w: %w", ErrBadCursor, err)
 		case err != nil:
 			return page, fmt.Errorf("%w: read the order feed: %w", ErrUnavailable, err)
@@ -62,7 +63,7 @@ func (e *Engine) Events(ctx context.Context, after raftfsm.Cursor, limit int, wa
 // ConsumerView is one consumer of the feed and how far behind it is.
 type ConsumerView struct {
 	Name       string
-	Cursor     raftfsm.Cursor
+	Cursor     command.Cursor
 	AckedAt    time.Time
 	LagEvents  uint64
 	LagSeconds float64 // the age of its oldest unacknowledged event
@@ -70,9 +71,9 @@ type ConsumerView struct {
 
 // FeedView is the feed's state on this node, with its consumers' lag.
 type FeedView struct {
-	Head      raftfsm.Cursor
+	Head      command.Cursor
 	HeadAt    time.Time
-	Floor     raftfsm.Cursor
+	Floor     command.Cursor
 	Retained  uint64
 	Cap       uint64
 	Retention time.Duration
@@ -105,16 +106,16 @@ func (e *Engine) Feed() (FeedView, error) {
 
 // AckConsumer records consumer name's acknowledged cursor (registering
 // it): the feed keeps every event after it, up to its cap.
-func (e *Engine) AckConsumer(name string, c raftfsm.Cursor) error {
-	return e.consumerCommand(&raftfsm.AckConsumer{Name: name, Cursor: c})
+func (e *Engine) AckConsumer(name string, c command.Cursor) error {
+	return e.consumerCommand(&command.AckConsumer{Name: name, Cursor: c})
 }
 
 // DropConsumer removes a consumer: it no longer holds retention.
 func (e *Engine) DropConsumer(name string) error {
-	return e.consumerCommand(&raftfsm.AckConsumer{Name: name, Drop: true})
+	return e.consumerCommand(&command.AckConsumer{Name: name, Drop: true})
 }
 
-func (e *Engine) consumerCommand(c *raftfsm.AckConsumer) error {
+func (e *Engine) consumerCommand(c *command.AckConsumer) error {
 	res, err := e.propose(c)
 	if err != nil {
 		return err
@@ -170,7 +171,7 @@ func (e *Engine) pruneFeed(now time.Time) {
 		e.metrics.feedAtCap.Store(false)
 		return
 	}
-	res, err := e.propose(&raftfsm.PruneEvents{Through: through})
+	res, err := e.propose(&command.PruneEvents{Through: through})
 	if err != nil || res.Outcome != raftfsm.OutcomeOK {
 		e.logger.Debug("prune the order feed", "through", through.String(), "err", err)
 		return

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 const (
@@ -102,7 +103,7 @@ func (e *Engine) registerSelf() {
 	if e.ledger.NodeAddrs()[e.cfg.NodeID] == e.cfg.AdvertiseHTTP {
 		return
 	}
-	_, err := e.propose(&raftfsm.Register{Node: e.cfg.NodeID, Addr: e.cfg.AdvertiseHTTP})
+	_, err := e.propose(&command.Register{Node: e.cfg.NodeID, Addr: e.cfg.AdvertiseHTTP})
 	if err != nil {
 		e.logger.Debug("register http address", "err", err)
 		return
@@ -124,7 +125,7 @@ func (e *Engine) upgradeRules() {
 		return
 	}
 	from := e.ledger.Rules()
-	if _, err := e.propose(&raftfsm.SetRules{Rules: raftfsm.RulesCurrent}); err != nil {
+	if _, err := e.propose(&command.SetRules{Rules: raftfsm.RulesCurrent}); err != nil {
 		e.logger.Debug("switch ledger rules", "err", err)
 		return
 	}
@@ -163,7 +164,7 @@ func (e *Engine) returnIdleLeases(now time.Time) {
 		if units < leasedIdle {
 			e.logger.Warn("buckets held less than the lease; returning the lease", "sku", s.sku, "buckets", units, "leased", leasedIdle)
 		}
-		res, err := e.propose(&raftfsm.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: qty})
+		res, err := e.propose(&command.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: qty})
 		switch {
 		case err == nil:
 			s.returnIndex.Store(res.Index)
@@ -243,7 +244,7 @@ func (e *Engine) reclaimLostNodes(now time.Time, tried map[string]time.Time) {
 			continue
 		}
 		tried[node] = now
-		res, err := e.propose(&raftfsm.Reclaim{Node: node})
+		res, err := e.propose(&command.Reclaim{Node: node})
 		if err != nil {
 			e.logger.Warn("reclaim failed", "node", node, "err", err)
 			continue
@@ -265,7 +266,7 @@ func (e *Engine) expireHolds(now time.Time) {
 	if len(due) == 0 {
 		return
 	}
-	res, err := e.propose(&raftfsm.Expire{OrderIDs: due})
+	res, err := e.propose(&command.Expire{OrderIDs: due})
 	if err != nil {
 		e.logger.Warn("expire holds", "orders", len(due), "err", err)
 		return
@@ -281,7 +282,7 @@ func (e *Engine) pruneRequests(now time.Time) {
 		return
 	}
 	before := now.Add(-e.cfg.RequestRetention).UnixNano()
-	res, err := e.propose(&raftfsm.PruneRequests{BeforeUnixNano: before, MaxKeep: e.cfg.RequestMaxKeep})
+	res, err := e.propose(&command.PruneRequests{BeforeUnixNano: before, MaxKeep: e.cfg.RequestMaxKeep})
 	if err != nil {
 		e.logger.Warn("prune request ids", "err", err)
 		return

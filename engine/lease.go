@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // leasesInFlightMax bounds concurrent Lease proposals (one per SKU at most).
@@ -109,7 +110,7 @@ func (e *Engine) lease(s *sale) {
 		want = max(want, min(s.waitingUnits.Load(), row.Available/2))
 		want = min(want, row.Available)
 	}
-	res, err := e.propose(&raftfsm.Lease{Node: e.cfg.NodeID, SKU: s.sku, Want: want})
+	res, err := e.propose(&command.Lease{Node: e.cfg.NodeID, SKU: s.sku, Want: want})
 	if err != nil {
 		e.metrics.leaseErrors.Add(1)
 		e.logger.Debug("lease not granted", "sku", s.sku, "want", want, "err", err)
@@ -162,7 +163,7 @@ func (e *Engine) giveBack(s *sale) {
 	// Do not lease the units straight back before this node's own buyers
 	// have run dry.
 	s.lowWatermark.Store(0)
-	res, err := e.propose(&raftfsm.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: got})
+	res, err := e.propose(&command.Return{Node: e.cfg.NodeID, SKU: s.sku, Qty: got})
 	switch {
 	case err == nil:
 		e.metrics.leaseGivenBack.Add(uint64(res.Qty))

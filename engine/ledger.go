@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // Ledger is what the engine reads of the replicated ledger, and where it
@@ -42,13 +43,13 @@ type Ledger interface {
 	SetObserver(o raftfsm.Observer)
 	// The order feed: pages of events after a cursor, a channel closed
 	// when new ones are published, its state, and lookups for retention.
-	ReadFeed(after raftfsm.Cursor, limit int) (raftfsm.FeedPage, error)
+	ReadFeed(after command.Cursor, limit int) (raftfsm.FeedPage, error)
 	FeedChanged() <-chan struct{}
 	// FeedOn says whether the ledger records the feed at all.
 	FeedOn() bool
 	FeedStats() (raftfsm.FeedStats, error)
 	FeedEvent(seq uint64) (raftfsm.FeedEvent, bool, error)
-	FeedCursorBefore(atUnixNano int64) (raftfsm.Cursor, bool, error)
+	FeedCursorBefore(atUnixNano int64) (command.Cursor, bool, error)
 	// Lottery entries: one entrant's standing, and every entry of a sale.
 	EntryStatus(sku, user string) (raftfsm.EntryStatus, bool, error)
 	SaleEntries(sku string, fn func(*raftfsm.Entry) error) (uint64, error)

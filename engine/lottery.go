@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // Lottery errors of Enter.
@@ -44,7 +45,7 @@ const (
 
 // pendingEntry is one entrant waiting for their Enter to commit.
 type pendingEntry struct {
-	entry raftfsm.EnterEntry
+	entry command.EnterEntry
 	done  chan struct{}
 	res   raftfsm.EntryResult
 	err   error
@@ -88,7 +89,7 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 			return raftfsm.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
 		}
 	}
-	p := &pendingEntry{entry: raftfsm.EnterEntry{SKU: sku, User: user, RequestID: requestID}, done: make(chan struct{})}
+	p := &pendingEntry{entry: command.EnterEntry{SKU: sku, User: user, RequestID: requestID}, done: make(chan struct{})}
 	select {
 	case e.entryQueue <- p:
 	default:
@@ -147,7 +148,7 @@ func (e *Engine) runEntrants() {
 			return
 		}
 		batch := []*pendingEntry{first}
-		size := raftfsm.EnterHeaderSize + first.entry.EncodedSize()
+		size := command.EnterHeaderSize + first.entry.EncodedSize()
 	fill:
 		for len(batch) < enterBatchMax {
 			select {
@@ -173,7 +174,7 @@ func (e *Engine) runEntrants() {
 // commitEntries proposes one Enter and answers its entrants once this
 // node has applied it (a read here then sees their entries).
 func (e *Engine) commitEntries(batch []*pendingEntry) {
-	c := &raftfsm.Enter{Entries: make([]raftfsm.EnterEntry, len(batch))}
+	c := &command.Enter{Entries: make([]command.EnterEntry, len(batch))}
 	for i, p := range batch {
 		c.Entries[i] = p.entry
 	}
@@ -251,7 +252,7 @@ func (e *Engine) drawDue(now time.Time) {
 		defer e.drawing.Store(false)
 		for _, sku := range due {
 			start := time.Now()
-			res, err := e.propose(&raftfsm.Draw{SKU: sku})
+			res, err := e.propose(&command.Draw{SKU: sku})
 			if err != nil {
 				e.logger.Warn("lottery draw not committed; the leader tries again", "sku", sku, "err", err)
 				continue

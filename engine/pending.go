@@ -2,6 +2,7 @@ package engine
 
 import (
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"sync"
 	"time"
 )
@@ -17,7 +18,7 @@ func (p *pendingTake) asksFor(req *DeductRequest) bool {
 type pendingTake struct {
 	sale  *sale
 	hint  uint32
-	entry raftfsm.TakeEntry // OrderID is set when the unit is taken
+	entry command.TakeEntry // OrderID is set when the unit is taken
 	// reqKey keys the take in pendingReq (raftfsm.AppendRequestKey of its
 	// user and request id); "" without a request id.
 	reqKey   string
@@ -44,7 +45,7 @@ func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
 	req.slot = nil // a slot serves one take
 	*p = pendingTake{
 		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
-		entry: raftfsm.TakeEntry{SKU: s.sku, Qty: req.Qty},
+		entry: command.TakeEntry{SKU: s.sku, Qty: req.Qty},
 	}
 	if len(req.RequestID) == 0 {
 		p.entry.User = string(req.User)

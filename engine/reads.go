@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
 )
 
@@ -115,7 +116,7 @@ type (
 	Order     = raftfsm.Order
 	Audit     = raftfsm.Audit
 	SKURow    = raftfsm.SKU
-	Cursor    = raftfsm.Cursor
+	Cursor    = command.Cursor
 	FeedEvent = raftfsm.FeedEvent
 	FeedPage  = raftfsm.FeedPage
 	// OrdersSnapshot says which state a SaleOrders read reflects.
@@ -135,7 +136,7 @@ const (
 
 // ParseCursor reads a feed cursor's wire form ("" and "0": the start).
 func ParseCursor(s string) (Cursor, error) {
-	c, err := raftfsm.ParseCursor(s)
+	c, err := command.ParseCursor(s)
 	if err != nil {
 		return c, fmt.Errorf("%w: %w", ErrBadCursor, err)
 	}

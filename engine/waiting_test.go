@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // availabilityReads counts the engine's reads of a sale's availability:
@@ -38,7 +39,7 @@ func TestEngine_WaitingBuyersShareOneLookAtTheLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every unit is leased to n2, a node that never gives any back.
-	if res, err := tn.node.Propose(time.Now().UnixNano(), &raftfsm.Lease{Node: "n2", SKU: "far", Want: units}); err != nil || res.Qty != units {
+	if res, err := tn.node.Propose(time.Now().UnixNano(), &command.Lease{Node: "n2", SKU: "far", Want: units}); err != nil || res.Qty != units {
 		t.Fatalf("lease to n2: %+v %v", res, err)
 	}
 	burst := func(round string) map[Status]int {
@@ -84,9 +85,9 @@ func TestEngine_WaitingBuyersShareOneLookAtTheLedger(t *testing.T) {
 		s := tn.engine.lookupSale([]byte("far"))
 		return s != nil && s.waitingUnits.Load() == buyers
 	})
-	take := &raftfsm.Take{Node: "n2"}
+	take := &command.Take{Node: "n2"}
 	for i := 0; i < units; i++ {
-		take.Entries = append(take.Entries, raftfsm.TakeEntry{SKU: "far", Qty: 1, User: fmt.Sprintf("elsewhere-%d", i), OrderID: fmt.Sprintf("n2-%d-x", i+1)})
+		take.Entries = append(take.Entries, command.TakeEntry{SKU: "far", Qty: 1, User: fmt.Sprintf("elsewhere-%d", i), OrderID: fmt.Sprintf("n2-%d-x", i+1)})
 	}
 	if _, err := tn.node.Propose(time.Now().UnixNano(), take); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@
 //  2. The engine checks the sale's flags, takes a unit from a per-core
 //     bucket with a CAS, queues a pendingTake and waits on it.
 //  3. The engine's committer goroutine gathers queued takes into one
-//     raftfsm.Take (bounded by entries and encoded bytes) and hands it to
+//     command.Take (bounded by entries and encoded bytes) and hands it to
 //     Proposer.Propose on a goroutine of its own, a few in flight.
 //  4. Proposer.Propose encodes the command once. On the leader it goes
 //     straight to raft (raftnode.Node.ProposeEncoded). On a follower it is

@@ -12,6 +12,7 @@ import (
 	"stockd/engine"
 	"stockd/httpapi"
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"stockd/raftnode"
 )
 
@@ -33,8 +34,8 @@ type Proposer struct {
 }
 
 // Propose implements engine.Proposer.
-func (p *Proposer) Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error) {
-	b := raftfsm.EncodeCommand(nil, atUnixNano, c)
+func (p *Proposer) Propose(atUnixNano int64, c command.Command) (*raftfsm.Result, error) {
+	b := command.EncodeCommand(nil, atUnixNano, c)
 	if len(b) > httpapi.InternalMaxBodyBytes {
 		return nil, fmt.Errorf("%w: %s command of %d bytes, the most is %d", engine.ErrTooLarge, c.Op(), len(b), httpapi.InternalMaxBodyBytes)
 	}
@@ -63,7 +64,7 @@ func translate(err error) error {
 // The command reaches this node's ledger a moment later, when this node
 // learns the commit: callers that need it applied here wait for
 // Result.Index (the engine does, for the bookkeeping of its takes).
-func (p *Proposer) forward(op raftfsm.Op, b []byte) (*raftfsm.Result, error) {
+func (p *Proposer) forward(op command.Op, b []byte) (*raftfsm.Result, error) {
 	leader, _ := p.raft.Leader()
 	if leader == "" {
 		return nil, fmt.Errorf("%w: no leader known", engine.ErrUnavailable)
@@ -109,7 +110,7 @@ func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 	if !p.raft.IsLeader() {
 		return httpapi.ProposeNotLeader, errorBody("not_leader", "this node is not the leader")
 	}
-	_, c, err := raftfsm.DecodeCommand(body)
+	_, c, err := command.DecodeCommand(body)
 	if err != nil {
 		return httpapi.ProposeMalformed, errorBody("bad_request", err.Error())
 	}
@@ -132,18 +133,18 @@ func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 }
 
 // peerMayNotSend says why node from may not propose c, or "" when it may.
-func peerMayNotSend(from string, c raftfsm.Command) string {
+func peerMayNotSend(from string, c command.Command) string {
 	var node string
 	switch c := c.(type) {
-	case *raftfsm.Take:
+	case *command.Take:
 		node = c.Node
-	case *raftfsm.Lease:
+	case *command.Lease:
 		node = c.Node
-	case *raftfsm.Return:
+	case *command.Return:
 		node = c.Node
-	case *raftfsm.Register:
+	case *command.Register:
 		node = c.Node
-	case *raftfsm.Enter, *raftfsm.Draw:
+	case *command.Enter, *command.Draw:
 		// Entries are the entrants', whom the sending node served; a
 		// draw is due or refused whoever asks. Neither speaks for a node.
 		if from == "" {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"stockd/raftfsm/command"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -98,7 +99,7 @@ func (a *applier) applyEntries(logs []*raft.Log, applied uint64) ([]interface{},
 			continue
 		}
 		a.index = entry.Index
-		at, cmd, err := DecodeCommand(entry.Data)
+		at, cmd, err := command.DecodeCommand(entry.Data)
 		if err != nil {
 			results[i] = &Result{Outcome: OutcomeInvalid, Detail: err.Error()}
 			continue
@@ -298,47 +299,47 @@ func (a *applier) event(e Event) {
 	a.events = append(a.events, e)
 }
 
-func (a *applier) apply(c Command) (*Result, error) {
+func (a *applier) apply(c command.Command) (*Result, error) {
 	switch c := c.(type) {
-	case *CreateSale:
+	case *command.CreateSale:
 		return a.createSale(c), nil
-	case *Restock:
+	case *command.Restock:
 		return a.restock(c)
-	case *Lease:
+	case *command.Lease:
 		return a.lease(c), nil
-	case *Return:
+	case *command.Return:
 		return a.giveBack(c), nil
-	case *Take:
+	case *command.Take:
 		return a.take(c)
-	case *Confirm:
+	case *command.Confirm:
 		return a.confirm(c)
-	case *Release:
+	case *command.Release:
 		return a.release(c)
-	case *Reclaim:
+	case *command.Reclaim:
 		return a.reclaim(c), nil
-	case *Register:
+	case *command.Register:
 		return a.register(c)
-	case *Expire:
+	case *command.Expire:
 		return a.expire(c)
-	case *PruneRequests:
+	case *command.PruneRequests:
 		return a.pruneRequests(c)
-	case *AckConsumer:
+	case *command.AckConsumer:
 		return a.ackConsumer(c)
-	case *PruneEvents:
+	case *command.PruneEvents:
 		return a.pruneEvents(c)
-	case *CloseSale:
+	case *command.CloseSale:
 		return a.closeSale(c), nil
-	case *ArchiveSale:
+	case *command.ArchiveSale:
 		return a.archiveSale(c), nil
-	case *PurgeArchived:
+	case *command.PurgeArchived:
 		return a.purgeArchived(c)
-	case *PurgeOrders:
+	case *command.PurgeOrders:
 		return a.purgeOrders(c)
-	case *Enter:
+	case *command.Enter:
 		return a.enter(c)
-	case *Draw:
+	case *command.Draw:
 		return a.draw(c)
-	case *SetRules:
+	case *command.SetRules:
 		return a.setRules(c), nil
 	}
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
@@ -348,7 +349,7 @@ func invalid(format string, args ...any) *Result {
 	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf(format, args...)}
 }
 
-func (a *applier) createSale(c *CreateSale) *Result {
+func (a *applier) createSale(c *command.CreateSale) *Result {
 	if c.SKU == "" || c.Sale.Total < 0 || c.Sale.PerUser < 0 || c.Sale.HoldTTLNanos < 0 {
 		return invalid("create_sale needs a sku and a config with non-negative terms")
 	}
@@ -357,7 +358,7 @@ func (a *applier) createSale(c *CreateSale) *Result {
 		if c.Sale.EntriesCloseAtUnixNano != 0 {
 			return invalid("entries_close_at is for lottery sales")
 		}
-	case SaleModeLottery:
+	case command.SaleModeLottery:
 		if c.Sale.EntriesCloseAtUnixNano <= c.Sale.StartAtUnixNano || c.Sale.PerUser != 0 {
 			return invalid("a lottery needs entries_close_at after start_at, and no per_user (one entry per user)")
 		}
@@ -371,7 +372,7 @@ func (a *applier) createSale(c *CreateSale) *Result {
 		return &Result{Outcome: OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
 	}
 	s := &SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: c.Sale, CreatedAtUnixNano: a.at}
-	if c.Sale.Mode == SaleModeLottery {
+	if c.Sale.Mode == command.SaleModeLottery {
 		if len(c.Secret) != LotterySecretBytes {
 			return invalid("a lottery needs a %d-byte secret, got %d", LotterySecretBytes, len(c.Secret))
 		}
@@ -382,7 +383,7 @@ func (a *applier) createSale(c *CreateSale) *Result {
 	return &Result{Outcome: OutcomeOK}
 }
 
-func (a *applier) restock(c *Restock) (*Result, error) {
+func (a *applier) restock(c *command.Restock) (*Result, error) {
 	if c.Qty <= 0 {
 		return invalid("restock qty %d <= 0", c.Qty), nil
 	}
@@ -405,7 +406,7 @@ func (a *applier) restock(c *Restock) (*Result, error) {
 	return &Result{Outcome: OutcomeOK, Qty: c.Qty}, nil
 }
 
-func (a *applier) lease(c *Lease) *Result {
+func (a *applier) lease(c *command.Lease) *Result {
 	if c.Node == "" || c.Want <= 0 {
 		return invalid("lease needs a node and want > 0")
 	}
@@ -436,7 +437,7 @@ func (a *applier) lease(c *Lease) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: grant}
 }
 
-func (a *applier) giveBack(c *Return) *Result {
+func (a *applier) giveBack(c *command.Return) *Result {
 	if c.Node == "" || c.Qty <= 0 {
 		return invalid("return needs a node and qty > 0")
 	}
@@ -456,7 +457,7 @@ func (a *applier) giveBack(c *Return) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: back}
 }
 
-func (a *applier) reclaim(c *Reclaim) *Result {
+func (a *applier) reclaim(c *command.Reclaim) *Result {
 	if c.Node == "" {
 		return invalid("reclaim needs a node")
 	}
@@ -486,7 +487,7 @@ func (a *applier) reclaim(c *Reclaim) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: total}
 }
 
-func (a *applier) register(c *Register) (*Result, error) {
+func (a *applier) register(c *command.Register) (*Result, error) {
 	if c.Node == "" || c.Addr == "" {
 		return invalid("register needs a node and an address"), nil
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"stockd/raftfsm/command"
 	"strings"
 )
 
@@ -35,7 +36,7 @@ func loadOrderSeqs(meta interface {
 // purgeScanMax bounds the order records one PurgeArchived step reads.
 const purgeScanMax = 100_000
 
-func (a *applier) closeSale(c *CloseSale) *Result {
+func (a *applier) closeSale(c *command.CloseSale) *Result {
 	s := a.sku(c.SKU)
 	if s == nil {
 		return &Result{Outcome: OutcomeUnknownSKU}
@@ -55,7 +56,7 @@ func (a *applier) closeSale(c *CloseSale) *Result {
 	return &Result{Outcome: OutcomeOK, Qty: back}
 }
 
-func (a *applier) archiveSale(c *ArchiveSale) *Result {
+func (a *applier) archiveSale(c *command.ArchiveSale) *Result {
 	s := a.sku(c.SKU)
 	switch {
 	case s == nil:
@@ -102,7 +103,7 @@ func (a *applier) consumers() []Consumer {
 // purgeArchived takes the archived sale's orders out of the next records
 // after c.After (which must be where the last step stopped), with their
 // request ids and per-user counts.
-func (a *applier) purgeArchived(c *PurgeArchived) (*Result, error) {
+func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 	s := a.sku(c.SKU)
 	switch {
 	case a.rules >= RulesNamedPurges:
@@ -246,7 +247,7 @@ func (a *applier) forgetArchived(s *SKU, doomed []Order) error {
 // purgeOrders applies a PurgeOrders step: the named orders of the sale
 // leave, wherever this node's file keeps them (a record of their own or a
 // block), then some of a lottery's entries.
-func (a *applier) purgeOrders(c *PurgeOrders) (*Result, error) {
+func (a *applier) purgeOrders(c *command.PurgeOrders) (*Result, error) {
 	s := a.sku(c.SKU)
 	switch {
 	case a.rules < RulesNamedPurges:
@@ -257,8 +258,8 @@ func (a *applier) purgeOrders(c *PurgeOrders) (*Result, error) {
 		return &Result{Outcome: OutcomeInvalidState, Detail: "the sale is not archived"}, nil
 	case s.PurgeDone:
 		return &Result{Outcome: OutcomeSame}, nil
-	case len(c.IDs) > PurgeOrdersMax || c.Entries < 0 || c.Entries > purgeScanMax:
-		return invalid("a purge step names up to %d orders and %d entries", PurgeOrdersMax, purgeScanMax), nil
+	case len(c.IDs) > command.PurgeOrdersMax || c.Entries < 0 || c.Entries > purgeScanMax:
+		return invalid("a purge step names up to %d orders and %d entries", command.PurgeOrdersMax, purgeScanMax), nil
 	}
 	doomed, err := a.takeOutOrders(c.SKU, c.IDs)
 	if err != nil {

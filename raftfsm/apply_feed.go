@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
+	"stockd/raftfsm/command"
 )
 
 // The applier's side of the order feed: a batch numbers its events after
@@ -15,7 +16,7 @@ const maxConsumerNameBytes = 128
 type feedBatch struct {
 	on        bool // the ledger records order events
 	seq       uint64
-	floorAt   Cursor
+	floorAt   command.Cursor
 	events    []FeedEvent
 	consumers map[string]*Consumer // nil: dropped
 	newFloor  bool
@@ -42,7 +43,7 @@ func (a *applier) feedEvent(t FeedEventType, o *Order) {
 
 // turnedDown records a take entry the ledger refused: an order its node
 // may have promised (wait=none) that never came to be.
-func (a *applier) turnedDown(node string, e *TakeEntry, outcome Outcome) {
+func (a *applier) turnedDown(node string, e *command.TakeEntry, outcome Outcome) {
 	var reason string
 	switch outcome {
 	case OutcomeUserLimit:
@@ -87,7 +88,7 @@ func (a *applier) feedEventIndex(seq uint64) (uint64, bool, error) {
 
 // checkFeedCursor is nil when c names an event of the feed at or after
 // its floor (or the start, or the floor itself), else a result saying why.
-func (a *applier) checkFeedCursor(c Cursor) (*Result, error) {
+func (a *applier) checkFeedCursor(c command.Cursor) (*Result, error) {
 	switch {
 	case c.Seq == 0 && c.Index == 0:
 		return nil, nil
@@ -116,7 +117,7 @@ func (a *applier) checkFeedCursor(c Cursor) (*Result, error) {
 	return nil, nil
 }
 
-func (a *applier) ackConsumer(c *AckConsumer) (*Result, error) {
+func (a *applier) ackConsumer(c *command.AckConsumer) (*Result, error) {
 	if c.Name == "" || len(c.Name) > maxConsumerNameBytes {
 		return invalid("consumer name must be 1..%d bytes", maxConsumerNameBytes), nil
 	}
@@ -155,7 +156,7 @@ func (a *applier) stageConsumer(name string, c *Consumer) {
 	a.feed.consumers[name] = c
 }
 
-func (a *applier) pruneEvents(c *PruneEvents) (*Result, error) {
+func (a *applier) pruneEvents(c *command.PruneEvents) (*Result, error) {
 	if c.Through.Seq == 0 || c.Through.Index == 0 {
 		return invalid("prune_events needs a cursor"), nil
 	}

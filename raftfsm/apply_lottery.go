@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
+	"stockd/raftfsm/command"
 )
 
 // entryOf reads user's entry into sku as this batch sees it.
@@ -29,7 +30,7 @@ func (a *applier) entry(sku string, seq int64) (Entry, error) {
 	return decodeEntryRecord(sku, seq, v)
 }
 
-func (a *applier) enter(c *Enter) (*Result, error) {
+func (a *applier) enter(c *command.Enter) (*Result, error) {
 	res := &Result{Outcome: OutcomeOK, Entries: make([]EntryResult, len(c.Entries))}
 	for i := range c.Entries {
 		e := &c.Entries[i]
@@ -89,7 +90,7 @@ func (a *applier) enter(c *Enter) (*Result, error) {
 	return res, a.flushRequestGroup()
 }
 
-func (a *applier) draw(c *Draw) (*Result, error) {
+func (a *applier) draw(c *command.Draw) (*Result, error) {
 	s := a.sku(c.SKU)
 	switch {
 	case s == nil:

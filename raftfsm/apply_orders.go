@@ -3,6 +3,8 @@ package raftfsm
 import (
 	"fmt"
 	"slices"
+	"stockd/internal/wire"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
 )
 
@@ -162,11 +164,11 @@ func (a *applier) putOrder(o *Order) error {
 // putOrderRecord is putOrder for a caller that has counted the id's
 // sequence itself.
 func (a *applier) putOrderRecord(o *Order) {
-	size := 2 + 3*maxVarintBytes + 5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
+	size := 2 + 3*wire.MaxVarintBytes + 5*wire.MaxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
 	a.putKey(bucketOrders, o.ID, encodeOrderRecord(make([]byte, 0, size), o))
 }
 
-func (a *applier) take(c *Take) (*Result, error) {
+func (a *applier) take(c *command.Take) (*Result, error) {
 	if c.Node == "" {
 		return invalid("take needs a node"), nil
 	}
@@ -189,7 +191,7 @@ func (a *applier) take(c *Take) (*Result, error) {
 }
 
 // takeEntry judges one entry of node's Take into r.
-func (a *applier) takeEntry(node string, e *TakeEntry, r *TakeResult) error {
+func (a *applier) takeEntry(node string, e *command.TakeEntry, r *TakeResult) error {
 	if e.OrderID == "" || e.OrderID[0] == orderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
 		r.Outcome = OutcomeInvalid
 		return nil
@@ -241,7 +243,7 @@ type takeIdentity struct {
 	reqKey        string // where the request id is recorded
 }
 
-func (a *applier) identifyTake(e *TakeEntry) (takeIdentity, error) {
+func (a *applier) identifyTake(e *command.TakeEntry) (takeIdentity, error) {
 	var t takeIdentity
 	t.id, t.shaped = orderid.Parse(e.OrderID)
 	if t.shaped {
@@ -276,7 +278,7 @@ func (a *applier) identifyTake(e *TakeEntry) (takeIdentity, error) {
 
 // takeAllowed returns the sale a new take may take from, or nil and the
 // outcome that refuses it (reported in the feed as turned down).
-func (a *applier) takeAllowed(node string, e *TakeEntry, fresh bool) (*SKU, Outcome, error) {
+func (a *applier) takeAllowed(node string, e *command.TakeEntry, fresh bool) (*SKU, Outcome, error) {
 	s := a.sku(e.SKU)
 	outcome := OutcomeOK
 	switch {
@@ -308,7 +310,7 @@ func (a *applier) takeAllowed(node string, e *TakeEntry, fresh bool) (*SKU, Outc
 }
 
 // createTaken makes the order of a take the ledger allows.
-func (a *applier) createTaken(node string, e *TakeEntry, s *SKU, t *takeIdentity) (Order, error) {
+func (a *applier) createTaken(node string, e *command.TakeEntry, s *SKU, t *takeIdentity) (Order, error) {
 	s.Leased[node] -= e.Qty
 	if s.Leased[node] == 0 {
 		delete(s.Leased, node)
@@ -347,7 +349,7 @@ func (a *applier) createTaken(node string, e *TakeEntry, s *SKU, t *takeIdentity
 	return o, nil
 }
 
-func (a *applier) confirm(c *Confirm) (*Result, error) {
+func (a *applier) confirm(c *command.Confirm) (*Result, error) {
 	o, err := a.getOrder(c.OrderID)
 	if err != nil || o == nil {
 		return &Result{Outcome: OutcomeNotFound}, err
@@ -391,7 +393,7 @@ const (
 	ReleaseExpired   = "expired"
 )
 
-func (a *applier) release(c *Release) (*Result, error) {
+func (a *applier) release(c *command.Release) (*Result, error) {
 	if c.Reason != ReleaseCancelled && c.Reason != ReleaseExpired {
 		return invalid("release reason %q", c.Reason), nil
 	}
@@ -444,7 +446,7 @@ func (a *applier) releaseHeld(o *Order, reason string) error {
 
 // expire releases the listed holds whose deadline has passed at the
 // command's time; others (confirmed, cancelled, not yet due) are skipped.
-func (a *applier) expire(c *Expire) (*Result, error) {
+func (a *applier) expire(c *command.Expire) (*Result, error) {
 	var units int64
 	for _, id := range c.OrderIDs {
 		o, err := a.getOrder(id)

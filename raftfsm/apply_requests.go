@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"stockd/internal/wire"
+	"stockd/raftfsm/command"
 )
 
 // requestChange is a request id's new record: its order and creation
@@ -183,14 +185,14 @@ func requestGroupKey(at int64) []byte {
 }
 
 func encodeRequestGroup(pairs []requestPair) []byte {
-	n := 1 + maxVarintBytes
+	n := 1 + wire.MaxVarintBytes
 	for _, p := range pairs {
-		n += 2*maxVarintBytes + len(p.request) + len(p.order)
+		n += 2*wire.MaxVarintBytes + len(p.request) + len(p.order)
 	}
 	b := append(make([]byte, 0, n), requestGroupFormat)
-	b = appendUvarint(b, uint64(len(pairs)))
+	b = wire.AppendUvarint(b, uint64(len(pairs)))
 	for _, p := range pairs {
-		b = appendString(appendString(b, p.request), p.order)
+		b = wire.AppendString(wire.AppendString(b, p.request), p.order)
 	}
 	return b
 }
@@ -199,12 +201,12 @@ func decodeRequestGroup(b []byte) ([]requestPair, error) {
 	if len(b) == 0 || b[0] != requestGroupFormat {
 		return nil, fmt.Errorf("%w: not a request group", ErrMalformed)
 	}
-	d := decoder{b: b[1:]}
-	pairs := make([]requestPair, d.count(2))
+	d := wire.Decoder{B: b[1:]}
+	pairs := make([]requestPair, d.Count(2))
 	for i := range pairs {
-		pairs[i] = requestPair{d.string(), d.string()}
+		pairs[i] = requestPair{d.String(), d.String()}
 	}
-	if err := d.finish(); err != nil {
+	if err := d.Finish(); err != nil {
 		return nil, fmt.Errorf("request group: %w", err)
 	}
 	return pairs, nil
@@ -235,16 +237,16 @@ func findInRequestGroup(v []byte, requestID string) (string, bool, error) {
 	if len(v) == 0 || v[0] != requestGroupFormat {
 		return "", false, fmt.Errorf("%w: not a request group", ErrMalformed)
 	}
-	d := decoder{b: v[1:]}
-	n := d.count(2)
-	for i := 0; i < n && d.err == nil; i++ {
-		req := d.bytes()
-		order := d.bytes()
-		if string(req) == requestID && d.err == nil {
+	d := wire.Decoder{B: v[1:]}
+	n := d.Count(2)
+	for i := 0; i < n && d.Err == nil; i++ {
+		req := d.Bytes()
+		order := d.Bytes()
+		if string(req) == requestID && d.Err == nil {
 			return string(order), true, nil
 		}
 	}
-	return "", false, d.err
+	return "", false, d.Err
 }
 
 func requestTimeKey(createdAtUnixNano int64, requestID string) []byte {
@@ -362,7 +364,7 @@ func (a *applier) forgetRequestInGroup(at int64, requestID, orderID string) (boo
 // pruneRequests forgets request ids whose order was created before the
 // command's cutoff, then the oldest ones beyond MaxKeep. The orders stay;
 // a retry of a forgotten request id is judged as a new deduct.
-func (a *applier) pruneRequests(c *PruneRequests) (*Result, error) {
+func (a *applier) pruneRequests(c *command.PruneRequests) (*Result, error) {
 	if c.MaxKeep < 0 {
 		return invalid("prune_requests max_keep %d < 0", c.MaxKeep), nil
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"stockd/raftnode"
 )
 
@@ -42,7 +43,7 @@ func openRaftNode(t *testing.T, dir string) (*raftnode.Node, *raftfsm.Ledger) {
 	return startRaftNode(t, dir, l), l
 }
 
-func propose(t *testing.T, n *raftnode.Node, c raftfsm.Command) *raftfsm.Result {
+func propose(t *testing.T, n *raftnode.Node, c command.Command) *raftfsm.Result {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -63,22 +64,22 @@ func propose(t *testing.T, n *raftnode.Node, c raftfsm.Command) *raftfsm.Result 
 func TestNode_CrashBetweenCommitAndLedgerWrite(t *testing.T) {
 	dir := t.TempDir()
 	n, l := openRaftNode(t, dir)
-	propose(t, n, &raftfsm.CreateSale{SKU: "a", Sale: raftfsm.SaleConfig{Total: 1000}})
+	propose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 1000}})
 	if err := l.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	// From here on nothing reaches ledger.db: the persister is stopped and
 	// Close will not flush, as if the process died after each commit.
 	raftfsm.HaltPersister(l)
-	propose(t, n, &raftfsm.Lease{Node: "n1", SKU: "a", Want: 600})
+	propose(t, n, &command.Lease{Node: "n1", SKU: "a", Want: 600})
 	acked := map[string]bool{}
 	for batch := range 20 {
-		var takes []raftfsm.TakeEntry
+		var takes []command.TakeEntry
 		for i := range 25 {
 			id := fmt.Sprintf("o%d-%d", batch, i)
-			takes = append(takes, raftfsm.TakeEntry{SKU: "a", Qty: 1, User: "u" + id, RequestID: "r" + id, OrderID: id})
+			takes = append(takes, command.TakeEntry{SKU: "a", Qty: 1, User: "u" + id, RequestID: "r" + id, OrderID: id})
 		}
-		r := propose(t, n, &raftfsm.Take{Node: "n1", Entries: takes})
+		r := propose(t, n, &command.Take{Node: "n1", Entries: takes})
 		for i, tr := range r.Takes {
 			if tr.Outcome != raftfsm.OutcomeOK {
 				t.Fatalf("take %s: %s", takes[i].OrderID, tr.Outcome)

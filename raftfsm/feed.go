@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
+	"stockd/internal/wire"
+	"stockd/raftfsm/command"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
@@ -69,50 +69,13 @@ type FeedEvent struct {
 	Order Order
 }
 
-// Cursor names a place in the feed: the event with sequence Seq, applied
-// at log index Index. The zero cursor is the feed's start.
-type Cursor struct {
-	Index uint64
-	Seq   uint64
-}
-
 // Cursor is the event's own cursor: reading after it returns the events
 // that follow it.
-func (e *FeedEvent) Cursor() Cursor { return Cursor{Index: e.Index, Seq: e.Seq} }
-
-// String is the cursor's wire form, "<log index>-<sequence>"; the zero
-// cursor is "0".
-func (c Cursor) String() string {
-	if c == (Cursor{}) {
-		return "0"
-	}
-	return strconv.FormatUint(c.Index, 10) + "-" + strconv.FormatUint(c.Seq, 10)
-}
-
-// ErrBadCursor marks a cursor that is not of the wire form, or that names
-// no event this feed ever had.
-var ErrBadCursor = errors.New("bad cursor")
+func (e *FeedEvent) Cursor() command.Cursor { return command.Cursor{Index: e.Index, Seq: e.Seq} }
 
 // ErrCursorExpired marks a cursor older than the feed's retention: events
 // after it were pruned.
 var ErrCursorExpired = errors.New("cursor older than the feed's retention")
-
-// ParseCursor reads a cursor's wire form; "" and "0" are the start.
-func ParseCursor(s string) (Cursor, error) {
-	if s == "" || s == "0" {
-		return Cursor{}, nil
-	}
-	i, q, ok := strings.Cut(s, "-")
-	if !ok {
-		return Cursor{}, fmt.Errorf("%w %q: want <log index>-<sequence>", ErrBadCursor, s)
-	}
-	index, err1 := strconv.ParseUint(i, 10, 64)
-	seq, err2 := strconv.ParseUint(q, 10, 64)
-	if err1 != nil || err2 != nil || seq == 0 || index == 0 {
-		return Cursor{}, fmt.Errorf("%w %q: want <log index>-<sequence>, both positive", ErrBadCursor, s)
-	}
-	return Cursor{Index: index, Seq: seq}, nil
-}
 
 // feedMemoryEvents is how many events already in bbolt the feed keeps in
 // memory besides those not yet written: consumers that keep up read from
@@ -143,7 +106,7 @@ type feed struct {
 	// floorAt is the last pruned event (zero when nothing was pruned):
 	// events at or below its sequence are gone, and readers after an
 	// older cursor get ErrCursorExpired.
-	floorAt   Cursor
+	floorAt   command.Cursor
 	notify    chan struct{}
 	consumers map[string]Consumer
 	// gen counts loads: a persister of a ledger file a restore replaced
@@ -156,7 +119,7 @@ type feed struct {
 // its size cap).
 type Consumer struct {
 	Name          string
-	Cursor        Cursor
+	Cursor        command.Cursor
 	AckedUnixNano int64 // the time of the command that set the cursor
 }
 
@@ -165,7 +128,7 @@ func (f *feed) load(tx *bolt.Tx) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
-	f.mem, f.seq, f.floorAt = eventChunks{}, 0, Cursor{}
+	f.mem, f.seq, f.floorAt = eventChunks{}, 0, command.Cursor{}
 	f.consumers = map[string]Consumer{}
 	meta := tx.Bucket(bucketMeta)
 	if v := meta.Get(keyFeedSeq); len(v) == 8 {
@@ -407,9 +370,9 @@ func (f *feed) written(gen, seq uint64) {
 // then the order's record.
 func encodeFeedEvent(dst []byte, e *FeedEvent) []byte {
 	dst = append(dst, feedRecordFormat, byte(e.Type))
-	dst = appendUvarint(dst, e.Index)
-	dst = appendVarint(dst, e.At)
-	dst = appendString(dst, e.Order.ID)
+	dst = wire.AppendUvarint(dst, e.Index)
+	dst = wire.AppendVarint(dst, e.At)
+	dst = wire.AppendString(dst, e.Order.ID)
 	return encodeOrderRecord(dst, &e.Order)
 }
 
@@ -418,8 +381,8 @@ const feedRecordFormat byte = 0xE1
 // feedEventSize bounds the bytes encodeFeedEvent appends for e.
 func feedEventSize(e *FeedEvent) int {
 	o := &e.Order
-	return 2 + 2*maxVarintBytes + maxVarintBytes + len(o.ID) + 2 + 3*maxVarintBytes +
-		5*maxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
+	return 2 + 2*wire.MaxVarintBytes + wire.MaxVarintBytes + len(o.ID) + 2 + 3*wire.MaxVarintBytes +
+		5*wire.MaxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
 }
 
 func decodeFeedEvent(seq uint64, b []byte) (FeedEvent, error) {
@@ -427,14 +390,14 @@ func decodeFeedEvent(seq uint64, b []byte) (FeedEvent, error) {
 		return FeedEvent{}, fmt.Errorf("%w: feed event %d: not an event record", ErrMalformed, seq)
 	}
 	e := FeedEvent{Seq: seq, Type: FeedEventType(b[1])}
-	d := decoder{b: b[2:]}
-	e.Index = d.uvarint()
-	e.At = d.varint()
-	id := d.string()
-	if d.err != nil {
-		return FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, d.err)
+	d := wire.Decoder{B: b[2:]}
+	e.Index = d.Uvarint()
+	e.At = d.Varint()
+	id := d.String()
+	if d.Err != nil {
+		return FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, d.Err)
 	}
-	o, err := decodeOrderRecord(id, d.b)
+	o, err := decodeOrderRecord(id, d.B)
 	if err != nil {
 		return FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, err)
 	}
@@ -442,25 +405,25 @@ func decodeFeedEvent(seq uint64, b []byte) (FeedEvent, error) {
 	return e, nil
 }
 
-func encodeCursor(c Cursor) []byte {
-	return appendUvarint(appendUvarint(make([]byte, 0, 2*maxVarintBytes), c.Index), c.Seq)
+func encodeCursor(c command.Cursor) []byte {
+	return wire.AppendUvarint(wire.AppendUvarint(make([]byte, 0, 2*wire.MaxVarintBytes), c.Index), c.Seq)
 }
 
-func decodeCursor(b []byte) (Cursor, error) {
-	d := decoder{b: b}
-	c := Cursor{Index: d.uvarint(), Seq: d.uvarint()}
-	return c, d.finish()
+func decodeCursor(b []byte) (command.Cursor, error) {
+	d := wire.Decoder{B: b}
+	c := command.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
+	return c, d.Finish()
 }
 
 func encodeConsumer(c *Consumer) []byte {
 	b := encodeCursor(c.Cursor)
-	return appendVarint(b, c.AckedUnixNano)
+	return wire.AppendVarint(b, c.AckedUnixNano)
 }
 
 func decodeConsumer(name string, b []byte) (Consumer, error) {
-	d := decoder{b: b}
-	c := Consumer{Name: name, Cursor: Cursor{Index: d.uvarint(), Seq: d.uvarint()}, AckedUnixNano: d.varint()}
-	if err := d.finish(); err != nil {
+	d := wire.Decoder{B: b}
+	c := Consumer{Name: name, Cursor: command.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}, AckedUnixNano: d.Varint()}
+	if err := d.Finish(); err != nil {
 		return Consumer{}, fmt.Errorf("consumer %q: %w", name, err)
 	}
 	return c, nil

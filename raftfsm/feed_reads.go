@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"stockd/raftfsm/command"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,7 +14,7 @@ import (
 type FeedPage struct {
 	Events []FeedEvent
 	// Head is the newest event this node has applied (zero: none yet).
-	Head Cursor
+	Head command.Cursor
 	// Behind: the cursor read after lies beyond this node's applied log.
 	// The node is catching up; the same read succeeds once it has.
 	Behind bool
@@ -21,10 +22,10 @@ type FeedPage struct {
 
 // FeedStats is the feed's state on this node.
 type FeedStats struct {
-	Head      Cursor
-	HeadAt    int64  // the newest event's time, unix nanos (0: none)
-	Floor     Cursor // events up to this cursor are pruned
-	Retained  uint64 // events kept: Head.Seq - Floor.Seq
+	Head      command.Cursor
+	HeadAt    int64          // the newest event's time, unix nanos (0: none)
+	Floor     command.Cursor // events up to this cursor are pruned
+	Retained  uint64         // events kept: Head.Seq - Floor.Seq
 	Consumers []Consumer
 }
 
@@ -52,7 +53,7 @@ func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
 
 // checkCursor verifies that c names an event this feed had (or the
 // start); floor and floorAt are the feed's as read by the caller.
-func (l *Ledger) checkCursor(c Cursor, floorAt Cursor) error {
+func (l *Ledger) checkCursor(c command.Cursor, floorAt command.Cursor) error {
 	floor := floorAt.Seq
 	switch {
 	case c.Seq == 0:
@@ -61,7 +62,7 @@ func (l *Ledger) checkCursor(c Cursor, floorAt Cursor) error {
 		return fmt.Errorf("%w: %s (events up to %s are pruned)", ErrCursorExpired, c, floorAt)
 	case c.Seq == floor:
 		if c != floorAt {
-			return fmt.Errorf("%w: %s names no event of this feed", ErrBadCursor, c)
+			return fmt.Errorf("%w: %s names no event of this feed", command.ErrBadCursor, c)
 		}
 		return nil
 	}
@@ -73,7 +74,7 @@ func (l *Ledger) checkCursor(c Cursor, floorAt Cursor) error {
 		return fmt.Errorf("%w: %s (events up to it were pruned)", ErrCursorExpired, c)
 	}
 	if e.Index != c.Index {
-		return fmt.Errorf("%w: %s names no event of this feed", ErrBadCursor, c)
+		return fmt.Errorf("%w: %s names no event of this feed", command.ErrBadCursor, c)
 	}
 	return nil
 }
@@ -81,7 +82,7 @@ func (l *Ledger) checkCursor(c Cursor, floorAt Cursor) error {
 // ReadFeed returns up to limit events after cursor after, in order.
 // Errors: ErrCursorExpired for a cursor older than retention,
 // ErrBadCursor for one that names no event of the feed.
-func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
+func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 	f := &l.feed
 	f.mu.RLock()
 	visible, floorAt := f.visible, f.floorAt
@@ -103,7 +104,7 @@ func (l *Ledger) ReadFeed(after Cursor, limit int) (FeedPage, error) {
 			page.Behind = true
 			return page, nil
 		}
-		return page, fmt.Errorf("%w: %s is beyond the feed's newest event %s", ErrBadCursor, after, page.Head)
+		return page, fmt.Errorf("%w: %s is beyond the feed's newest event %s", command.ErrBadCursor, after, page.Head)
 	}
 	if err := l.checkCursor(after, floorAt); err != nil {
 		return page, err
@@ -190,18 +191,18 @@ func (l *Ledger) FeedStats() (FeedStats, error) {
 // FeedCursorBefore is the cursor of the newest event older than
 // atUnixNano, and whether there is one after the floor: retention by time
 // prunes up to it.
-func (l *Ledger) FeedCursorBefore(atUnixNano int64) (Cursor, bool, error) {
+func (l *Ledger) FeedCursorBefore(atUnixNano int64) (command.Cursor, bool, error) {
 	f := &l.feed
 	f.mu.RLock()
 	lo, hi := f.floorAt.Seq+1, f.visible // search (floor, visible]
 	f.mu.RUnlock()
-	var best Cursor
+	var best command.Cursor
 	found := false
 	for lo <= hi {
 		mid := lo + (hi-lo)/2
 		e, ok, err := l.event(mid)
 		if err != nil {
-			return Cursor{}, false, err
+			return command.Cursor{}, false, err
 		}
 		if !ok { // pruned meanwhile: look above
 			lo = mid + 1

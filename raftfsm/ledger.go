@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"stockd/internal/hashfilter"
+	"stockd/raftfsm/command"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -80,14 +81,14 @@ const (
 //
 //	Total == Available + Σ Leased[n] + Held + Sold, every term >= 0
 type SKU struct {
-	SKU               string           `json:"sku"`
-	Total             int64            `json:"total"`
-	Available         int64            `json:"available"`
-	Leased            map[string]int64 `json:"leased,omitempty"`
-	Held              int64            `json:"held"`
-	Sold              int64            `json:"sold"`
-	Config            SaleConfig       `json:"config"`
-	CreatedAtUnixNano int64            `json:"created_at"`
+	SKU               string             `json:"sku"`
+	Total             int64              `json:"total"`
+	Available         int64              `json:"available"`
+	Leased            map[string]int64   `json:"leased,omitempty"`
+	Held              int64              `json:"held"`
+	Sold              int64              `json:"sold"`
+	Config            command.SaleConfig `json:"config"`
+	CreatedAtUnixNano int64              `json:"created_at"`
 	// ClosedAtUnixNano: the sale was closed then (0: open). A closed sale
 	// takes no new deducts, leases or restocks; its holds may still be
 	// confirmed until they expire.

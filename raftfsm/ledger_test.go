@@ -38,7 +38,7 @@ func newTestLedger(tb testing.TB) *testLedger {
 
 func logOf(tb testing.TB, index uint64, c legacyCommand) *raft.Log {
 	tb.Helper()
-	typed, err := c.typed()
+	typed, err := c.Typed()
 	if err != nil {
 		tb.Fatal(err)
 	}

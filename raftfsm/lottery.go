@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"stockd/internal/wire"
 	"strconv"
 	"sync"
 
@@ -24,9 +25,6 @@ import (
 // Entries sort by key (bytes, ascending; sequence on a tie); the first
 // Available win orders, the rest wait in that order. The seed is drawn
 // when the sale is created and only its SHA-256 is shown until the draw.
-
-// SaleModeLottery is SaleConfig.Mode of a lottery sale.
-const SaleModeLottery = "lottery"
 
 const (
 	// LotterySecretBytes is CreateSale.Secret of a lottery: a 32-byte seed
@@ -89,60 +87,12 @@ type Entry struct {
 // ID is the entry's id on the wire: its sequence in the sale.
 func (e *Entry) ID() string { return strconv.FormatInt(e.Seq, 10) }
 
-// Enter is a batch of lottery entries; each is accepted or refused on its
-// own, like a Take's.
-type Enter struct{ Entries []EnterEntry }
-
-// EnterEntry is one user's entry into lottery SKU.
-type EnterEntry struct {
-	SKU       string
-	User      string
-	RequestID string
-}
-
-// EncodedSize is the bytes the entry adds to an encoded Enter.
-func (e *EnterEntry) EncodedSize() int {
-	return uvarintLen(len(e.SKU)) + len(e.SKU) + uvarintLen(len(e.User)) + len(e.User) +
-		uvarintLen(len(e.RequestID)) + len(e.RequestID)
-}
-
-// EnterHeaderSize bounds the bytes an encoded Enter needs besides its
-// entries.
-const EnterHeaderSize = commandHeaderMax + maxVarintBytes
-
 // EntryResult is the verdict on one EnterEntry: OutcomeOK (entered) or
 // OutcomeSame (the user's entry exists; Entry is it).
 type EntryResult struct {
 	Outcome Outcome
 	Entry   Entry
 }
-
-// Draw draws a lottery's winners; the leader proposes it once entries
-// have closed. A second Draw of the same sale is OutcomeSame.
-type Draw struct{ SKU string }
-
-func (*Enter) Op() Op { return OpEnter }
-func (*Draw) Op() Op  { return OpDraw }
-
-func (c *Enter) appendFields(b []byte) []byte {
-	b = appendUvarint(b, uint64(len(c.Entries)))
-	for i := range c.Entries {
-		e := &c.Entries[i]
-		b = appendString(appendString(appendString(b, e.SKU), e.User), e.RequestID)
-	}
-	return b
-}
-
-func (c *Enter) decodeFields(d *decoder) {
-	c.Entries = make([]EnterEntry, d.count(3))
-	for i := range c.Entries {
-		e := &c.Entries[i]
-		e.SKU, e.User, e.RequestID = d.string(), d.string(), d.string()
-	}
-}
-
-func (c *Draw) appendFields(b []byte) []byte { return appendString(b, c.SKU) }
-func (c *Draw) decodeFields(d *decoder)      { c.SKU = d.string() }
 
 // newLottery is the lottery part of a new sale's row, from the secret its
 // CreateSale carries.
@@ -172,15 +122,15 @@ func entryKey(sku string, seq int64) []byte {
 }
 
 func encodeEntryRecord(e *Entry) []byte {
-	b := make([]byte, 0, 4+len(e.User)+len(e.RequestID)+maxVarintBytes)
-	b = appendString(appendString(b, e.User), e.RequestID)
-	return appendVarint(b, e.AtUnixNano)
+	b := make([]byte, 0, 4+len(e.User)+len(e.RequestID)+wire.MaxVarintBytes)
+	b = wire.AppendString(wire.AppendString(b, e.User), e.RequestID)
+	return wire.AppendVarint(b, e.AtUnixNano)
 }
 
 func decodeEntryRecord(sku string, seq int64, b []byte) (Entry, error) {
-	d := decoder{b: b}
-	e := Entry{SKU: sku, Seq: seq, User: d.string(), RequestID: d.string(), AtUnixNano: d.varint()}
-	if err := d.finish(); err != nil {
+	d := wire.Decoder{B: b}
+	e := Entry{SKU: sku, Seq: seq, User: d.String(), RequestID: d.String(), AtUnixNano: d.Varint()}
+	if err := d.Finish(); err != nil {
 		return Entry{}, fmt.Errorf("entry %d of %q: %w", seq, sku, err)
 	}
 	return e, nil

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bytes"
 	"fmt"
+	"stockd/internal/wire"
 	"stockd/raftfsm/orderid"
 	"strconv"
 )
@@ -94,12 +95,12 @@ type blockMember struct {
 // member reads the member at offset off of the block's value (the first
 // is at 1).
 func (b *orderBlock) member(off int) (blockMember, error) {
-	d := decoder{b: b.v[off:]}
-	m := blockMember{slot: d.byte(), random: d.bytes(), record: d.bytes()}
-	if d.err != nil {
-		return blockMember{}, fmt.Errorf("order block of %q %d at %d: %w", b.owner, b.block, off, d.err)
+	d := wire.Decoder{B: b.v[off:]}
+	m := blockMember{slot: d.Byte(), random: d.Bytes(), record: d.Bytes()}
+	if d.Err != nil {
+		return blockMember{}, fmt.Errorf("order block of %q %d at %d: %w", b.owner, b.block, off, d.Err)
 	}
-	m.next = len(b.v) - len(d.b)
+	m.next = len(b.v) - len(d.B)
 	return m, nil
 }
 
@@ -149,9 +150,9 @@ func (b *orderBlock) find(slot byte, random string) ([]byte, error) {
 // memory for its record, returned for the next call.
 func appendBlockMember(dst, scratch []byte, slot byte, random string, o *Order) ([]byte, []byte) {
 	dst = append(dst, slot)
-	dst = appendString(dst, random)
+	dst = wire.AppendString(dst, random)
 	scratch = encodeOrderRecord(scratch[:0], o)
-	dst = appendUvarint(dst, uint64(len(scratch)))
+	dst = wire.AppendUvarint(dst, uint64(len(scratch)))
 	return append(dst, scratch...), scratch
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"slices"
+	"stockd/raftfsm/command"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -14,7 +15,7 @@ import (
 // goes on reading the feed after FeedCursor.
 type OrdersSnapshot struct {
 	Applied    uint64
-	FeedCursor Cursor
+	FeedCursor command.Cursor
 }
 
 // SaleOrders calls fn, in order id order, for every order of sku (in

@@ -3,6 +3,8 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
+	"stockd/internal/wire"
+	"stockd/raftfsm/command"
 )
 
 // Ledger rules say how the ledger judges what it applies. A new rule is
@@ -35,17 +37,7 @@ const (
 // uint64; absent: RulesGlobalRequestIDs).
 var keyRules = []byte("rules")
 
-// SetRules switches the ledger to Rules, from the next entry on. Rules
-// only go up: a SetRules at or below the ledger's rules changes nothing.
-type SetRules struct{ Rules uint64 }
-
-// Op is OpSetRules.
-func (*SetRules) Op() Op { return OpSetRules }
-
-func (c *SetRules) appendFields(b []byte) []byte { return appendUvarint(b, c.Rules) }
-func (c *SetRules) decodeFields(d *decoder)      { c.Rules = d.uvarint() }
-
-func (a *applier) setRules(c *SetRules) *Result {
+func (a *applier) setRules(c *command.SetRules) *Result {
 	if c.Rules > RulesCurrent {
 		// Applying the entries after it under rules this binary does not
 		// know would make this node disagree with the others.
@@ -87,7 +79,7 @@ const requestKeyPrefix = 0x00
 
 // maxRequestKeyBytes bounds the key of ids within maxKeyBytes: callers
 // build keys of such ids in a buffer of this size without allocating.
-const maxRequestKeyBytes = 1 + maxVarintBytes + 2*maxKeyBytes
+const maxRequestKeyBytes = 1 + wire.MaxVarintBytes + 2*maxKeyBytes
 
 // MaxRequestKeyBytes is maxRequestKeyBytes, for the engine's buffers.
 const MaxRequestKeyBytes = maxRequestKeyBytes
@@ -102,7 +94,7 @@ func AppendRequestKey(dst, user, requestID []byte) []byte {
 // appendRequestKey appends the scoped key of user's request id.
 func appendRequestKey[T ~string | ~[]byte](dst []byte, user, requestID T) []byte {
 	dst = append(dst, requestKeyPrefix)
-	dst = appendUvarint(dst, uint64(len(user)))
+	dst = wire.AppendUvarint(dst, uint64(len(user)))
 	dst = append(dst, user...)
 	return append(dst, requestID...)
 }

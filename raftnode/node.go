@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -418,8 +419,8 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // Propose replicates one command and returns the ledger's result once it is
 // committed and applied on this node. Errors are the sentinels above, or a
 // wrapped encoding error.
-func (n *Node) Propose(atUnixNano int64, c raftfsm.Command) (*raftfsm.Result, error) {
-	return n.ProposeEncoded(raftfsm.EncodeCommand(nil, atUnixNano, c))
+func (n *Node) Propose(atUnixNano int64, c command.Command) (*raftfsm.Result, error) {
+	return n.ProposeEncoded(command.EncodeCommand(nil, atUnixNano, c))
 }
 
 // ProposeEncoded replicates a command already in EncodeCommand form (as a

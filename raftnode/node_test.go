@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func startTestNodeOn(t *testing.T, dir string, l *raftfsm.Ledger) (*Node, *raftf
 	return n, l
 }
 
-func mustPropose(t *testing.T, n *Node, c raftfsm.Command) *raftfsm.Result {
+func mustPropose(t *testing.T, n *Node, c command.Command) *raftfsm.Result {
 	t.Helper()
 	var res *raftfsm.Result
 	var err error
@@ -82,11 +83,11 @@ func checkAudit(t *testing.T, l *raftfsm.Ledger, sku string) {
 func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 	dir := t.TempDir()
 	n, l := startTestNode(t, dir)
-	mustPropose(t, n, &raftfsm.CreateSale{SKU: "a", Sale: raftfsm.SaleConfig{Total: 100}})
-	if r := mustPropose(t, n, &raftfsm.Lease{Node: "n1", SKU: "a", Want: 30}); r.Qty != 30 {
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 100}})
+	if r := mustPropose(t, n, &command.Lease{Node: "n1", SKU: "a", Want: 30}); r.Qty != 30 {
 		t.Fatalf("lease %d", r.Qty)
 	}
-	r := mustPropose(t, n, &raftfsm.Take{Node: "n1", Entries: []raftfsm.TakeEntry{
+	r := mustPropose(t, n, &command.Take{Node: "n1", Entries: []command.TakeEntry{
 		{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o1"},
 		{SKU: "a", Qty: 2, User: "u2", RequestID: "r2", OrderID: "o2"},
 	}})
@@ -97,7 +98,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 	if err := n.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
-	mustPropose(t, n, &raftfsm.Restock{SKU: "a", Qty: 10})
+	mustPropose(t, n, &command.Restock{SKU: "a", Qty: 10})
 	before, _, _ := l.SKU("a")
 	if err := n.Close(); err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 	if after.Total != 110 || after.Sold != 3 {
 		t.Fatalf("row %+v, want total 110 sold 3", after)
 	}
-	r = mustPropose(t, n2, &raftfsm.Take{Node: "n1", Entries: []raftfsm.TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o9"}}})
+	r = mustPropose(t, n2, &command.Take{Node: "n1", Entries: []command.TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o9"}}})
 	if r.Takes[0].Outcome != raftfsm.OutcomeSame || r.Takes[0].Order.ID != "o1" {
 		t.Fatalf("request r1 after restart: %s %q, want same o1", r.Takes[0].Outcome, r.Takes[0].Order.ID)
 	}
@@ -129,7 +130,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 func TestNode_LedgerLostIsRebuiltFromSnapshot(t *testing.T) {
 	dir := t.TempDir()
 	n, l := startTestNode(t, dir)
-	mustPropose(t, n, &raftfsm.CreateSale{SKU: "a", Sale: raftfsm.SaleConfig{Total: 5}})
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 5}})
 	if err := n.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
@@ -181,14 +182,14 @@ func TestNode_ProposalQueuedAtShutdownReturns(t *testing.T) {
 	if err := n.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Propose(1, &raftfsm.CreateSale{SKU: "a", Sale: raftfsm.SaleConfig{Total: 10}}); err != nil {
+	if _, err := n.Propose(1, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 10}}); err != nil {
 		t.Fatal(err)
 	}
 	armed.Store(true)
 	results := make(chan error, 8)
 	for range cap(results) {
 		go func() {
-			_, err := n.Propose(2, &raftfsm.Restock{SKU: "a", Qty: 1})
+			_, err := n.Propose(2, &command.Restock{SKU: "a", Qty: 1})
 			results <- err
 		}()
 	}

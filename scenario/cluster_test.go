@@ -14,6 +14,7 @@ import (
 	"stockd/httpapi"
 	"stockd/node"
 	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 	"stockd/raftnode"
 
 	"github.com/valyala/fasthttp"
@@ -795,16 +796,16 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 	}
 	p := c.node(follower).Proposer()
 	at := time.Now().UnixNano()
-	if res, err := p.Propose(at, &raftfsm.Lease{Node: follower, SKU: "big", Want: takes}); err != nil || res.Qty != takes {
+	if res, err := p.Propose(at, &command.Lease{Node: follower, SKU: "big", Want: takes}); err != nil || res.Qty != takes {
 		t.Fatalf("lease: %v %+v", err, res)
 	}
-	take := &raftfsm.Take{Node: follower}
+	take := &command.Take{Node: follower}
 	long := strings.Repeat("x", 100)
 	for i := range takes {
-		take.Entries = append(take.Entries, raftfsm.TakeEntry{SKU: "big", Qty: 1,
+		take.Entries = append(take.Entries, command.TakeEntry{SKU: "big", Qty: 1,
 			User: fmt.Sprintf("%s-u%d", long, i), RequestID: fmt.Sprintf("%s-r%d", long, i), OrderID: fmt.Sprintf("%s-big-%d", follower, i)})
 	}
-	if size := len(raftfsm.EncodeCommand(nil, at, take)); size < 20*httpapi.MaxBodyBytes {
+	if size := len(command.EncodeCommand(nil, at, take)); size < 20*httpapi.MaxBodyBytes {
 		t.Fatalf("the batch is only %d bytes", size)
 	}
 	res, err := p.Propose(at, take)
@@ -824,7 +825,7 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 
 // proposeAs sends an encoded command to node to's internal route as node
 // from would, with the given cluster secret.
-func proposeAs(t *testing.T, c *testCluster, to, from, secret string, cmd raftfsm.Command) (int, string) {
+func proposeAs(t *testing.T, c *testCluster, to, from, secret string, cmd command.Command) (int, string) {
 	t.Helper()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -836,7 +837,7 @@ func proposeAs(t *testing.T, c *testCluster, to, from, secret string, cmd raftfs
 	if secret != "" {
 		req.Header.Set("X-Stockd-Cluster-Secret", secret)
 	}
-	req.SetBody(raftfsm.EncodeCommand(nil, time.Now().UnixNano(), cmd))
+	req.SetBody(command.EncodeCommand(nil, time.Now().UnixNano(), cmd))
 	if err := c.client(to).DoTimeout(req, resp, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -865,21 +866,21 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 		t.Fatalf("deduct on %s: %d %v", other, code, body)
 	}
 	before := checkClusterLedgers(t, c, "gem", nil)
-	f := func(name string, secret string, cmd raftfsm.Command, wantCode int) {
+	f := func(name string, secret string, cmd command.Command, wantCode int) {
 		t.Helper()
 		code, body := proposeAs(t, c, leader, follower, secret, cmd)
 		if code != wantCode {
 			t.Fatalf("%s: %d %s, want %d", name, code, body, wantCode)
 		}
 	}
-	forged := &raftfsm.Take{Node: other, Entries: []raftfsm.TakeEntry{{SKU: "gem", Qty: 1, User: "thief", OrderID: other + "-forged"}}}
+	forged := &command.Take{Node: other, Entries: []command.TakeEntry{{SKU: "gem", Qty: 1, User: "thief", OrderID: other + "-forged"}}}
 	f("take in another node's name", testClusterSecret, forged, 403)
-	f("lease in another node's name", testClusterSecret, &raftfsm.Lease{Node: other, SKU: "gem", Want: 50}, 403)
-	f("return in another node's name", testClusterSecret, &raftfsm.Return{Node: other, SKU: "gem", Qty: 1}, 403)
-	f("restock from a peer", testClusterSecret, &raftfsm.Restock{SKU: "gem", Qty: 1000}, 403)
-	f("reclaim from a peer", testClusterSecret, &raftfsm.Reclaim{Node: other}, 403)
-	f("take with a wrong secret", "wrong", &raftfsm.Take{Node: follower, Entries: forged.Entries}, 403)
-	f("take without a secret", "", &raftfsm.Take{Node: follower, Entries: forged.Entries}, 403)
+	f("lease in another node's name", testClusterSecret, &command.Lease{Node: other, SKU: "gem", Want: 50}, 403)
+	f("return in another node's name", testClusterSecret, &command.Return{Node: other, SKU: "gem", Qty: 1}, 403)
+	f("restock from a peer", testClusterSecret, &command.Restock{SKU: "gem", Qty: 1000}, 403)
+	f("reclaim from a peer", testClusterSecret, &command.Reclaim{Node: other}, 403)
+	f("take with a wrong secret", "wrong", &command.Take{Node: follower, Entries: forged.Entries}, 403)
+	f("take without a secret", "", &command.Take{Node: follower, Entries: forged.Entries}, 403)
 	after := checkClusterLedgers(t, c, "gem", nil)
 	for _, k := range []string{"total", "available", "held", "sold", "orders"} {
 		if before[k] != after[k] {
@@ -890,7 +891,7 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 		t.Fatalf("a refused call changed leases: %v -> %v", before["leased"], after["leased"])
 	}
 	// Its own registration, in its own name, is what a peer may send.
-	f("own registration", testClusterSecret, &raftfsm.Register{Node: follower, Addr: c.node(follower).HTTPAddr()}, 200)
+	f("own registration", testClusterSecret, &command.Register{Node: follower, Addr: c.node(follower).HTTPAddr()}, 200)
 }
 
 // answerLoser is a peer connection that, while lose is set, loses every
