@@ -242,7 +242,7 @@ func TestClient_CallsBesideDeduct(t *testing.T) {
 	if s, err := cl.Restock(ctx, "tv", 2); err != nil || s.Total != 5 {
 		t.Fatalf("restock: %+v %v", s, err)
 	}
-	if st, err := cl.Cluster(ctx); err != nil || st.NodeID != "n1" || st.LedgerRules != 1 || len(st.Nodes) != 1 {
+	if st, err := cl.Cluster(ctx); err != nil || st.NodeID != "n1" || st.LedgerRules != raftfsm.RulesCurrent || len(st.Nodes) != 1 {
 		t.Fatalf("cluster: %+v %v", st, err)
 	}
 	if s, err := cl.CloseSale(ctx, "tv"); err != nil || s.State != "closed" {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"stockd/raftfsm"
 	"testing"
 	"time"
 )
@@ -104,9 +105,9 @@ func TestMultiProcess_RollingUpgradeSwitchesTheRulesLast(t *testing.T) {
 			t.Fatalf("with %d of 3 nodes upgraded, %s reports ledger rules %v", i+1, id, r)
 		}
 	}
-	waitFor(t, 30*time.Second, "ledger rules 1 on every node", func() bool {
+	waitFor(t, 30*time.Second, "this version's ledger rules on every node", func() bool {
 		for _, id := range p.ids {
-			if rulesOf(id) != 1 {
+			if rulesOf(id) != float64(raftfsm.RulesCurrent) {
 				return false
 			}
 		}
