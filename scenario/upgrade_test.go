@@ -30,6 +30,7 @@ func buildPreviousStockd(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	archive := exec.Command("sh", "-c", fmt.Sprintf("git archive %s | tar -x -C %s", previousVersion, src))
+	archive.Dir = ".." // the repository's root: git archive run in a folder archives that folder
 	if out, err := archive.CombinedOutput(); err != nil {
 		t.Fatalf("unpack %s: %v\n%s", previousVersion, err, out)
 	}
