@@ -66,7 +66,7 @@ const drainTimeoutMax = time.Minute
 // DefaultConfig is the embedded default: node n1 on 127.0.0.1:8080 (raft
 // on 127.0.0.1:7000), data in ./data, a 10 s drain.
 func DefaultConfig() Config {
-	return Config{
+	cfg := Config{
 		ID:           "n1",
 		DataDir:      "./data",
 		DrainTimeout: 10 * time.Second,
@@ -75,11 +75,38 @@ func DefaultConfig() Config {
 		Raft:         raftnode.DefaultConfig(),
 		Engine:       engine.DefaultConfig(),
 	}
+	// The node's identity is held here once (ID, DataDir, Peers, Logger);
+	// Start hands it to the parts.
+	cfg.Raft.NodeID, cfg.Raft.Dir, cfg.Engine.NodeID = "", "", ""
+	return cfg
+}
+
+// heldByNode names a part's setting that Config holds for every part, if
+// one is set: Start fills them in, so a value there would be overwritten.
+func (c *Config) heldByNode() string {
+	switch {
+	case c.Engine.NodeID != "", c.Raft.NodeID != "":
+		return "the node id (set Config.ID)"
+	case c.Raft.Dir != "":
+		return "the data dir (set Config.DataDir)"
+	case len(c.Raft.Peers) > 0:
+		return "the peers (set Config.Peers)"
+	case c.Engine.Logger != nil, c.Raft.Logger != nil, c.HTTP.Logger != nil:
+		return "the logger (set Config.Logger)"
+	case c.Engine.AdvertiseHTTP != "":
+		return "the advertised HTTP address (set Config.AdvertiseHTTP)"
+	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil:
+		return "the wiring between the parts (Start makes it; tests set Config.StreamLayer)"
+	}
+	return ""
 }
 
 // Validate names the first setting that cannot work. The parts validate
 // their own knobs when Start builds them.
 func (c *Config) Validate() error {
+	if held := c.heldByNode(); held != "" {
+		return fmt.Errorf("node: %s is a setting of the node, not of one of its parts", held)
+	}
 	switch {
 	case !validNodeID(c.ID):
 		return fmt.Errorf("-id %q: a node id is 1 to %d letters, digits, '.', '_' or '-'", c.ID, nodeIDMaxBytes)

@@ -122,6 +122,8 @@ func TestConfig_ValidateNamesWhatCannotWork(t *testing.T) {
 		{func(c *Config) { c.Peers = []Peer{{ID: "n1", Addr: "127.0.0.1:1"}} }, "needs -cluster-secret"},
 		{func(c *Config) { c.DrainTimeout = 0 }, "drain timeout"},
 		{func(c *Config) { c.HTTP.Addr = ":8080" }, "need -admin-token"},
+		{func(c *Config) { c.Engine.NodeID = "n2" }, "the node id (set Config.ID) is a setting of the node"},
+		{func(c *Config) { c.Raft.Dir = "/elsewhere" }, "the data dir (set Config.DataDir) is a setting of the node"},
 	} {
 		cfg := testConfig(t.TempDir())
 		c.tune(&cfg)
