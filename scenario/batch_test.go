@@ -3,6 +3,7 @@ package scenario
 import (
 	"encoding/json"
 	"fmt"
+	"stockd/internal/testnode"
 	"strings"
 	"sync"
 	"testing"
@@ -58,8 +59,8 @@ func batchItems(prefix string) []string {
 }
 
 func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
-	n := startTestNode(t, t.TempDir())
-	cl := clientOf(n, 16)
+	n := testnode.StartNode(t, t.TempDir())
+	cl := testnode.ClientOf(n, 16)
 	// Ten sales each for the batch and for single deducts: five of 100
 	// units (enough for their 100 buyers), five of 10 (sold out).
 	for _, prefix := range []string{"b", "s"} {
@@ -68,7 +69,7 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 			if k >= 5 {
 				total = 10
 			}
-			if code, body := call(t, cl, "PUT", fmt.Sprintf("/v1/skus/%s%d", prefix, k), fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
+			if code, body := testnode.Call(t, cl, "PUT", fmt.Sprintf("/v1/skus/%s%d", prefix, k), fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
 				t.Fatalf("create sale: %d %v", code, body)
 			}
 		}
@@ -97,7 +98,7 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 		if strings.Contains(it.SKU, " ") || it.SKU == "" {
 			path = "/v1/skus/not-a-sku/deduct" // the path cannot carry it; compare the batch's 400 below
 		}
-		single, out := call(t, cl, "POST", path, item)
+		single, out := testnode.Call(t, cl, "POST", path, item)
 		errCode, _ := out["error"].(string)
 		b := results[i]
 		bsku := strings.Replace(it.SKU, "s", "b", 1)
@@ -157,7 +158,7 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 		}
 	}
 	for k := range 10 {
-		a := checkLedger(t, cl, fmt.Sprintf("b%d", k))
+		a := testnode.CheckLedger(t, cl, fmt.Sprintf("b%d", k))
 		want := float64(min(buyers[fmt.Sprintf("b%d", k)], 100))
 		if k >= 5 {
 			want = 10
@@ -189,8 +190,8 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 // add up to the stock.
 func TestBatch_RacingBatchesOverThreeNodes(t *testing.T) {
 	const units, buyers, perBatch = 300, 600, 50
-	c := startTestCluster(t)
-	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/rb", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	c := testnode.StartCluster(t)
+	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/rb", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "rb")
@@ -203,7 +204,7 @@ func TestBatch_RacingBatchesOverThreeNodes(t *testing.T) {
 	var wg sync.WaitGroup
 	for copyN := range 2 {
 		for start := 0; start < buyers; start += perBatch {
-			node := c.ids[(start/perBatch+copyN)%len(c.ids)]
+			node := c.IDs[(start/perBatch+copyN)%len(c.IDs)]
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -217,7 +218,7 @@ func TestBatch_RacingBatchesOverThreeNodes(t *testing.T) {
 						who = append(who, b)
 					}
 				}
-				code, results, body := postBatch(t, c.client(node), `{"deducts":[`+strings.Join(items, ",")+`]}`)
+				code, results, body := postBatch(t, c.Client(node), `{"deducts":[`+strings.Join(items, ",")+`]}`)
 				if code != 200 || len(results) != len(items) {
 					t.Errorf("batch on %s: %d %s", node, code, body)
 					return

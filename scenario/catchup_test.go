@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"fmt"
+	"stockd/internal/testnode"
 	"strings"
 	"sync"
 	"testing"
@@ -12,27 +13,20 @@ import (
 // happened: a sale made through the leader a moment ago is not "unknown"
 // on a follower that trails it, since clients take a 404 as final. Here
 // the follower trails for as long as the test wants: every byte to and
-// from it is held (faultNet.stall) while the sale is made.
+// from it is held (testnode.FaultNet.Stall) while the sale is made.
 
 // stalledFollower starts a cluster, stalls a follower and creates sku
 // through the leader, which commits it with the other follower. It
 // returns the cluster and the stalled follower's id.
-func stalledFollower(t *testing.T, sku string, units int) (*testCluster, string) {
+func stalledFollower(t *testing.T, sku string, units int) (*testnode.Cluster, string) {
 	t.Helper()
-	c := startTestCluster(t)
-	leader := c.leader()
-	follower := ""
-	for _, id := range c.nodeIDs() {
-		if id != leader {
-			follower = id
-			break
-		}
-	}
-	c.net.stall(follower)
-	if code, body := call(t, c.client(leader), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	c := testnode.StartCluster(t)
+	leader, follower := c.Leader(), c.Follower()
+	c.Net.Stall(follower)
+	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create %s: %d %v", sku, code, body)
 	}
-	if _, _, ok := c.node(follower).Ledger().SKU(sku); ok {
+	if _, _, ok := c.Node(follower).Ledger().SKU(sku); ok {
 		t.Fatalf("%s knows %s through a stalled network", follower, sku)
 	}
 	return c, follower
@@ -43,7 +37,7 @@ func stalledFollower(t *testing.T, sku string, units int) (*testCluster, string)
 // wins; it is never told unknown_sku.
 func TestCatchUp_FollowerSellsASaleItHasNotAppliedYet(t *testing.T) {
 	c, follower := stalledFollower(t, "fresh", 5)
-	eng := c.node(follower).Engine()
+	eng := c.Node(follower).Engine()
 	before := eng.MetricsSnapshot().CatchUps
 	type answer struct {
 		code int
@@ -51,11 +45,11 @@ func TestCatchUp_FollowerSellsASaleItHasNotAppliedYet(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		code, body := callQuiet(c.client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u1","request_id":"r1"}`)
+		code, body := testnode.CallQuiet(c.Client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u1","request_id":"r1"}`)
 		done <- answer{code, body}
 	}()
-	waitFor(t, 10*time.Second, "the deduct to start catching up", func() bool { return eng.MetricsSnapshot().CatchUps > before })
-	c.net.resume(follower)
+	testnode.WaitFor(t, 10*time.Second, "the deduct to start catching up", func() bool { return eng.MetricsSnapshot().CatchUps > before })
+	c.Net.Resume(follower)
 	a := <-done
 	if a.code != 200 || a.body["sku"] != "fresh" {
 		t.Fatalf("deduct on %s for a sale it had not applied: %d %v", follower, a.code, a.body)
@@ -71,8 +65,8 @@ func TestCatchUp_FollowerSellsASaleItHasNotAppliedYet(t *testing.T) {
 // up, and 200 once it can; a SKU that does not exist is still 404.
 func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 	c, follower := stalledFollower(t, "fresh", 5)
-	leader := c.leader()
-	code, won := call(t, c.client(leader), "POST", "/v1/skus/fresh/deduct", `{"user":"u1"}`)
+	leader := c.Leader()
+	code, won := testnode.Call(t, c.Client(leader), "POST", "/v1/skus/fresh/deduct", `{"user":"u1"}`)
 	if code != 200 {
 		t.Fatalf("deduct on the leader: %d %v", code, won)
 	}
@@ -80,19 +74,19 @@ func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 	paths := []string{"/v1/skus/fresh", "/v1/orders/" + order, "/v1/skus/fresh/audit"}
 	for _, p := range paths {
 		// The stalled follower cannot reach the leader: it says so.
-		if code, body := callQuiet(c.client(follower), "GET", p, ""); code != 503 {
+		if code, body := testnode.CallQuiet(c.Client(follower), "GET", p, ""); code != 503 {
 			t.Fatalf("GET %s on %s, cut off: %d %v (want 503, never 404)", p, follower, code, body)
 		}
 	}
-	if code, body := callQuiet(c.client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u2"}`); code != 503 {
+	if code, body := testnode.CallQuiet(c.Client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u2"}`); code != 503 {
 		t.Fatalf("deduct on %s, cut off: %d %v (want 503, never 404)", follower, code, body)
 	}
-	c.net.resume(follower)
+	c.Net.Resume(follower)
 	// Cut off for seconds, it has lost the leader: 503 until it finds it
 	// again, then 200; never 404.
 	for _, p := range paths {
-		waitFor(t, 20*time.Second, "GET "+p+" on the healed follower", func() bool {
-			code, body := callQuiet(c.client(follower), "GET", p, "")
+		testnode.WaitFor(t, 20*time.Second, "GET "+p+" on the healed follower", func() bool {
+			code, body := testnode.CallQuiet(c.Client(follower), "GET", p, "")
 			if code != 200 && code != 503 {
 				t.Fatalf("GET %s on %s, healing: %d %v", p, follower, code, body)
 			}
@@ -100,7 +94,7 @@ func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 		})
 	}
 	for _, p := range []string{"/v1/skus/never", "/v1/orders/n9-never"} {
-		if code, body := call(t, c.client(follower), "GET", p, ""); code != 404 {
+		if code, body := testnode.Call(t, c.Client(follower), "GET", p, ""); code != 404 {
 			t.Fatalf("GET %s: %d %v (want 404)", p, code, body)
 		}
 	}
@@ -111,23 +105,17 @@ func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 // index each. A batch's unknown SKUs share one round; concurrent misses
 // share rounds too.
 func TestCatchUp_MissesShareRounds(t *testing.T) {
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	createSaleEverywhere(t, c, "real", 100)
-	follower := ""
-	for _, id := range c.nodeIDs() {
-		if id != c.leader() {
-			follower = id
-			break
-		}
-	}
-	eng := c.node(follower).Engine()
+	follower := c.Follower()
+	eng := c.Node(follower).Engine()
 	before := eng.MetricsSnapshot()
 	items := make([]string, 100)
 	for i := range items {
 		items[i] = fmt.Sprintf(`{"sku":"ghost-%d","user":"u%d"}`, i, i)
 	}
 	items[50] = `{"sku":"real","user":"buyer"}`
-	code, results, raw := postBatch(t, c.client(follower), `{"deducts":[`+strings.Join(items, ",")+`]}`)
+	code, results, raw := postBatch(t, c.Client(follower), `{"deducts":[`+strings.Join(items, ",")+`]}`)
 	if code != 200 {
 		t.Fatalf("batch: %d %s", code, raw)
 	}
@@ -151,7 +139,7 @@ func TestCatchUp_MissesShareRounds(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := range each {
-				codes[w*each+i], _ = callQuiet(c.client(follower), "POST", fmt.Sprintf("/v1/skus/ghost-%d-%d/deduct", w, i), `{"user":"u"}`)
+				codes[w*each+i], _ = testnode.CallQuiet(c.Client(follower), "POST", fmt.Sprintf("/v1/skus/ghost-%d-%d/deduct", w, i), `{"user":"u"}`)
 			}
 		})
 	}

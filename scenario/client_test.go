@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/client"
+	"stockd/internal/testnode"
 	"stockd/node"
 	"stockd/raftfsm"
 )
@@ -22,7 +23,7 @@ import (
 // by request id.
 func ledgerOrders(t *testing.T, node *fasthttp.HostClient, sku string) map[string][]string {
 	t.Helper()
-	body := getRaw(t, node, "/v1/skus/"+sku+"/orders")
+	body := testnode.GetRaw(t, node, "/v1/skus/"+sku+"/orders")
 	out := map[string][]string{}
 	sc := bufio.NewScanner(bytes.NewReader([]byte(body)))
 	for sc.Scan() {
@@ -130,7 +131,7 @@ func clientOfCluster(t *testing.T, endpoint string, members int) *client.Client 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	waitFor(t, 10*time.Second, "the client to find the cluster's members", func() bool { return len(cl.Members()) == members })
+	testnode.WaitFor(t, 10*time.Second, "the client to find the cluster's members", func() bool { return len(cl.Members()) == members })
 	return cl
 }
 
@@ -138,7 +139,7 @@ func clientOfCluster(t *testing.T, endpoint string, members int) *client.Client 
 // test's end.
 func startClientNode(t *testing.T) (*node.Node, *client.Client) {
 	t.Helper()
-	n := startTestNode(t, t.TempDir())
+	n := testnode.StartNode(t, t.TempDir())
 	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
 	if err != nil {
 		t.Fatal(err)
@@ -154,27 +155,27 @@ func startClientNode(t *testing.T) (*node.Node, *client.Client) {
 // the client reported are the ledger's orders, no request id has two, and
 // the ledgers obey the law.
 func TestClient_LeaderCrashedMidSale(t *testing.T) {
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	const units, buyers, workers = 300, 600, 200
-	if code, body := call(t, c.client(c.leader()), "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := testnode.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create: %d %v", code, body)
 	}
-	waitSaleEverywhere(t, c, "phone")
-	cl := clientOfCluster(t, "http://"+c.node("n1").HTTPAddr(), 3)
+	testnode.WaitSaleEverywhere(t, c, "phone")
+	cl := clientOfCluster(t, "http://"+c.Node("n1").HTTPAddr(), 3)
 
 	leader := ""
 	results := buyThrough(cl.Deduct, func(int) string { return "phone" }, buyers, workers, func(b int) {
 		switch b {
 		case buyers / 3:
-			leader = c.leader()
-			c.crash(leader)
+			leader = c.Leader()
+			c.Crash(leader)
 		case 2 * buyers / 3:
-			c.start(leader, nil)
+			c.Start(leader, nil)
 		}
 	})
-	waitReady(t, c)
+	testnode.WaitReady(t, c)
 	audit := checkClusterLedgers(t, c, "phone", nil)
-	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, c.client(c.leader()), "phone"), audit)
+	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, c.Client(c.Leader()), "phone"), audit)
 	orders := len(reported)
 	t.Logf("crashed %s at buyer %d, restarted at %d: %d wins reported, %d not definite", leader, buyers/3, 2*buyers/3, orders, notDefinite)
 }
@@ -251,7 +252,7 @@ func TestClient_CallsBesideDeduct(t *testing.T) {
 	if _, err := cl.Deduct(ctx, client.Deduct{SKU: "tv", User: "erin"}); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("deduct after close: %v", err)
 	}
-	checkLedger(t, clientOf(n, 1), "tv")
+	testnode.CheckLedger(t, testnode.ClientOf(n, 1), "tv")
 }
 
 // TestClient_DeductBatch: a batch over two requests of the route's limit,
@@ -288,7 +289,7 @@ func TestClient_DeductBatch(t *testing.T) {
 			t.Fatalf("item %d: %v", i, r.Err)
 		}
 	}
-	a, b := checkLedger(t, clientOf(n, 1), "a"), checkLedger(t, clientOf(n, 1), "b")
+	a, b := testnode.CheckLedger(t, testnode.ClientOf(n, 1), "a"), testnode.CheckLedger(t, testnode.ClientOf(n, 1), "b")
 	if sold := int(a["sold"].(float64) + b["sold"].(float64)); wins != 1201 || sold != wins {
 		t.Fatalf("%d wins reported, %d sold; want 1201 (1200 of a, 1 of b)", wins, sold)
 	}
@@ -298,7 +299,7 @@ func TestClient_DeductBatch(t *testing.T) {
 // through client.NewSharded: each SKU exists and sells only on its own
 // cluster, and the wins are the two ledgers' sold units.
 func TestClient_ShardedOverTwoClusters(t *testing.T) {
-	east, west := startTestNode(t, t.TempDir()), startTestNode(t, t.TempDir())
+	east, west := testnode.StartNode(t, t.TempDir()), testnode.StartNode(t, t.TempDir())
 	nodes := map[string]*node.Node{"east": east, "west": west}
 	s, err := client.NewSharded([]client.Config{
 		{Name: "east", Endpoints: []string{"http://" + east.HTTPAddr()}},
@@ -337,12 +338,12 @@ func TestClient_ShardedOverTwoClusters(t *testing.T) {
 	for k := range 10 {
 		sku := fmt.Sprintf("sku%d", k)
 		for name, n := range nodes {
-			code, _ := call(t, clientOf(n, 1), "GET", "/v1/skus/"+sku, "")
+			code, _ := testnode.Call(t, testnode.ClientOf(n, 1), "GET", "/v1/skus/"+sku, "")
 			if own := name == s.ClusterOf(sku); own != (code == 200) {
 				t.Fatalf("%s on %s: %d (its cluster is %s)", sku, name, code, s.ClusterOf(sku))
 			}
 			if code == 200 {
-				sold += int(checkLedger(t, clientOf(n, 1), sku)["sold"].(float64))
+				sold += int(testnode.CheckLedger(t, testnode.ClientOf(n, 1), sku)["sold"].(float64))
 			}
 		}
 	}
@@ -359,15 +360,15 @@ func TestClient_ShardedOverTwoClusters(t *testing.T) {
 // refuses a client without them (401, ErrUnauthorized) and serves one
 // with them.
 func TestClient_TokensOnANode(t *testing.T) {
-	cfg := testNodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
 	cfg.HTTP.ServiceToken, cfg.HTTP.AdminToken = "svc-token", "adm-token"
 	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Stop(context.Background())
-	waitFor(t, 10*time.Second, "node ready", func() bool {
-		code, _ := callQuiet(clientOf(n, 1), "GET", "/readyz", "")
+	testnode.WaitFor(t, 10*time.Second, "node ready", func() bool {
+		code, _ := testnode.CallQuiet(testnode.ClientOf(n, 1), "GET", "/readyz", "")
 		return code == 200 && n.Ledger().Rules() == raftfsm.RulesCurrent
 	})
 	ctx := context.Background()

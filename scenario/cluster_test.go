@@ -1,9 +1,7 @@
 package scenario
 
 import (
-	"context"
 	"fmt"
-	"maps"
 	"net"
 	"strings"
 	"sync"
@@ -12,218 +10,13 @@ import (
 	"time"
 
 	"stockd/httpapi"
+	"stockd/internal/testnode"
 	"stockd/node"
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
-	"stockd/raftnode"
 
 	"github.com/valyala/fasthttp"
 )
-
-// testCluster is real nodes (three unless said) in this process: real raft over loopback
-// TCP (through faultNet), real HTTP servers, a data dir each.
-type testCluster struct {
-	t        *testing.T
-	net      *faultNet
-	ids      []string
-	dirs     map[string]string
-	raftAddr map[string]string
-	peers    []raftnode.Peer
-
-	// tune adjusts every node's config before it starts.
-	tune func(*node.Config)
-
-	mu      sync.Mutex
-	nodes   map[string]*node.Node           // nil while stopped
-	clients map[string]*fasthttp.HostClient // one pool per running node
-}
-
-const (
-	clusterRaftTimeout     = 500 * time.Millisecond
-	clusterLeaseIdleReturn = 300 * time.Millisecond
-	clusterReclaimAfter    = 2 * time.Second
-)
-
-func startTestCluster(t *testing.T) *testCluster {
-	t.Helper()
-	return startTestClusterWith(t, nil)
-}
-
-// startTestClusterWith starts three nodes whose configs tune adjusts.
-func startTestClusterWith(t *testing.T, tune func(*node.Config)) *testCluster {
-	t.Helper()
-	return startTestClusterOf(t, 3, tune)
-}
-
-// startTestClusterOf starts size nodes, n1 to n<size>.
-func startTestClusterOf(t *testing.T, size int, tune func(*node.Config)) *testCluster {
-	t.Helper()
-	c := &testCluster{t: t, tune: tune, net: newFaultNet(),
-		dirs: map[string]string{}, raftAddr: map[string]string{}, nodes: map[string]*node.Node{},
-		clients: map[string]*fasthttp.HostClient{}}
-	for i := 1; i <= size; i++ {
-		c.ids = append(c.ids, fmt.Sprintf("n%d", i))
-	}
-	lns := map[string]net.Listener{}
-	for _, id := range c.ids {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns[id] = ln
-		c.dirs[id] = t.TempDir()
-		c.raftAddr[id] = ln.Addr().String()
-		c.net.own(c.raftAddr[id], id)
-		c.peers = append(c.peers, raftnode.Peer{ID: id, Addr: c.raftAddr[id]})
-	}
-	for _, id := range c.ids {
-		c.start(id, lns[id])
-	}
-	t.Cleanup(func() {
-		c.mu.Lock()
-		nodes := maps.Clone(c.nodes)
-		c.mu.Unlock()
-		for id, n := range nodes {
-			if n != nil {
-				// Bounded: a node cut off from the quorum cannot drain its
-				// takes.
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				n.Stop(ctx)
-				cancel()
-			}
-			c.net.closeNode(id)
-		}
-	})
-	waitReady(t, c)
-	waitRulesCurrent(t, c)
-	return c
-}
-
-// waitRulesCurrent waits until every running node's ledger applies this
-// binary's rules (the leader switches a new cluster's on its first pass).
-func waitRulesCurrent(t *testing.T, c *testCluster) {
-	t.Helper()
-	waitFor(t, 30*time.Second, "ledger rules current on every node", func() bool {
-		for _, id := range c.nodeIDs() {
-			if n := c.node(id); n != nil && n.Ledger().Rules() != raftfsm.RulesCurrent {
-				return false
-			}
-		}
-		return true
-	})
-}
-
-// start runs node id; ln is its raft listener (nil: listen again on the
-// address it had).
-func (c *testCluster) start(id string, ln net.Listener) { c.startWith(id, ln, nil) }
-
-func (c *testCluster) startWith(id string, ln net.Listener, tune func(*node.Config)) {
-	c.t.Helper()
-	if ln == nil {
-		var err error
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			if ln, err = net.Listen("tcp", c.raftAddr[id]); err == nil || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		if err != nil {
-			c.t.Fatalf("listen again on %s: %v", c.raftAddr[id], err)
-		}
-	}
-	cfg := testNodeConfig(c.t, id, c.dirs[id], clusterRaftTimeout)
-	cfg.Raft.RaftBind, cfg.Peers = c.raftAddr[id], c.peers
-	cfg.Engine.LeaseIdleReturn, cfg.Engine.ReclaimAfter = clusterLeaseIdleReturn, clusterReclaimAfter
-	cfg.StreamLayer = &faultLayer{Listener: ln, net: c.net, self: id}
-	cfg.PeerDial = c.net.httpDialer(id)
-	if c.tune != nil {
-		c.tune(&cfg)
-	}
-	if tune != nil {
-		tune(&cfg)
-	}
-	n, err := node.Start(cfg)
-	if err != nil {
-		c.t.Fatalf("start %s: %v", id, err)
-	}
-	c.net.own(n.HTTPAddr(), id)
-	c.mu.Lock()
-	c.nodes[id] = n
-	c.clients[id] = clientOf(n, 32)
-	c.mu.Unlock()
-}
-
-func (c *testCluster) node(id string) *node.Node {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.nodes[id]
-}
-
-// crash stops a node without draining: no lease is returned, queued takes
-// are dropped, as when the process dies.
-func (c *testCluster) crash(id string) {
-	n := c.node(id)
-	c.mu.Lock()
-	c.nodes[id], c.clients[id] = nil, nil
-	c.mu.Unlock()
-	n.Crash()
-	c.net.closeNode(id)
-}
-
-func (c *testCluster) client(id string) *fasthttp.HostClient {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.clients[id]
-}
-
-func (c *testCluster) leader() string {
-	for _, id := range c.ids {
-		if n := c.node(id); n != nil && n.Raft().IsLeader() {
-			return id
-		}
-	}
-	return ""
-}
-
-// salesCluster is what the sale helpers need of a cluster, in-process or
-// made of processes.
-type salesCluster interface {
-	nodeIDs() []string
-	// client is a connection pool to a running node, nil while it is down.
-	client(id string) *fasthttp.HostClient
-}
-
-func (c *testCluster) nodeIDs() []string { return c.ids }
-
-func waitReady(t *testing.T, sc salesCluster) {
-	t.Helper()
-	waitFor(t, 30*time.Second, "every running node ready", func() bool {
-		for _, id := range sc.nodeIDs() {
-			if cl := sc.client(id); cl != nil {
-				if code, _ := callQuiet(cl, "GET", "/readyz", ""); code != 200 {
-					return false
-				}
-			}
-		}
-		return true
-	})
-}
-
-// waitSaleEverywhere waits until every running node knows the sale.
-func waitSaleEverywhere(t *testing.T, sc salesCluster, sku string) {
-	t.Helper()
-	waitFor(t, 10*time.Second, "sale "+sku+" on every node", func() bool {
-		for _, id := range sc.nodeIDs() {
-			if c := sc.client(id); c != nil {
-				if code, _ := callQuiet(c, "GET", "/v1/skus/"+sku, ""); code != 200 {
-					return false
-				}
-			}
-		}
-		return true
-	})
-}
 
 // buyerResult is the last answer a buyer got.
 type buyerResult struct {
@@ -236,8 +29,8 @@ type buyerResult struct {
 // from workers goroutines. A buyer whose answer is not final (no node
 // reachable, 503, 504) retries with the same request_id on the next node,
 // a bounded number of times.
-func buyWave(sc salesCluster, sku string, from, to, workers int, acked *atomic.Int64) map[int]buyerResult {
-	ids := sc.nodeIDs()
+func buyWave(sc testnode.SalesCluster, sku string, from, to, workers int, acked *atomic.Int64) map[int]buyerResult {
+	ids := sc.NodeIDs()
 	var mu sync.Mutex
 	results := map[int]buyerResult{}
 	var wg sync.WaitGroup
@@ -249,11 +42,11 @@ func buyWave(sc salesCluster, sku string, from, to, workers int, acked *atomic.I
 				body := fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)
 				var res buyerResult
 				for attempt := 0; attempt < 60; attempt++ {
-					cl := sc.client(ids[(b+attempt)%len(ids)])
+					cl := sc.Client(ids[(b+attempt)%len(ids)])
 					if cl == nil {
 						continue
 					}
-					code, out := callQuiet(cl, "POST", "/v1/skus/"+sku+"/deduct", body)
+					code, out := testnode.CallQuiet(cl, "POST", "/v1/skus/"+sku+"/deduct", body)
 					res = buyerResult{code: code}
 					if out != nil {
 						res.errCode, _ = out["error"].(string)
@@ -277,42 +70,18 @@ func buyWave(sc salesCluster, sku string, from, to, workers int, acked *atomic.I
 	return results
 }
 
-// callQuiet is call without failing the test on transport errors, which
-// are expected while nodes crash.
-func callQuiet(c *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
-	return callWithin(c, 15*time.Second, method, path, body)
-}
-
-// callWithin is one call bounded by timeout. Code 0: no answer (transport
-// error or timeout).
-func callWithin(c *fasthttp.HostClient, timeout time.Duration, method, path, body string) (int, map[string]any) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + path)
-	req.Header.SetMethod(method)
-	req.SetBodyString(body)
-	if err := c.DoTimeout(req, resp, timeout); err != nil {
-		return 0, nil
-	}
-	contractLog.record(req, resp)
-	var out map[string]any
-	_ = jsonUnmarshal(resp.Body(), &out)
-	return resp.StatusCode(), out
-}
-
 // checkClusterLedgers waits until every node has applied the same index,
 // then asserts that their ledgers are identical, obey the conservation law,
 // and hold every acknowledged order; it returns the common audit.
-func checkClusterLedgers(t *testing.T, sc salesCluster, sku string, acked map[string]bool) map[string]any {
+func checkClusterLedgers(t *testing.T, sc testnode.SalesCluster, sku string, acked map[string]bool) map[string]any {
 	t.Helper()
-	ids := sc.nodeIDs()
+	ids := sc.NodeIDs()
 	var audits map[string]map[string]any
-	waitFor(t, 20*time.Second, "all nodes at the same applied index", func() bool {
+	testnode.WaitFor(t, 20*time.Second, "all nodes at the same applied index", func() bool {
 		audits = map[string]map[string]any{}
 		var index float64 = -1
 		for _, id := range ids {
-			code, a := call(t, sc.client(id), "GET", "/v1/skus/"+sku+"/audit", "")
+			code, a := testnode.Call(t, sc.Client(id), "GET", "/v1/skus/"+sku+"/audit", "")
 			if code != 200 {
 				return false
 			}
@@ -330,7 +99,7 @@ func checkClusterLedgers(t *testing.T, sc salesCluster, sku string, acked map[st
 		if a["ok"] != true {
 			t.Fatalf("%s: audit failed: %v", id, a)
 		}
-		checkLedger(t, sc.client(id), sku) // conservation law, recomputed here
+		testnode.CheckLedger(t, sc.Client(id), sku) // conservation law, recomputed here
 		for _, k := range []string{"total", "available", "held", "sold", "orders"} {
 			if a[k] != ref[k] {
 				t.Fatalf("ledgers differ on %s: %s has %v, %s has %v", k, id, a[k], ids[0], ref[k])
@@ -375,13 +144,13 @@ func ackedOrders(t *testing.T, waves ...map[int]buyerResult) map[string]bool {
 // sellOut runs the cluster's sale to its end: once leases left idle have
 // come back, buyers on every node take what is left, so nothing can stay
 // stranded on one node.
-func sellOut(t *testing.T, sc salesCluster, sku string, units, firstBuyer int) map[int]buyerResult {
+func sellOut(t *testing.T, sc testnode.SalesCluster, sku string, units, firstBuyer int) map[int]buyerResult {
 	t.Helper()
 	all := map[int]buyerResult{}
 	next := firstBuyer
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, a := call(t, sc.client(sc.nodeIDs()[0]), "GET", "/v1/skus/"+sku+"/audit", "")
+		_, a := testnode.Call(t, sc.Client(sc.NodeIDs()[0]), "GET", "/v1/skus/"+sku+"/audit", "")
 		if a["sold"].(float64)+a["held"].(float64) >= float64(units) {
 			return all
 		}
@@ -395,12 +164,12 @@ func sellOut(t *testing.T, sc salesCluster, sku string, units, firstBuyer int) m
 	}
 }
 
-func testClusterSale(t *testing.T, fault func(c *testCluster, acked *atomic.Int64)) {
+func testClusterSale(t *testing.T, fault func(c *testnode.Cluster, acked *atomic.Int64)) {
 	const units, buyers = 5000, 8000
-	c := startTestCluster(t)
-	leader := c.leader()
-	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
-		t.Fatalf("create sale through %s (leader %s): %d %v", c.ids[0], leader, code, body)
+	c := testnode.StartCluster(t)
+	leader := c.Leader()
+	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale through %s (leader %s): %d %v", c.IDs[0], leader, code, body)
 	}
 	// The first buyers arrive in a calm cluster; the fault strikes while
 	// the rest are mid-request.
@@ -414,7 +183,7 @@ func testClusterSale(t *testing.T, fault func(c *testCluster, acked *atomic.Int6
 	for b, r := range second {
 		first[b] = r
 	}
-	waitReady(t, c)
+	testnode.WaitReady(t, c)
 	rest := sellOut(t, c, "tv", units, buyers)
 
 	acked := ackedOrders(t, first, rest)
@@ -429,56 +198,56 @@ func testClusterSale(t *testing.T, fault func(c *testCluster, acked *atomic.Int6
 }
 
 func TestCluster_LeaderStoppedAndRestartedMidSale(t *testing.T) {
-	testClusterSale(t, func(c *testCluster, acked *atomic.Int64) {
-		leader := c.leader()
+	testClusterSale(t, func(c *testnode.Cluster, acked *atomic.Int64) {
+		leader := c.Leader()
 		if leader == "" {
 			t.Error("no leader mid-sale")
 			return
 		}
-		c.crash(leader)
+		c.Crash(leader)
 		t.Logf("crashed leader %s after %d acknowledgements", leader, acked.Load())
 		at := acked.Load()
-		waitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+300 })
-		c.start(leader, nil)
+		testnode.WaitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+300 })
+		c.Start(leader, nil)
 		t.Logf("restarted %s after %d acknowledgements", leader, acked.Load())
 	})
 }
 
 func TestCluster_FollowerPartitionedAndHealedMidSale(t *testing.T) {
-	testClusterSale(t, func(c *testCluster, acked *atomic.Int64) {
-		leader := c.leader()
+	testClusterSale(t, func(c *testnode.Cluster, acked *atomic.Int64) {
+		leader := c.Leader()
 		var follower string
-		for _, id := range c.ids {
+		for _, id := range c.IDs {
 			if id != leader {
 				follower = id
 				break
 			}
 		}
-		c.net.isolate(follower)
+		c.Net.Isolate(follower)
 		t.Logf("isolated follower %s after %d acknowledgements", follower, acked.Load())
 		// Cut off from the quorum, it refuses wait=commit deducts at once
 		// (503, not a 504 after a commit wait) and still answers reads.
 		probe := 0
-		waitFor(t, 10*time.Second, "the isolated follower's breaker open", func() bool {
+		testnode.WaitFor(t, 10*time.Second, "the isolated follower's breaker open", func() bool {
 			probe++
-			code, body := callQuiet(c.client(follower), "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"cut-off-%d","request_id":"cut-off-%d"}`, probe, probe))
+			code, body := testnode.CallQuiet(c.Client(follower), "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"cut-off-%d","request_id":"cut-off-%d"}`, probe, probe))
 			return code == 503 && body["error"] == "unavailable"
 		})
-		if code, sku := callQuiet(c.client(follower), "GET", "/v1/skus/tv", ""); code != 200 || sku["stale"] != true {
+		if code, sku := testnode.CallQuiet(c.Client(follower), "GET", "/v1/skus/tv", ""); code != 200 || sku["stale"] != true {
 			t.Errorf("read on the isolated follower: %d %v, want 200 and stale", code, sku)
 		}
 		// Stay cut off past the reclaim deadline, so the leader takes the
 		// follower's leases back while the others keep selling.
-		waitFor(t, 30*time.Second, "the leader reclaims the follower's leases", func() bool {
-			l := c.leader()
+		testnode.WaitFor(t, 30*time.Second, "the leader reclaims the follower's leases", func() bool {
+			l := c.Leader()
 			if l == "" {
 				return false
 			}
-			_, a := call(t, c.client(l), "GET", "/v1/skus/tv/audit", "")
+			_, a := testnode.Call(t, c.Client(l), "GET", "/v1/skus/tv/audit", "")
 			leased, _ := a["leased"].(map[string]any)
 			return leased[follower] == nil
 		})
-		c.net.heal(follower)
+		c.Net.Heal(follower)
 		t.Logf("healed %s after %d acknowledgements", follower, acked.Load())
 	})
 }
@@ -487,24 +256,24 @@ func TestCluster_FollowerPartitionedAndHealedMidSale(t *testing.T) {
 // visits and checks that buyers on the other nodes get them once the idle
 // period has passed.
 func TestCluster_StrandedStockComesBack(t *testing.T) {
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	const units = 200
-	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/lamp", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/lamp", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitFor(t, 10*time.Second, "the sale visible on n3", func() bool {
-		code, _ := call(t, c.client("n3"), "GET", "/v1/skus/lamp", "")
+	testnode.WaitFor(t, 10*time.Second, "the sale visible on n3", func() bool {
+		code, _ := testnode.Call(t, c.Client("n3"), "GET", "/v1/skus/lamp", "")
 		return code == 200
 	})
 	// One purchase on n3 makes it lease a chunk; nobody buys there again.
-	if code, body := call(t, c.client("n3"), "POST", "/v1/skus/lamp/deduct", `{"user":"early","request_id":"early"}`); code != 200 {
+	if code, body := testnode.Call(t, c.Client("n3"), "POST", "/v1/skus/lamp/deduct", `{"user":"early","request_id":"early"}`); code != 200 {
 		t.Fatalf("deduct on n3: %d %v", code, body)
 	}
 	leasedAt := time.Now()
 	var returnedAfter atomic.Int64
 	go func() {
 		for time.Since(leasedAt) < 20*time.Second {
-			code, a := callQuiet(c.client("n1"), "GET", "/v1/skus/lamp/audit", "")
+			code, a := testnode.CallQuiet(c.Client("n1"), "GET", "/v1/skus/lamp/audit", "")
 			if leased, _ := a["leased"].(map[string]any); code == 200 && leased["n3"] == nil {
 				returnedAfter.Store(int64(time.Since(leasedAt)))
 				return
@@ -526,7 +295,7 @@ func TestCluster_StrandedStockComesBack(t *testing.T) {
 			for try := 0; try < 500 && sold.Load() < units; try++ {
 				b := w*1000 + try
 				node := []string{"n1", "n2"}[b%2]
-				code, body := callQuiet(c.client(node), "POST", "/v1/skus/lamp/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"s%d"}`, b, b))
+				code, body := testnode.CallQuiet(c.Client(node), "POST", "/v1/skus/lamp/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"s%d"}`, b, b))
 				switch {
 				case code == 200:
 					sold.Add(1)
@@ -557,55 +326,55 @@ func TestCluster_StrandedStockComesBack(t *testing.T) {
 		t.Fatalf("ledger: %v", a)
 	}
 	t.Logf("n3's idle lease went back after %s; longest run of sold_out answers a buyer saw before winning: %s (lease idle return %s)",
-		time.Duration(returnedAfter.Load()).Round(time.Millisecond), time.Duration(longestSoldOutRun.Load()).Round(time.Millisecond), clusterLeaseIdleReturn)
+		time.Duration(returnedAfter.Load()).Round(time.Millisecond), time.Duration(longestSoldOutRun.Load()).Round(time.Millisecond), testnode.LeaseIdleReturn)
 }
 
 // TestCluster_RemoveAndJoin removes a follower that holds a lease (its
 // units go back to available at once) and adds a new node with -join.
 func TestCluster_RemoveAndJoin(t *testing.T) {
-	c := startTestCluster(t)
-	leader := c.leader()
+	c := testnode.StartCluster(t)
+	leader := c.Leader()
 	var followers []string
-	for _, id := range c.ids {
+	for _, id := range c.IDs {
 		if id != leader {
 			followers = append(followers, id)
 		}
 	}
 	victim, via := followers[0], followers[1]
-	if code, body := call(t, c.client(via), "PUT", "/v1/skus/desk", `{"total":100}`); code != 201 {
+	if code, body := testnode.Call(t, c.Client(via), "PUT", "/v1/skus/desk", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitFor(t, 10*time.Second, "the sale visible on "+victim, func() bool {
-		code, _ := call(t, c.client(victim), "GET", "/v1/skus/desk", "")
+	testnode.WaitFor(t, 10*time.Second, "the sale visible on "+victim, func() bool {
+		code, _ := testnode.Call(t, c.Client(victim), "GET", "/v1/skus/desk", "")
 		return code == 200
 	})
-	if code, body := call(t, c.client(victim), "POST", "/v1/skus/desk/deduct", `{"user":"a","request_id":"a"}`); code != 200 {
+	if code, body := testnode.Call(t, c.Client(victim), "POST", "/v1/skus/desk/deduct", `{"user":"a","request_id":"a"}`); code != 200 {
 		t.Fatalf("deduct on %s: %d %v", victim, code, body)
 	}
 	// Remove the victim through the other follower: the call is relayed
 	// to the leader.
-	code, body := call(t, c.client(via), "DELETE", "/v1/cluster/nodes/"+victim, "")
+	code, body := testnode.Call(t, c.Client(via), "DELETE", "/v1/cluster/nodes/"+victim, "")
 	if code != 200 {
 		t.Fatalf("remove %s via %s: %d %v", victim, via, code, body)
 	}
-	_, a := call(t, c.client(leader), "GET", "/v1/skus/desk/audit", "")
+	_, a := testnode.Call(t, c.Client(leader), "GET", "/v1/skus/desk/audit", "")
 	if leased, _ := a["leased"].(map[string]any); leased[victim] != nil {
 		t.Fatalf("%s still holds a lease after removal: %v", victim, a)
 	}
-	c.crash(victim)
+	c.Crash(victim)
 
 	// A new node joins through a member's URL.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.ids = []string{leader, via, "n4"}
-	c.dirs["n4"], c.raftAddr["n4"] = t.TempDir(), ln.Addr().String()
-	c.net.own(c.raftAddr["n4"], "n4")
-	joinVia := "http://" + c.node(via).HTTPAddr()
-	c.startWith("n4", ln, func(cfg *node.Config) { cfg.Peers, cfg.Join = nil, joinVia })
-	waitReady(t, c)
-	_, st := call(t, c.client("n4"), "GET", "/v1/cluster", "")
+	c.IDs = []string{leader, via, "n4"}
+	c.Dirs["n4"], c.RaftAddr["n4"] = t.TempDir(), ln.Addr().String()
+	c.Net.Own(c.RaftAddr["n4"], "n4")
+	joinVia := "http://" + c.Node(via).HTTPAddr()
+	c.StartWith("n4", ln, func(cfg *node.Config) { cfg.Peers, cfg.Join = nil, joinVia })
+	testnode.WaitReady(t, c)
+	_, st := testnode.Call(t, c.Client("n4"), "GET", "/v1/cluster", "")
 	members := map[string]bool{}
 	for _, n := range st["nodes"].([]any) {
 		members[n.(map[string]any)["id"].(string)] = true
@@ -613,7 +382,7 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 	if len(members) != 3 || !members[leader] || !members[via] || !members["n4"] {
 		t.Fatalf("members after remove and join: %v", members)
 	}
-	if code, body := call(t, c.client("n4"), "POST", "/v1/skus/desk/deduct", `{"user":"b","request_id":"b"}`); code != 200 {
+	if code, body := testnode.Call(t, c.Client("n4"), "POST", "/v1/skus/desk/deduct", `{"user":"b","request_id":"b"}`); code != 200 {
 		t.Fatalf("deduct on the joined node: %d %v", code, body)
 	}
 	a = checkClusterLedgers(t, c, "desk", nil)
@@ -625,10 +394,10 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 // TestCluster_PerUserLimitUnderARace sends one user's concurrent deducts,
 // with distinct request ids, to all three nodes: the limit holds exactly.
 func TestCluster_PerUserLimitUnderARace(t *testing.T) {
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	for _, limit := range []int{1, 2} {
 		sku := fmt.Sprintf("limited-%d", limit)
-		if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":100,"per_user":%d}`, limit)); code != 201 {
+		if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":100,"per_user":%d}`, limit)); code != 201 {
 			t.Fatalf("create %s: %d %v", sku, code, body)
 		}
 		waitForSaleEverywhere(t, c, sku)
@@ -639,8 +408,8 @@ func TestCluster_PerUserLimitUnderARace(t *testing.T) {
 			wg.Add(1)
 			go func(i int) {
 				defer wg.Done()
-				node := c.ids[i%len(c.ids)]
-				code, body := call(t, c.client(node), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"alice","request_id":"%s-%d"}`, sku, i))
+				node := c.IDs[i%len(c.IDs)]
+				code, body := testnode.Call(t, c.Client(node), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"alice","request_id":"%s-%d"}`, sku, i))
 				mu.Lock()
 				outcomes[fmt.Sprintf("%d %v", code, body["error"])]++
 				mu.Unlock()
@@ -657,11 +426,11 @@ func TestCluster_PerUserLimitUnderARace(t *testing.T) {
 	}
 }
 
-func waitForSaleEverywhere(t *testing.T, c *testCluster, sku string) {
+func waitForSaleEverywhere(t *testing.T, c *testnode.Cluster, sku string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "sale "+sku+" on every node", func() bool {
-		for _, id := range c.ids {
-			if code, _ := call(t, c.client(id), "GET", "/v1/skus/"+sku, ""); code != 200 {
+	testnode.WaitFor(t, 10*time.Second, "sale "+sku+" on every node", func() bool {
+		for _, id := range c.IDs {
+			if code, _ := testnode.Call(t, c.Client(id), "GET", "/v1/skus/"+sku, ""); code != 200 {
 				return false
 			}
 		}
@@ -675,8 +444,8 @@ func waitForSaleEverywhere(t *testing.T, c *testCluster, sku string) {
 // first holds expire. At the end every unit is sold to a buyer who paid.
 func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 	const units, holdTTL = 200, 2 * time.Second
-	c := startTestCluster(t)
-	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/shoe", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
+	c := testnode.StartCluster(t)
+	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/shoe", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "shoe")
@@ -685,11 +454,11 @@ func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 	var confirmed atomic.Int64
 	confirm := func(order string, node string) {
 		for attempt := 0; attempt < 40; attempt++ {
-			cl := c.client(c.ids[(attempt+int(node[1]))%len(c.ids)])
+			cl := c.Client(c.IDs[(attempt+int(node[1]))%len(c.IDs)])
 			if cl == nil {
 				continue
 			}
-			code, body := callQuiet(cl, "POST", "/v1/orders/"+order+"/confirm", "")
+			code, body := testnode.CallQuiet(cl, "POST", "/v1/orders/"+order+"/confirm", "")
 			switch {
 			case code == 200 && body["state"] == "sold":
 				confirmed.Add(1)
@@ -715,17 +484,17 @@ func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 	}
 	// Kill the leader just as the first holds come due, and bring it back.
 	time.Sleep(time.Until(start.Add(holdTTL - 100*time.Millisecond)))
-	leader := c.leader()
-	c.crash(leader)
-	waitFor(t, 10*time.Second, "a new leader", func() bool { return c.leader() != "" })
-	c.start(leader, nil)
-	waitReady(t, c)
+	leader := c.Leader()
+	c.Crash(leader)
+	testnode.WaitFor(t, 10*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+	c.Start(leader, nil)
+	testnode.WaitReady(t, c)
 
 	// Later buyers take the expired units and pay at once.
 	next := 1000
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, a := call(t, c.client("n1"), "GET", "/v1/skus/shoe/audit", "")
+		_, a := testnode.Call(t, c.Client("n1"), "GET", "/v1/skus/shoe/audit", "")
 		if a["sold"].(float64) == units {
 			break
 		}
@@ -752,28 +521,28 @@ func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 // TestCluster_RequestIDReplayedAfterFailover buys through a follower, kills
 // the leader, and replays the same request id on every node.
 func TestCluster_RequestIDReplayedAfterFailover(t *testing.T) {
-	c := startTestCluster(t)
-	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/cup", `{"total":10}`); code != 201 {
+	c := testnode.StartCluster(t)
+	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/cup", `{"total":10}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "cup")
-	leader := c.leader()
+	leader := c.Leader()
 	var follower string
-	for _, id := range c.ids {
+	for _, id := range c.IDs {
 		if id != leader {
 			follower = id
 		}
 	}
-	code, first := call(t, c.client(follower), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
+	code, first := testnode.Call(t, c.Client(follower), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
 	if code != 200 {
 		t.Fatalf("deduct: %d %v", code, first)
 	}
-	c.crash(leader)
-	waitFor(t, 10*time.Second, "a new leader", func() bool { return c.leader() != "" })
-	c.start(leader, nil)
-	waitReady(t, c)
-	for _, id := range c.ids {
-		code, again := call(t, c.client(id), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
+	c.Crash(leader)
+	testnode.WaitFor(t, 10*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+	c.Start(leader, nil)
+	testnode.WaitReady(t, c)
+	for _, id := range c.IDs {
+		code, again := testnode.Call(t, c.Client(id), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
 		if code != 200 || again["order_id"] != first["order_id"] {
 			t.Fatalf("replay on %s: %d %v, want the original order %v", id, code, again, first["order_id"])
 		}
@@ -785,16 +554,16 @@ func TestCluster_RequestIDReplayedAfterFailover(t *testing.T) {
 
 func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 	const takes = 2000
-	c := startTestCluster(t)
-	leader := c.leader()
-	follower := c.ids[0]
+	c := testnode.StartCluster(t)
+	leader := c.Leader()
+	follower := c.IDs[0]
 	if follower == leader {
-		follower = c.ids[1]
+		follower = c.IDs[1]
 	}
-	if code, body := call(t, c.client(follower), "PUT", "/v1/skus/big", fmt.Sprintf(`{"total":%d}`, takes)); code != 201 {
+	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/skus/big", fmt.Sprintf(`{"total":%d}`, takes)); code != 201 {
 		t.Fatalf("create sale through %s: %d %v", follower, code, body)
 	}
-	p := c.node(follower).Proposer()
+	p := c.Node(follower).Proposer()
 	at := time.Now().UnixNano()
 	if res, err := p.Propose(at, &command.Lease{Node: follower, SKU: "big", Want: takes}); err != nil || res.Qty != takes {
 		t.Fatalf("lease: %v %+v", err, res)
@@ -825,12 +594,12 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 
 // proposeAs sends an encoded command to node to's internal route as node
 // from would, with the given cluster secret.
-func proposeAs(t *testing.T, c *testCluster, to, from, secret string, cmd command.Command) (int, string) {
+func proposeAs(t *testing.T, c *testnode.Cluster, to, from, secret string, cmd command.Command) (int, string) {
 	t.Helper()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.node(to).HTTPAddr() + "/internal/v1/propose")
+	req.SetRequestURI("http://" + c.Node(to).HTTPAddr() + "/internal/v1/propose")
 	req.Header.SetMethod("POST")
 	req.Header.Set("X-Stockd-Wire", "1")
 	req.Header.Set("X-Stockd-Node", from)
@@ -838,17 +607,17 @@ func proposeAs(t *testing.T, c *testCluster, to, from, secret string, cmd comman
 		req.Header.Set("X-Stockd-Cluster-Secret", secret)
 	}
 	req.SetBody(command.EncodeCommand(nil, time.Now().UnixNano(), cmd))
-	if err := c.client(to).DoTimeout(req, resp, 10*time.Second); err != nil {
+	if err := c.Client(to).DoTimeout(req, resp, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return resp.StatusCode(), string(resp.Body())
 }
 
 func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
-	c := startTestCluster(t)
-	leader := c.leader()
+	c := testnode.StartCluster(t)
+	leader := c.Leader()
 	var follower, other string
-	for _, id := range c.ids {
+	for _, id := range c.IDs {
 		switch {
 		case id == leader:
 		case follower == "":
@@ -857,12 +626,12 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 			other = id
 		}
 	}
-	if code, body := call(t, c.client(leader), "PUT", "/v1/skus/gem", `{"total":100}`); code != 201 {
+	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/gem", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitSaleEverywhere(t, c, "gem")
+	testnode.WaitSaleEverywhere(t, c, "gem")
 	// The other node holds a lease a forged take could spend.
-	if code, body := call(t, c.client(other), "POST", "/v1/skus/gem/deduct", `{"user":"real","request_id":"real"}`); code != 200 {
+	if code, body := testnode.Call(t, c.Client(other), "POST", "/v1/skus/gem/deduct", `{"user":"real","request_id":"real"}`); code != 200 {
 		t.Fatalf("deduct on %s: %d %v", other, code, body)
 	}
 	before := checkClusterLedgers(t, c, "gem", nil)
@@ -874,11 +643,11 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 		}
 	}
 	forged := &command.Take{Node: other, Entries: []command.TakeEntry{{SKU: "gem", Qty: 1, User: "thief", OrderID: other + "-forged"}}}
-	f("take in another node's name", testClusterSecret, forged, 403)
-	f("lease in another node's name", testClusterSecret, &command.Lease{Node: other, SKU: "gem", Want: 50}, 403)
-	f("return in another node's name", testClusterSecret, &command.Return{Node: other, SKU: "gem", Qty: 1}, 403)
-	f("restock from a peer", testClusterSecret, &command.Restock{SKU: "gem", Qty: 1000}, 403)
-	f("reclaim from a peer", testClusterSecret, &command.Reclaim{Node: other}, 403)
+	f("take in another node's name", testnode.ClusterSecret, forged, 403)
+	f("lease in another node's name", testnode.ClusterSecret, &command.Lease{Node: other, SKU: "gem", Want: 50}, 403)
+	f("return in another node's name", testnode.ClusterSecret, &command.Return{Node: other, SKU: "gem", Qty: 1}, 403)
+	f("restock from a peer", testnode.ClusterSecret, &command.Restock{SKU: "gem", Qty: 1000}, 403)
+	f("reclaim from a peer", testnode.ClusterSecret, &command.Reclaim{Node: other}, 403)
 	f("take with a wrong secret", "wrong", &command.Take{Node: follower, Entries: forged.Entries}, 403)
 	f("take without a secret", "", &command.Take{Node: follower, Entries: forged.Entries}, 403)
 	after := checkClusterLedgers(t, c, "gem", nil)
@@ -891,7 +660,7 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 		t.Fatalf("a refused call changed leases: %v -> %v", before["leased"], after["leased"])
 	}
 	// Its own registration, in its own name, is what a peer may send.
-	f("own registration", testClusterSecret, &command.Register{Node: follower, Addr: c.node(follower).HTTPAddr()}, 200)
+	f("own registration", testnode.ClusterSecret, &command.Register{Node: follower, Addr: c.Node(follower).HTTPAddr()}, 200)
 }
 
 // answerLoser is a peer connection that, while lose is set, loses every
@@ -917,7 +686,7 @@ func (c answerLoser) Read(p []byte) (int, error) {
 // outcome_unknown, and a retry must find the order sold.
 func TestCluster_RelayedConfirmWithALostAnswerIsOutcomeUnknown(t *testing.T) {
 	var lose atomic.Bool
-	c := startTestClusterWith(t, func(cfg *node.Config) {
+	c := testnode.StartClusterWith(t, func(cfg *node.Config) {
 		dial := cfg.PeerDial
 		cfg.PeerDial = func(addr string) (net.Conn, error) {
 			conn, err := dial(addr)
@@ -927,34 +696,34 @@ func TestCluster_RelayedConfirmWithALostAnswerIsOutcomeUnknown(t *testing.T) {
 			return answerLoser{Conn: conn, lose: &lose}, nil
 		}
 	})
-	leader := c.leader()
-	follower := c.ids[0]
+	leader := c.Leader()
+	follower := c.IDs[0]
 	if follower == leader {
-		follower = c.ids[1]
+		follower = c.IDs[1]
 	}
-	if code, body := call(t, c.client(leader), "PUT", "/v1/skus/lamp", `{"total":10,"hold_ttl":"1m"}`); code != 201 {
+	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/lamp", `{"total":10,"hold_ttl":"1m"}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitSaleEverywhere(t, c, "lamp")
-	code, out := call(t, c.client(follower), "POST", "/v1/skus/lamp/deduct", `{"user":"a","request_id":"a"}`)
+	testnode.WaitSaleEverywhere(t, c, "lamp")
+	code, out := testnode.Call(t, c.Client(follower), "POST", "/v1/skus/lamp/deduct", `{"user":"a","request_id":"a"}`)
 	if code != 200 || out["state"] != "held" {
 		t.Fatalf("hold on %s: %d %v", follower, code, out)
 	}
 	order := out["order_id"].(string)
 
 	lose.Store(true)
-	code, out = callQuiet(c.client(follower), "POST", "/v1/orders/"+order+"/confirm", "")
+	code, out = testnode.CallQuiet(c.Client(follower), "POST", "/v1/orders/"+order+"/confirm", "")
 	lose.Store(false)
 	if code != 504 || out["error"] != "outcome_unknown" {
 		t.Fatalf("confirm relayed with its answer lost: %d %v, want 504 outcome_unknown", code, out)
 	}
 	// The leader got the confirm and applies it whatever became of the
 	// answer.
-	waitFor(t, 10*time.Second, "the order sold on the leader", func() bool {
-		_, o := call(t, c.client(leader), "GET", "/v1/orders/"+order, "")
+	testnode.WaitFor(t, 10*time.Second, "the order sold on the leader", func() bool {
+		_, o := testnode.Call(t, c.Client(leader), "GET", "/v1/orders/"+order, "")
 		return o["state"] == "sold"
 	})
-	if code, o := call(t, c.client(follower), "POST", "/v1/orders/"+order+"/confirm", ""); code != 200 || o["state"] != "sold" {
+	if code, o := testnode.Call(t, c.Client(follower), "POST", "/v1/orders/"+order+"/confirm", ""); code != 200 || o["state"] != "sold" {
 		t.Fatalf("confirm retried: %d %v", code, o)
 	}
 	a := checkClusterLedgers(t, c, "lamp", map[string]bool{order: true})

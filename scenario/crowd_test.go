@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"stockd/internal/testnode"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -83,10 +84,10 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 		t.Skip("set STOCKD_CROWD=1 (make test-crowd) to run a sale of 36,000 buyers over 1,200 connections and three processes")
 	}
 	p := startProcCluster(t, "-drain-timeout", crowdDrainTimeout.String())
-	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/crowd", fmt.Sprintf(`{"total":%d}`, crowdUnits)); code != 201 {
+	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/crowd", fmt.Sprintf(`{"total":%d}`, crowdUnits)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitSaleEverywhere(t, p, "crowd")
+	testnode.WaitSaleEverywhere(t, p, "crowd")
 	clients := make([]*fasthttp.HostClient, len(p.ids))
 	for i, id := range p.ids {
 		clients[i] = &fasthttp.HostClient{Addr: p.httpAddr[id], MaxConns: crowdConns, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Second}
@@ -187,7 +188,7 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 	var row map[string]any
 	deadline := lastBuyer.Add(5 * time.Second)
 	for {
-		_, row = callQuiet(p.client(p.leader()), "GET", "/v1/skus/crowd/audit", "")
+		_, row = testnode.CallQuiet(p.Client(p.Leader()), "GET", "/v1/skus/crowd/audit", "")
 		if row != nil && row["sold"].(float64)+row["held"].(float64) == crowdUnits {
 			break
 		}
@@ -200,7 +201,7 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 
 	// Followers that reach the leader answer current, not stale, reads.
 	for _, id := range p.ids {
-		if code, sku := callQuiet(p.client(id), "GET", "/v1/skus/crowd", ""); code != 200 || sku["stale"] == true {
+		if code, sku := testnode.CallQuiet(p.Client(id), "GET", "/v1/skus/crowd", ""); code != 200 || sku["stale"] == true {
 			t.Errorf("%s after the sale: %d %v, want a current read", id, code, sku)
 		}
 	}
@@ -212,10 +213,10 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 
 	// SIGTERM under full load: a second sale with more stock than anyone
 	// buys, all connections busy, and every node told to stop at once.
-	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/stream", `{"total":10000000}`); code != 201 {
+	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/stream", `{"total":10000000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitSaleEverywhere(t, p, "stream")
+	testnode.WaitSaleEverywhere(t, p, "stream")
 	var loaded atomic.Int64
 	stop := make(chan struct{})
 	loadDeadline := time.Now().Add(30 * time.Second)
@@ -246,7 +247,7 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 20*time.Second, "the second sale under load", func() bool { return loaded.Load() >= 5000 })
+	testnode.WaitFor(t, 20*time.Second, "the second sale under load", func() bool { return loaded.Load() >= 5000 })
 	stops := p.terminateAll(crowdDrainTimeout + 2*time.Second)
 	close(stop)
 	wg.Wait()
@@ -257,7 +258,7 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 
 // checkOrdersEverywhere reads every acknowledged order on every node, from
 // a few goroutines, and fails on one that is missing or not sold or held.
-func checkOrdersEverywhere(t *testing.T, sc salesCluster, acked map[string]bool) {
+func checkOrdersEverywhere(t *testing.T, sc testnode.SalesCluster, acked map[string]bool) {
 	t.Helper()
 	const readers = 32
 	orders := make(chan string)
@@ -268,8 +269,8 @@ func checkOrdersEverywhere(t *testing.T, sc salesCluster, acked map[string]bool)
 		go func() {
 			defer wg.Done()
 			for order := range orders {
-				for _, id := range sc.nodeIDs() {
-					code, o := callQuiet(sc.client(id), "GET", "/v1/orders/"+order, "")
+				for _, id := range sc.NodeIDs() {
+					code, o := testnode.CallQuiet(sc.Client(id), "GET", "/v1/orders/"+order, "")
 					if code != 200 || (o["state"] != "sold" && o["state"] != "held") {
 						if bad.Add(1) <= 5 {
 							t.Errorf("acknowledged order %s on %s: %d %v", order, id, code, o)

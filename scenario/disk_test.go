@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"stockd/internal/testnode"
 	"stockd/node"
 )
 
@@ -26,13 +27,13 @@ func (d *diskFull) fault() error {
 
 // startDiskCluster starts size nodes whose raft logs fail every append
 // while their switch is on; tune adjusts each config further.
-func startDiskCluster(t *testing.T, size int, tune func(*node.Config)) (*testCluster, map[string]*diskFull) {
+func startDiskCluster(t *testing.T, size int, tune func(*node.Config)) (*testnode.Cluster, map[string]*diskFull) {
 	t.Helper()
 	disks := map[string]*diskFull{}
 	for i := 1; i <= size; i++ {
 		disks[fmt.Sprintf("n%d", i)] = &diskFull{}
 	}
-	c := startTestClusterOf(t, size, func(cfg *node.Config) {
+	c := testnode.StartClusterOf(t, size, func(cfg *node.Config) {
 		cfg.Raft.LogFault = disks[cfg.ID].fault
 		if tune != nil {
 			tune(cfg)
@@ -43,12 +44,12 @@ func startDiskCluster(t *testing.T, size int, tune func(*node.Config)) (*testClu
 
 // createSaleEverywhere creates a plain sale of total units and waits until
 // every running node knows it.
-func createSaleEverywhere(t *testing.T, c *testCluster, sku string, total int) {
+func createSaleEverywhere(t *testing.T, c *testnode.Cluster, sku string, total int) {
 	t.Helper()
-	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
+	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
 		t.Fatalf("create sale %s: %d %v", sku, code, body)
 	}
-	waitSaleEverywhere(t, c, sku)
+	testnode.WaitSaleEverywhere(t, c, sku)
 }
 
 // TestDisk_LedgerWritesFailMidSale: a node's ledger.db stops being
@@ -58,37 +59,37 @@ func createSaleEverywhere(t *testing.T, c *testCluster, sku string, total int) {
 // write; after a restart its ledger holds everything.
 func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 	const units = 3000
-	c := startTestCluster(t)
-	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	c := testnode.StartCluster(t)
+	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	waitSaleEverywhere(t, c, "tv")
+	testnode.WaitSaleEverywhere(t, c, "tv")
 	waves := []map[int]buyerResult{buyWave(c, "tv", 0, 300, 12, nil)}
 	next := 300
 
 	for _, role := range []string{"follower", "leader"} {
-		victim := c.leader()
+		victim := c.Leader()
 		if role == "follower" {
-			victim = c.ids[0]
-			if victim == c.leader() {
-				victim = c.ids[1]
+			victim = c.IDs[0]
+			if victim == c.Leader() {
+				victim = c.IDs[1]
 			}
 		}
 		full := &diskFull{}
-		c.node(victim).Ledger().SetPersistFault(full.fault)
+		c.Node(victim).Ledger().SetPersistFault(full.fault)
 		full.on.Store(true)
-		waitFor(t, 10*time.Second, "the "+role+" "+victim+" refusing deducts with its disk full", func() bool {
-			code, out := callQuiet(c.client(victim), "POST", "/v1/skus/tv/deduct",
+		testnode.WaitFor(t, 10*time.Second, "the "+role+" "+victim+" refusing deducts with its disk full", func() bool {
+			code, out := testnode.CallQuiet(c.Client(victim), "POST", "/v1/skus/tv/deduct",
 				fmt.Sprintf(`{"user":"probe%d","request_id":"probe%d"}`, next, next))
 			next++
 			return code == 503 && out["error"] == "unavailable"
 		})
 		// The others keep selling meanwhile.
-		for _, id := range c.ids {
+		for _, id := range c.IDs {
 			if id == victim {
 				continue
 			}
-			if code, out := call(t, c.client(id), "POST", "/v1/skus/tv/deduct",
+			if code, out := testnode.Call(t, c.Client(id), "POST", "/v1/skus/tv/deduct",
 				fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, next, next)); code != 200 {
 				t.Fatalf("%s with %s's disk full: %d %v", id, victim, code, out)
 			}
@@ -96,12 +97,12 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 		}
 		waves = append(waves, buyWave(c, "tv", next, next+300, 12, nil))
 		next += 300
-		if c.node(victim).Ledger().PersistFailures() == 0 {
+		if c.Node(victim).Ledger().PersistFailures() == 0 {
 			t.Fatalf("%s: no failed ledger write counted", victim)
 		}
 		full.on.Store(false)
-		waitFor(t, 10*time.Second, victim+" selling again once it can write", func() bool {
-			code, _ := callQuiet(c.client(victim), "POST", "/v1/skus/tv/deduct",
+		testnode.WaitFor(t, 10*time.Second, victim+" selling again once it can write", func() bool {
+			code, _ := testnode.CallQuiet(c.Client(victim), "POST", "/v1/skus/tv/deduct",
 				fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, next, next))
 			next++
 			return code == 200
@@ -114,17 +115,14 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 
 	// Everything is in ledger.db too: a node restarted on its data dir
 	// finds every acknowledged order.
-	victim := c.ids[2]
+	victim := c.IDs[2]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.node(victim).Stop(ctx); err != nil {
+	if err := c.Stop(ctx, victim); err != nil {
 		t.Fatalf("stop %s: %v", victim, err)
 	}
-	c.mu.Lock()
-	c.nodes[victim], c.clients[victim] = nil, nil
-	c.mu.Unlock()
-	c.startWith(victim, nil, nil)
-	waitReady(t, c)
+	c.StartWith(victim, nil, nil)
+	testnode.WaitReady(t, c)
 	checkClusterLedgers(t, c, "tv", acked)
 }
 
@@ -133,24 +131,24 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 // being in the log, and selling resumes when the disk has room again.
 func TestDisk_RaftLogAppendsFail(t *testing.T) {
 	full := &diskFull{}
-	cfg := testNodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
 	cfg.Raft.LogFault = full.fault
 	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Stop(context.Background())
-	c := clientOf(n, 16)
-	waitFor(t, 10*time.Second, "node ready", func() bool {
-		code, _ := call(t, c, "GET", "/readyz", "")
+	c := testnode.ClientOf(n, 16)
+	testnode.WaitFor(t, 10*time.Second, "node ready", func() bool {
+		code, _ := testnode.Call(t, c, "GET", "/readyz", "")
 		return code == 200
 	})
-	if code, body := call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
+	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	acked := map[string]bool{}
 	buy := func(i int) (int, map[string]any) {
-		code, out := callQuiet(c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
+		code, out := testnode.CallQuiet(c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
 		if code == 200 {
 			acked[out["order_id"].(string)] = true
 		}
@@ -163,7 +161,7 @@ func TestDisk_RaftLogAppendsFail(t *testing.T) {
 	}
 	full.on.Store(true)
 	i := 10
-	waitFor(t, 15*time.Second, "deducts refused with 503 while the log cannot grow", func() bool {
+	testnode.WaitFor(t, 15*time.Second, "deducts refused with 503 while the log cannot grow", func() bool {
 		code, _ := buy(i)
 		i++
 		return code == 503
@@ -175,7 +173,7 @@ func TestDisk_RaftLogAppendsFail(t *testing.T) {
 		i++
 	}
 	full.on.Store(false)
-	waitFor(t, 15*time.Second, "deducts sold again", func() bool {
+	testnode.WaitFor(t, 15*time.Second, "deducts sold again", func() bool {
 		code, _ := buy(i)
 		i++
 		return code == 200
@@ -186,12 +184,12 @@ func TestDisk_RaftLogAppendsFail(t *testing.T) {
 	for k := 10; k < i; k++ {
 		buy(k)
 	}
-	a := checkLedger(t, c, "tv")
+	a := testnode.CheckLedger(t, c, "tv")
 	if int(a["sold"].(float64)) != len(acked) {
 		t.Fatalf("sold %v, acknowledged %d", a["sold"], len(acked))
 	}
 	for order := range acked {
-		if code, o := call(t, c, "GET", "/v1/orders/"+order, ""); code != 200 || o["state"] != "sold" {
+		if code, o := testnode.Call(t, c, "GET", "/v1/orders/"+order, ""); code != 200 || o["state"] != "sold" {
 			t.Fatalf("acknowledged order %s: %d %v", order, code, o)
 		}
 	}
@@ -244,13 +242,13 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 	} {
 		t.Run(damage.name, func(t *testing.T) {
 			dir := t.TempDir()
-			n := startTestNode(t, dir)
-			c := clientOf(n, 4)
-			if code, body := call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
+			n := testnode.StartNode(t, dir)
+			c := testnode.ClientOf(n, 4)
+			if code, body := testnode.Call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
 				t.Fatalf("create sale: %d %v", code, body)
 			}
 			for i := range 20 {
-				if code, out := call(t, c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d"}`, i)); code != 200 {
+				if code, out := testnode.Call(t, c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d"}`, i)); code != 200 {
 					t.Fatalf("deduct: %d %v", code, out)
 				}
 			}
@@ -261,7 +259,7 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 			if err := damage.do(ledger); err != nil {
 				t.Fatal(err)
 			}
-			n2, err := node.Start(testNodeConfig(t, "n1", dir, 200*time.Millisecond))
+			n2, err := node.Start(testnode.NodeConfig(t, "n1", dir, 200*time.Millisecond))
 			if err == nil {
 				n2.Stop(context.Background())
 				t.Fatalf("a node started on a %s ledger.db", damage.name)
@@ -276,8 +274,8 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 			if err := os.Rename(ledger, ledger+".damaged"); err != nil {
 				t.Fatal(err)
 			}
-			n3 := startTestNode(t, dir)
-			a := checkLedger(t, clientOf(n3, 1), "tv")
+			n3 := testnode.StartNode(t, dir)
+			a := testnode.CheckLedger(t, testnode.ClientOf(n3, 1), "tv")
 			if a["sold"] != 20.0 || a["orders"] != 20.0 {
 				t.Fatalf("rebuilt ledger: %v, want the 20 orders sold before", a)
 			}
@@ -294,10 +292,10 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
 	c, disks := startDiskCluster(t, 3, nil)
 	createSaleEverywhere(t, c, "tv", 100000)
-	leader := c.leader()
-	follower := c.ids[0]
+	leader := c.Leader()
+	follower := c.IDs[0]
 	if follower == leader {
-		follower = c.ids[1]
+		follower = c.IDs[1]
 	}
 	var waves []map[int]buyerResult
 	next := 0
@@ -307,16 +305,16 @@ func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
 		done := make(chan map[int]buyerResult, 1)
 		go func() { done <- buyWave(c, "tv", next, next+600, 16, nil) }()
 		disks[follower].on.Store(true)
-		waitFor(t, 10*time.Second, follower+" refusing appends", func() bool {
-			return c.node(follower).Raft().Status().AppliedIndex < c.node(c.leader()).Raft().Status().CommitIndex
+		testnode.WaitFor(t, 10*time.Second, follower+" refusing appends", func() bool {
+			return c.Node(follower).Raft().Status().AppliedIndex < c.Node(c.Leader()).Raft().Status().CommitIndex
 		})
 		time.Sleep(300 * time.Millisecond) // the fault's length, not a wait for a condition
 		disks[follower].on.Store(false)
 		waves = append(waves, <-done)
 		next += 600
-		waitFor(t, 20*time.Second, fmt.Sprintf("round %d: %s caught up with the leader", round, follower), func() bool {
-			l := c.node(c.leader())
-			return l != nil && c.node(follower).Raft().Status().AppliedIndex >= l.Raft().Status().CommitIndex
+		testnode.WaitFor(t, 20*time.Second, fmt.Sprintf("round %d: %s caught up with the leader", round, follower), func() bool {
+			l := c.Node(c.Leader())
+			return l != nil && c.Node(follower).Raft().Status().AppliedIndex >= l.Raft().Status().CommitIndex
 		})
 	}
 	checkClusterLedgers(t, c, "tv", ackedOrders(t, waves...))
@@ -331,9 +329,9 @@ func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
 func TestDisk_NewLeaderWithoutAQuorumReadsStale(t *testing.T) {
 	c, disks := startDiskCluster(t, 3, nil)
 	createSaleEverywhere(t, c, "tv", 100)
-	old := c.leader()
+	old := c.Leader()
 	var down, heir string
-	for _, id := range c.ids {
+	for _, id := range c.IDs {
 		if id != old {
 			if down == "" {
 				down = id
@@ -342,29 +340,29 @@ func TestDisk_NewLeaderWithoutAQuorumReadsStale(t *testing.T) {
 			}
 		}
 	}
-	c.crash(down)
+	c.Crash(down)
 	// The old leader's disk fills up; it hands leadership over. The heir
 	// then cannot commit anything: its only peer cannot append.
 	disks[old].on.Store(true)
-	if err := c.node(old).Raft().TransferLeadershipTo(heir, c.raftAddr[heir]); err != nil {
+	if err := c.Node(old).Raft().TransferLeadershipTo(heir, c.RaftAddr[heir]); err != nil {
 		t.Fatalf("transfer leadership from %s: %v", old, err)
 	}
-	waitFor(t, 10*time.Second, heir+" leading", func() bool { return c.node(heir).Raft().IsLeader() })
+	testnode.WaitFor(t, 10*time.Second, heir+" leading", func() bool { return c.Node(heir).Raft().IsLeader() })
 	for range 5 {
-		code, sku := call(t, c.client(heir), "GET", "/v1/skus/tv", "")
+		code, sku := testnode.Call(t, c.Client(heir), "GET", "/v1/skus/tv", "")
 		if code != 200 || sku["stale"] != true {
 			t.Fatalf("read on a leader that has not committed in its term: %d %v, want stale", code, sku)
 		}
-		if code, out := callQuiet(c.client(heir), "POST", "/v1/skus/tv/deduct", `{"user":"u","request_id":"r"}`); code == 200 {
+		if code, out := testnode.CallQuiet(c.Client(heir), "POST", "/v1/skus/tv/deduct", `{"user":"u","request_id":"r"}`); code == 200 {
 			t.Fatalf("deduct acknowledged by a leader that cannot commit: %v", out)
 		}
 	}
 	disks[old].on.Store(false)
-	waitFor(t, 15*time.Second, heir+" fresh once it can commit", func() bool {
-		_, sku := callQuiet(c.client(heir), "GET", "/v1/skus/tv", "")
+	testnode.WaitFor(t, 15*time.Second, heir+" fresh once it can commit", func() bool {
+		_, sku := testnode.CallQuiet(c.Client(heir), "GET", "/v1/skus/tv", "")
 		return sku != nil && sku["stale"] == nil
 	})
-	c.startWith(down, nil, nil)
-	waitReady(t, c)
+	c.StartWith(down, nil, nil)
+	testnode.WaitReady(t, c)
 	checkClusterLedgers(t, c, "tv", nil)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"stockd/internal/testnode"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,7 +24,7 @@ import (
 // answer) on the next node; without, every call must answer 202. It
 // returns each user's entry id, failing when two calls of one user got
 // two ids.
-func enterAll(t *testing.T, c *testCluster, sku string, users []string, workers int, faults bool, acked *atomic.Int64) map[string]string {
+func enterAll(t *testing.T, c *testnode.Cluster, sku string, users []string, workers int, faults bool, acked *atomic.Int64) map[string]string {
 	t.Helper()
 	var mu sync.Mutex
 	ids := map[string]string{}
@@ -31,7 +32,7 @@ func enterAll(t *testing.T, c *testCluster, sku string, users []string, workers 
 	// more, and wait for one rather than fail.
 	pools := map[string]*fasthttp.HostClient{}
 	pool := func(id string) *fasthttp.HostClient {
-		cl := c.client(id)
+		cl := c.Client(id)
 		if cl == nil {
 			return nil
 		}
@@ -49,12 +50,12 @@ func enterAll(t *testing.T, c *testCluster, sku string, users []string, workers 
 	enter := func(node int, user string) {
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
-			cl := pool(c.ids[node%len(c.ids)])
+			cl := pool(c.IDs[node%len(c.IDs)])
 			if cl == nil {
 				node++
 				continue
 			}
-			code, body := callQuiet(cl, "POST", "/v1/skus/"+sku+"/enter", fmt.Sprintf(`{"user":%q,"request_id":"r-%s"}`, user, user))
+			code, body := testnode.CallQuiet(cl, "POST", "/v1/skus/"+sku+"/enter", fmt.Sprintf(`{"user":%q,"request_id":"r-%s"}`, user, user))
 			switch code {
 			case 202:
 				id, _ := body["entry_id"].(string)
@@ -120,7 +121,7 @@ type recomputedDraw struct {
 
 func recomputeDraw(t *testing.T, cl *fasthttp.HostClient, sku string) recomputedDraw {
 	t.Helper()
-	code, draw := call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
+	code, draw := testnode.Call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
 	if code != 200 {
 		t.Fatalf("draw of %s: %d %v", sku, code, draw)
 	}
@@ -194,13 +195,13 @@ func recomputeDraw(t *testing.T, cl *fasthttp.HostClient, sku string) recomputed
 // the first won entries (by the recomputed ranking) won, with an order of
 // theirs; the rest waitlisted in order, or lost. It returns the winners'
 // order ids by user.
-func checkStandings(t *testing.T, c *testCluster, sku string, d recomputedDraw, won int, lost bool) map[string]string {
+func checkStandings(t *testing.T, c *testnode.Cluster, sku string, d recomputedDraw, won int, lost bool) map[string]string {
 	t.Helper()
-	waitFor(t, 20*time.Second, "every node at the same applied index", func() bool {
+	testnode.WaitFor(t, 20*time.Second, "every node at the same applied index", func() bool {
 		index := -1.0
-		for _, id := range c.ids {
-			if cl := c.client(id); cl != nil {
-				code, a := callQuiet(cl, "GET", "/v1/skus/"+sku+"/audit", "")
+		for _, id := range c.IDs {
+			if cl := c.Client(id); cl != nil {
+				code, a := testnode.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/audit", "")
 				if code != 200 || (index >= 0 && a["applied_index"] != index) {
 					return false
 				}
@@ -221,14 +222,14 @@ func checkStandings(t *testing.T, c *testCluster, sku string, d recomputedDraw, 
 			for rank := range work {
 				user := d.ranked[rank]
 				var firstOrder string
-				for j, id := range c.ids {
-					cl := c.client(id)
+				for j, id := range c.IDs {
+					cl := c.Client(id)
 					// Every standing on one node; the winners, the head of
 					// the waitlist and every 25th on each node.
-					if cl == nil || (j != rank%len(c.ids) && rank >= won+200 && rank%25 != 0) {
+					if cl == nil || (j != rank%len(c.IDs) && rank >= won+200 && rank%25 != 0) {
 						continue
 					}
-					code, st := callQuiet(cl, "GET", "/v1/skus/"+sku+"/entries/"+user, "")
+					code, st := testnode.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/entries/"+user, "")
 					ok := code == 200 && st["entry_id"] == d.seq[user] && st["rank"] == float64(rank+1)
 					switch {
 					case rank < won:
@@ -245,7 +246,7 @@ func checkStandings(t *testing.T, c *testCluster, sku string, d recomputedDraw, 
 					}
 				}
 				if firstOrder != "" {
-					code, o := callQuiet(c.client(c.ids[rank%len(c.ids)]), "GET", "/v1/orders/"+firstOrder, "")
+					code, o := testnode.CallQuiet(c.Client(c.IDs[rank%len(c.IDs)]), "GET", "/v1/orders/"+firstOrder, "")
 					if code != 200 || o["user"] != user || o["sku"] != sku {
 						t.Errorf("%s's order %s: %d %v", user, firstOrder, code, o)
 					}
@@ -268,15 +269,15 @@ func checkStandings(t *testing.T, c *testCluster, sku string, d recomputedDraw, 
 }
 
 // checkDrawEverywhere asserts every running node shows the same draw.
-func checkDrawEverywhere(t *testing.T, c *testCluster, sku string, want map[string]any) {
+func checkDrawEverywhere(t *testing.T, c *testnode.Cluster, sku string, want map[string]any) {
 	t.Helper()
-	for _, id := range c.ids {
-		if cl := c.client(id); cl != nil {
-			waitFor(t, 10*time.Second, "the draw on "+id, func() bool {
-				code, _ := callQuiet(cl, "GET", "/v1/skus/"+sku+"/draw", "")
+	for _, id := range c.IDs {
+		if cl := c.Client(id); cl != nil {
+			testnode.WaitFor(t, 10*time.Second, "the draw on "+id, func() bool {
+				code, _ := testnode.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/draw", "")
 				return code == 200
 			})
-			_, d := call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
+			_, d := testnode.Call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
 			for _, k := range []string{"seed", "entries_hash", "entries", "winners", "drawn_at", "seed_commitment"} {
 				if d[k] != want[k] {
 					t.Fatalf("%s's draw differs on %s: %v, want %v", id, k, d[k], want[k])
@@ -320,15 +321,15 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 	if raceEnabled {
 		entriesOpen, holdTTL = 20*time.Second, holdTTL+15*time.Second
 	}
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	closeAt := time.Now().Add(entriesOpen)
-	code, sale := call(t, c.client("n1"), "PUT", "/v1/skus/lot", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"%s"}`,
+	code, sale := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/lot", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"%s"}`,
 		units, closeAt.UTC().Format(time.RFC3339Nano), holdTTL))
 	if code != 201 {
 		t.Fatalf("create lottery: %d %v", code, sale)
 	}
 	commitment := sale["lottery"].(map[string]any)["seed_commitment"]
-	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/plain", `{"total":5}`); code != 201 {
+	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/plain", `{"total":5}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "lot")
@@ -346,51 +347,51 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 	}
 	// A repeat on any node is the first entry; the sale takes no deduct,
 	// a sale that is no lottery takes no entry.
-	for i, id := range c.ids {
+	for i, id := range c.IDs {
 		user := users[i*7]
-		if code, body := call(t, c.client(id), "POST", "/v1/skus/lot/enter", `{"user":"`+user+`"}`); code != 202 || body["entry_id"] != ids[user] {
+		if code, body := testnode.Call(t, c.Client(id), "POST", "/v1/skus/lot/enter", `{"user":"`+user+`"}`); code != 202 || body["entry_id"] != ids[user] {
 			t.Fatalf("repeat entry of %s on %s: %d %v, want entry %s", user, id, code, body, ids[user])
 		}
 	}
-	if code, body := call(t, c.client("n2"), "POST", "/v1/skus/lot/deduct", `{"user":"u1"}`); code != 409 || body["error"] != "lottery_sale" {
+	if code, body := testnode.Call(t, c.Client("n2"), "POST", "/v1/skus/lot/deduct", `{"user":"u1"}`); code != 409 || body["error"] != "lottery_sale" {
 		t.Fatalf("deduct on a lottery: %d %v", code, body)
 	}
-	if code, body := call(t, c.client("n2"), "POST", "/v1/skus/plain/enter", `{"user":"u1"}`); code != 409 || body["error"] != "not_a_lottery" {
+	if code, body := testnode.Call(t, c.Client("n2"), "POST", "/v1/skus/plain/enter", `{"user":"u1"}`); code != 409 || body["error"] != "not_a_lottery" {
 		t.Fatalf("entry into a plain sale: %d %v", code, body)
 	}
-	if code, body := call(t, c.client("n3"), "GET", "/v1/skus/lot/draw", ""); code != 409 {
+	if code, body := testnode.Call(t, c.Client("n3"), "GET", "/v1/skus/lot/draw", ""); code != 409 {
 		t.Fatalf("draw before the close: %d %v", code, body)
 	}
 
 	if killLeaderAtClose {
-		waitFor(t, time.Until(closeAt)+5*time.Second, "the close", func() bool { return !time.Now().Before(closeAt) })
-		leader := c.leader()
-		c.crash(leader)
+		testnode.WaitFor(t, time.Until(closeAt)+5*time.Second, "the close", func() bool { return !time.Now().Before(closeAt) })
+		leader := c.Leader()
+		c.Crash(leader)
 		t.Logf("crashed leader %s at the close", leader)
-		waitFor(t, 15*time.Second, "a new leader", func() bool { return c.leader() != "" })
-		survivor := c.ids[0]
+		testnode.WaitFor(t, 15*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+		survivor := c.IDs[0]
 		if survivor == leader {
-			survivor = c.ids[1]
+			survivor = c.IDs[1]
 		}
-		waitFor(t, 20*time.Second, "the draw after the failover", func() bool {
-			code, _ := callQuiet(c.client(survivor), "GET", "/v1/skus/lot/draw", "")
+		testnode.WaitFor(t, 20*time.Second, "the draw after the failover", func() bool {
+			code, _ := testnode.CallQuiet(c.Client(survivor), "GET", "/v1/skus/lot/draw", "")
 			return code == 200
 		})
-		c.start(leader, nil)
-		waitReady(t, c)
+		c.Start(leader, nil)
+		testnode.WaitReady(t, c)
 	}
-	waitFor(t, entriesOpen+20*time.Second, "the draw on every node", func() bool {
-		for _, id := range c.ids {
-			if code, _ := callQuiet(c.client(id), "GET", "/v1/skus/lot/draw", ""); code != 200 {
+	testnode.WaitFor(t, entriesOpen+20*time.Second, "the draw on every node", func() bool {
+		for _, id := range c.IDs {
+			if code, _ := testnode.CallQuiet(c.Client(id), "GET", "/v1/skus/lot/draw", ""); code != 200 {
 				return false
 			}
 		}
 		return true
 	})
-	if code, body := call(t, c.client("n3"), "POST", "/v1/skus/lot/enter", `{"user":"late-comer"}`); code != 409 || body["error"] != "entries_closed" {
+	if code, body := testnode.Call(t, c.Client("n3"), "POST", "/v1/skus/lot/enter", `{"user":"late-comer"}`); code != 409 || body["error"] != "entries_closed" {
 		t.Fatalf("entry after the close: %d %v", code, body)
 	}
-	d := recomputeDraw(t, c.client("n3"), "lot")
+	d := recomputeDraw(t, c.Client("n3"), "lot")
 	if d.draw["seed_commitment"] != commitment || d.draw["winners"] != float64(units) {
 		t.Fatalf("draw %v; commitment at creation %v", d.draw, commitment)
 	}
@@ -403,19 +404,19 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 		if rank%2 == 1 {
 			continue
 		}
-		if code, o := call(t, c.client(c.ids[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
+		if code, o := testnode.Call(t, c.Client(c.IDs[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
 			t.Fatalf("confirm %s's order: %d %v", user, code, o)
 		}
 		acked[orders[user]] = true
 	}
-	waitFor(t, holdTTL+15*time.Second, "the lapsed winners' units on the waitlist", func() bool {
-		_, v := callQuiet(c.client("n1"), "GET", "/v1/skus/lot", "")
+	testnode.WaitFor(t, holdTTL+15*time.Second, "the lapsed winners' units on the waitlist", func() bool {
+		_, v := testnode.CallQuiet(c.Client("n1"), "GET", "/v1/skus/lot", "")
 		lt, _ := v["lottery"].(map[string]any)
 		return lt != nil && lt["promoted"] == float64(units/2)
 	})
 	orders = checkStandings(t, c, "lot", d, units+units/2, false)
 	for rank, user := range d.ranked[units : units+units/2] {
-		if code, o := call(t, c.client(c.ids[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
+		if code, o := testnode.Call(t, c.Client(c.IDs[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
 			t.Fatalf("confirm promoted %s's order: %d %v", user, code, o)
 		}
 		acked[orders[user]] = true
@@ -431,8 +432,8 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 // TestLottery_BadInputGetsClearAnswers: each way to get a lottery call
 // wrong has its own answer, and none of them changes the ledger.
 func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
-	n := startTestNode(t, t.TempDir())
-	cl := clientOf(n, 4)
+	n := testnode.StartNode(t, t.TempDir())
+	cl := testnode.ClientOf(n, 4)
 	soon := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	later := time.Now().Add(2 * time.Hour).UTC().Format(time.RFC3339)
 	for _, tc := range []struct{ body, why string }{
@@ -443,14 +444,14 @@ func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
 		{`{"total":5,"mode":"lottery","entries_close_at":"` + soon + `","start_at":"` + later + `"}`, "entries close before the start"},
 		{`{"total":5,"mode":"lottery","entries_close_at":"` + soon + `","per_user":2}`, "per_user on a lottery"},
 	} {
-		if code, body := call(t, cl, "PUT", "/v1/skus/bad", tc.body); code != 400 {
+		if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/bad", tc.body); code != 400 {
 			t.Fatalf("%s: %d %v, want 400", tc.why, code, body)
 		}
 	}
-	if code, _ := call(t, cl, "GET", "/v1/skus/bad", ""); code != 404 {
+	if code, _ := testnode.Call(t, cl, "GET", "/v1/skus/bad", ""); code != 404 {
 		t.Fatalf("a refused sale exists: %d", code)
 	}
-	if code, body := call(t, cl, "PUT", "/v1/skus/later", `{"total":5,"mode":"lottery","start_at":"`+soon+`","entries_close_at":"`+later+`"}`); code != 201 {
+	if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/later", `{"total":5,"mode":"lottery","start_at":"`+soon+`","entries_close_at":"`+later+`"}`); code != 201 {
 		t.Fatalf("create: %d %v", code, body)
 	}
 	for _, tc := range []struct {
@@ -471,16 +472,16 @@ func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
 		{"GET", "/v1/skus/later/entries/a%20b", ``, 400, "bad_request"},
 		{"GET", "/v1/skus/nope/entries", ``, 404, "not_found"},
 	} {
-		code, body := call(t, cl, tc.method, tc.path, tc.body)
+		code, body := testnode.Call(t, cl, tc.method, tc.path, tc.body)
 		if code != tc.code || (tc.errCode != "" && body["error"] != tc.errCode) {
 			t.Fatalf("%s %s %s: %d %v, want %d %s", tc.method, tc.path, tc.body, code, body, tc.code, tc.errCode)
 		}
 	}
-	_, v := call(t, cl, "GET", "/v1/skus/later", "")
+	_, v := testnode.Call(t, cl, "GET", "/v1/skus/later", "")
 	if lt := v["lottery"].(map[string]any); lt["entries"] != 0.0 || lt["state"] != "entering" || v["state"] != "upcoming" {
 		t.Fatalf("the lottery after refused calls: %v", v)
 	}
-	checkLedger(t, cl, "later")
+	testnode.CheckLedger(t, cl, "later")
 }
 
 // TestLottery_EntriesThroughALeaderCrash crashes the leader while
@@ -494,9 +495,9 @@ func TestLottery_EntriesThroughALeaderCrash(t *testing.T) {
 	if raceEnabled {
 		entriesOpen = 30 * time.Second
 	}
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	closeAt := time.Now().Add(entriesOpen)
-	if code, body := call(t, c.client("n1"), "PUT", "/v1/skus/crash", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"1h"}`,
+	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/crash", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"1h"}`,
 		units, closeAt.UTC().Format(time.RFC3339Nano))); code != 201 {
 		t.Fatalf("create lottery: %d %v", code, body)
 	}
@@ -505,12 +506,12 @@ func TestLottery_EntriesThroughALeaderCrash(t *testing.T) {
 	var acked atomic.Int64
 	done := make(chan map[string]string)
 	go func() { done <- enterAll(t, c, "crash", users, 24, true, &acked) }()
-	waitFor(t, entriesOpen, "a third of the entrants in", func() bool { return acked.Load() >= entrants/3 })
-	leader := c.leader()
-	c.crash(leader)
+	testnode.WaitFor(t, entriesOpen, "a third of the entrants in", func() bool { return acked.Load() >= entrants/3 })
+	leader := c.Leader()
+	c.Crash(leader)
 	t.Logf("crashed leader %s after %d entries", leader, acked.Load())
-	waitFor(t, 15*time.Second, "a new leader", func() bool { return c.leader() != "" })
-	c.start(leader, nil)
+	testnode.WaitFor(t, 15*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+	c.Start(leader, nil)
 	ids := <-done
 	if t.Failed() {
 		t.FailNow()
@@ -518,16 +519,16 @@ func TestLottery_EntriesThroughALeaderCrash(t *testing.T) {
 	if len(ids) != entrants {
 		t.Fatalf("%d entrants acknowledged, want %d", len(ids), entrants)
 	}
-	waitReady(t, c)
-	waitFor(t, time.Until(closeAt)+20*time.Second, "the draw on every node", func() bool {
-		for _, id := range c.ids {
-			if code, _ := callQuiet(c.client(id), "GET", "/v1/skus/crash/draw", ""); code != 200 {
+	testnode.WaitReady(t, c)
+	testnode.WaitFor(t, time.Until(closeAt)+20*time.Second, "the draw on every node", func() bool {
+		for _, id := range c.IDs {
+			if code, _ := testnode.CallQuiet(c.Client(id), "GET", "/v1/skus/crash/draw", ""); code != 200 {
 				return false
 			}
 		}
 		return true
 	})
-	d := recomputeDraw(t, c.client(leader), "crash")
+	d := recomputeDraw(t, c.Client(leader), "crash")
 	if len(d.ranked) != entrants {
 		t.Fatalf("the export holds %d entries, want %d (one each)", len(d.ranked), entrants)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/client"
+	"stockd/internal/testnode"
 )
 
 // The multi-process test runs the real binary as three processes. It is
@@ -44,9 +45,9 @@ type procCluster struct {
 	clients map[string]*fasthttp.HostClient
 }
 
-func (p *procCluster) nodeIDs() []string { return p.ids }
+func (p *procCluster) NodeIDs() []string { return p.ids }
 
-func (p *procCluster) client(id string) *fasthttp.HostClient {
+func (p *procCluster) Client(id string) *fasthttp.HostClient {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.clients[id]
@@ -95,13 +96,13 @@ func startProcClusterOf(t *testing.T, bin string, extraArgs ...string) *procClus
 	t.Cleanup(p.stopAll)
 	t.Cleanup(p.logTailsIfFailed) // runs after stopAll: the logs are complete
 	for _, id := range p.ids {
-		p.start(id)
+		p.Start(id)
 	}
-	waitReady(t, p)
+	testnode.WaitReady(t, p)
 	return p
 }
 
-func (p *procCluster) start(id string) {
+func (p *procCluster) Start(id string) {
 	p.t.Helper()
 	logFile, err := os.OpenFile(p.dataDir[id]+".log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -186,10 +187,10 @@ func (p *procCluster) stop(id string) {
 	}
 }
 
-func (p *procCluster) leader() string {
+func (p *procCluster) Leader() string {
 	for _, id := range p.ids {
-		if c := p.client(id); c != nil {
-			if code, st := callQuiet(c, "GET", "/v1/cluster", ""); code == 200 {
+		if c := p.Client(id); c != nil {
+			if code, st := testnode.CallQuiet(c, "GET", "/v1/cluster", ""); code == 200 {
 				if l, _ := st["leader"].(string); l != "" {
 					return l
 				}
@@ -205,10 +206,10 @@ func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
 	}
 	const units, buyers, calm = 3000, 6000, 1000
 	p := startProcCluster(t)
-	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	if code, body := call(t, p.client("n1"), "PUT", "/v1/skus/probe", `{"total":1000000}`); code != 201 {
+	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/probe", `{"total":1000000}`); code != 201 {
 		t.Fatalf("create probe sale: %d %v", code, body)
 	}
 	var acked atomic.Int64
@@ -216,7 +217,7 @@ func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
 	waveDone := make(chan map[int]buyerResult, 1)
 	go func() { waveDone <- buyWave(p, "tv", calm, buyers, 16, &acked) }()
 
-	leader := p.leader()
+	leader := p.Leader()
 	if leader == "" {
 		t.Fatal("no leader mid-sale")
 	}
@@ -232,8 +233,8 @@ func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
 	// Failover: from the kill to the first deduct committed through a
 	// surviving node (which needs a new leader).
 	var failover time.Duration
-	waitFor(t, 30*time.Second, "a deduct committed after the kill", func() bool {
-		code, _ := callQuiet(p.client(survivor), "POST", "/v1/skus/probe/deduct",
+	testnode.WaitFor(t, 30*time.Second, "a deduct committed after the kill", func() bool {
+		code, _ := testnode.CallQuiet(p.Client(survivor), "POST", "/v1/skus/probe/deduct",
 			fmt.Sprintf(`{"user":"probe","request_id":"probe-%d"}`, time.Now().UnixNano()))
 		if code == 200 {
 			failover = time.Since(killedAt)
@@ -243,13 +244,13 @@ func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
 	})
 	t.Logf("killed leader %s after %d acknowledgements; failover (kill to first committed deduct) %s", leader, acked.Load(), failover.Round(time.Millisecond))
 	at := acked.Load()
-	waitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+200 })
-	p.start(leader)
+	testnode.WaitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+200 })
+	p.Start(leader)
 	second := <-waveDone
 	for b, r := range second {
 		first[b] = r
 	}
-	waitReady(t, p)
+	testnode.WaitReady(t, p)
 	restStart := time.Now()
 	rest := sellOut(t, p, "tv", units, buyers)
 	t.Logf("after the first wave: %d acknowledged; sell-out of the rest took %s", len(ackedOrders(t, first)), time.Since(restStart).Round(time.Millisecond))
@@ -281,20 +282,20 @@ func TestMultiProcess_ClientThroughALeaderKill(t *testing.T) {
 	if _, err := cl.CreateSale(context.Background(), "tv", client.SaleConfig{Total: units}); err != nil {
 		t.Fatal(err)
 	}
-	waitSaleEverywhere(t, p, "tv")
+	testnode.WaitSaleEverywhere(t, p, "tv")
 	leader := ""
 	results := buyThrough(cl.Deduct, func(int) string { return "tv" }, buyers, workers, func(b int) {
 		switch b {
 		case buyers / 3:
-			leader = p.leader()
+			leader = p.Leader()
 			p.kill(leader)
 		case 2 * buyers / 3:
-			p.start(leader)
+			p.Start(leader)
 		}
 	})
-	waitReady(t, p)
+	testnode.WaitReady(t, p)
 	audit := checkClusterLedgers(t, p, "tv", nil)
-	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, p.client(p.leader()), "tv"), audit)
+	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, p.Client(p.Leader()), "tv"), audit)
 	t.Logf("killed %s at buyer %d, restarted it at %d: %d wins reported, %d without a definite answer, %d sold", leader, buyers/3, 2*buyers/3, len(reported), notDefinite, int(audit["sold"].(float64)))
 }
 
@@ -329,18 +330,18 @@ func TestMultiProcess_ShardedClientOverTwoClusters(t *testing.T) {
 	results := buyThrough(s.Deduct, skuOf, buyers, workers, func(b int) {
 		switch b {
 		case buyers / 3:
-			leader = victim.leader()
+			leader = victim.Leader()
 			victim.kill(leader)
 		case 2 * buyers / 3:
-			victim.start(leader)
+			victim.Start(leader)
 		}
 	})
 	for name, p := range clusters {
-		waitReady(t, p)
+		testnode.WaitReady(t, p)
 		var mine []clientBuy
 		for k := range skus {
 			sku := skuOf(k)
-			code, _ := callQuiet(p.client(p.leader()), "GET", "/v1/skus/"+sku, "")
+			code, _ := testnode.CallQuiet(p.Client(p.Leader()), "GET", "/v1/skus/"+sku, "")
 			if own := s.ClusterOf(sku) == name; own != (code == 200) {
 				t.Fatalf("%s on %s: %d (its cluster is %s)", sku, name, code, s.ClusterOf(sku))
 			}
@@ -360,7 +361,7 @@ func TestMultiProcess_ShardedClientOverTwoClusters(t *testing.T) {
 				}
 			}
 			audit := checkClusterLedgers(t, p, sku, nil)
-			checkClientWins(t, part, ledgerOrders(t, p.client(p.leader()), sku), audit)
+			checkClientWins(t, part, ledgerOrders(t, p.Client(p.Leader()), sku), audit)
 		}
 		t.Logf("cluster %s: %d buys checked", name, len(mine))
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"stockd/internal/testnode"
 	"stockd/node"
 
 	"github.com/anishathalye/porcupine"
@@ -130,13 +131,13 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	} {
 		method, rest, _ := strings.Cut(sale, " ")
 		path, body, _ := strings.Cut(rest, " ")
-		if code, out := call(t, c.client(c.ids[0]), method, path, body); code != 201 {
+		if code, out := testnode.Call(t, c.Client(c.IDs[0]), method, path, body); code != 201 {
 			t.Fatalf("%s: %d %v", sale, code, out)
 		}
 	}
-	waitSaleEverywhere(t, c, "box")
+	testnode.WaitSaleEverywhere(t, c, "box")
 	for k := range tvSKUs {
-		waitSaleEverywhere(t, c, tvSKU(k))
+		testnode.WaitSaleEverywhere(t, c, tvSKU(k))
 	}
 
 	// Buyers arrive at an even pace over the schedule's length, so that
@@ -161,17 +162,17 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 		restartBroken(t, c, h.start)
 	}
 	phase("schedule done")
-	c.net.healAll()
+	c.Net.HealAll()
 	for id := range crashed {
-		c.startWith(id, nil, nil)
+		c.StartWith(id, nil, nil)
 	}
 	restartBroken(t, c, h.start)
 	close(stop)
 	wg.Wait()
 	nemesisWaitReady(t, c)
 	nemesisTotals.deducts.Add(h.deducts.Load())
-	for _, id := range c.ids {
-		nemesisTotals.restores.Add(int64(c.node(id).Ledger().Restores()))
+	for _, id := range c.IDs {
+		nemesisTotals.restores.Add(int64(c.Node(id).Ledger().Restores()))
 	}
 
 	phase("buyers done")
@@ -182,22 +183,22 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	phase("sold out")
 	leader := func() *fasthttp.HostClient {
 		var cl *fasthttp.HostClient
-		waitFor(t, 20*time.Second, "a leader", func() bool {
-			if id := c.leader(); id != "" {
-				cl = c.client(id)
+		testnode.WaitFor(t, 20*time.Second, "a leader", func() bool {
+			if id := c.Leader(); id != "" {
+				cl = c.Client(id)
 			}
 			return cl != nil
 		})
 		return cl
 	}
-	waitFor(t, 20*time.Second, "every hold on box confirmed, cancelled or expired, no lease left", func() bool {
+	testnode.WaitFor(t, 20*time.Second, "every hold on box confirmed, cancelled or expired, no lease left", func() bool {
 		cl := leader()
 		for k := range tvSKUs {
-			if _, tv := callQuiet(cl, "GET", "/v1/skus/"+tvSKU(k)+"/audit", ""); tv == nil || !nothingLeased(tv) {
+			if _, tv := testnode.CallQuiet(cl, "GET", "/v1/skus/"+tvSKU(k)+"/audit", ""); tv == nil || !nothingLeased(tv) {
 				return false
 			}
 		}
-		_, box := callQuiet(cl, "GET", "/v1/skus/box/audit", "")
+		_, box := testnode.CallQuiet(cl, "GET", "/v1/skus/box/audit", "")
 		return box != nil && box["held"] == 0.0 && nothingLeased(box)
 	})
 	phase("holds ended")
@@ -233,17 +234,17 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 // restartBroken restarts the nodes that stopped trusting their raft log
 // (node.Broken: an append failed right after a truncation), as their
 // supervisor would when stockd serve exits.
-func restartBroken(t *testing.T, c *testCluster, start time.Time) {
-	for _, id := range c.ids {
-		n := c.node(id)
+func restartBroken(t *testing.T, c *testnode.Cluster, start time.Time) {
+	for _, id := range c.IDs {
+		n := c.Node(id)
 		if n == nil {
 			continue
 		}
 		select {
 		case <-n.Broken():
 			t.Logf("%6.2fs %s stopped with a broken raft log; restarting it", time.Since(start).Seconds(), id)
-			c.crash(id)
-			c.startWith(id, nil, nil)
+			c.Crash(id)
+			c.StartWith(id, nil, nil)
 		default:
 		}
 	}
@@ -251,16 +252,16 @@ func restartBroken(t *testing.T, c *testCluster, start time.Time) {
 
 // nemesisWaitReady is waitReady that says, when it gives up, why each
 // node was not ready.
-func nemesisWaitReady(t *testing.T, c *testCluster) {
+func nemesisWaitReady(t *testing.T, c *testnode.Cluster) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		restartBroken(t, c, deadline.Add(-30*time.Second))
 		var why []string
-		for _, id := range c.ids {
-			if cl := c.client(id); cl != nil {
-				if code, out := callQuiet(cl, "GET", "/readyz", ""); code != 200 {
-					_, st := callQuiet(cl, "GET", "/v1/cluster", "")
+		for _, id := range c.IDs {
+			if cl := c.Client(id); cl != nil {
+				if code, out := testnode.CallQuiet(cl, "GET", "/readyz", ""); code != 200 {
+					_, st := testnode.CallQuiet(cl, "GET", "/v1/cluster", "")
 					why = append(why, fmt.Sprintf("%s: %d %v; cluster %v", id, code, out, st))
 				}
 			}
@@ -319,62 +320,62 @@ func nemesisSchedule(t *testing.T, rng *rand.Rand) []nemesisFault {
 // run injects the fault for its duration (the fault's length, not a
 // wait for a condition) and ends it, except a crash whose node restarts
 // at the end of the schedule if the draw says so. It says what it did.
-func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed map[string]bool, disks map[string]*diskFull) string {
+func (f nemesisFault) run(t *testing.T, c *testnode.Cluster, rng *rand.Rand, crashed map[string]bool, disks map[string]*diskFull) string {
 	var up []string
-	for _, id := range c.ids {
-		if c.node(id) != nil {
+	for _, id := range c.IDs {
+		if c.Node(id) != nil {
 			up = append(up, id)
 		}
 	}
 	pick := func() string { return up[rng.IntN(len(up))] }
 	target := pick()
-	if l := c.leader(); l != "" && strings.HasSuffix(f.kind, "-leader") {
+	if l := c.Leader(); l != "" && strings.HasSuffix(f.kind, "-leader") {
 		target = l
 	}
 	switch f.kind {
 	case "isolate", "isolate-leader":
-		c.net.isolate(target)
+		c.Net.Isolate(target)
 		time.Sleep(f.dur)
-		c.net.heal(target)
+		c.Net.Heal(target)
 	case "partition-minority":
-		ids := append([]string(nil), c.ids...)
+		ids := append([]string(nil), c.IDs...)
 		rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		minority := ids[:(len(ids)-1)/2]
-		c.net.partition(minority, ids[len(minority):])
+		c.Net.Partition(minority, ids[len(minority):])
 		time.Sleep(f.dur)
-		c.net.healAll()
+		c.Net.HealAll()
 		return fmt.Sprintf("partition %v from the rest for %s", minority, f.dur)
 	case "flap":
 		for range 4 {
-			c.net.isolate(target)
+			c.Net.Isolate(target)
 			time.Sleep(f.dur / 8)
-			c.net.heal(target)
+			c.Net.Heal(target)
 			time.Sleep(f.dur / 8)
 		}
 	case "degrade":
 		delay, loss := time.Duration(1+rng.IntN(15))*time.Millisecond, rng.Float64()*0.05
-		c.net.degrade(delay, loss)
+		c.Net.Degrade(delay, loss)
 		time.Sleep(f.dur)
-		c.net.degrade(0, 0)
+		c.Net.Degrade(0, 0)
 		return fmt.Sprintf("delay %s+jitter, drop %.1f%% of writes for %s", delay, loss*100, f.dur)
 	case "crash", "crash-leader":
-		if len(up)-1 < len(c.ids)/2+1 {
+		if len(up)-1 < len(c.IDs)/2+1 {
 			return f.kind + " skipped: a quorum must stay up"
 		}
-		c.crash(target)
+		c.Crash(target)
 		time.Sleep(f.dur)
 		if rng.IntN(4) == 0 {
 			crashed[target] = true
 			return fmt.Sprintf("crash %s (restarts when the schedule ends)", target)
 		}
-		c.startWith(target, nil, nil)
+		c.StartWith(target, nil, nil)
 	case "stall":
-		c.net.stall(target)
+		c.Net.Stall(target)
 		time.Sleep(f.dur)
-		c.net.resume(target)
+		c.Net.Resume(target)
 	case "transfer-leadership":
-		if l := c.leader(); l != "" {
-			if err := c.node(l).Raft().TransferLeadership(); err != nil {
+		if l := c.Leader(); l != "" {
+			if err := c.Node(l).Raft().TransferLeadership(); err != nil {
 				return fmt.Sprintf("transfer leadership from %s: %v", l, err)
 			}
 			return "transfer leadership from " + l
@@ -383,7 +384,7 @@ func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed 
 	case "disk-full":
 		// Both of the node's files stop taking writes: its raft log and
 		// its ledger.
-		ledger := c.node(target).Ledger()
+		ledger := c.Node(target).Ledger()
 		ledger.SetPersistFault(disks[target].fault)
 		disks[target].on.Store(true)
 		time.Sleep(f.dur)
@@ -392,7 +393,7 @@ func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed 
 	case "remove-join":
 		return removeAndJoin(c, rng, up, f.dur)
 	case "snapshot":
-		if err := c.node(target).Raft().Snapshot(); err != nil {
+		if err := c.Node(target).Raft().Snapshot(); err != nil {
 			return fmt.Sprintf("snapshot on %s: %v", target, err)
 		}
 	}
@@ -406,8 +407,8 @@ func (f nemesisFault) run(t *testing.T, c *testCluster, rng *rand.Rand, crashed 
 // id on an empty data dir with -join, as an operator replacing a machine
 // would. Every node must be up when it starts, so the cluster keeps a
 // quorum without the removed one.
-func removeAndJoin(c *testCluster, rng *rand.Rand, up []string, dur time.Duration) string {
-	if len(up) < len(c.ids) {
+func removeAndJoin(c *testnode.Cluster, rng *rand.Rand, up []string, dur time.Duration) string {
+	if len(up) < len(c.IDs) {
 		return "remove-join skipped: every node must be up"
 	}
 	target := up[rng.IntN(len(up))]
@@ -417,30 +418,30 @@ func removeAndJoin(c *testCluster, rng *rand.Rand, up []string, dur time.Duratio
 	}
 	crashFirst := rng.IntN(2) == 0
 	if crashFirst {
-		c.crash(target)
+		c.Crash(target)
 	}
 	// A leader election from the step before may still be running.
 	deadline := time.Now().Add(10 * time.Second)
 	code, out := 0, map[string]any(nil)
 	for time.Now().Before(deadline) {
-		if code, out = callWithin(c.client(via), 3*time.Second, "DELETE", "/v1/cluster/nodes/"+target, ""); code == 200 {
+		if code, out = testnode.CallWithin(c.Client(via), 3*time.Second, "DELETE", "/v1/cluster/nodes/"+target, ""); code == 200 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	if code != 200 {
 		if crashFirst {
-			c.startWith(target, nil, nil)
+			c.StartWith(target, nil, nil)
 		}
 		return fmt.Sprintf("remove %s through %s: %d %v; it stays a member", target, via, code, out)
 	}
 	time.Sleep(dur / 2) // the cluster runs without it
 	if !crashFirst {
-		c.crash(target)
+		c.Crash(target)
 	}
-	c.dirs[target] = c.t.TempDir()
-	joinVia := "http://" + c.node(via).HTTPAddr()
-	c.startWith(target, nil, func(cfg *node.Config) { cfg.Peers, cfg.Join = nil, joinVia })
+	c.Dirs[target] = c.TempDir()
+	joinVia := "http://" + c.Node(via).HTTPAddr()
+	c.StartWith(target, nil, func(cfg *node.Config) { cfg.Peers, cfg.Join = nil, joinVia })
 	time.Sleep(dur / 2)
 	how := "removed while running"
 	if crashFirst {
@@ -475,8 +476,8 @@ func (h *nemesisHistory) now() int64 { return time.Since(h.start).Nanoseconds() 
 // client is a connection pool to node id while it runs, nil while it is
 // down. Pools are the history's own, large enough for every buyer of a
 // schedule, so that no call is turned away by the client itself.
-func (h *nemesisHistory) client(c *testCluster, id string) *fasthttp.HostClient {
-	n := c.node(id)
+func (h *nemesisHistory) Client(c *testnode.Cluster, id string) *fasthttp.HostClient {
+	n := c.Node(id)
 	if n == nil {
 		return nil
 	}
@@ -500,7 +501,7 @@ func nemesisCall(cl *fasthttp.HostClient, method, path, body string) (int, map[s
 	if cl == nil {
 		return 0, nil
 	}
-	return callWithin(cl, nemesisCallTimeout, method, path, body)
+	return testnode.CallWithin(cl, nemesisCallTimeout, method, path, body)
 }
 
 // tvIn and tvOut are a deduct on tv, or a read of its sold count.
@@ -518,7 +519,7 @@ type tvOut struct {
 // workers per SKU, each buyer retrying on one node after another until it
 // has a final answer; one buyer in 20 sends its request to two nodes at
 // once. The workers bound the calls in flight, and so the checker's work.
-func (h *nemesisHistory) buyTV(c *testCluster, seed uint64, span time.Duration) {
+func (h *nemesisHistory) buyTV(c *testnode.Cluster, seed uint64, span time.Duration) {
 	const workers = tvWorkers * tvSKUs
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -546,12 +547,12 @@ func btoi(b bool) int {
 	return 0
 }
 
-func (h *nemesisHistory) deductTV(c *testCluster, seed uint64, client, buyer, firstNode int) {
+func (h *nemesisHistory) deductTV(c *testnode.Cluster, seed uint64, client, buyer, firstNode int) {
 	sku := buyer % tvSKUs
 	user := buyer / tvSKUs % tvUsers
 	body := fmt.Sprintf(`{"user":"tv-u%d","request_id":"tv-%d-%d"}`, user, seed, buyer)
 	for attempt := range 40 {
-		cl := h.client(c, c.ids[(firstNode+attempt)%len(c.ids)])
+		cl := h.Client(c, c.IDs[(firstNode+attempt)%len(c.IDs)])
 		if cl == nil {
 			continue
 		}
@@ -604,7 +605,7 @@ func (h *nemesisHistory) deductTV(c *testCluster, seed uint64, client, buyer, fi
 // readLeader reads the tv SKUs' sold counts in turn (up to a second stale,
 // as the contract allows) from the node that leads, every few
 // milliseconds until stop; answers marked stale are left out.
-func (h *nemesisHistory) readLeader(c *testCluster, stop <-chan struct{}) {
+func (h *nemesisHistory) readLeader(c *testnode.Cluster, stop <-chan struct{}) {
 	var reads uint
 	for {
 		select {
@@ -612,14 +613,14 @@ func (h *nemesisHistory) readLeader(c *testCluster, stop <-chan struct{}) {
 			return
 		case <-time.After(60 * time.Millisecond):
 		}
-		id := c.leader()
+		id := c.Leader()
 		if id == "" {
 			continue
 		}
 		call := h.now()
 		sku := int(reads % tvSKUs)
 		reads++
-		code, out := nemesisCall(h.client(c, id), "GET", "/v1/skus/"+tvSKU(sku), "")
+		code, out := nemesisCall(h.Client(c, id), "GET", "/v1/skus/"+tvSKU(sku), "")
 		ret := h.now()
 		if code != 200 || out["stale"] == true {
 			continue
@@ -649,7 +650,7 @@ type holdOut struct {
 // buyBoxes sends box's buyers at an even pace over span: each winner
 // confirms (half), cancels (a quarter) or leaves its hold to expire, after
 // a random pause around the hold time.
-func (h *nemesisHistory) buyBoxes(c *testCluster, seed uint64, span time.Duration) {
+func (h *nemesisHistory) buyBoxes(c *testnode.Cluster, seed uint64, span time.Duration) {
 	var wg sync.WaitGroup
 	for b := range boxBuyers {
 		time.Sleep(time.Until(h.start.Add(span * time.Duration(b) / boxBuyers)))
@@ -663,11 +664,11 @@ func (h *nemesisHistory) buyBoxes(c *testCluster, seed uint64, span time.Duratio
 	wg.Wait()
 }
 
-func (h *nemesisHistory) buyBox(c *testCluster, rng *rand.Rand, client, buyer int, body string) {
+func (h *nemesisHistory) buyBox(c *testnode.Cluster, rng *rand.Rand, client, buyer int, body string) {
 	var order string
 	var called int64
 	for attempt := range 40 {
-		cl := h.client(c, c.ids[(buyer+attempt)%len(c.ids)])
+		cl := h.Client(c, c.IDs[(buyer+attempt)%len(c.IDs)])
 		if cl == nil {
 			continue
 		}
@@ -709,7 +710,7 @@ func (h *nemesisHistory) buyBox(c *testCluster, rng *rand.Rand, client, buyer in
 	}
 	time.Sleep(time.Duration(rng.Int64N(int64(boxHoldTTL * 5 / 4))))
 	for attempt := range 40 {
-		cl := h.client(c, c.ids[(buyer+attempt+1)%len(c.ids)])
+		cl := h.Client(c, c.IDs[(buyer+attempt+1)%len(c.IDs)])
 		if cl == nil {
 			continue
 		}
@@ -789,13 +790,13 @@ func tvSKU(k int) string { return fmt.Sprintf("tv%d", k) }
 // checkBoxOrders reads every box order a buyer won on every node: a
 // confirmed one is sold, the rest released (cancelled or expired), once
 // every hold has ended.
-func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *testCluster) {
+func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *testnode.Cluster) {
 	t.Helper()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for order, want := range h.boxFate {
-		for _, id := range c.ids {
-			code, o := callQuiet(c.client(id), "GET", "/v1/orders/"+order, "")
+		for _, id := range c.IDs {
+			code, o := testnode.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, "")
 			if code != 200 {
 				t.Fatalf("won box order %s on %s: %d %v", order, id, code, o)
 			}

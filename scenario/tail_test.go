@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"stockd/internal/testnode"
 	"stockd/node"
 )
 
@@ -53,13 +54,13 @@ func (a tailAnswer) lost() bool { return a.code == 409 }
 
 // tailClients is one pool per node, sized for the sale's connections.
 type tailClients struct {
-	sc   salesCluster
+	sc   testnode.SalesCluster
 	mu   sync.Mutex
 	pool map[string]*fasthttp.HostClient
 }
 
 func (tc *tailClients) get(id string, conns int) *fasthttp.HostClient {
-	base := tc.sc.client(id)
+	base := tc.sc.Client(id)
 	if base == nil {
 		return nil
 	}
@@ -126,7 +127,7 @@ func resent(reqID string, percent int) bool {
 
 // runTailSale creates the sale, runs it over sc's nodes and checks what
 // its buyers were told. It returns every final answer.
-func runTailSale(t *testing.T, sc salesCluster, o tailSale) []tailAnswer {
+func runTailSale(t *testing.T, sc testnode.SalesCluster, o tailSale) []tailAnswer {
 	t.Helper()
 	return runTailSaleWith(t, sc, sc, o, true)
 }
@@ -134,23 +135,23 @@ func runTailSale(t *testing.T, sc salesCluster, o tailSale) []tailAnswer {
 // runTailSaleWith runs the sale with buyers on buyerNodes' nodes only and
 // checks it on every node of all; create says whether to create the sale
 // first.
-func runTailSaleWith(t *testing.T, buyerNodes, all salesCluster, o tailSale, create bool) []tailAnswer {
+func runTailSaleWith(t *testing.T, buyerNodes, all testnode.SalesCluster, o tailSale, create bool) []tailAnswer {
 	t.Helper()
 	sc := all
 	if create {
 		admin := ""
-		for _, id := range all.nodeIDs() {
-			if all.client(id) != nil {
+		for _, id := range all.NodeIDs() {
+			if all.Client(id) != nil {
 				admin = id
 				break
 			}
 		}
-		if code, body := call(t, all.client(admin), "PUT", "/v1/skus/"+o.sku, fmt.Sprintf(`{"total":%d,"per_user":%d}`, o.units, o.perUser)); code != 201 {
+		if code, body := testnode.Call(t, all.Client(admin), "PUT", "/v1/skus/"+o.sku, fmt.Sprintf(`{"total":%d,"per_user":%d}`, o.units, o.perUser)); code != 201 {
 			t.Fatalf("create sale: %d %v", code, body)
 		}
 	}
-	waitSaleEverywhere(t, all, o.sku)
-	ids := buyerNodes.nodeIDs()
+	testnode.WaitSaleEverywhere(t, all, o.sku)
+	ids := buyerNodes.NodeIDs()
 	tc := &tailClients{sc: buyerNodes, pool: map[string]*fasthttp.HostClient{}}
 	perNode := o.conns/len(ids) + 16
 
@@ -228,10 +229,10 @@ func runTailSaleWith(t *testing.T, buyerNodes, all salesCluster, o tailSale, cre
 	checkTailAnswers(t, o, answers)
 
 	// Nothing stranded: demand was above stock, so every unit is sold.
-	waitFor(t, 20*time.Second, "every unit sold", func() bool {
-		for _, id := range sc.nodeIDs() {
-			if c := sc.client(id); c != nil {
-				_, a := callQuiet(c, "GET", "/v1/skus/"+o.sku+"/audit", "")
+	testnode.WaitFor(t, 20*time.Second, "every unit sold", func() bool {
+		for _, id := range sc.NodeIDs() {
+			if c := sc.Client(id); c != nil {
+				_, a := testnode.CallQuiet(c, "GET", "/v1/skus/"+o.sku+"/audit", "")
 				if a == nil || a["sold"].(float64) != float64(o.units) {
 					return false
 				}
@@ -344,9 +345,9 @@ func checkTailAnswers(t *testing.T, o tailSale, answers []tailAnswer) {
 // oneNode is a single running node seen as a salesCluster.
 type oneNode struct{ n *node.Node }
 
-func (o oneNode) nodeIDs() []string { return []string{"n1"} }
-func (o oneNode) client(string) *fasthttp.HostClient {
-	return clientOf(o.n, 32)
+func (o oneNode) NodeIDs() []string { return []string{"n1"} }
+func (o oneNode) Client(string) *fasthttp.HostClient {
+	return testnode.ClientOf(o.n, 32)
 }
 
 func flashTail(sku string) tailSale {
@@ -354,10 +355,10 @@ func flashTail(sku string) tailSale {
 }
 
 func TestTail_OneNodeNoFlipsNoLateWins(t *testing.T) {
-	n := startTestNode(t, t.TempDir())
+	n := testnode.StartNode(t, t.TempDir())
 	runTailSale(t, oneNode{n}, flashTail("one"))
 	// The node exports its tail: first sold_out answer, last win, length.
-	c := clientOf(n, 1)
+	c := testnode.ClientOf(n, 1)
 	for _, name := range []string{`stockd_sale_tail_seconds{sku="one"}`, `stockd_sale_first_sold_out_timestamp_seconds{sku="one"}`, `stockd_sale_last_win_timestamp_seconds{sku="one"}`} {
 		v, err := strconv.ParseFloat(metricValue(t, c, name), 64)
 		if err != nil || v < 0 {
@@ -367,31 +368,31 @@ func TestTail_OneNodeNoFlipsNoLateWins(t *testing.T) {
 }
 
 func TestTail_ThreeNodesNoFlipsNoLateWins(t *testing.T) {
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	runTailSale(t, c, flashTail("three"))
 }
 
 func TestTail_PerUserLimitThreeAttemptsPerBuyer(t *testing.T) {
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	o := flashTail("limited")
 	o.perUser, o.attempts, o.buyers = 1, 3, 10000
 	runTailSale(t, c, o)
 }
 
 func TestTail_LeaderKilledInTheLastTenthOfTheSale(t *testing.T) {
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	o := flashTail("failover")
 	o.midSale = func() {
-		leader := c.leader()
+		leader := c.Leader()
 		if leader == "" {
 			t.Error("no leader at 90 % of the sale")
 			return
 		}
-		c.crash(leader)
+		c.Crash(leader)
 		t.Logf("crashed leader %s at 90 %% of the sale", leader)
 		// Back on its data dir: it loads its leased units again and sells
 		// or returns them.
-		c.start(leader, nil)
+		c.Start(leader, nil)
 	}
 	runTailSale(t, c, o)
 }
@@ -402,25 +403,25 @@ func TestTail_LeaderKilledInTheLastTenthOfTheSale(t *testing.T) {
 // told sold_out while a unit is left.
 func TestTail_IdleHolderGivesUnitsToBuyersElsewhere(t *testing.T) {
 	const units = 2000
-	c := startTestClusterWith(t, func(cfg *node.Config) { cfg.Engine.LeaseIdleReturn = time.Hour })
-	holder := c.ids[2]
-	if code, body := call(t, c.client(holder), "PUT", "/v1/skus/idle", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	c := testnode.StartClusterWith(t, func(cfg *node.Config) { cfg.Engine.LeaseIdleReturn = time.Hour })
+	holder := c.IDs[2]
+	if code, body := testnode.Call(t, c.Client(holder), "PUT", "/v1/skus/idle", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	// A few buyers on the holder make it lease a large chunk.
 	for b := range 5 {
-		if code, body := call(t, c.client(holder), "POST", "/v1/skus/idle/deduct", fmt.Sprintf(`{"user":"early%d","request_id":"early%d"}`, b, b)); code != 200 {
+		if code, body := testnode.Call(t, c.Client(holder), "POST", "/v1/skus/idle/deduct", fmt.Sprintf(`{"user":"early%d","request_id":"early%d"}`, b, b)); code != 200 {
 			t.Fatalf("early deduct: %d %v", code, body)
 		}
 	}
-	_, a := call(t, c.client(holder), "GET", "/v1/skus/idle/audit", "")
+	_, a := testnode.Call(t, c.Client(holder), "GET", "/v1/skus/idle/audit", "")
 	held := a["leased"].(map[string]any)[holder].(float64)
 	if held < units/10 {
 		t.Fatalf("the holder leased only %v units", held)
 	}
 	t.Logf("%s holds %v of %d units and gets no more buyers", holder, held, units)
 	// Everyone else buys on the other two nodes.
-	others := &subset{c: c, ids: c.ids[:2]}
+	others := &subset{c: c, ids: c.IDs[:2]}
 	start := time.Now()
 	o := tailSale{sku: "idle", units: units, buyers: 10000, conns: 200, attempts: 1, resendPercent: 15}
 	answers := runTailSaleOn(t, others, c, o)
@@ -430,9 +431,9 @@ func TestTail_IdleHolderGivesUnitsToBuyersElsewhere(t *testing.T) {
 			lastWin = a.end
 		}
 	}
-	_, a = call(t, c.client(holder), "GET", "/v1/skus/idle/audit", "")
+	_, a = testnode.Call(t, c.Client(holder), "GET", "/v1/skus/idle/audit", "")
 	t.Logf("buyers elsewhere won the idle node's units; last win %s after the first buyer; given back on demand: %v",
-		lastWin.Sub(start).Round(time.Millisecond), metricValue(t, c.client(holder), "stockd_lease_given_back_units_total"))
+		lastWin.Sub(start).Round(time.Millisecond), metricValue(t, c.Client(holder), "stockd_lease_given_back_units_total"))
 	if a["sold"].(float64) != units {
 		t.Fatalf("sold %v of %d", a["sold"], units)
 	}
@@ -440,16 +441,16 @@ func TestTail_IdleHolderGivesUnitsToBuyersElsewhere(t *testing.T) {
 
 // subset is some of a cluster's nodes, as a salesCluster.
 type subset struct {
-	c   *testCluster
+	c   *testnode.Cluster
 	ids []string
 }
 
-func (s *subset) nodeIDs() []string                     { return s.ids }
-func (s *subset) client(id string) *fasthttp.HostClient { return s.c.client(id) }
+func (s *subset) NodeIDs() []string                     { return s.ids }
+func (s *subset) Client(id string) *fasthttp.HostClient { return s.c.Client(id) }
 
 // runTailSaleOn runs a sale whose SKU exists already, with buyers on
 // buyers' nodes only, and checks it on every node of all.
-func runTailSaleOn(t *testing.T, buyers salesCluster, all salesCluster, o tailSale) []tailAnswer {
+func runTailSaleOn(t *testing.T, buyers testnode.SalesCluster, all testnode.SalesCluster, o tailSale) []tailAnswer {
 	t.Helper()
 	return runTailSaleWith(t, buyers, all, o, false)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"stockd/internal/testnode"
 	"strings"
 	"testing"
 	"time"
@@ -87,22 +88,22 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 
 func TestUI_PageFollowsASaleLive(t *testing.T) {
 	ctx := newBrowser(t)
-	c := startTestCluster(t)
+	c := testnode.StartCluster(t)
 	follower := ""
-	for _, id := range c.ids {
-		if id != c.leader() {
+	for _, id := range c.IDs {
+		if id != c.Leader() {
 			follower = id
 			break
 		}
 	}
-	if code, body := call(t, c.client(follower), "PUT", "/v1/skus/tv", `{"total":50}`); code != 201 {
+	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/skus/tv", `{"total":50}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "tv")
-	if code, body := call(t, c.client(follower), "PUT", "/v1/consumers/shop", `{"cursor":"0"}`); code != 200 {
+	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/consumers/shop", `{"cursor":"0"}`); code != 200 {
 		t.Fatalf("register consumer: %d %v", code, body)
 	}
-	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+c.node(follower).HTTPAddr()+"/ui"), chromedp.WaitVisible(`#skus`)); err != nil {
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+c.Node(follower).HTTPAddr()+"/ui"), chromedp.WaitVisible(`#skus`)); err != nil {
 		t.Fatal(err)
 	}
 	waitText(t, ctx, `#skus tr[data-sku="tv"] td.remaining`, "50")
@@ -124,30 +125,30 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 	}
 	waitText(t, ctx, `#skus tr[data-sku="tv"] td.remaining`, "30")
 	waitText(t, ctx, `#skus tr[data-sku="tv"] td.sold`, "20")
-	waitText(t, ctx, `#leader`, c.leader())
+	waitText(t, ctx, `#leader`, c.Leader())
 	waitText(t, ctx, `#node-id`, follower)
-	for _, id := range c.ids {
+	for _, id := range c.IDs {
 		sel := fmt.Sprintf(`#nodes tr[data-node=%q] td.state`, id)
 		want := "Follower"
-		if id == c.leader() {
+		if id == c.Leader() {
 			want = "Leader"
 		}
 		waitText(t, ctx, sel, want)
 	}
 	rows, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#nodes tbody tr").length`))
-	if err != nil || rows != len(c.ids) {
-		t.Fatalf("the node list has %d rows, want %d (%v)", rows, len(c.ids), err)
+	if err != nil || rows != len(c.IDs) {
+		t.Fatalf("the node list has %d rows, want %d (%v)", rows, len(c.IDs), err)
 	}
 	waitText(t, ctx, `#consumers tr[data-consumer="shop"] td:nth-child(3)`, "20")
 	waitText(t, ctx, `#skus tr[data-sku="tv"] td.audit`, "clean")
 
 	// A lottery shows its phase and its entries.
 	closeAt := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	if code, body := call(t, c.client(follower), "PUT", "/v1/skus/raffle", `{"total":2,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
+	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/skus/raffle", `{"total":2,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
 		t.Fatalf("create lottery: %d %v", code, body)
 	}
 	for _, u := range []string{"ann", "bob", "cy"} {
-		if code, body := call(t, c.client(follower), "POST", "/v1/skus/raffle/enter", `{"user":"`+u+`"}`); code != 202 {
+		if code, body := testnode.Call(t, c.Client(follower), "POST", "/v1/skus/raffle/enter", `{"user":"`+u+`"}`); code != 202 {
 			t.Fatalf("enter %s: %d %v", u, code, body)
 		}
 	}
@@ -168,9 +169,9 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 
 // screenshotMidSale runs a sale of 6,000 units to 9,000 buyers with holds,
 // some confirmed, and takes a picture of the page while it runs.
-func screenshotMidSale(t *testing.T, ctx context.Context, c *testCluster, out string) {
+func screenshotMidSale(t *testing.T, ctx context.Context, c *testnode.Cluster, out string) {
 	t.Helper()
-	if code, body := call(t, c.client(c.ids[0]), "PUT", "/v1/skus/phone", `{"total":6000,"hold_ttl":"1m"}`); code != 201 {
+	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/phone", `{"total":6000,"hold_ttl":"1m"}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "phone")

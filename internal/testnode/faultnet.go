@@ -1,4 +1,4 @@
-package scenario
+package testnode
 
 import (
 	"fmt"
@@ -16,7 +16,7 @@ import (
 // held until it resumes). Clients (the test's buyers) are not affected,
 // as a real partition between servers would not cut a node off from a
 // load balancer on its side.
-type faultNet struct {
+type FaultNet struct {
 	mu       sync.Mutex
 	isolated map[string]bool
 	cut      map[[2]string]bool       // both directions of a cut link
@@ -28,26 +28,26 @@ type faultNet struct {
 	conns    map[*faultConn]bool
 }
 
-func newFaultNet() *faultNet {
-	return &faultNet{isolated: map[string]bool{}, cut: map[[2]string]bool{}, stalled: map[string]chan struct{}{},
+func NewFaultNet() *FaultNet {
+	return &FaultNet{isolated: map[string]bool{}, cut: map[[2]string]bool{}, stalled: map[string]chan struct{}{},
 		rng: rand.New(rand.NewPCG(1, 2)), owner: map[string]string{}, conns: map[*faultConn]bool{}}
 }
 
-// own records that addr belongs to node id.
-func (f *faultNet) own(addr, id string) {
+// Own records that addr belongs to node id.
+func (f *FaultNet) Own(addr, id string) {
 	f.mu.Lock()
 	f.owner[addr] = id
 	f.mu.Unlock()
 }
 
-func (f *faultNet) isolate(id string) {
+func (f *FaultNet) Isolate(id string) {
 	f.mu.Lock()
 	f.isolated[id] = true
 	f.mu.Unlock()
 	f.closeBroken()
 }
 
-func (f *faultNet) heal(id string) {
+func (f *FaultNet) Heal(id string) {
 	f.mu.Lock()
 	delete(f.isolated, id)
 	f.mu.Unlock()
@@ -55,7 +55,7 @@ func (f *faultNet) heal(id string) {
 
 // partition cuts every link between nodes of different groups; nodes in
 // no group keep all their links.
-func (f *faultNet) partition(groups ...[]string) {
+func (f *FaultNet) Partition(groups ...[]string) {
 	f.mu.Lock()
 	for i, g := range groups {
 		for _, h := range groups[i+1:] {
@@ -72,14 +72,14 @@ func (f *faultNet) partition(groups ...[]string) {
 
 // degrade delays every write between nodes by d (plus jitter up to d) and
 // drops connections with probability rate per write.
-func (f *faultNet) degrade(d time.Duration, rate float64) {
+func (f *FaultNet) Degrade(d time.Duration, rate float64) {
 	f.mu.Lock()
 	f.delay, f.dropRate = d, rate
 	f.mu.Unlock()
 }
 
 // stall holds every write from or to id until resume(id).
-func (f *faultNet) stall(id string) {
+func (f *FaultNet) Stall(id string) {
 	f.mu.Lock()
 	if f.stalled[id] == nil {
 		f.stalled[id] = make(chan struct{})
@@ -87,7 +87,7 @@ func (f *faultNet) stall(id string) {
 	f.mu.Unlock()
 }
 
-func (f *faultNet) resume(id string) {
+func (f *FaultNet) Resume(id string) {
 	f.mu.Lock()
 	if ch := f.stalled[id]; ch != nil {
 		close(ch)
@@ -97,7 +97,7 @@ func (f *faultNet) resume(id string) {
 }
 
 // healAll ends every fault.
-func (f *faultNet) healAll() {
+func (f *FaultNet) HealAll() {
 	f.mu.Lock()
 	clear(f.isolated)
 	clear(f.cut)
@@ -110,18 +110,18 @@ func (f *faultNet) healAll() {
 }
 
 // brokenLocked reports whether traffic from one node to another is cut.
-func (f *faultNet) brokenLocked(from, to string) bool {
+func (f *FaultNet) brokenLocked(from, to string) bool {
 	return f.isolated[from] || f.isolated[to] || f.cut[[2]string{from, to}]
 }
 
 // closeBroken closes the open connections of links that are now cut.
-func (f *faultNet) closeBroken() {
+func (f *FaultNet) closeBroken() {
 	f.closeWhere(func(c *faultConn) bool { return f.brokenLocked(c.from, c.to) })
 }
 
 // closeWhere closes the open connections doomed says to (doomed runs
 // with f.mu held).
-func (f *faultNet) closeWhere(doomed func(*faultConn) bool) {
+func (f *FaultNet) closeWhere(doomed func(*faultConn) bool) {
 	f.mu.Lock()
 	var closing []*faultConn
 	for c := range f.conns {
@@ -139,11 +139,11 @@ func (f *faultNet) closeWhere(doomed func(*faultConn) bool) {
 // does when its process dies: an in-process node that stops leaves the
 // connections its raft transport accepted open, with a goroutine each,
 // and its peers' pooled connections to it half alive.
-func (f *faultNet) closeNode(id string) {
+func (f *FaultNet) CloseNode(id string) {
 	f.closeWhere(func(c *faultConn) bool { return c.from == id || c.to == id })
 }
 
-func (f *faultNet) dial(from, addr string, timeout time.Duration) (net.Conn, error) {
+func (f *FaultNet) dial(from, addr string, timeout time.Duration) (net.Conn, error) {
 	f.mu.Lock()
 	to := f.owner[addr]
 	cut := f.brokenLocked(from, to)
@@ -163,13 +163,13 @@ func (f *faultNet) dial(from, addr string, timeout time.Duration) (net.Conn, err
 }
 
 // httpDialer is a node's dialer for forwarding to peers.
-func (f *faultNet) httpDialer(from string) func(addr string) (net.Conn, error) {
+func (f *FaultNet) HTTPDialer(from string) func(addr string) (net.Conn, error) {
 	return func(addr string) (net.Conn, error) { return f.dial(from, addr, 3*time.Second) }
 }
 
 type faultConn struct {
 	net.Conn
-	net      *faultNet
+	net      *FaultNet
 	from, to string
 	once     sync.Once
 	closed   chan struct{}
@@ -223,7 +223,7 @@ func (c *faultConn) Close() error {
 // faultLayer is a raft stream layer over faultNet.
 type faultLayer struct {
 	net.Listener
-	net  *faultNet
+	net  *FaultNet
 	self string
 }
 

@@ -1,0 +1,154 @@
+// Package testnode is the multi-node test harness: in-process nodes and
+// clusters over real loopback TCP whose links a test can cut, stall or
+// slow (FaultNet), and the HTTP helpers the tests call them with. Only
+// tests import it (internal/layout checks); the scenario tests, node's and
+// feed's use it.
+package testnode
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"stockd/node"
+	"stockd/raftfsm"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Record, when set, sees every exchange the helpers make (the scenario
+// tests check them against the OpenAPI document).
+var Record = func(req *fasthttp.Request, resp *fasthttp.Response) {}
+
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(string(bytes.TrimSpace(p)))
+	return len(p), nil
+}
+
+// startTestNode runs a real node on loopback ports and dir.
+func StartNode(t *testing.T, dir string) *node.Node {
+	t.Helper()
+	n, err := node.Start(NodeConfig(t, "n1", dir, 200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop(context.Background()) })
+	WaitFor(t, 10*time.Second, "node ready, its ledger on this binary's rules", func() bool {
+		code, _ := Call(t, ClientOf(n, 1), "GET", "/readyz", "")
+		return code == 200 && n.Ledger().Rules() == raftfsm.RulesCurrent
+	})
+	return n
+}
+
+// testNodeConfig is a node on loopback ports with its data in dir, two
+// buckets per SKU and short raft timeouts, logging warnings to the test.
+func NodeConfig(tb testing.TB, id, dir string, raftTimeout time.Duration) node.Config {
+	cfg := node.DefaultConfig()
+	cfg.ID, cfg.DataDir = id, dir
+	cfg.HTTP.Addr, cfg.Raft.RaftBind = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.HTTP.ClusterSecret = ClusterSecret
+	cfg.Engine.BucketsPerSKU = 2
+	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
+	cfg.Logger = slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
+	return cfg
+}
+
+// testClusterSecret is the -cluster-secret of in-process test nodes.
+const ClusterSecret = "test-cluster-secret"
+
+// clientOf is a client of n's HTTP server with up to conns connections.
+func ClientOf(n *node.Node, conns int) *fasthttp.HostClient {
+	return &fasthttp.HostClient{Addr: n.HTTPAddr(), MaxConns: conns, ReadTimeout: 15 * time.Second, WriteTimeout: 5 * time.Second}
+}
+
+func WaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func Call(t testing.TB, c *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + path)
+	req.Header.SetMethod(method)
+	if body != "" {
+		req.SetBodyString(body)
+	}
+	if err := c.Do(req, resp); err != nil {
+		t.Errorf("%s %s: %v", method, path, err)
+		return 0, nil
+	}
+	Record(req, resp)
+	var out map[string]any
+	if err := json.Unmarshal(resp.Body(), &out); err != nil {
+		t.Errorf("%s %s: answer %q is not JSON: %v", method, path, resp.Body(), err)
+	}
+	return resp.StatusCode(), out
+}
+
+// checkLedger asserts the conservation law and the order recount over HTTP
+// and returns the audit.
+func CheckLedger(t *testing.T, c *fasthttp.HostClient, sku string) map[string]any {
+	t.Helper()
+	code, a := Call(t, c, "GET", "/v1/skus/"+sku+"/audit", "")
+	if code != 200 || a["ok"] != true {
+		t.Fatalf("audit %s: %d %v", sku, code, a)
+	}
+	var leased float64
+	for _, v := range a["leased"].(map[string]any) {
+		leased += v.(float64)
+	}
+	if total := a["total"].(float64); total != a["available"].(float64)+leased+a["held"].(float64)+a["sold"].(float64) {
+		t.Fatalf("conservation law broken: %v", a)
+	}
+	return a
+}
+
+func GetRaw(t *testing.T, c *fasthttp.HostClient, path string) string {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + path)
+	err := c.Do(req, resp)
+	if err != nil || resp.StatusCode() != 200 {
+		t.Fatalf("GET %s: %d %v", path, resp.StatusCode(), err)
+	}
+	Record(req, resp)
+	return string(resp.Body())
+}
+
+// callQuiet is call without failing the test on transport errors, which
+// are expected while nodes crash.
+func CallQuiet(c *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
+	return CallWithin(c, 15*time.Second, method, path, body)
+}
+
+// callWithin is one call bounded by timeout. Code 0: no answer (transport
+// error or timeout).
+func CallWithin(c *fasthttp.HostClient, timeout time.Duration, method, path, body string) (int, map[string]any) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + c.Addr + path)
+	req.Header.SetMethod(method)
+	req.SetBodyString(body)
+	if err := c.DoTimeout(req, resp, timeout); err != nil {
+		return 0, nil
+	}
+	Record(req, resp)
+	var out map[string]any
+	_ = json.Unmarshal(resp.Body(), &out)
+	return resp.StatusCode(), out
+}
