@@ -430,7 +430,10 @@ func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 	f := n.raft.Apply(b, applyEnqueueTimeout)
 	// raft never answers a proposal still queued for its leader loop when
 	// it shuts down (an Apply future does not watch for shutdown), so the
-	// wait also ends when this node has shut raft down.
+	// wait also ends when this node has shut raft down. A future cannot be
+	// selected on, hence a goroutine a proposal; the ones still waiting
+	// when raft shut down without answering stay until the process exits
+	// (the proposals in flight at shutdown, a few).
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	var err error
