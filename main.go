@@ -25,6 +25,7 @@ import (
 
 	"stockd/bench"
 	"stockd/feed"
+	"stockd/internal/pki"
 	"stockd/node"
 )
 
@@ -48,14 +49,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	case "bench":
-		if err := bench.Main(args, stdout, stderr); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			fmt.Fprintln(stderr, "stockd bench:", err)
-			return 1
-		}
-		return 0
+		return exitCode(stderr, "stockd bench", bench.Main(args, stdout, stderr))
 	case "noop-server":
 		// The bench's HTTP floor: a fasthttp server that answers every
 		// request with a fixed body. Not for users; stockd bench starts it.
@@ -75,23 +69,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "feed":
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
-		if err := feed.Main(ctx, args, stdout, stderr); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			fmt.Fprintln(stderr, "stockd feed:", err)
-			return 1
-		}
-		return 0
+		return exitCode(stderr, "stockd feed", feed.Main(ctx, args, stdout, stderr))
+	case "cert":
+		return exitCode(stderr, "stockd cert", pki.Main(args, stdout, stderr))
 	case "version":
 		fmt.Fprintf(stdout, "stockd %s %s\n", version, runtime.Version())
 		return 0
 	case "help", "-h", "--help":
-		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd version\nstockd serve -h lists the flags.")
+		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd cert ca|node|client [flags] | stockd version\nstockd serve -h lists the flags.")
 		return 0
 	}
-	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, version)\n", cmd)
+	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, cert, version)\n", cmd)
 	return 2
+}
+
+// exitCode is a subcommand's exit status: 0 when it succeeded or only
+// printed its usage (-h), else 1 with the error printed.
+func exitCode(stderr io.Writer, name string, err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	}
+	fmt.Fprintln(stderr, name+":", err)
+	return 1
 }
 
 // parseServeFlags binds the serve flags onto node.DefaultConfig (and the

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -68,4 +70,26 @@ func TestServe_AcceptsSafeConfigs(t *testing.T) {
 	f("-http", ":8080", "-admin-token", "t")
 	f("-http", "0.0.0.0:8080", "-insecure-no-admin-token")
 	f("-peers", "n1=127.0.0.1:7001", "-cluster-secret", "s")
+}
+
+// TestCert_SubcommandWritesACAAndANodeCertificate: stockd cert, as a
+// newcomer runs it, writes the files it names and exits 0; asked again,
+// it refuses to overwrite them and exits 1.
+func TestCert_SubcommandWritesACAAndANodeCertificate(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{{"cert", "ca", "-out", dir}, {"cert", "node", "-ca", dir, "-id", "n1", "-host", "127.0.0.1", "-out", dir}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "wrote ") {
+			t.Fatalf("stockd %v: exit %d, %s%s", args, code, stdout.String(), stderr.String())
+		}
+	}
+	for _, f := range []string{"ca.pem", "ca-key.pem", "n1.pem", "n1-key.pem"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"cert", "ca", "-out", dir}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "file exists") {
+		t.Fatalf("a second CA over the first: exit %d, %s", code, stderr.String())
+	}
 }
