@@ -73,34 +73,19 @@ func (d *Decoder) Uvarint() uint64 {
 	return v
 }
 
-// Varint reads a signed varint.
+// Varint reads a signed varint (zig-zag over an unsigned one, as
+// AppendVarint writes it).
 func (d *Decoder) Varint() int64 {
-	if d.Err != nil {
-		return 0
+	u := d.Uvarint()
+	x := int64(u >> 1)
+	if u&1 != 0 {
+		x = ^x
 	}
-	v, n := binary.Varint(d.B)
-	if n <= 0 {
-		d.Fail("varint")
-		return 0
-	}
-	d.B = d.B[n:]
-	return v
+	return x
 }
 
 // String reads a length-prefixed string (a copy).
-func (d *Decoder) String() string {
-	n := d.Uvarint()
-	if d.Err != nil {
-		return ""
-	}
-	if n > MaxStringBytes || n > uint64(len(d.B)) {
-		d.Fail("string length")
-		return ""
-	}
-	s := string(d.B[:n])
-	d.B = d.B[n:]
-	return s
-}
+func (d *Decoder) String() string { return string(d.Bytes()) }
 
 // Bytes is String without a copy: the bytes stay those of the input.
 func (d *Decoder) Bytes() []byte {
