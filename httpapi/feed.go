@@ -271,14 +271,13 @@ func (s *Server) handleSaleOrders(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "after must be an order id")
 		return
 	}
-	if _, ok := s.engine.SKU(string(sku)); !ok {
-		if !s.caughtUp(ctx) {
-			return
-		}
-		if _, ok := s.engine.SKU(string(sku)); !ok {
-			writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
-			return
-		}
+	_, ok, answered := s.saleCaughtUp(ctx, sku)
+	if answered {
+		return
+	}
+	if !ok {
+		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
+		return
 	}
 	name := string(sku)
 	streamNDJSON(ctx, 256, func(emit func(any) error) any {

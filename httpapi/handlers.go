@@ -142,6 +142,19 @@ func (s *Server) caughtUp(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
+// saleCaughtUp reads sale sku, caught up with the cluster before it finds
+// none (caughtUp); answered reports that it wrote a 503 itself.
+func (s *Server) saleCaughtUp(ctx *fasthttp.RequestCtx, sku []byte) (v engine.SKUView, ok, answered bool) {
+	if v, ok = s.engine.SKU(string(sku)); ok {
+		return v, true, false
+	}
+	if !s.caughtUp(ctx) {
+		return v, false, true
+	}
+	v, ok = s.engine.SKU(string(sku))
+	return v, ok, false
+}
+
 // writeEngineError maps control-plane errors onto the contract's codes.
 func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
 	f := func(code int, errCode string) { writeError(ctx, code, errCode, err.Error()) }
@@ -295,12 +308,9 @@ func (s *Server) handleRestock(ctx *fasthttp.RequestCtx, sku []byte) {
 }
 
 func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
-	v, ok := s.engine.SKU(string(sku))
-	if !ok {
-		if !s.caughtUp(ctx) {
-			return
-		}
-		v, ok = s.engine.SKU(string(sku))
+	v, ok, answered := s.saleCaughtUp(ctx, sku)
+	if answered {
+		return
 	}
 	if !ok {
 		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)

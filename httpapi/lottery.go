@@ -178,12 +178,9 @@ func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
 		return
 	}
-	v, ok := s.engine.SKU(string(sku))
-	if !ok {
-		if !s.caughtUp(ctx) {
-			return
-		}
-		v, ok = s.engine.SKU(string(sku))
+	v, ok, answered := s.saleCaughtUp(ctx, sku)
+	if answered {
+		return
 	}
 	if !ok || v.Row.Lottery == nil {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no lottery with this sku")
@@ -227,12 +224,9 @@ type drawResponse struct {
 const drawAlgorithm = "sha256(seed||entries_hash||be64(seq)) ascending, seq on ties; entries_hash chains sha256(h||be32(len(user))||user) from 32 zero bytes"
 
 func (s *Server) handleDraw(ctx *fasthttp.RequestCtx, sku []byte) {
-	v, ok := s.engine.SKU(string(sku))
-	if !ok {
-		if !s.caughtUp(ctx) {
-			return
-		}
-		v, ok = s.engine.SKU(string(sku))
+	v, ok, answered := s.saleCaughtUp(ctx, sku)
+	if answered {
+		return
 	}
 	if !ok || v.Row.Lottery == nil {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no lottery with this sku")
