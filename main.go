@@ -111,7 +111,14 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 	fs.StringVar(&peers, "peers", "", "initial cluster id=raftaddr,...; omitted: a single-node cluster")
 	fs.StringVar(&cfg.Join, "join", "", "join an existing cluster through this node's HTTP URL")
 	fs.StringVar(&cfg.HTTP.AdminToken, "admin-token", "", "bearer token required for admin calls (none: admin calls only from loopback)")
-	fs.StringVar(&cfg.HTTP.ClusterSecret, "cluster-secret", "", "shared secret every node-to-node call carries; required with -peers or -join (none: no internal routes)")
+	fs.StringVar(&cfg.HTTP.ClusterSecret, "cluster-secret", "", "shared secret node-to-node calls carry on a loopback cluster without node certificates; required there with -peers or -join")
+	fs.StringVar(&cfg.TLS.NodeCert, "node-cert", "", "this node's certificate (PEM; its Common Name is the node id): raft and node-to-node calls on the -raft port over mutually authenticated TLS")
+	fs.StringVar(&cfg.TLS.NodeKey, "node-key", "", "the key of -node-cert (PEM)")
+	fs.StringVar(&cfg.TLS.NodeCA, "node-ca", "", "the CA bundle (PEM) that signs every member's node certificate")
+	fs.StringVar(&cfg.TLS.HTTPCert, "http-cert", "", "serve clients HTTPS with this certificate (PEM; a node certificate will do)")
+	fs.StringVar(&cfg.TLS.HTTPKey, "http-key", "", "the key of -http-cert (PEM)")
+	fs.StringVar(&cfg.TLS.HTTPClientCA, "http-client-ca", "", "require client certificates signed by this CA bundle (PEM) on every route but /healthz, /readyz and /metrics")
+	fs.BoolVar(&cfg.InsecurePlaintextCluster, "insecure-plaintext-cluster", false, "run node-to-node traffic on plain TCP with -cluster-secret although -raft is reachable from other machines")
 	fs.StringVar(&cfg.HTTP.ServiceToken, "service-token", "", "bearer token required for deducts, order reads, confirm and cancel (none: open to the service network)")
 	fs.BoolVar(&cfg.InsecureNoAdminToken, "insecure-no-admin-token", false, "start without -admin-token although -http is reachable from other machines (admin calls then only from loopback clients)")
 	fs.StringVar(&cfg.AdvertiseHTTP, "advertise-http", "", "HTTP address peers use to reach this node (default: the -http address)")
@@ -222,18 +229,16 @@ func serve(args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg.Logger.Info("stockd serving", "version", version, "id", cfg.ID, "http", n.HTTPAddr(), "raft", cfg.Raft.RaftBind, "data", cfg.DataDir)
-	fmt.Fprintf(stderr, "stockd: the operator's page is at http://%s/ui\n", n.HTTPAddr())
-
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case got := <-sig:
-		cfg.Logger.Info("stopping", "signal", got.String(), "drain_timeout", cfg.DrainTimeout)
-	case <-n.Broken():
-		cfg.Logger.Error("stopping: this process can no longer trust its raft log; restart stockd on the same data dir once the disk can be written")
-		n.Stop(context.Background())
-		return errors.New("raft log append failed right after a truncation; restart stockd")
+	scheme := "http"
+	if cfg.TLS.HTTPCert != "" {
+		scheme = "https"
 	}
+	fmt.Fprintf(stderr, "stockd: the operator's page is at %s://%s/ui\n", scheme, n.HTTPAddr())
+
+	if err := waitForStop(n, cfg.Logger); err != nil {
+		return err
+	}
+	cfg.Logger.Info("stopping", "drain_timeout", cfg.DrainTimeout)
 	start := time.Now()
 	err = n.Stop(context.Background())
 	if node.Stopped(err) {
@@ -243,4 +248,31 @@ func serve(args []string, stderr io.Writer) error {
 		return nil
 	}
 	return err
+}
+
+// waitForStop returns on SIGTERM or SIGINT, reloading certificates on
+// every SIGHUP meanwhile; or with an error once the node broke (it is
+// stopped then).
+func waitForStop(n *node.Node, logger *slog.Logger) error {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sig)
+	for {
+		select {
+		case got := <-sig:
+			if got != syscall.SIGHUP {
+				logger.Info("signal", "signal", got.String())
+				return nil
+			}
+			if err := n.ReloadTLS(); err != nil {
+				logger.Error("SIGHUP: some certificates did not reload; those in use stay", "err", err)
+			} else {
+				logger.Info("SIGHUP: certificates reloaded")
+			}
+		case <-n.Broken():
+			logger.Error("stopping: this process can no longer trust its raft log; restart stockd on the same data dir once the disk can be written")
+			n.Stop(context.Background())
+			return errors.New("raft log append failed right after a truncation; restart stockd")
+		}
+	}
 }

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"crypto/subtle"
+	"strconv"
 
 	"github.com/valyala/fasthttp"
 )
@@ -12,7 +13,12 @@ import (
 // admin token come only from loopback.
 //
 //	admin token    sale config, restock, cluster membership, pprof
-//	cluster secret every /internal/v1/* call; without one they are not served
+//	node certificate every /internal/v1/* call, over the node port only
+//	               (a cluster of node certificates)
+//	cluster secret every /internal/v1/* call of a cluster without node
+//	               certificates; without either they are not served
+//	client certificate (with -http-client-ca) every route but the probes;
+//	               it stands in for the service token
 //	service token  deducts, orders, confirm/cancel (optional; the admin
 //	               token is accepted too)
 //
@@ -39,14 +45,34 @@ func bearerIs(ctx *fasthttp.RequestCtx, want string) bool {
 	return ok && subtle.ConstantTimeCompare(token, []byte(want)) == 1
 }
 
-// fromPeer reports whether the request carries the cluster secret (never
-// true without one).
+// PeerConn is a node-to-node connection whose certificate proved which
+// node it comes from (the node port's connections).
+type PeerConn interface {
+	PeerID() string
+}
+
+// fromPeer reports whether the request comes from another node of the
+// cluster: over a node-port connection on a cluster of node certificates,
+// with the cluster secret on one without (never true without either).
 func (s *Server) fromPeer(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.PeerTLS {
+		_, ok := ctx.Conn().(PeerConn)
+		return ok
+	}
 	if s.cfg.ClusterSecret == "" {
 		return false
 	}
 	got := ctx.Request.Header.Peek(headerClusterSecret)
 	return subtle.ConstantTimeCompare(got, []byte(s.cfg.ClusterSecret)) == 1
+}
+
+// peerName is the node a peer's request comes from: its certificate's
+// name on a cluster of node certificates, the name it gives otherwise.
+func (s *Server) peerName(ctx *fasthttp.RequestCtx) string {
+	if pc, ok := ctx.Conn().(PeerConn); ok && s.cfg.PeerTLS {
+		return pc.PeerID()
+	}
+	return string(ctx.Request.Header.Peek(headerPeerNode))
 }
 
 // loopbackCaller reports whether the caller is a loopback client of this
@@ -78,7 +104,7 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) bool {
 // token also passes). It runs on every deduct: a few byte compares, no
 // allocation.
 func (s *Server) service(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.ServiceToken == "" || bearerIs(ctx, s.cfg.ServiceToken) || (s.cfg.AdminToken != "" && bearerIs(ctx, s.cfg.AdminToken)) {
+	if s.cfg.ClientCerts || s.cfg.ServiceToken == "" || bearerIs(ctx, s.cfg.ServiceToken) || (s.cfg.AdminToken != "" && bearerIs(ctx, s.cfg.AdminToken)) {
 		return true
 	}
 	writeRaw(ctx, fasthttp.StatusUnauthorized, bodyNeedServiceToken)
@@ -87,9 +113,24 @@ func (s *Server) service(ctx *fasthttp.RequestCtx) bool {
 
 var bodyNeedServiceToken = precomputedError("unauthorized", "this call needs Authorization: Bearer <service token>")
 
-// peer checks the cluster secret of an internal call. Without a secret the
-// internal routes are not served at all.
+// peer checks that an internal call comes from another node: over the
+// node port on a cluster of node certificates, where a peer that names
+// another node than its certificate does is refused; with the cluster
+// secret otherwise. Without either the internal routes are not served.
 func (s *Server) peer(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.PeerTLS {
+		pc, ok := ctx.Conn().(PeerConn)
+		if !ok {
+			writeError(ctx, fasthttp.StatusNotFound, "not_found", "internal routes are served on the node port only")
+			return false
+		}
+		if said := ctx.Request.Header.Peek(headerPeerNode); len(said) > 0 && string(said) != pc.PeerID() {
+			s.logger.Warn("refused a node-to-node call in another node's name", "peer", pc.PeerID(), "named", string(said), "peer_addr", ctx.RemoteAddr().String(), "path", string(ctx.Path()))
+			writeError(ctx, fasthttp.StatusForbidden, "forbidden", "node "+strconv.Quote(pc.PeerID())+" may not call in the name of "+strconv.Quote(string(said)))
+			return false
+		}
+		return true
+	}
 	if s.cfg.ClusterSecret == "" {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "internal routes are off: this node has no -cluster-secret")
 		return false
@@ -100,6 +141,30 @@ func (s *Server) peer(ctx *fasthttp.RequestCtx) bool {
 	writeError(ctx, fasthttp.StatusForbidden, "forbidden", "internal routes need the cluster secret")
 	return false
 }
+
+// clientCertMissing answers 401 and reports true when this node requires
+// client certificates and the caller presented none. Probes and scrapers
+// (/healthz, /readyz, /metrics) need none; nor do other nodes, whose
+// certificates the node port checked.
+func (s *Server) clientCertMissing(ctx *fasthttp.RequestCtx, path []byte) bool {
+	if !s.cfg.ClientCerts {
+		return false
+	}
+	switch string(path) {
+	case "/healthz", "/readyz", "/metrics":
+		return false
+	}
+	if _, ok := ctx.Conn().(PeerConn); ok {
+		return false
+	}
+	if cs := ctx.TLSConnectionState(); cs != nil && len(cs.PeerCertificates) > 0 {
+		return false // verified against -http-client-ca in the handshake
+	}
+	writeRaw(ctx, fasthttp.StatusUnauthorized, bodyNeedClientCert)
+	return true
+}
+
+var bodyNeedClientCert = precomputedError("client_certificate_required", "this node takes calls only from clients with a certificate signed by its -http-client-ca")
 
 // adminOrPeer lets a joining node in with either credential.
 func (s *Server) adminOrPeer(ctx *fasthttp.RequestCtx) bool {

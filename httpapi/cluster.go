@@ -116,7 +116,7 @@ func (s *Server) handlePropose(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, ProposeUnavailable, "unavailable", "this node takes no forwarded commands")
 		return
 	}
-	status, answer := s.cfg.Proposals.HandleForwarded(string(ctx.Request.Header.Peek(headerPeerNode)), ctx.PostBody())
+	status, answer := s.cfg.Proposals.HandleForwarded(s.peerName(ctx), ctx.PostBody())
 	ctx.SetStatusCode(status)
 	if status == fasthttp.StatusOK {
 		ctx.SetContentType(contentTypeCommand)
@@ -198,22 +198,22 @@ func (s *Server) relayed(ctx *fasthttp.RequestCtx) bool {
 // have. After a success it waits, bounded, until this node has applied what the leader
 // had, so the caller reads its write here too.
 func (s *Server) proxyToLeader(ctx *fasthttp.RequestCtx) {
-	addr := s.leaderHTTPAddr()
-	if addr == "" {
+	leader := s.leaderID()
+	if leader == "" {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "no leader known; retry shortly")
 		return
 	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	ctx.Request.CopyTo(req)
-	req.SetRequestURI("http://" + addr + string(ctx.RequestURI()))
+	req.SetRequestURIBytes(ctx.RequestURI())
 	req.Header.Del(headerRelayedLoopback)
 	if ctx.RemoteIP().IsLoopback() {
 		req.Header.Set(headerRelayedLoopback, "1")
 	}
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := s.peers.do(addr, req, resp, proxyTimeout); err != nil {
+	if err := s.peers.do(leader, req, resp, proxyTimeout); err != nil {
 		if nothingSent(err) {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "relay to the leader: "+err.Error())
 			return
@@ -242,15 +242,11 @@ func (s *Server) markApplied(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-func (s *Server) leaderHTTPAddr() string {
+func (s *Server) leaderID() string {
 	if s.cluster == nil {
 		return ""
 	}
-	leader := s.cluster.Status().Leader
-	if leader == "" {
-		return ""
-	}
-	return s.engine.NodeAddrs()[leader]
+	return s.cluster.Status().Leader
 }
 
 // handleCluster answers with this node's view and, for every member, what
@@ -278,14 +274,11 @@ func (s *Server) clusterStatus() ClusterStatus {
 			n.RulesKnown = st.RulesKnown
 			continue
 		}
-		if n.HTTPAddr == "" {
-			continue
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var peer ClusterStatus
-			if s.peers.GetJSON(n.HTTPAddr, "/internal/v1/status", peerStatusTimeout, &peer) == nil {
+			if s.peers.GetJSON(n.ID, "/internal/v1/status", peerStatusTimeout, &peer) == nil {
 				n.Reachable, n.State, n.Term, n.CommitIndex, n.AppliedIndex = true, peer.State, peer.Term, peer.CommitIndex, peer.AppliedIndex
 				n.RulesKnown = peer.RulesKnown
 			}
@@ -296,28 +289,51 @@ func (s *Server) clusterStatus() ClusterStatus {
 }
 
 // PeerClient carries node-to-node calls: forwarded commands, status
-// probes, relayed admin calls. It keeps a small connection pool per peer
-// and adds the cluster secret. Safe for concurrent use.
+// probes, relayed admin calls. Calls name the node they go to; the client
+// resolves its address (the HTTP address it registered in the ledger, or
+// its node port when the cluster runs on node certificates), keeps a
+// small connection pool per address and adds this node's credentials.
+// Safe for concurrent use.
 type PeerClient struct {
-	secret string
-	self   string // this node's id, sent with every call
-	dial   fasthttp.DialFunc
+	cfg PeerClientConfig
 
 	mu      sync.Mutex
 	clients map[string]*fasthttp.HostClient
 }
 
-// NewPeerClient returns a client for node self that authenticates with
-// secret and dials with dial (nil: plain TCP).
-func NewPeerClient(secret, self string, dial DialFunc) *PeerClient {
-	return &PeerClient{secret: secret, self: self, dial: dial, clients: map[string]*fasthttp.HostClient{}}
+// PeerClientConfig says how a node reaches its peers.
+type PeerClientConfig struct {
+	// Self is this node's id, sent with every call.
+	Self string
+	// Secret is the cluster secret, sent with every call (empty on a
+	// cluster of node certificates: the connection itself proves who
+	// calls).
+	Secret string
+	// Resolve gives the address a node's calls go to ("" while unknown).
+	Resolve func(id string) string
+	// Dial connects to an address (nil: plain TCP).
+	Dial DialFunc
 }
 
-// do sends req to the peer at addr with this node's credentials.
-func (c *PeerClient) do(addr string, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration) error {
-	req.Header.Set(headerPeerNode, c.self)
-	if c.secret != "" {
-		req.Header.Set(headerClusterSecret, c.secret)
+// NewPeerClient returns a client as cfg says.
+func NewPeerClient(cfg PeerClientConfig) *PeerClient {
+	if cfg.Resolve == nil {
+		cfg.Resolve = func(string) string { return "" }
+	}
+	return &PeerClient{cfg: cfg, clients: map[string]*fasthttp.HostClient{}}
+}
+
+// do sends req (its URI a path) to node id with this node's credentials.
+func (c *PeerClient) do(id string, req *fasthttp.Request, resp *fasthttp.Response, timeout time.Duration) error {
+	addr := c.cfg.Resolve(id)
+	if addr == "" {
+		return fmt.Errorf("%w: no address known for node %s", ErrNotSent, id)
+	}
+	req.URI().SetScheme("http")
+	req.URI().SetHost(addr)
+	req.Header.Set(headerPeerNode, c.cfg.Self)
+	if c.cfg.Secret != "" {
+		req.Header.Set(headerClusterSecret, c.cfg.Secret)
 	}
 	return c.client(addr).DoTimeout(req, resp, timeout)
 }
@@ -328,7 +344,7 @@ func (c *PeerClient) client(addr string) *fasthttp.HostClient {
 	hc, ok := c.clients[addr]
 	if !ok {
 		hc = &fasthttp.HostClient{
-			Addr: addr, Dial: c.dial, MaxConns: peerConnsMax,
+			Addr: addr, Dial: c.cfg.Dial, MaxConns: peerConnsMax,
 			MaxResponseBodySize:       InternalMaxBodyBytes,
 			MaxIdemponentCallAttempts: 1, // a proposal must not be sent twice by the client
 		}
@@ -341,19 +357,19 @@ func (c *PeerClient) client(addr string) *fasthttp.HostClient {
 // dial failed): it may be sent again.
 var ErrNotSent = errors.New("not sent")
 
-// Propose sends one encoded command to the leader at addr and returns the
+// Propose sends one encoded command to the leader, node id, and returns the
 // HTTP status and the answer (a copy). An error wraps ErrNotSent when
 // nothing reached the peer; otherwise the command may have arrived.
-func (c *PeerClient) Propose(addr string, command []byte, timeout time.Duration) (int, []byte, error) {
+func (c *PeerClient) Propose(id string, command []byte, timeout time.Duration) (int, []byte, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/internal/v1/propose")
+	req.SetRequestURI("/internal/v1/propose")
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType(contentTypeCommand)
 	req.Header.Set(headerWireVersion, InternalWireVersion)
 	req.SetBodyRaw(command)
-	if err := c.do(addr, req, resp, timeout); err != nil {
+	if err := c.do(id, req, resp, timeout); err != nil {
 		if nothingSent(err) {
 			return 0, nil, fmt.Errorf("%w: %w", ErrNotSent, err)
 		}
@@ -369,20 +385,20 @@ func nothingSent(err error) bool {
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
 	}
-	return errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, fasthttp.ErrNoFreeConns)
+	return errors.Is(err, ErrNotSent) || errors.Is(err, fasthttp.ErrDialTimeout) || errors.Is(err, fasthttp.ErrNoFreeConns)
 }
 
-// GetJSON reads path from the peer at addr into out.
-func (c *PeerClient) GetJSON(addr, path string, timeout time.Duration, out any) error {
+// GetJSON reads path from node id into out.
+func (c *PeerClient) GetJSON(id, path string, timeout time.Duration, out any) error {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + path)
-	if err := c.do(addr, req, resp, timeout); err != nil {
+	req.SetRequestURI(path)
+	if err := c.do(id, req, resp, timeout); err != nil {
 		return err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {
-		return fmt.Errorf("%s%s: %d", addr, path, resp.StatusCode())
+		return fmt.Errorf("node %s %s: %d", id, path, resp.StatusCode())
 	}
 	return json.Unmarshal(resp.Body(), out)
 }

@@ -391,16 +391,12 @@ func (s *Server) relayOrderRead(ctx *fasthttp.RequestCtx, id string) bool {
 	if minter == "" || minter == s.cluster.Status().NodeID {
 		return false
 	}
-	addr := s.engine.NodeAddrs()[minter]
-	if addr == "" {
-		return false
-	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/v1/orders/" + id)
+	req.SetRequestURI("/v1/orders/" + id)
 	req.Header.SetBytesV(fasthttp.HeaderAuthorization, ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
-	if err := s.peers.do(addr, req, resp, peerStatusTimeout*3); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+	if err := s.peers.do(minter, req, resp, peerStatusTimeout*3); err != nil || resp.StatusCode() != fasthttp.StatusOK {
 		return false
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
@@ -450,9 +446,8 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	}
 	target := st.CommitIndex
 	if st.Leader != st.NodeID {
-		addr := s.engine.NodeAddrs()[st.Leader]
 		var leader ClusterStatus
-		if addr == "" || s.peers.GetJSON(addr, "/internal/v1/status", peerStatusTimeout, &leader) != nil {
+		if s.peers.GetJSON(st.Leader, "/internal/v1/status", peerStatusTimeout, &leader) != nil {
 			notReady("leader " + st.Leader + " not reachable over http")
 			return
 		}

@@ -122,6 +122,11 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	metrics.WriteCounterUint64(&w, "stockd_feed_unacknowledged_pruned_events_total", m.FeedUnreadPruned)
 	metrics.WriteGaugeUint64(&w, "stockd_feed_at_cap", boolGauge(m.FeedAtCap))
+	if s.cfg.TLSExpiries != nil {
+		for _, e := range s.cfg.TLSExpiries() {
+			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_tls_cert_expiry_timestamp_seconds{cert=%q}`, e.Name), float64(e.NotAfter.Unix()))
+		}
+	}
 	metrics.WriteProcessMetrics(&w)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/plain; version=0.0.4")

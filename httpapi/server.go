@@ -10,6 +10,7 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -139,6 +140,16 @@ type Config struct {
 	// ClusterSecret authenticates the internal routes nodes use among
 	// themselves; when empty those routes are not served.
 	ClusterSecret string
+	// PeerTLS: the cluster runs on node certificates. Internal calls are
+	// taken only from node-port connections (ServePeers), in the name
+	// their certificate gives; ClusterSecret is not used.
+	PeerTLS bool
+	// ClientCerts: the listener checks client certificates against a CA
+	// (-http-client-ca); every route but the probes needs one.
+	ClientCerts bool
+	// TLSExpiries, when set, lists the expiry of each certificate in use
+	// (for /metrics and the operator's page).
+	TLSExpiries func() []CertExpiry
 	// Peers carries this node's calls to other nodes; nil: plain TCP with
 	// ClusterSecret.
 	Peers *PeerClient
@@ -179,6 +190,7 @@ type Server struct {
 	cluster Cluster
 	logger  *slog.Logger
 	fast    *fasthttp.Server
+	peerSrv *fasthttp.Server // the node port's HTTP, on a cluster of node certificates
 	ln      net.Listener
 	latency *latencyHistogram
 	version string
@@ -201,9 +213,21 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 	}
 	s.peers = cfg.Peers
 	if s.peers == nil {
-		s.peers = NewPeerClient(cfg.ClusterSecret, "", nil)
+		s.peers = NewPeerClient(PeerClientConfig{Secret: cfg.ClusterSecret})
 	}
-	s.fast = &fasthttp.Server{
+	s.fast = s.newFastServer(logger)
+	return s, nil
+}
+
+// CertExpiry is when one certificate in use expires.
+type CertExpiry struct {
+	Name     string // what it is for: node, node-ca, http, http-client-ca
+	NotAfter time.Time
+}
+
+func (s *Server) newFastServer(logger *slog.Logger) *fasthttp.Server {
+	cfg := s.cfg
+	return &fasthttp.Server{
 		Handler:              s.handle,
 		ErrorHandler:         s.handleTransportError,
 		Name:                 "stockd",
@@ -218,16 +242,21 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 		CloseOnShutdown:      true,
 		Logger:               fasthttpLogger{logger.With("component", "http")},
 	}
-	return s, nil
 }
 
 // Shutdown stops accepting connections, closes idle ones and waits for
 // in-flight requests, until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {
-	if err := s.fast.ShutdownWithContext(ctx); err != nil {
-		return fmt.Errorf("shut down http server: %w", err)
+	var errs []error
+	if s.peerSrv != nil {
+		if err := s.peerSrv.ShutdownWithContext(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("shut down the node port's http server: %w", err))
+		}
 	}
-	return nil
+	if err := s.fast.ShutdownWithContext(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("shut down http server: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 var (
@@ -261,6 +290,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}()
 	path := ctx.Path()
 	method := ctx.Method()
+	if s.clientCertMissing(ctx, path) {
+		return
+	}
 	switch {
 	case bytes.HasPrefix(path, pathV1SKUs):
 		s.routeSKU(ctx, method, path[len(pathV1SKUs):])
@@ -488,9 +520,24 @@ func (s *Server) Serve(ln net.Listener) {
 	s.logger.Info("serving http", "addr", ln.Addr().String())
 }
 
+// ServePeers serves the node-to-node calls of a cluster of node
+// certificates on ln (the node port's HTTP listener, whose connections
+// are PeerConns). Call it before Serve.
+func (s *Server) ServePeers(ln net.Listener) {
+	s.peerSrv = s.newFastServer(s.logger)
+	s.peerSrv.Name = "stockd-peer"
+	s.peerSrv.MaxRequestBodySize = InternalMaxBodyBytes
+	go func() {
+		if err := s.peerSrv.Serve(ln); err != nil {
+			s.logger.Error("node port http server stopped", "err", err)
+		}
+	}()
+}
+
 // PostJSON posts body to url and returns the status and answer; a node
-// uses it to join a cluster.
-func PostJSON(url string, body []byte, headers map[string]string, timeout time.Duration) (int, string, error) {
+// uses it to join a cluster. tlsCfg checks an https URL's server (nil:
+// the system's roots).
+func PostJSON(url string, body []byte, headers map[string]string, tlsCfg *tls.Config, timeout time.Duration) (int, string, error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -501,7 +548,8 @@ func PostJSON(url string, body []byte, headers map[string]string, timeout time.D
 		req.Header.Set(k, v)
 	}
 	req.SetBody(body)
-	if err := fasthttp.DoTimeout(req, resp, timeout); err != nil {
+	c := &fasthttp.Client{TLSConfig: tlsCfg}
+	if err := c.DoTimeout(req, resp, timeout); err != nil {
 		return 0, "", err
 	}
 	return resp.StatusCode(), string(bytes.TrimSpace(resp.Body())), nil

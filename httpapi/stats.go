@@ -58,12 +58,14 @@ type statsResponse struct {
 	CommitBlocked  bool              `json:"commit_blocked"`
 	// AdmissionLimit bounds the deducts waiting for the ledger
 	// (AdmissionWaiting); 0 when admission does not follow the ledger.
-	AdmissionLimit   int64          `json:"admission_limit"`
-	AdmissionWaiting int64          `json:"admission_waiting"`
-	PersistLag       uint64         `json:"persist_lag_entries"`
-	FeedHead         string         `json:"feed_head"`
-	FeedRetained     uint64         `json:"feed_retained"`
-	Consumers        []consumerJSON `json:"consumers"`
+	AdmissionLimit   int64  `json:"admission_limit"`
+	AdmissionWaiting int64  `json:"admission_waiting"`
+	PersistLag       uint64 `json:"persist_lag_entries"`
+	// TLSNearest is the certificate in use that expires first.
+	TLSNearest   *certExpiryJSON `json:"tls_nearest_expiry,omitempty"`
+	FeedHead     string          `json:"feed_head"`
+	FeedRetained uint64          `json:"feed_retained"`
+	Consumers    []consumerJSON  `json:"consumers"`
 }
 
 func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
@@ -73,6 +75,9 @@ func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 		SKUs: []statsSKU{}, Consumers: []consumerJSON{}, AdmissionWaiting: m.AdmissionInPath}
 	if m.AdmissionAdaptive {
 		out.AdmissionLimit = m.AdmissionLimit
+	}
+	if e, ok := s.nearestExpiry(); ok {
+		out.TLSNearest = &certExpiryJSON{Name: e.Name, NotAfter: e.NotAfter.UTC().Format(time.RFC3339)}
 	}
 	if s.cluster != nil {
 		st := s.clusterStatus()
@@ -98,4 +103,23 @@ func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+type certExpiryJSON struct {
+	Name     string `json:"name"`
+	NotAfter string `json:"not_after"`
+}
+
+// nearestExpiry is the certificate in use that expires first.
+func (s *Server) nearestExpiry() (CertExpiry, bool) {
+	if s.cfg.TLSExpiries == nil {
+		return CertExpiry{}, false
+	}
+	var nearest CertExpiry
+	for _, e := range s.cfg.TLSExpiries() {
+		if nearest.Name == "" || e.NotAfter.Before(nearest.NotAfter) {
+			nearest = e
+		}
+	}
+	return nearest, nearest.Name != ""
 }

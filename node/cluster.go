@@ -37,18 +37,13 @@ func (c *clusterView) VotersKnowRules(rules uint64) bool {
 	if err != nil {
 		return false
 	}
-	addrs := c.ledger.NodeAddrs()
 	self := c.node.Status().ID
 	for _, m := range members {
 		if m.ID == self {
 			continue
 		}
-		addr := addrs[m.ID]
-		if addr == "" {
-			return false
-		}
 		var st httpapi.ClusterStatus
-		if err := c.peers.GetJSON(addr, "/internal/v1/status", rulesProbeTimeout, &st); err != nil || st.RulesKnown < rules {
+		if err := c.peers.GetJSON(m.ID, "/internal/v1/status", rulesProbeTimeout, &st); err != nil || st.RulesKnown < rules {
 			return false
 		}
 	}
@@ -71,19 +66,40 @@ func (c *clusterView) ReadIndex(ctx context.Context) (uint64, error) {
 	if id == "" {
 		return 0, errors.New("no raft leader known")
 	}
-	addr := c.ledger.NodeAddrs()[id]
-	if addr == "" {
-		return 0, fmt.Errorf("leader %s has not registered its HTTP address", id)
-	}
 	timeout := readIndexAskMax
 	if d, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(d))
 	}
 	var out httpapi.ReadIndexJSON
-	if err := c.peers.GetJSON(addr, "/internal/v1/read-index", timeout, &out); err != nil {
+	if err := c.peers.GetJSON(id, "/internal/v1/read-index", timeout, &out); err != nil {
 		return 0, fmt.Errorf("ask leader %s for a read index: %w", id, err)
 	}
 	return out.Index, nil
+}
+
+// httpAddrOf is the HTTP address node id registered in the ledger (the
+// peer address of a cluster without node certificates).
+func (c *clusterView) httpAddrOf(id string) string { return c.ledger.NodeAddrs()[id] }
+
+// raftAddrOf is node id's raft address, its node port on a cluster of
+// node certificates.
+func (c *clusterView) raftAddrOf(id string) string {
+	if c.node == nil {
+		return ""
+	}
+	if leader, addr := c.node.Leader(); leader == id && addr != "" {
+		return addr
+	}
+	members, err := c.node.Members()
+	if err != nil {
+		return ""
+	}
+	for _, m := range members {
+		if m.ID == id {
+			return m.Addr
+		}
+	}
+	return ""
 }
 
 func (c *clusterView) IsLeader() bool                     { return c.node.IsLeader() }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -22,15 +23,11 @@ const (
 
 // joinCluster asks a running cluster (through any member's HTTP URL) to
 // add this node as a voter, unless it already is one.
-func joinCluster(cfg Config, voters []raftnode.Peer, logger *slog.Logger) error {
+func joinCluster(cfg Config, raftAddr string, tlsCfg *tls.Config, voters []raftnode.Peer, logger *slog.Logger) error {
 	for _, v := range voters {
 		if v.ID == cfg.ID {
 			return nil // restarted on its data dir: already a member
 		}
-	}
-	raftAddr := cfg.Raft.RaftBind
-	if cfg.Raft.Advertise != "" {
-		raftAddr = cfg.Raft.Advertise
 	}
 	body, _ := json.Marshal(map[string]string{"id": cfg.ID, "raft_addr": raftAddr})
 	headers := map[string]string{}
@@ -43,7 +40,7 @@ func joinCluster(cfg Config, voters []raftnode.Peer, logger *slog.Logger) error 
 	url := strings.TrimRight(cfg.Join, "/") + "/v1/cluster/join"
 	deadline := time.Now().Add(joinAttemptsTimeout)
 	for {
-		code, answer, err := httpapi.PostJSON(url, body, headers, joinCallTimeout)
+		code, answer, err := httpapi.PostJSON(url, body, headers, tlsCfg, joinCallTimeout)
 		if err == nil && code == 200 {
 			logger.Info("joined cluster", "via", cfg.Join)
 			return nil

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +33,13 @@ type Config struct {
 	// AdvertiseHTTP is the HTTP address peers use to reach this node
 	// (default: the bound HTTP address).
 	AdvertiseHTTP string
+	// TLS names the node's certificates: node certificates for every
+	// node-to-node call, HTTPS for clients.
+	TLS TLSFiles
+	// InsecurePlaintextCluster lets a node whose raft address other
+	// machines reach run without node certificates, on plain TCP and the
+	// cluster secret (it logs a warning).
+	InsecurePlaintextCluster bool
 	// InsecureNoAdminToken lets a node whose HTTP address is not
 	// loopback-only start without HTTP.AdminToken (admin calls then come
 	// only from loopback clients, or through a reverse proxy on the host).
@@ -116,8 +124,8 @@ func (c *Config) Validate() error {
 		return errors.New("-peers and -join exclude each other: -peers forms a new cluster, -join enters a running one")
 	case c.DrainTimeout <= 0 || c.DrainTimeout > drainTimeoutMax:
 		return fmt.Errorf("node: drain timeout %s outside (0, %s]", c.DrainTimeout, drainTimeoutMax)
-	case (len(c.Peers) > 0 || c.Join != "") && c.HTTP.ClusterSecret == "":
-		return errors.New("a cluster (-peers or -join) needs -cluster-secret (or STOCKD_CLUSTER_SECRET): the same secret on every node, for example from `openssl rand -hex 32`; node-to-node calls carry it")
+	case c.transportProblem() != nil:
+		return c.transportProblem()
 	case c.HTTP.AdminToken == "" && !c.InsecureNoAdminToken && !loopbackOnly(c.HTTP.Addr):
 		return fmt.Errorf("-http %s is reachable from other machines, so admin calls need -admin-token (or STOCKD_ADMIN_TOKEN); to run without one anyway (admin calls only from loopback clients) pass -insecure-no-admin-token", c.HTTP.Addr)
 	}
@@ -176,6 +184,7 @@ type Node struct {
 	engine   *engine.Engine
 	http     *httpapi.Server
 	httpAddr string
+	tls      *nodeTLS
 
 	stopOnce sync.Once
 	stopErr  error
@@ -202,14 +211,21 @@ func Start(cfg Config) (*Node, error) {
 	if advertise == "" {
 		advertise = advertisedHTTP(httpLn.Addr().String(), cfg.Raft.RaftBind)
 	}
-	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
+	tlsState, err := openTLS(&cfg, logger)
 	if err != nil {
 		httpLn.Close()
 		return nil, err
 	}
+	httpLn = tlsState.clientListener(httpLn)
+	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
+	if err != nil {
+		httpLn.Close()
+		tlsState.close()
+		return nil, err
+	}
 	ledger.SetFeed(!cfg.NoOrderFeed)
 	ledger.SetApplyDelay(cfg.FaultApplyDelay)
-	n := &Node{cfg: cfg, logger: logger, ledger: ledger}
+	n := &Node{cfg: cfg, logger: logger, ledger: ledger, tls: tlsState}
 	fail := func(err error) (*Node, error) {
 		httpLn.Close()
 		n.stop(context.Background(), false)
@@ -229,24 +245,37 @@ func Start(cfg Config) (*Node, error) {
 			rcfg.Advertise = p.Addr
 		}
 	}
+	pcfg := httpapi.PeerClientConfig{Self: cfg.ID, Secret: cfg.HTTP.ClusterSecret, Resolve: view.httpAddrOf, Dial: cfg.PeerDial}
+	if port := tlsState.port; port != nil {
+		rcfg.StreamLayer, rcfg.Advertise = port.RaftLayer(), port.RaftLayer().Addr().String()
+		pcfg.Resolve, pcfg.Dial = view.raftAddrOf, tlsState.peerDial
+	}
 	if n.raft, err = raftnode.StartNode(rcfg, ledger); err != nil {
 		return fail(err)
 	}
 	view.node = n.raft
-	peers := httpapi.NewPeerClient(cfg.HTTP.ClusterSecret, cfg.ID, cfg.PeerDial)
+	if tlsState.port != nil {
+		tlsState.port.SetMembers(members(n.raft))
+	}
+	peers := httpapi.NewPeerClient(pcfg)
 	view.peers = peers
 	proposer := &Proposer{raft: n.raft, ledger: ledger, peers: peers, logger: logger.With("component", "proposer", "node", cfg.ID)}
 	n.proposer = proposer
 	hcfg := cfg.HTTP
 	hcfg.Logger, hcfg.Peers, hcfg.Proposals = logger, peers, proposer
+	hcfg.PeerTLS, hcfg.ClientCerts, hcfg.TLSExpiries = tlsState.port != nil, tlsState.httpCA != nil, tlsState.expiries
 	if n.http, err = httpapi.New(hcfg, n.engine, view, cfg.Version); err != nil {
 		return fail(err)
 	}
 	n.engine.Start(proposer)
+	if tlsState.port != nil {
+		n.http.ServePeers(tlsState.port.HTTPListener())
+	}
 	n.http.Serve(httpLn)
 	n.httpAddr = httpLn.Addr().String()
 	if cfg.Join != "" {
-		if err := joinCluster(cfg, n.raft.Status().Voters, logger); err != nil {
+		raftAddr := cmp.Or(rcfg.Advertise, cfg.Raft.RaftBind)
+		if err := joinCluster(cfg, raftAddr, tlsState.joinTLS(cfg.Join), n.raft.Status().Voters, logger); err != nil {
 			return fail(err)
 		}
 	}
@@ -338,6 +367,7 @@ func (n *Node) stopAll(ctx context.Context, drain bool) error {
 			errs = append(errs, err)
 		}
 	}
+	n.tls.close()
 	if err := n.ledger.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close ledger: %w", err))
 	}

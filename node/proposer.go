@@ -69,11 +69,7 @@ func (p *Proposer) forward(op command.Op, b []byte) (*raftfsm.Result, error) {
 	if leader == "" {
 		return nil, fmt.Errorf("%w: no leader known", engine.ErrUnavailable)
 	}
-	addr := p.ledger.NodeAddrs()[leader]
-	if addr == "" {
-		return nil, fmt.Errorf("%w: leader %s has not registered its http address yet", engine.ErrUnavailable, leader)
-	}
-	status, answer, err := p.peers.Propose(addr, b, forwardTimeout)
+	status, answer, err := p.peers.Propose(leader, b, forwardTimeout)
 	if err != nil {
 		if errors.Is(err, httpapi.ErrNotSent) {
 			return nil, fmt.Errorf("%w: forward %s to %s: %v", engine.ErrUnavailable, op, leader, err)
