@@ -25,7 +25,7 @@ func postBatch(t *testing.T, c *fasthttp.HostClient, body string) (int, []batchI
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + "/v1/deducts")
+	req.SetRequestURI(testnode.URL(c, "/v1/deducts"))
 	req.Header.SetMethod("POST")
 	req.SetBodyString(body)
 	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {

@@ -596,18 +596,29 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 // from would, with the given cluster secret.
 func proposeAs(t *testing.T, c *testnode.Cluster, to, from, secret string, cmd command.Command) (int, string) {
 	t.Helper()
+	headers := map[string]string{"X-Stockd-Node": from}
+	if secret != "" {
+		headers["X-Stockd-Cluster-Secret"] = secret
+	}
+	return postCommand(t, c.Client(to), c.Node(to).HTTPAddr(), command.EncodeCommand(nil, time.Now().UnixNano(), cmd), headers)
+}
+
+// postCommand posts an encoded command to addr's /internal/v1/propose
+// through hc, with headers.
+func postCommand(t *testing.T, hc *fasthttp.HostClient, addr string, cmd []byte, headers map[string]string) (int, string) {
+	t.Helper()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Node(to).HTTPAddr() + "/internal/v1/propose")
+	req.SetRequestURI("http://" + addr + "/internal/v1/propose") // the node port: TLS is in the dial
 	req.Header.SetMethod("POST")
 	req.Header.Set("X-Stockd-Wire", "1")
-	req.Header.Set("X-Stockd-Node", from)
-	if secret != "" {
-		req.Header.Set("X-Stockd-Cluster-Secret", secret)
+	req.Header.SetContentType("application/x-stockd-command")
+	for k, v := range headers {
+		req.Header.Set(k, v)
 	}
-	req.SetBody(command.EncodeCommand(nil, time.Now().UnixNano(), cmd))
-	if err := c.Client(to).DoTimeout(req, resp, 10*time.Second); err != nil {
+	req.SetBody(cmd)
+	if err := hc.DoTimeout(req, resp, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return resp.StatusCode(), string(resp.Body())

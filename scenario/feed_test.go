@@ -58,7 +58,7 @@ func readEvents(c *fasthttp.HostClient, after string, limit int, wait time.Durat
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(fmt.Sprintf("http://%s/v1/events?after=%s&limit=%d&wait=%s", c.Addr, after, limit, wait))
+	req.SetRequestURI(testnode.URL(c, fmt.Sprintf("/v1/events?after=%s&limit=%d&wait=%s", after, limit, wait)))
 	if err := c.DoTimeout(req, resp, wait+5*time.Second); err != nil {
 		return 0, feedPage{}, err.Error()
 	}
@@ -632,7 +632,7 @@ func streamOrders(t *testing.T, c *fasthttp.HostClient, sku, query string) ([]ma
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + "/v1/skus/" + sku + "/orders?" + query)
+	req.SetRequestURI(testnode.URL(c, "/v1/skus/"+sku+"/orders?"+query))
 	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -229,7 +229,7 @@ func callRaw(c *fasthttp.HostClient, path string) (int, string) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + path)
+	req.SetRequestURI(testnode.URL(c, path))
 	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
 		return 0, err.Error()
 	}

@@ -17,7 +17,7 @@ func callWithHeader(t *testing.T, c *fasthttp.HostClient, method, path, body, he
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + path)
+	req.SetRequestURI(testnode.URL(c, path))
 	req.Header.SetMethod(method)
 	req.Header.Set(header, value)
 	req.SetBodyString(body)

@@ -461,7 +461,7 @@ func metricValue(t *testing.T, c *fasthttp.HostClient, name string) string {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + "/metrics")
+	req.SetRequestURI(testnode.URL(c, "/metrics"))
 	if err := c.DoTimeout(req, resp, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}

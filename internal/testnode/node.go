@@ -80,7 +80,7 @@ func Call(t testing.TB, c *fasthttp.HostClient, method, path, body string) (int,
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + path)
+	req.SetRequestURI(URL(c, path))
 	req.Header.SetMethod(method)
 	if body != "" {
 		req.SetBodyString(body)
@@ -120,7 +120,7 @@ func GetRaw(t *testing.T, c *fasthttp.HostClient, path string) string {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + path)
+	req.SetRequestURI(URL(c, path))
 	err := c.Do(req, resp)
 	if err != nil || resp.StatusCode() != 200 {
 		t.Fatalf("GET %s: %d %v", path, resp.StatusCode(), err)
@@ -141,7 +141,7 @@ func CallWithin(c *fasthttp.HostClient, timeout time.Duration, method, path, bod
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + c.Addr + path)
+	req.SetRequestURI(URL(c, path))
 	req.Header.SetMethod(method)
 	req.SetBodyString(body)
 	if err := c.DoTimeout(req, resp, timeout); err != nil {
@@ -151,4 +151,12 @@ func CallWithin(c *fasthttp.HostClient, timeout time.Duration, method, path, bod
 	var out map[string]any
 	_ = json.Unmarshal(resp.Body(), &out)
 	return resp.StatusCode(), out
+}
+
+// URL is path on c's node: https when c speaks TLS.
+func URL(c *fasthttp.HostClient, path string) string {
+	if c.IsTLS {
+		return "https://" + c.Addr + path
+	}
+	return "http://" + c.Addr + path
 }
