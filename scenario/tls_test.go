@@ -320,4 +320,3 @@ func waitLogged(t *testing.T, p *procCluster, id, text string) {
 		return bytes.Contains(b, []byte(text))
 	})
 }
-
