@@ -165,6 +165,19 @@ func (p *procCluster) detach(id string) (*exec.Cmd, chan error) {
 	return cmd, exited
 }
 
+// signal sends sig to node id through its process handle.
+func (p *procCluster) signal(id string, sig os.Signal) {
+	p.mu.Lock()
+	cmd := p.procs[id]
+	p.mu.Unlock()
+	if cmd == nil {
+		p.t.Fatalf("%s is not running", id)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal %s: %v", id, err)
+	}
+}
+
 // kill sends SIGKILL to one node through its process handle.
 func (p *procCluster) kill(id string) {
 	cmd, exited := p.detach(id)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"stockd/internal/testnode"
 )
 
 // procSecurity runs a procCluster on node certificates and HTTPS made by
@@ -48,7 +50,7 @@ func (s *procSecurity) nodeArgs(id string) []string {
 		args = append(args, "-http-client-ca", filepath.Join(s.dir, "ca.pem"))
 	}
 	if s.hosts != nil {
-		args = append(args, "-insecure-no-admin-token")
+		args = append(args, "-admin-token", testAdminToken)
 	}
 	return append(args, s.extra[id]...)
 }
@@ -128,4 +130,23 @@ func secureCluster(t *testing.T, prepare func(t *testing.T, bin string, sec *pro
 		makeCerts(t, bin, sec.dir, []string{"n1", "n2", "n3"}, sec.hosts)
 	}
 	return startProcClusterSecured(t, bin, sec, extraArgs...), sec, bin
+}
+
+// testAdminToken is the admin token of nodes on their own hosts.
+const testAdminToken = "test-admin-token"
+
+// adminCall is a call with the admin token.
+func adminCall(t *testing.T, c *fasthttp.HostClient, method, path, body string) int {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(testnode.URL(c, path))
+	req.Header.SetMethod(method)
+	req.Header.Set("Authorization", "Bearer "+testAdminToken)
+	req.SetBodyString(body)
+	if err := c.DoTimeout(req, resp, 15*time.Second); err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return resp.StatusCode()
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
@@ -16,6 +17,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -319,4 +323,227 @@ func waitLogged(t *testing.T, p *procCluster, id, text string) {
 		b, _ := os.ReadFile(p.dataDir[id] + ".log")
 		return bytes.Contains(b, []byte(text))
 	})
+}
+
+// servedSerial is the serial of the certificate a TLS server at addr
+// presents to a new handshake (the node port wants a member's
+// certificate: as is one).
+func servedSerial(t *testing.T, sec *procSecurity, addr, proto string, as tls.Certificate) string {
+	t.Helper()
+	cfg := sec.clientTLS(addr)
+	if proto != "" {
+		cfg.NextProtos = []string{proto}
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &as, nil }
+	}
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 3 * time.Second}, "tcp", addr, cfg)
+	if err != nil {
+		t.Fatalf("handshake with %s: %v", addr, err)
+	}
+	defer c.Close()
+	return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+// fileSerial is the serial of the PEM certificate in file.
+func fileSerial(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(b)
+	if block == nil {
+		t.Fatalf("%s holds no PEM", file)
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.SerialNumber.String()
+}
+
+// TestMultiProcess_TLSRotationUnderLoad: buyers keep buying over HTTPS
+// (their connections redialled every few hundred milliseconds) while
+// each node in turn gets a new certificate and key written over its
+// files and a SIGHUP. A broken file first: the node keeps the certificate
+// in use and logs why. Then new handshakes, on the HTTPS port and on the
+// node port, present the new certificate, and not one deduct failed.
+func TestMultiProcess_TLSRotationUnderLoad(t *testing.T) {
+	needMultiProc(t)
+	p, sec, bin := secureCluster(t, nil)
+	leader := p.Leader()
+	if code, body := testnode.Call(t, p.Client(leader), "PUT", "/v1/skus/stream", `{"total":1000000}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	testnode.WaitSaleEverywhere(t, p, "stream")
+	var failed, won atomic.Int64
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	var failures []string
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < 12; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			id := p.ids[w%len(p.ids)]
+			c := sec.client(p.httpAddr[id])
+			c.MaxConnDuration = 300 * time.Millisecond // new handshakes throughout
+			deadline := time.Now().Add(2 * time.Minute)
+			for i := 0; time.Now().Before(deadline); i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, out := testnode.CallQuiet(c, "POST", "/v1/skus/stream/deduct", fmt.Sprintf(`{"user":"w%d-%d","request_id":"r%d-%d"}`, w, i, w, i))
+				mu.Lock()
+				if code == 200 {
+					won.Add(1)
+					acked[out["order_id"].(string)] = true
+				} else {
+					failed.Add(1)
+					failures = append(failures, fmt.Sprintf("%s: %d %v", id, code, out))
+				}
+				mu.Unlock()
+			}
+		}(w)
+	}
+	member := loadPair(t, sec.dir, "n1")
+	for _, id := range p.ids {
+		at := won.Load()
+		testnode.WaitFor(t, 20*time.Second, "sales before rotating "+id, func() bool { return won.Load() >= at+100 })
+		cert, key := filepath.Join(sec.dir, id+".pem"), filepath.Join(sec.dir, id+"-key.pem")
+		old := fileSerial(t, cert)
+		// A broken certificate file: the node keeps the one in use.
+		good, err := os.ReadFile(cert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(cert, []byte("-----BEGIN CERTIFICATE-----\nbroken\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p.signal(id, syscall.SIGHUP)
+		waitLogged(t, p, id, "certificate reload failed; the one in use stays")
+		if got := servedSerial(t, sec, p.httpAddr[id], "", member); got != old {
+			t.Fatalf("%s serves certificate %s after a broken reload, want the old %s", id, got, old)
+		}
+		os.WriteFile(cert, good, 0o644)
+		// The new pair, made beside and renamed over the old files.
+		next := filepath.Join(t.TempDir(), "next")
+		if out, err := exec.Command(bin, "cert", "node", "-ca", sec.dir, "-id", id, "-host", "127.0.0.1,localhost", "-out", next).CombinedOutput(); err != nil {
+			t.Fatalf("stockd cert node: %v\n%s", err, out)
+		}
+		for _, f := range [][2]string{{id + "-key.pem", key}, {id + ".pem", cert}} {
+			if err := os.Rename(filepath.Join(next, f[0]), f[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := fileSerial(t, cert)
+		p.signal(id, syscall.SIGHUP)
+		testnode.WaitFor(t, 10*time.Second, id+" presenting its new certificate", func() bool {
+			return servedSerial(t, sec, p.httpAddr[id], "", member) == want && servedSerial(t, sec, p.raftAddr[id], protoPeerHTTP, member) == want
+		})
+		if id == "n1" {
+			member = loadPair(t, sec.dir, "n1") // the old n1 key is gone from disk, not from the cluster's trust
+		}
+	}
+	at := won.Load()
+	testnode.WaitFor(t, 20*time.Second, "sales after the last rotation", func() bool { return won.Load() >= at+100 })
+	close(stop)
+	wg.Wait()
+	t.Logf("%d deducts won during the rotation of three nodes' certificates, %d failed", won.Load(), failed.Load())
+	if failed.Load() > 0 {
+		t.Fatalf("%d deducts failed during rotation, first: %v", failed.Load(), failures[:min(5, len(failures))])
+	}
+	checkClusterLedgers(t, p, "stream", acked)
+}
+
+// TestMultiProcess_TLSThreeHosts: three nodes on three hosts of their own
+// (network namespaces on a bridge, each with its own address), on node
+// certificates that name those addresses. First, on one host: a node
+// without certificates refuses to start; with -insecure-plaintext-cluster
+// it starts and warns. Then a sale over HTTPS; mid-sale one host is cut
+// off the network and brought back: nothing is lost or oversold, and the
+// node that was away catches up to the same ledger.
+func TestMultiProcess_TLSThreeHosts(t *testing.T) {
+	needMultiProc(t)
+	net := newHostNet(t, "n1", "n2", "n3")
+	p, _, _ := secureCluster(t, func(t *testing.T, bin string, sec *procSecurity) {
+		sec.hosts, sec.netns = net.addrs, net.ns
+		plaintextOnAHost(t, bin, net)
+	})
+	const units, buyers = 2000, 4000
+	if code := adminCall(t, p.Client(p.Leader()), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale: %d", code)
+	}
+	testnode.WaitSaleEverywhere(t, p, "tv")
+	var acked atomic.Int64
+	first := buyWave(p, "tv", 0, 500, 16, &acked)
+	waveDone := make(chan map[int]buyerResult, 1)
+	go func() { waveDone <- buyWave(p, "tv", 500, buyers, 16, &acked) }()
+	away := "n3"
+	if p.Leader() == away {
+		away = "n2"
+	}
+	at, cutAt := acked.Load(), time.Now()
+	net.cut(away)
+	testnode.WaitFor(t, 60*time.Second, "sales go on without "+away, func() bool { return acked.Load() >= at+100 })
+	net.heal(away)
+	t.Logf("%s was off the network %s, from acknowledgement %d to %d", away, time.Since(cutAt).Round(time.Millisecond), at, acked.Load())
+	second := <-waveDone
+	for b, r := range second {
+		first[b] = r
+	}
+	testnode.WaitReady(t, p)
+	rest := sellOut(t, p, "tv", units, buyers)
+	all := ackedOrders(t, first, rest)
+	if len(all) > units {
+		t.Fatalf("oversold: %d orders acknowledged for %d units", len(all), units)
+	}
+	a := checkClusterLedgers(t, p, "tv", all) // the node that was away included
+	if a["sold"].(float64)+a["held"].(float64) != units {
+		t.Fatalf("after sell-out: %v", a)
+	}
+}
+
+// plaintextOnAHost: on n1's host, a node with a raft address other hosts
+// reach refuses to start without node certificates, and starts (warning)
+// with -insecure-plaintext-cluster.
+func plaintextOnAHost(t *testing.T, bin string, net *hostNet) {
+	t.Helper()
+	addr := net.addrs["n1"]
+	args := []string{"netns", "exec", net.ns["n1"], bin, "-id", "solo", "-raft", addr + ":7100", "-http", addr + ":8100",
+		"-data", filepath.Join(t.TempDir(), "solo"), "-insecure-no-admin-token"}
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	var exit *exec.ExitError
+	if !errorsAs(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), "needs node certificates") {
+		t.Fatalf("without certificates on %s: want exit 1 naming the certificates, got %v:\n%s", addr, err, out)
+	}
+	log := filepath.Join(t.TempDir(), "solo.log")
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command("ip", append(args, "-insecure-plaintext-cluster")...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	testnode.WaitFor(t, 10*time.Second, "the plaintext node's warning", func() bool {
+		b, _ := os.ReadFile(log)
+		return bytes.Contains(b, []byte("node-to-node traffic is plain TCP")) && bytes.Contains(b, []byte("stockd serving"))
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("the plaintext node did not stop cleanly: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("the plaintext node did not stop on SIGTERM")
+	}
 }
