@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -29,8 +30,8 @@ type stockdBatchStrategy struct {
 	*stockdStrategy
 }
 
-func newStockdBatch(targets []string, conns int, token, service string) *stockdBatchStrategy {
-	s := newStockd(targets, conns, token, service, false)
+func newStockdBatch(targets []string, conns int, token, service string, tlsCfg *tls.Config) *stockdBatchStrategy {
+	s := newStockd(targets, conns, token, service, false, tlsCfg)
 	s.name = "stockd-batch"
 	return &stockdBatchStrategy{s}
 }

@@ -112,7 +112,17 @@ func startTargets(o *Options, bin, dir string) (targets, func(io.Writer), error)
 		return t, stop, nil
 	}
 	for i, ln := range o.Launches {
-		nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, i), ln.Nodes, ln.NoFeed, o.NodeArgs...)
+		var sec *launchTLS
+		if ln.TLS {
+			var err error
+			if sec, err = makeLaunchCerts(bin, dir+"/certs"); err != nil {
+				return t, stop, err
+			}
+			if o.TLS == nil {
+				o.TLS = sec.client
+			}
+		}
+		nodes, err := launchCluster(bin, fmt.Sprintf("%s/c%d", dir, i), ln.Nodes, ln.NoFeed, sec, o.NodeArgs...)
 		launched = append(launched, nodes...)
 		if err != nil {
 			return t, stop, err
@@ -222,7 +232,7 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 			skipped = append(skipped, [2]string{mode, "no -target or -launch given"})
 		}
 		for i, targets := range targetSets {
-			st := newStockd(targets, o.Conns, o.AdminToken, o.ServiceToken, mode == "stockd-none")
+			st := newStockd(targets, o.Conns, o.AdminToken, o.ServiceToken, mode == "stockd-none", o.TLS)
 			if i < len(targetPIDs) {
 				st.pids = targetPIDs[i]
 			}
@@ -235,7 +245,7 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 			skipped = append(skipped, [2]string{"stockd-batch", "no -target or -launch given"})
 		}
 		for i, targets := range targetSets {
-			st := newStockdBatch(targets, o.Conns, o.AdminToken, o.ServiceToken)
+			st := newStockdBatch(targets, o.Conns, o.AdminToken, o.ServiceToken, o.TLS)
 			if i < len(targetPIDs) {
 				st.pids = targetPIDs[i]
 			}

@@ -44,6 +44,9 @@ func (c httpClients) deduct(worker int, path, token string, r *Request) (int, de
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(path)
 	req.SetHost(hc.Addr)
+	if hc.IsTLS {
+		req.URI().SetScheme("https")
+	}
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
 	if token != "" {

@@ -45,7 +45,8 @@ func startFeedReader(ctx context.Context, st Strategy, on bool) *feedReader {
 	if !on || !ok || s.noFeed || len(s.clients) == 0 {
 		return nil
 	}
-	f := &feedReader{hc: &fasthttp.HostClient{Addr: s.clients[0].Addr, ReadTimeout: requestTimeout, WriteTimeout: requestTimeout},
+	f := &feedReader{hc: &fasthttp.HostClient{Addr: s.clients[0].Addr, ReadTimeout: requestTimeout, WriteTimeout: requestTimeout,
+		IsTLS: s.clients[0].IsTLS, TLSConfig: s.clients[0].TLSConfig},
 		token: s.service, halt: make(chan struct{}), done: make(chan struct{})}
 	// Only the row's own events count: start at the head.
 	page, err := f.read("0", 1, 0)
@@ -68,7 +69,7 @@ func (f *feedReader) read(after string, limit int, wait time.Duration) (feedPage
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(fmt.Sprintf("http://%s/v1/events?after=%s&limit=%d&wait=%s", f.hc.Addr, after, limit, wait))
+	req.SetRequestURI(url(f.hc, fmt.Sprintf("/v1/events?after=%s&limit=%d&wait=%s", after, limit, wait)))
 	if f.token != "" {
 		req.Header.Set("Authorization", "Bearer "+f.token)
 	}

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"crypto/tls"
+
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"stockd/internal/certs"
 	"strings"
 	"syscall"
 	"time"
@@ -44,7 +47,8 @@ func freeLoopbackPort() (string, error) {
 // launchCluster starts `stockd serve` (this very binary) n times on free
 // loopback ports, as one cluster (-peers) when n > 1, with data and logs
 // under dir, and waits until every node's /readyz answers 200.
-func launchCluster(binary, dir string, n int, noFeed bool, extra ...string) ([]*launched, error) {
+// With sec the nodes run on its node certificates and serve HTTPS.
+func launchCluster(binary, dir string, n int, noFeed bool, sec *launchTLS, extra ...string) ([]*launched, error) {
 	type addrs struct{ http, raft string }
 	nodes := make([]addrs, n)
 	var peers []string
@@ -79,6 +83,9 @@ func launchCluster(binary, dir string, n int, noFeed bool, extra ...string) ([]*
 		if noFeed {
 			args = append(args, "-no-order-feed")
 		}
+		if sec != nil {
+			args = append(args, sec.nodeArgs(id)...)
+		}
 		args = append(args, extra...)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			stopAll()
@@ -91,18 +98,25 @@ func launchCluster(binary, dir string, n int, noFeed bool, extra ...string) ([]*
 		}
 		cmd := exec.Command(binary, args...)
 		cmd.Stdout, cmd.Stderr = logFile, logFile
-		// The secret goes through the environment, not argv, which ps shows.
-		cmd.Env = append(cleanEnv(), "STOCKD_CLUSTER_SECRET="+secret)
+		cmd.Env = cleanEnv()
+		scheme := "https://"
+		if sec == nil {
+			// The secret goes through the environment, not argv, which ps shows.
+			cmd.Env, scheme = append(cmd.Env, "STOCKD_CLUSTER_SECRET="+secret), "http://"
+		}
 		if err := cmd.Start(); err != nil {
 			logFile.Close()
 			stopAll()
 			return nil, fmt.Errorf("start %s: %w", binary, err)
 		}
-		l := &launched{cmd: cmd, url: "http://" + a.http, log: logFile.Name(), exited: make(chan error, 1)}
+		l := &launched{cmd: cmd, url: scheme + a.http, log: logFile.Name(), exited: make(chan error, 1)}
 		go func() { l.exited <- cmd.Wait(); logFile.Close() }()
 		out = append(out, l)
 	}
 	client := &fasthttp.Client{}
+	if sec != nil {
+		client.TLSConfig = sec.client
+	}
 	deadline := time.Now().Add(launchReadyTimeout)
 	for _, l := range out {
 		for {
@@ -194,4 +208,38 @@ func launchNoop(binary, dir string) (*launched, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// launchTLS is the certificates of launched TLS clusters: one CA and
+// node certificates n1..n3 for loopback, made with `stockd cert`.
+type launchTLS struct {
+	dir    string
+	client *tls.Config // checks the nodes' HTTPS
+}
+
+// makeLaunchCerts makes the certificates in dir once (later calls load
+// them).
+func makeLaunchCerts(binary, dir string) (*launchTLS, error) {
+	if _, err := os.Stat(filepath.Join(dir, "ca.pem")); err != nil {
+		steps := [][]string{{"cert", "ca", "-out", dir}}
+		for i := 1; i <= 3; i++ {
+			steps = append(steps, []string{"cert", "node", "-ca", dir, "-id", fmt.Sprintf("n%d", i), "-host", "127.0.0.1,localhost", "-out", dir})
+		}
+		for _, args := range steps {
+			if out, err := exec.Command(binary, args...).CombinedOutput(); err != nil {
+				return nil, fmt.Errorf("stockd %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}
+	}
+	client, err := certs.ClientTLS(filepath.Join(dir, "ca.pem"), "", "")
+	if err != nil {
+		return nil, err
+	}
+	return &launchTLS{dir: dir, client: client}, nil
+}
+
+// nodeArgs are node id's certificate flags: node-to-node TLS and HTTPS.
+func (l *launchTLS) nodeArgs(id string) []string {
+	cert, key := filepath.Join(l.dir, id+".pem"), filepath.Join(l.dir, id+"-key.pem")
+	return []string{"-node-cert", cert, "-node-key", key, "-node-ca", filepath.Join(l.dir, "ca.pem"), "-http-cert", cert, "-http-key", key}
 }

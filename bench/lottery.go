@@ -46,7 +46,7 @@ type lotteryResult struct {
 // runLottery runs the lottery scenario against one set of nodes.
 func runLottery(ctx context.Context, o *Options, targets []string, pids []int, label, runID string) (lotteryResult, error) {
 	r := lotteryResult{label: label}
-	clients := newHTTPClients(targets, o.Conns)
+	clients := newHTTPClients(targets, o.Conns, o.TLS)
 	sku := "lottery-" + runID
 	closeAt := time.Now().Add(o.Duration)
 	body := fmt.Appendf(nil, `{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"1h"}`, o.Units, closeAt.UTC().Format(time.RFC3339Nano))

@@ -1,12 +1,15 @@
 package bench
 
 import (
+	"crypto/tls"
+
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"slices"
+	"stockd/internal/certs"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +25,10 @@ const (
 
 // Options is one bench run's configuration.
 type Options struct {
-	Targets  []string // stockd node base URLs; empty with Launches
+	Targets []string // stockd node base URLs; empty with Launches
+	// TLS checks https:// targets (-ca, -cert, -key); launched TLS
+	// clusters set it to their CA's.
+	TLS      *tls.Config
 	Launches []Launch // launch a local stockd cluster of each kind in turn
 	// FeedReader reads the order feed from a stockd row's first node while
 	// the row runs, and reports the events per second it got.
@@ -51,11 +57,14 @@ type Options struct {
 
 func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	var o Options
-	var targets, launch, scenarios, strategies string
+	var targets, launch, scenarios, strategies, caFile, certFile, keyFile string
 	fs := flag.NewFlagSet("stockd bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&targets, "target", "", "comma-separated stockd node URLs to load, e.g. http://127.0.0.1:8080 (requests are spread over them)")
-	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load); 1nofeed or 3nofeed launch them with -no-order-feed")
+	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load); 1nofeed or 3nofeed launch them with -no-order-feed; a tls suffix (1tls, 3nofeedtls) launches them on node certificates the harness makes, clients on HTTPS")
+	fs.StringVar(&caFile, "ca", "", "CA bundle (PEM) that checks https:// targets")
+	fs.StringVar(&certFile, "cert", "", "client certificate (PEM) for targets that require one (-http-client-ca)")
+	fs.StringVar(&keyFile, "key", "", "the key of -cert (PEM)")
 	fs.BoolVar(&o.FeedReader, "feed-reader", false, "while each stockd row runs, read the order feed from its first node (long-polling, 1000 events a page) and report the events per second it got")
 	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (its own launched node, a slowed ledger, an open load; see -h); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed)")
 	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
@@ -106,12 +115,19 @@ hot-cold (Zipf over many SKUs), retry-storm (re-sent request ids), holds
 		o.Targets = append(o.Targets, strings.TrimRight(t, "/"))
 	}
 	for _, part := range splitList(launch) {
-		nodes, noFeed := strings.CutSuffix(part, "nofeed")
+		nodes, secure := strings.CutSuffix(part, "tls")
+		nodes, noFeed := strings.CutSuffix(nodes, "nofeed")
 		n, err := strconv.Atoi(nodes)
 		if err != nil || (n != 1 && n != 3) {
-			return o, fmt.Errorf("-launch %q: each entry must be 1, 3, 1nofeed or 3nofeed", launch)
+			return o, fmt.Errorf("-launch %q: each entry must be 1 or 3, optionally followed by nofeed, then tls (1, 3, 1nofeed, 3tls, ...)", launch)
 		}
-		o.Launches = append(o.Launches, Launch{Nodes: n, NoFeed: noFeed})
+		o.Launches = append(o.Launches, Launch{Nodes: n, NoFeed: noFeed, TLS: secure})
+	}
+	if caFile != "" || certFile != "" {
+		var err error
+		if o.TLS, err = certs.ClientTLS(caFile, certFile, keyFile); err != nil {
+			return o, err
+		}
 	}
 	o.Scenarios = splitList(scenarios)
 	if len(o.Scenarios) == 1 && o.Scenarios[0] == "all" {
@@ -126,6 +142,9 @@ hot-cold (Zipf over many SKUs), retry-storm (re-sent request ids), holds
 type Launch struct {
 	Nodes  int
 	NoFeed bool
+	// TLS launches the nodes on node certificates the harness makes, with
+	// HTTPS for its clients.
+	TLS bool
 }
 
 func splitList(s string) []string {
@@ -160,8 +179,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("-hold-ttl %s must be > 0", o.HoldTTL)
 	}
 	for _, t := range o.Targets {
-		if !strings.HasPrefix(t, "http://") {
-			return fmt.Errorf("-target %q: want http://host:port", t)
+		if !strings.HasPrefix(t, "http://") && !strings.HasPrefix(t, "https://") {
+			return fmt.Errorf("-target %q: want http://host:port or https://host:port", t)
 		}
 	}
 	for _, s := range o.Scenarios {

@@ -54,7 +54,7 @@ func runOverload(ctx context.Context, o *Options, bin, dir string, w io.Writer) 
 		if !adaptive {
 			latency, label = "0", "fixed admission (-admission-latency 0)"
 		}
-		nodes, err := launchCluster(bin, filepath.Join(dir, "overload-"+latency), 1, false,
+		nodes, err := launchCluster(bin, filepath.Join(dir, "overload-"+latency), 1, false, nil,
 			"-fault-apply-delay", overloadApplyDelay.String(), "-admission-latency", latency, "-take-batch-bytes", "1024", "-commit-wait", "2s")
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,17 +19,31 @@ import (
 // strategies; worker w always uses target w mod n.
 type httpClients []*fasthttp.HostClient
 
-func newHTTPClients(targets []string, conns int) httpClients {
+// newHTTPClients makes the pools; an https:// target is checked with
+// tlsCfg (nil: the system's roots).
+func newHTTPClients(targets []string, conns int, tlsCfg *tls.Config) httpClients {
 	out := make(httpClients, len(targets))
 	for i, t := range targets {
+		addr, secure := strings.CutPrefix(t, "https://")
 		out[i] = &fasthttp.HostClient{
 			// A few connections beyond the workers' serve the samplers.
-			Addr: strings.TrimPrefix(t, "http://"), MaxConns: conns + 4, MaxConnWaitTimeout: requestTimeout,
+			Addr: strings.TrimPrefix(addr, "http://"), MaxConns: conns + 4, MaxConnWaitTimeout: requestTimeout,
 			ReadTimeout: requestTimeout, WriteTimeout: requestTimeout,
 			MaxIdemponentCallAttempts: 1,
 		}
+		if secure {
+			out[i].IsTLS, out[i].TLSConfig = true, tlsCfg
+		}
 	}
 	return out
+}
+
+// url is path on hc's node.
+func url(hc *fasthttp.HostClient, path string) string {
+	if hc.IsTLS {
+		return "https://" + hc.Addr + path
+	}
+	return "http://" + hc.Addr + path
 }
 
 func (c httpClients) do(worker int, method, path, token string, body []byte) (int, []byte, error) {
@@ -41,7 +56,7 @@ func (c httpClients) doAppend(worker int, method, path, token string, body, dst 
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + hc.Addr + path)
+	req.SetRequestURI(url(hc, path))
 	req.Header.SetMethod(method)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -69,19 +84,27 @@ type stockdStrategy struct {
 	sc          *Scenario
 	pids        []int // the nodes' processes, when the harness launched them
 	noFeed      bool  // the launched nodes record no order feed
+	tls         bool  // the nodes speak HTTPS (and TLS among themselves when launched so)
 }
 
 func (s *stockdStrategy) serverPIDs() []int { return s.pids }
 
-func newStockd(targets []string, conns int, token, service string, noWait bool) *stockdStrategy {
+func newStockd(targets []string, conns int, token, service string, noWait bool, tlsCfg *tls.Config) *stockdStrategy {
 	name := "stockd-commit"
 	if noWait {
 		name = "stockd-none"
 	}
-	return &stockdStrategy{name: name, noWait: noWait, nodes: len(targets), clients: newHTTPClients(targets, conns), token: token, service: service}
+	return &stockdStrategy{name: name, noWait: noWait, nodes: len(targets), clients: newHTTPClients(targets, conns, tlsCfg), token: token, service: service, tls: tlsCfg != nil && strings.HasPrefix(targets[0], "https://")}
 }
 
 func (s *stockdStrategy) Name() string {
+	if s.tls {
+		return s.plainName() + " TLS"
+	}
+	return s.plainName()
+}
+
+func (s *stockdStrategy) plainName() string {
 	switch {
 	case s.nodes > 1 && s.noFeed:
 		return fmt.Sprintf("%s (%d nodes, no feed)", s.name, s.nodes)
@@ -295,7 +318,7 @@ func newNoop(binary, dir string, conns int) (*noopStrategy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &noopStrategy{proc: l, clients: newHTTPClients([]string{l.url}, conns)}, nil
+	return &noopStrategy{proc: l, clients: newHTTPClients([]string{l.url}, conns, nil)}, nil
 }
 
 func (n *noopStrategy) Name() string                           { return "noop" }
