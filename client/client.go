@@ -16,7 +16,8 @@
 //     call is skipped for a while.
 //
 // A Client is safe for concurrent use by any number of goroutines. It
-// imports nothing of stockd's: it speaks the HTTP contract only.
+// speaks the HTTP contract only: of stockd it imports no more than the leaf
+// helper that reads certificate files (internal/certs).
 package client
 
 import (
@@ -37,6 +38,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"stockd/internal/certs"
 )
 
 // Errors a call may end in; compare with errors.Is. A definite answer of
@@ -68,7 +71,7 @@ var codeErrors = map[string]error{
 	"closed": ErrClosed, "request_id_reused": ErrRequestIDReused, "unknown_sku": ErrUnknownSKU,
 	"lottery_sale": ErrLotterySale, "bad_request": ErrBadRequest, "not_found": ErrNotFound,
 	"conflict": ErrConflict, "expired": ErrExpired, "invalid_state": ErrInvalidState,
-	"entries_closed": ErrEntriesClosed, "not_a_lottery": ErrNotALottery, "unauthorized": ErrUnauthorized,
+	"entries_closed": ErrEntriesClosed, "not_a_lottery": ErrNotALottery, "unauthorized": ErrUnauthorized, "client_certificate_required": ErrUnauthorized,
 	"cursor_expired": ErrCursorExpired,
 }
 
@@ -134,6 +137,18 @@ type Config struct {
 	// RefreshInterval paces the refresh of the members from /v1/cluster
 	// (default 10s; a failing node triggers one sooner).
 	RefreshInterval time.Duration
+}
+
+// TLSFiles is a Config.TLS from PEM files: the nodes' HTTPS checked
+// against the CA bundle caFile (empty: the system's roots), and the
+// client certificate certFile with its key keyFile when both are given
+// (for nodes started with -http-client-ca).
+func TLSFiles(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg, err := certs.ClientTLS(caFile, certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return cfg, nil
 }
 
 // Defaults.

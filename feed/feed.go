@@ -32,6 +32,8 @@ type options struct {
 	serviceToken string
 	maxEvents    int
 	exitIdle     bool
+	// caFile, certFile and keyFile: HTTPS to the nodes.
+	caFile, certFile, keyFile string
 }
 
 // Main runs the consumer until ctx ends, it has printed -max-events, or
@@ -41,8 +43,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cl, err := client.New(client.Config{Endpoints: o.targets, ServiceToken: o.serviceToken, AdminToken: o.adminToken,
-		AttemptTimeout: o.wait + 10*time.Second})
+	ccfg := client.Config{Endpoints: o.targets, ServiceToken: o.serviceToken, AdminToken: o.adminToken,
+		AttemptTimeout: o.wait + 10*time.Second}
+	if o.caFile != "" || o.certFile != "" {
+		if ccfg.TLS, err = client.TLSFiles(o.caFile, o.certFile, o.keyFile); err != nil {
+			return err
+		}
+	}
+	cl, err := client.New(ccfg)
 	if err != nil {
 		return err
 	}
@@ -65,6 +73,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.serviceToken, "service-token", os.Getenv("STOCKD_SERVICE_TOKEN"), "service token, for reading (default $STOCKD_SERVICE_TOKEN)")
 	fs.IntVar(&o.maxEvents, "max-events", 0, "stop after printing this many events (0: no limit)")
 	fs.BoolVar(&o.exitIdle, "exit-when-idle", false, "stop when a read finds no new event (for scripts)")
+	fs.StringVar(&o.caFile, "ca", "", "CA bundle (PEM) that checks https:// targets")
+	fs.StringVar(&o.certFile, "cert", "", "client certificate (PEM), for nodes that require one (-http-client-ca)")
+	fs.StringVar(&o.keyFile, "key", "", "the key of -cert (PEM)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: stockd feed -consumer NAME [-target URL,...] [flags]\n\nPrints the order feed's events as JSON lines and acknowledges them.")
 		fs.PrintDefaults()
