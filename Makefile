@@ -29,11 +29,15 @@ lint:
 
 # Three stockd processes on loopback; the leader is killed with SIGKILL
 # mid-sale and restarted on its data dir. Then a rolling upgrade from the
-# version before ledger rules (built from the repository's history), and
+# version before ledger rules (built from the repository's history),
 # buyers through the Go client (one cluster, then two through
-# client.NewSharded) while a leader is killed.
+# client.NewSharded) while a leader is killed, and the TLS tests: the
+# leader kill on certificates made by stockd cert, refusals at the node
+# port (openssl needed), certificates rotated with SIGHUP under load, and
+# three hosts in network namespaces (root and iproute2 needed; skipped
+# without, saying why).
 test-multiproc:
-	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded)' ./scenario
+	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded|TLS)' ./scenario
 
 # One node filled with a million sold orders and their request ids; fails
 # when its peak resident memory (VmHWM) passes 384 MiB.
