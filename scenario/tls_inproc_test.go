@@ -100,6 +100,11 @@ func TestClient_OverHTTPSWithClientCertificates(t *testing.T) {
 	if err != nil || !strings.Contains(out.String(), o.OrderID) {
 		t.Fatalf("the feed over HTTPS: %v\n%s\n%s", err, out.String(), logs.String())
 	}
+	// The operator's page names the certificate that expires first.
+	if code, st := testnode.CallQuiet(hc, "GET", "/v1/stats", ""); code != 200 || st["tls_nearest_expiry"] == nil ||
+		st["tls_nearest_expiry"].(map[string]any)["name"] == "" {
+		t.Fatalf("/v1/stats without the nearest expiry: %d %v", code, st["tls_nearest_expiry"])
+	}
 	a := testnode.CheckLedger(t, hc, "mug")
 	if a["sold"].(float64) != 1 || a["orders"].(float64) != 1 {
 		t.Fatalf("one sale, one order: %v", a)

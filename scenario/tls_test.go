@@ -370,9 +370,14 @@ func fileSerial(t *testing.T, file string) string {
 func TestMultiProcess_TLSRotationUnderLoad(t *testing.T) {
 	needMultiProc(t)
 	p, sec, bin := secureCluster(t, nil)
-	leader := p.Leader()
-	if code, body := testnode.Call(t, p.Client(leader), "PUT", "/v1/skus/stream", `{"total":1000000}`); code != 201 {
-		t.Fatalf("create sale: %d %v", code, body)
+	follower := "n1"
+	if p.Leader() == follower {
+		follower = "n2"
+	}
+	// Created through a follower: the admin call is relayed to the leader
+	// over the node port.
+	if code, body := testnode.Call(t, p.Client(follower), "PUT", "/v1/skus/stream", `{"total":1000000}`); code != 201 {
+		t.Fatalf("create sale through follower %s: %d %v", follower, code, body)
 	}
 	testnode.WaitSaleEverywhere(t, p, "stream")
 	var failed, won atomic.Int64
