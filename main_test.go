@@ -46,8 +46,10 @@ func TestServe_RefusesUnsafeStarts(t *testing.T) {
 			t.Fatalf("stockd %v: stderr %q, want it to say %q", args, stderr.String(), wantMsg)
 		}
 	}
-	f("needs -cluster-secret", "-http", "127.0.0.1:0", "-peers", "n1=127.0.0.1:7101,n2=127.0.0.1:7102")
-	f("needs -cluster-secret", "-http", "127.0.0.1:0", "-join", "http://127.0.0.1:8081")
+	f("needs node certificates (-node-cert, -node-key, -node-ca) or, on loopback, -cluster-secret", "-http", "127.0.0.1:0", "-peers", "n1=127.0.0.1:7101,n2=127.0.0.1:7102")
+	f("on loopback, -cluster-secret", "-http", "127.0.0.1:0", "-join", "http://127.0.0.1:8081")
+	f("needs node certificates: make certificates with `stockd cert ca -out certs`", "-http", "127.0.0.1:0", "-raft", "0.0.0.0:7000")
+	f("need all three of -node-cert, -node-key and -node-ca", "-http", "127.0.0.1:0", "-node-cert", "n1.pem")
 	f("need -admin-token", "-http", ":0")
 	f("need -admin-token", "-http", "0.0.0.0:0")
 	f("pass -insecure-no-admin-token", "-http", "[::]:0")
@@ -70,6 +72,9 @@ func TestServe_AcceptsSafeConfigs(t *testing.T) {
 	f("-http", ":8080", "-admin-token", "t")
 	f("-http", "0.0.0.0:8080", "-insecure-no-admin-token")
 	f("-peers", "n1=127.0.0.1:7001", "-cluster-secret", "s")
+	f("-raft", "0.0.0.0:7000", "-insecure-plaintext-cluster")
+	f("-raft", "10.0.0.1:7000", "-node-cert", "n1.pem", "-node-key", "n1-key.pem", "-node-ca", "ca.pem",
+		"-http-cert", "n1.pem", "-http-key", "n1-key.pem", "-http-client-ca", "ca.pem")
 }
 
 // TestCert_SubcommandWritesACAAndANodeCertificate: stockd cert, as a

@@ -218,7 +218,7 @@ func New(cfg Config) (*Client, error) {
 	c.http = cfg.HTTPClient
 	if c.http == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.TLSClientConfig = cfg.TLS
+		tr.TLSClientConfig = cfg.TLS.Clone() // net/http adds its protocols to it: the caller's stays as it was
 		tr.MaxIdleConnsPerHost = 64
 		c.http = &http.Client{Transport: tr}
 	}

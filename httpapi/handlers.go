@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -133,9 +134,12 @@ func decodeBody(ctx *fasthttp.RequestCtx, v any) bool {
 // made through another node a moment ago may not be in this node's ledger
 // yet, so the node catches up with the cluster (engine.CatchUp) and the
 // caller reads again. It reports false, having answered 503, when the node
-// could not: a 404 it cannot vouch for would be taken as final.
+// could not: a 404 it cannot vouch for would be taken as final. The
+// catch-up's context is not the request's: fasthttp reuses a RequestCtx
+// once the handler returns, and a context timer may still read its parent
+// then.
 func (s *Server) caughtUp(ctx *fasthttp.RequestCtx) bool {
-	if err := s.engine.CatchUp(ctx); err != nil {
+	if err := s.engine.CatchUp(context.Background()); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", err.Error())
 		return false
 	}
