@@ -116,7 +116,11 @@ func (s *Server) handlePropose(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, ProposeUnavailable, "unavailable", "this node takes no forwarded commands")
 		return
 	}
-	status, answer := s.cfg.Proposals.HandleForwarded(s.peerName(ctx), ctx.PostBody())
+	from := s.peerName(ctx)
+	status, answer := s.cfg.Proposals.HandleForwarded(from, ctx.PostBody())
+	if status == ProposeForbidden {
+		s.logger.Warn("refused a forwarded command", "peer", from, "peer_addr", ctx.RemoteAddr().String(), "why", string(bytes.TrimSpace(answer)))
+	}
 	ctx.SetStatusCode(status)
 	if status == fasthttp.StatusOK {
 		ctx.SetContentType(contentTypeCommand)

@@ -111,8 +111,7 @@ func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 		return httpapi.ProposeMalformed, errorBody("bad_request", err.Error())
 	}
 	if why := peerMayNotSend(fromNode, c); why != "" {
-		p.logger.Warn("refused a forwarded command", "from", fromNode, "op", c.Op(), "why", why)
-		return httpapi.ProposeForbidden, errorBody("forbidden", why)
+		return httpapi.ProposeForbidden, errorBody("forbidden", why) // the HTTP layer logs it, with the peer's address
 	}
 	// raft keeps the slice: the request's buffer is reused after the call.
 	res, err := p.raft.ProposeEncoded(bytes.Clone(body))
