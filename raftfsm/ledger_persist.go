@@ -173,6 +173,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	for owner, high := range seqHigh {
 		l.orderSeqs[owner] = &seqWindow{floor: high, high: high}
 	}
+	requests.rebuildFilterIfFull() // a ledger holding more ids than the default filter takes
 	l.reqFilter.Store(requests.filter)
 	l.legacyRequests.Store(requests.legacy > 0)
 	l.buyerFilter.Store(buyers)

@@ -1,7 +1,9 @@
 package raftfsm
 
 import (
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -69,7 +71,7 @@ func benchmarkTakeBatches(b *testing.B, rules uint64) {
 // (LookupRequest), as answerFromLedger does. "Known new in constant
 // time" means the two rows cost the same.
 func BenchmarkLedger_NewRequestID(b *testing.B) {
-	for _, held := range []int{50_000, 5_000_000} {
+	for _, held := range benchRequestIDsHeld() {
 		b.Run("ids="+strconv.Itoa(held), func(b *testing.B) {
 			tl := newTestLedger(b)
 			tl.applyTyped(0, &SetRules{Rules: RulesCurrent})
@@ -77,8 +79,9 @@ func BenchmarkLedger_NewRequestID(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			maybes := 0
+			user, id := []byte("new-user"), make([]byte, 0, 32)
 			for i := 0; i < b.N; i++ {
-				user, id := []byte("new-user"), []byte("new-"+strconv.Itoa(i))
+				id = strconv.AppendInt(append(id[:0], "new-"...), int64(i), 10)
 				if tl.l.MayHoldRequest(user, id) {
 					maybes++
 					if _, ok := tl.l.LookupRequest(user, id); ok {
@@ -115,4 +118,20 @@ func fillRequests(b *testing.B, tl *testLedger, n int) {
 	if err := tl.l.Flush(); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// benchRequestIDsHeld is how many ids the rows of
+// BenchmarkLedger_NewRequestID hold (STOCKD_BENCH_IDS overrides, e.g.
+// "50000,500000").
+func benchRequestIDsHeld() []int {
+	out := []int{50_000, 5_000_000}
+	if v := os.Getenv("STOCKD_BENCH_IDS"); v != "" {
+		out = out[:0]
+		for _, f := range strings.Split(v, ",") {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }

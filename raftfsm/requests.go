@@ -39,19 +39,37 @@ type requestIndex struct {
 // ids at its intended rate of false maybes.
 const requestFilterLog2Bits = 24
 
+// filterLog2BitsMax bounds the filter (512 MiB would be 2^32 bits; this
+// is 128 MiB, room for 64 million ids at the intended rate).
+const filterLog2BitsMax = 30
+
+// filterLog2BitsFor is the filter's size for n ids held: the default, or
+// room for 2n at the intended rate.
+func filterLog2BitsFor(n int) uint {
+	bits := uint(requestFilterLog2Bits)
+	for bits < filterLog2BitsMax && (uint64(1)<<bits)/8 < 2*uint64(n) {
+		bits++
+	}
+	return bits
+}
+
 func newRequestIndex(seed maphash.Seed) *requestIndex {
 	return &requestIndex{seed: seed, byHash: map[uint64]int64{}, exact: map[string]int64{},
 		filter: hashfilter.New(requestFilterLog2Bits)}
 }
 
 // rebuildFilterIfFull starts the filter afresh from the ids held when
-// removed ids have filled it. The caller holds the ledger's lock; readers
-// keep the old filter until they load the new one.
+// the ids added (removed ones too) have filled it, sized for twice the ids
+// held: a ledger holding more ids than the default filter takes gets a
+// larger one, so a new id stays a "surely not" however many are held, and
+// rebuilds stay rare (the next comes after at least as many adds again).
+// The caller holds the ledger's lock; readers keep the old filter until
+// they load the new one.
 func (r *requestIndex) rebuildFilterIfFull() bool {
 	if r.filter.Adds() <= 2*r.filter.Capacity() {
 		return false
 	}
-	f := hashfilter.New(requestFilterLog2Bits)
+	f := hashfilter.New(filterLog2BitsFor(r.len()))
 	for h := range r.byHash {
 		f.Add(h)
 	}
