@@ -72,7 +72,13 @@ func (a *applier) requestOrder(requestID string) (string, bool, error) {
 	if !ok {
 		return "", false, nil
 	}
-	return findRequest(func(key []byte) ([]byte, error) { return a.get(bucketRequestsByTime, key) }, at, requestID)
+	return findRequest(func(key []byte, fn func([]byte) error) error {
+		v, err := a.get(bucketRequestsByTime, key)
+		if err != nil {
+			return err
+		}
+		return fn(v)
+	}, at, requestID)
 }
 
 // requestPrior is what the ledger holds for a user's request id, as the
@@ -213,22 +219,30 @@ func decodeRequestGroup(b []byte) ([]requestPair, error) {
 }
 
 // findRequest looks request id up among the records of orders created
-// at at, read through get: its group, then a record of the earlier format.
-func findRequest(get func(key []byte) ([]byte, error), at int64, requestID string) (string, bool, error) {
-	v, err := get(requestGroupKey(at))
-	if err != nil {
-		return "", false, err
-	}
-	if v != nil {
-		if id, ok, err := findInRequestGroup(v, requestID); err != nil || ok {
-			return id, ok, err
+// at at, read through get (which calls fn with a key's value, nil when
+// absent, valid during the call: a group is not copied to be searched):
+// its group, then a record of the earlier format.
+func findRequest(get func(key []byte, fn func(v []byte) error) error, at int64, requestID string) (string, bool, error) {
+	var id string
+	var found bool
+	err := get(requestGroupKey(at), func(v []byte) error {
+		if v == nil {
+			return nil
 		}
+		var err error
+		id, found, err = findInRequestGroup(v, requestID)
+		return err
+	})
+	if err != nil || found {
+		return id, found, err
 	}
-	v, err = get(requestTimeKey(at, requestID))
-	if err != nil || v == nil {
-		return "", false, err
-	}
-	return string(v), true, nil
+	err = get(requestTimeKey(at, requestID), func(v []byte) error {
+		if v != nil {
+			id, found = string(v), true
+		}
+		return nil
+	})
+	return id, found, err
 }
 
 // findInRequestGroup scans group v for request id, without decoding the

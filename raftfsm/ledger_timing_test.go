@@ -105,7 +105,9 @@ func fillRequests(b *testing.B, tl *testLedger, n int) {
 		c := &Take{Node: "n1", Entries: make([]TakeEntry, min(perTake, n-done))}
 		for k := range c.Entries {
 			seq := strconv.Itoa(done + k)
-			c.Entries[k] = TakeEntry{SKU: "s", Qty: 1, User: "u" + seq, RequestID: "r-" + seq, OrderID: "n1-" + seq + "-x"}
+			// Order ids of the engine's shape: the ledger keeps them in blocks.
+			id := "n1-" + strconv.FormatUint(uint64(done+k+1), 36) + "-z" + seq
+			c.Entries[k] = TakeEntry{SKU: "s", Qty: 1, User: "u" + seq, RequestID: "r-" + seq, OrderID: id}
 		}
 		tl.index++
 		tl.l.ApplyBatch([]*raft.Log{{Index: tl.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, int64(tl.index), c)}})
@@ -134,4 +136,29 @@ func benchRequestIDsHeld() []int {
 		}
 	}
 	return out
+}
+
+// BenchmarkLedger_RepeatRequestID is the ledger's share of a repeated
+// request id's answer (a retry): the id's record, then its order, read
+// from the file as answerFromLedger does.
+func BenchmarkLedger_RepeatRequestID(b *testing.B) {
+	const held = 50_000
+	tl := newTestLedger(b)
+	tl.applyTyped(0, &SetRules{Rules: RulesCurrent})
+	fillRequests(b, tl, held)
+	b.ReportAllocs()
+	b.ResetTimer()
+	user, id := make([]byte, 0, 16), make([]byte, 0, 16)
+	for i := 0; i < b.N; i++ {
+		seq := int64(i*7919) % held
+		user = strconv.AppendInt(append(user[:0], 'u'), seq, 10)
+		id = strconv.AppendInt(append(id[:0], "r-"...), seq, 10)
+		rec, ok := tl.l.LookupRequest(user, id)
+		if !ok {
+			b.Fatalf("request %s of %s not found", id, user)
+		}
+		if _, found, err := tl.l.Order(rec.OrderID); !found || err != nil {
+			b.Fatalf("order %s: %v %v", rec.OrderID, found, err)
+		}
+	}
 }

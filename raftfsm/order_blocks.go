@@ -119,10 +119,14 @@ func (b *orderBlock) order(m *blockMember) (Order, error) {
 
 // each calls fn for every member, in the order they were added, until fn
 // returns false.
+// fn must not keep m past its call: one member value serves the whole
+// walk (passed by pointer to a func value, it lives on the heap: one
+// allocation a walk, not one a member).
 func (b *orderBlock) each(fn func(off int, m *blockMember) bool) error {
+	var m blockMember
 	for off := 1; off < len(b.v); {
-		m, err := b.member(off)
-		if err != nil {
+		var err error
+		if m, err = b.member(off); err != nil {
 			return err
 		}
 		if !fn(off, &m) {

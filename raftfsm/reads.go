@@ -95,7 +95,7 @@ func (l *Ledger) lookupRequestKey(key []byte) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	v, ok, err := findRequest(func(k []byte) ([]byte, error) { return l.read(bucketRequestsByTime, k) }, at, string(key))
+	v, ok, err := findRequest(func(k []byte, fn func([]byte) error) error { return l.readIn(bucketRequestsByTime, k, fn) }, at, string(key))
 	return v, ok && err == nil
 }
 

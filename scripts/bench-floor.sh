@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The server's CPU per request, with the lightest standard client of each
+# protocol, in one run: wrk against stockd's no-op HTTP server, against a
+# stockd node's committed deducts (every one wins, each with its own
+# request id) and its sold-out answers (each with its own request id);
+# redis-benchmark against Redis + the bench's Lua deduct with
+# appendfsync always, one call at a time and pipelined 100 deep. Each row
+# gives the rate and the server process's CPU (utime + stime from
+# /proc/<pid>/stat) divided by the requests it answered. Installs wrk and
+# redis-server from Debian packages when missing; stops what it started
+# through its own PIDs.
+#
+#   scripts/bench-floor.sh [binary] [seconds per row] [connections]
+set -euo pipefail
+
+bin=${1:-bin/stockd}
+secs=${2:-10}
+conns=${3:-64}
+
+need_apt=()
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v redis-benchmark >/dev/null 2>&1 || need_apt+=(redis-tools)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing ${need_apt[*]} from Debian packages"
+  export DEBIAN_FRONTEND=noninteractive
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+work=$(mktemp -d /tmp/stockd-floor-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do
+    if kill -0 "$p" 2>/dev/null; then
+      kill -TERM "$p"
+      for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+      kill -0 "$p" 2>/dev/null && kill -KILL "$p"
+    fi
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$(( 20000 + RANDOM % 20000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+  echo "no free port found" >&2; exit 1
+}
+
+wait_port() {
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
+    sleep 0.05
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2; exit 1
+}
+
+# cpu_ticks PID: the process's utime + stime, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+# row NAME PID REQUESTS TICKS_BEFORE TICKS_AFTER SECONDS
+row() {
+  local name=$1 pid=$2 n=$3 t0=$4 t1=$5 s=$6
+  awk -v name="$name" -v n="$n" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v s="$s" 'BEGIN {
+    if (n <= 0) { printf "%-44s no requests answered\n", name; exit }
+    printf "%-44s %10.0f/s   server CPU %6.1f µs a request\n", name, n / s, (t1 - t0) / hz * 1e6 / n }'
+}
+
+# wrk_row NAME PID URL [LUA]: wrk for secs seconds, one thread, conns
+# connections; requests counted from wrk's summary.
+wrk_row() {
+  local name=$1 pid=$2 url=$3 lua=${4:-}
+  local args=(-t1 -c"$conns" -d"${secs}s" --latency)
+  [ -n "$lua" ] && args+=(-s "$lua")
+  local t0 t1 out n
+  t0=$(cpu_ticks "$pid")
+  out=$(wrk "${args[@]}" "$url" -- "$$-$RANDOM-$RANDOM")
+  t1=$(cpu_ticks "$pid")
+  n=$(echo "$out" | awk '/requests in/ {print $1}')
+  if echo "$out" | grep -q "Non-2xx"; then
+    echo "$out" | grep "Non-2xx" | sed "s/^/    $name: /"
+  fi
+  row "$name" "$pid" "$n" "$t0" "$t1" "$secs"
+}
+
+# A POST of a deduct, each with its own user and request id (per wrk
+# thread and counter), to the sale named in the path.
+# The prefix comes from the command line (wrk's Lua random numbers start
+# from the same seed in every run).
+cat >"$work/deduct.lua" <<'EOF'
+local counter = 0
+local prefix = "x"
+function init(args) prefix = args[1] or prefix end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  counter = counter + 1
+  local body = string.format('{"user":"u%s-%d","qty":1,"request_id":"r%s-%d"}', prefix, counter, prefix, counter)
+  return wrk.format(nil, nil, nil, body)
+end
+EOF
+
+echo "rows of ${secs}s, ${conns} connections, one client thread; $(nproc) cores shared by client and server"
+
+# The HTTP floor: stockd's no-op fasthttp server.
+noop_port=$(free_port)
+"$bin" noop-server -http "127.0.0.1:$noop_port" >"$work/noop.log" 2>&1 &
+noop_pid=$!; pids+=("$noop_pid")
+wait_port "$noop_port"
+wrk_row "no-op HTTP server (wrk)" "$noop_pid" "http://127.0.0.1:$noop_port/"
+kill -TERM "$noop_pid"
+
+# One stockd node with default flags.
+http_port=$(free_port); raft_port=$(free_port)
+"$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$work/data" -log-level warn >"$work/stockd.log" 2>&1 &
+node_pid=$!; pids+=("$node_pid")
+for _ in $(seq 1 200); do
+  curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null 2>&1 && break
+  sleep 0.05
+done
+curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/plenty" -d '{"total":100000000}' >/dev/null
+curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/gone" -d '{"total":0}' >/dev/null
+# settle: the ledger file is written behind the log; a row starts once
+# the node has written what the row before it sold, so that it is not
+# charged for that.
+settle() {
+  for _ in $(seq 1 600); do
+    lag=$(curl -sf "http://127.0.0.1:$http_port/metrics" | awk '$1 == "stockd_ledger_persist_lag_entries" || $1 == "stockd_ledger_pending_changes" {s += $2} END {print s + 0}')
+    [ "$lag" = "0" ] && return
+    sleep 0.1
+  done
+}
+settle
+wrk_row "stockd sold-out answers (wrk)" "$node_pid" "http://127.0.0.1:$http_port/v1/skus/gone/deduct" "$work/deduct.lua"
+settle
+wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "http://127.0.0.1:$http_port/v1/skus/plenty/deduct" "$work/deduct.lua"
+t0=$(cpu_ticks "$node_pid"); settle; t1=$(cpu_ticks "$node_pid")
+echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
+audit=$(curl -sf "http://127.0.0.1:$http_port/v1/skus/plenty/audit")
+echo "    stockd audit of the winning sale: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
+
+# Redis + Lua, appendfsync always.
+redis_port=$(free_port)
+mkdir -p "$work/redis"
+redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$work/redis" \
+  --appendonly yes --appendfsync always --save "" --daemonize no >"$work/redis.log" 2>&1 &
+redis_pid=$!; pids+=("$redis_pid")
+wait_port "$redis_port"
+rc() { redis-cli -p "$redis_port" "$@"; }
+script=$(cat <<'EOF'
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
+local n = tonumber(redis.call('GET', KEYS[1]) or '0')
+local q = tonumber(ARGV[1])
+if n < q then return 0 end
+redis.call('DECRBY', KEYS[1], q)
+redis.call('INCRBY', KEYS[3], q)
+redis.call('HSET', KEYS[2], ARGV[2], q)
+return 1
+EOF
+)
+sha=$(rc SCRIPT LOAD "$script")
+rc SET stock 100000000 >/dev/null
+for pipe in 1 100; do
+  n=$(( pipe == 1 ? 400000 : 2000000 ))
+  t0=$(cpu_ticks "$redis_pid"); start=$(date +%s.%N)
+  redis-benchmark -p "$redis_port" -c "$conns" -n "$n" -P "$pipe" -r 100000000 -q \
+    EVALSHA "$sha" 3 stock reqs sold 1 "req:__rand_int__" >/dev/null
+  end=$(date +%s.%N); t1=$(cpu_ticks "$redis_pid")
+  row "Redis + Lua, appendfsync always, pipeline $pipe" "$redis_pid" "$n" "$t0" "$t1" "$(echo "$end - $start" | bc -l)"
+done
+echo "    Redis sold $(( 100000000 - $(rc GET stock) )) units"
