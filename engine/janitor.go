@@ -42,7 +42,7 @@ func (e *Engine) runJanitor() {
 		e.pendingIDs.rotate(now)
 		e.expireHolds(now)
 		e.drawDue(now)
-		if now.Sub(lastAudit) >= e.cfg.AuditInterval && e.auditing.CompareAndSwap(false, true) {
+		if now.Sub(lastAudit) >= e.auditGap() && e.auditing.CompareAndSwap(false, true) {
 			// An audit scans every order: off the janitor's goroutine, one
 			// at a time, so the breaker and expiries keep their pace.
 			lastAudit = now
@@ -50,7 +50,9 @@ func (e *Engine) runJanitor() {
 			go func() {
 				defer e.wg.Done()
 				defer e.auditing.Store(false)
+				start := time.Now()
 				e.auditAll()
+				e.metrics.auditNanos.Store(int64(time.Since(start)))
 			}()
 		}
 		if now.Sub(lastPrune) >= pruneInterval {
@@ -290,6 +292,20 @@ func (e *Engine) pruneRequests(now time.Time) {
 	if res.Qty > 0 {
 		e.logger.Info("pruned request ids", "count", res.Qty)
 	}
+}
+
+// auditPaceFactor paces the periodic audit by its own cost: the next one
+// starts no sooner than this many times the last one's duration after it,
+// so the recount of every order takes at most a twentieth of a core
+// however many orders the ledger holds (at ten million, a recount of
+// several seconds runs every few minutes rather than every
+// AuditInterval).
+const auditPaceFactor = 20
+
+// auditGap is the time between two periodic audits: AuditInterval, or
+// longer when the last audit took long (auditPaceFactor).
+func (e *Engine) auditGap() time.Duration {
+	return max(e.cfg.AuditInterval, auditPaceFactor*time.Duration(e.metrics.auditNanos.Load()))
 }
 
 // auditAll checks every sale in the local ledger, in one pass over the

@@ -40,6 +40,9 @@ type Metrics struct {
 
 	driftMu sync.Mutex
 	drift   map[string]int64 // sku -> units of drift found by the last audit
+	// auditNanos is how long the last periodic audit took (it paces the
+	// next: the janitor).
+	auditNanos atomic.Int64
 }
 
 func (m *Metrics) setDrift(sku string, units int64) {
@@ -114,6 +117,7 @@ type Snapshot struct {
 	FeedUnreadPruned  uint64
 	FeedAtCap         bool
 	AuditDrift        map[string]int64 // units, per sku, from the last periodic audit
+	AuditSeconds      float64          // how long the last periodic audit took
 	BatchSizeBounds   []float64
 	BatchSizeCounts   []uint64 // per bucket of BatchSizeBounds, then +Inf
 	// CommitBounds and CommitCounts: Take batches by the time from their
@@ -194,6 +198,7 @@ func (m *Metrics) snapshot() Snapshot {
 	for i := range m.commitTimes {
 		s.CommitCounts[i] = m.commitTimes[i].Load()
 	}
+	s.AuditSeconds = time.Duration(m.auditNanos.Load()).Seconds()
 	m.driftMu.Lock()
 	s.AuditDrift = maps.Clone(m.drift)
 	m.driftMu.Unlock()

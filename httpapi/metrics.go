@@ -73,6 +73,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	for _, sku := range slices.Sorted(maps.Keys(m.AuditDrift)) {
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_audit_drift_units{sku=%q}`, sku), uint64(m.AuditDrift[sku]))
 	}
+	metrics.WriteGaugeFloat64(&w, "stockd_audit_duration_seconds", m.AuditSeconds)
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
 	metrics.WriteGaugeUint64(&w, "stockd_ledger_persist_lag_entries", m.LedgerPersistLagEntries)

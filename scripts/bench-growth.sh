@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Does a node's cost grow with what its ledger holds? One node with
+# default flags is driven through rounds of the mixed sequence a sale
+# sees: single committed deducts, sold-out answers (each with its own
+# request id), then batch deducts (100 buyers a request); each round adds
+# about a million orders. Every round prints the batch phase's units per
+# second and the node's CPU per unit (from /proc/<pid>/stat), the orders
+# in the ledger, and the node's resident memory (VmRSS, and VmHWM, its
+# peak). Stops the node through its PID.
+#
+#   scripts/bench-growth.sh [binary] [rounds] [batch units a round]
+#
+# GROWTH_LOG=DIR keeps each round's bench output and the node's log there.
+set -euo pipefail
+
+bin=${1:-bin/stockd}
+rounds=${2:-8}
+batch=${3:-1000000}
+
+work=$(mktemp -d /tmp/stockd-growth-XXXXXX)
+logs=${GROWTH_LOG:-$work/logs}
+mkdir -p "$logs"
+node_pid=""
+cleanup() {
+  if [ -n "$node_pid" ] && kill -0 "$node_pid" 2>/dev/null; then
+    kill -TERM "$node_pid"
+    for _ in $(seq 1 200); do kill -0 "$node_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$node_pid" 2>/dev/null && kill -KILL "$node_pid"
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$(( 20000 + RANDOM % 20000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+  echo "no free port found" >&2; exit 1
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+mem() { awk '/^VmRSS|^VmHWM/ {printf "%s %d MiB  ", $1, $2 / 1024}' "/proc/$1/status"; }
+
+http_port=$(free_port); raft_port=$(free_port)
+url="http://127.0.0.1:$http_port"
+"$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$work/data" -log-level warn >"$logs/stockd.log" 2>&1 &
+node_pid=$!
+for _ in $(seq 1 200); do
+  curl -sf "$url/readyz" >/dev/null 2>&1 && break
+  sleep 0.05
+done
+
+settle() {
+  for _ in $(seq 1 600); do
+    lag=$(curl -sf "$url/metrics" | awk '$1 == "stockd_ledger_persist_lag_entries" || $1 == "stockd_ledger_pending_changes" {s += $2} END {print s + 0}')
+    [ "$lag" = "0" ] && return
+    sleep 0.1
+  done
+}
+
+orders() {
+  curl -sf "$url/v1/stats" | tr ',' '\n' | awk -F: '/"sold"/ {s += $2} END {printf "%d", s}'
+}
+
+echo "round  batch units/s  batch errors  node CPU per batch unit  orders in the ledger  memory"
+for r in $(seq 1 "$rounds"); do
+  "$bin" bench -target "$url" -scenario plentiful -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-commit.txt"
+  "$bin" bench -target "$url" -scenario flash -units 100 -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-soldout.txt"
+  settle
+  t0=$(cpu_ticks "$node_pid")
+  prof=""
+  if [ -n "${GROWTH_LOG:-}" ] && { [ "$r" = 1 ] || [ "$r" = "$rounds" ]; }; then
+    # A CPU profile of the batch phase's first 5 s, in the first and the last round.
+    curl -sf -o "$logs/round$r-batch.pprof" "$url/debug/pprof/profile?seconds=5" &
+    prof=$!
+  fi
+  out=$("$bin" bench -target "$url" -scenario plentiful -strategy stockd-batch -requests "$batch" -duration 120s -progress=false -json "$logs/round$r-batch.json")
+  echo "$out" >"$logs/round$r-batch.txt"
+  [ -n "$prof" ] && wait "$prof"
+  settle # the ledger file is written behind: its share of these units counts
+  t1=$(cpu_ticks "$node_pid")
+  # The row: name, durability (words), req/s, p50, p99, p99.9, wins, losses, errors, oversold, x.
+  row=$(echo "$out" | awk '$1 == "stockd-batch"')
+  rate=$(echo "$row" | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/ && $i > 1000) {print $i; exit}}')
+  wins=$(echo "$row" | awk '{print $(NF-4)}')
+  errors=$(echo "$row" | awk '{print $(NF-2)}')
+  per=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="${wins:-0}" 'BEGIN {if (n > 0) printf "%.1f µs", (b - a) / hz * 1e6 / n; else print "-"}')
+  printf "%5d  %13s  %12s  %23s  %20s  %s\n" "$r" "${rate:-?}" "${errors:-?}" "$per" "$(orders)" "$(mem "$node_pid")"
+done
