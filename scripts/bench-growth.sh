@@ -64,7 +64,7 @@ orders() {
   curl -sf "$url/v1/stats" | tr ',' '\n' | awk -F: '/"sold"/ {s += $2} END {printf "%d", s}'
 }
 
-echo "round  batch units/s  batch errors  node CPU per batch unit  orders in the ledger  memory"
+echo "round  batch units/s  batch errors  node CPU per batch unit  write-behind after  orders in the ledger  memory"
 for r in $(seq 1 "$rounds"); do
   "$bin" bench -target "$url" -scenario plentiful -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-commit.txt"
   "$bin" bench -target "$url" -scenario flash -units 100 -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-soldout.txt"
@@ -79,13 +79,15 @@ for r in $(seq 1 "$rounds"); do
   out=$("$bin" bench -target "$url" -scenario plentiful -strategy stockd-batch -requests "$batch" -duration 120s -progress=false -json "$logs/round$r-batch.json")
   echo "$out" >"$logs/round$r-batch.txt"
   [ -n "$prof" ] && wait "$prof"
+  s0=$(date +%s.%N)
   settle # the ledger file is written behind: its share of these units counts
   t1=$(cpu_ticks "$node_pid")
+  behind=$(echo "$(date +%s.%N) - $s0" | bc -l)
   # The row: name, durability (words), req/s, p50, p99, p99.9, wins, losses, errors, oversold, x.
   row=$(echo "$out" | awk '$1 == "stockd-batch"')
   rate=$(echo "$row" | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/ && $i > 1000) {print $i; exit}}')
   wins=$(echo "$row" | awk '{print $(NF-4)}')
   errors=$(echo "$row" | awk '{print $(NF-2)}')
   per=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="${wins:-0}" 'BEGIN {if (n > 0) printf "%.1f µs", (b - a) / hz * 1e6 / n; else print "-"}')
-  printf "%5d  %13s  %12s  %23s  %20s  %s\n" "$r" "${rate:-?}" "${errors:-?}" "$per" "$(orders)" "$(mem "$node_pid")"
+  printf "%5d  %13s  %12s  %23s  %17.1fs  %20s  %s\n" "$r" "${rate:-?}" "${errors:-?}" "$per" "$behind" "$(orders)" "$(mem "$node_pid")"
 done
