@@ -107,6 +107,24 @@ request = function()
 end
 EOF
 
+# A batch of 100 buyers a request (POST /v1/deducts), each with its own
+# user and request id.
+cat >"$work/batch.lua" <<'EOF'
+local counter = 0
+local prefix = "x"
+function init(args) prefix = args[1] or prefix end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  local items = {}
+  for i = 1, 100 do
+    counter = counter + 1
+    items[i] = string.format('{"sku":"plenty","user":"b%s-%d","qty":1,"request_id":"rb%s-%d"}', prefix, counter, prefix, counter)
+  end
+  return wrk.format(nil, nil, nil, '{"deducts":[' .. table.concat(items, ",") .. ']}')
+end
+EOF
+
 echo "rows of ${secs}s, ${conns} connections, one client thread; $(nproc) cores shared by client and server"
 
 # The HTTP floor: stockd's no-op fasthttp server.
@@ -143,6 +161,13 @@ settle
 wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "http://127.0.0.1:$http_port/v1/skus/plenty/deduct" "$work/deduct.lua"
 t0=$(cpu_ticks "$node_pid"); settle; t1=$(cpu_ticks "$node_pid")
 echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
+# The batch route: wrk counts requests; each carries 100 units.
+t0=$(cpu_ticks "$node_pid")
+out=$(wrk -t1 -c"$conns" -d"${secs}s" -s "$work/batch.lua" "http://127.0.0.1:$http_port/v1/deducts" -- "$$-$RANDOM")
+settle
+t1=$(cpu_ticks "$node_pid")
+n=$(echo "$out" | awk '/requests in/ {print $1 * 100}')
+row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$n" "$t0" "$t1" "$secs"
 audit=$(curl -sf "http://127.0.0.1:$http_port/v1/skus/plenty/audit")
 echo "    stockd audit of the winning sale: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
 
