@@ -2,7 +2,6 @@ package scenario
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"stockd/internal/certs"
 	"stockd/internal/testnode"
 )
 
@@ -74,23 +74,15 @@ func (s *procSecurity) client(addr string) *fasthttp.HostClient {
 }
 
 func (s *procSecurity) clientTLS(addr string) *tls.Config {
-	pool := x509.NewCertPool()
-	b, err := os.ReadFile(filepath.Join(s.dir, "ca.pem"))
-	if err != nil || !pool.AppendCertsFromPEM(b) {
-		panic("the test cluster's ca.pem does not load: " + filepath.Join(s.dir, "ca.pem"))
-	}
-	host := addr
-	if i := strings.LastIndex(addr, ":"); i >= 0 {
-		host = addr[:i]
-	}
-	cfg := &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12}
+	var cert, key string
 	if s.clientCA {
-		pair, err := tls.LoadX509KeyPair(filepath.Join(s.dir, "client.pem"), filepath.Join(s.dir, "client-key.pem"))
-		if err != nil {
-			panic("the test's client certificate does not load: " + err.Error())
-		}
-		cfg.Certificates = []tls.Certificate{pair}
+		cert, key = filepath.Join(s.dir, "client.pem"), filepath.Join(s.dir, "client-key.pem")
 	}
+	cfg, err := certs.ClientTLS(filepath.Join(s.dir, "ca.pem"), cert, key)
+	if err != nil {
+		panic("the test cluster's certificates do not load: " + err.Error())
+	}
+	cfg.ServerName = certs.ServerName(addr)
 	return cfg
 }
 

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -57,7 +58,7 @@ func TestNonLoopbackRaftNeedsCertificates(t *testing.T) {
 	bin := buildStockd(t, dir)
 	out, err := exec.Command(bin, "-raft", "0.0.0.0:0", "-http", "127.0.0.1:0", "-data", filepath.Join(dir, "data")).CombinedOutput()
 	var exit *exec.ExitError
-	if !errorsAs(err, &exit) || exit.ExitCode() != 1 {
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
 		t.Fatalf("want exit status 1, got %v:\n%s", err, out)
 	}
 	for _, want := range []string{"-raft 0.0.0.0:0 is reachable from other machines", "stockd cert ca -out certs", "-insecure-plaintext-cluster"} {
@@ -68,12 +69,6 @@ func TestNonLoopbackRaftNeedsCertificates(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "data")); err == nil {
 		t.Error("the refused node created its data dir")
 	}
-}
-
-func errorsAs(err error, exit **exec.ExitError) bool {
-	e, ok := err.(*exec.ExitError)
-	*exit = e
-	return ok
 }
 
 // opensslNodeCert makes node id's certificate and key in dir with the
@@ -268,7 +263,7 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 		t.Fatalf("a deduct without a client certificate: %d %v", code, body)
 	}
 	for _, probe := range []string{"/healthz", "/readyz", "/metrics"} {
-		if code := rawStatus(noCert, probe); code != 200 {
+		if code, _ := testnode.CallQuiet(noCert, "GET", probe, ""); code != 200 {
 			t.Errorf("%s without a client certificate: %d", probe, code)
 		}
 	}
@@ -287,18 +282,6 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 		t.Errorf("no certificate expiry metrics:\n%s", m)
 	}
 	testnode.CheckLedger(t, p.Client(leader), "probe")
-}
-
-// rawStatus is the status of GET path through c (0 on a transport error).
-func rawStatus(c *fasthttp.HostClient, path string) int {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, path))
-	if err := c.DoTimeout(req, resp, 5*time.Second); err != nil {
-		return 0
-	}
-	return resp.StatusCode()
 }
 
 // plainExchange writes msg over plain TCP to addr and returns what came
@@ -521,7 +504,7 @@ func plaintextOnAHost(t *testing.T, bin string, net *hostNet) {
 		"-data", filepath.Join(t.TempDir(), "solo"), "-insecure-no-admin-token"}
 	out, err := exec.Command("ip", args...).CombinedOutput()
 	var exit *exec.ExitError
-	if !errorsAs(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), "needs node certificates") {
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(string(out), "needs node certificates") {
 		t.Fatalf("without certificates on %s: want exit 1 naming the certificates, got %v:\n%s", addr, err, out)
 	}
 	log := filepath.Join(t.TempDir(), "solo.log")

@@ -12,6 +12,7 @@
 #
 #   scripts/bench-floor.sh [binary] [seconds per row] [connections]
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 bin=${1:-bin/stockd}
 secs=${2:-10}
@@ -44,14 +45,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$(( 20000 + RANDOM % 20000 ))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-  echo "no free port found" >&2; exit 1
-}
 
 wait_port() {
   for _ in $(seq 1 200); do
@@ -61,8 +54,6 @@ wait_port() {
   echo "nothing listens on 127.0.0.1:$1" >&2; exit 1
 }
 
-# cpu_ticks PID: the process's utime + stime, in clock ticks.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 # row NAME PID REQUESTS TICKS_BEFORE TICKS_AFTER SECONDS
@@ -145,26 +136,16 @@ for _ in $(seq 1 200); do
 done
 curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/plenty" -d '{"total":100000000}' >/dev/null
 curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/gone" -d '{"total":0}' >/dev/null
-# settle: the ledger file is written behind the log; a row starts once
-# the node has written what the row before it sold, so that it is not
-# charged for that.
-settle() {
-  for _ in $(seq 1 600); do
-    lag=$(curl -sf "http://127.0.0.1:$http_port/metrics" | awk '$1 == "stockd_ledger_persist_lag_entries" || $1 == "stockd_ledger_pending_changes" {s += $2} END {print s + 0}')
-    [ "$lag" = "0" ] && return
-    sleep 0.1
-  done
-}
-settle
+settle "http://127.0.0.1:$http_port"
 wrk_row "stockd sold-out answers (wrk)" "$node_pid" "http://127.0.0.1:$http_port/v1/skus/gone/deduct" "$work/deduct.lua"
-settle
+settle "http://127.0.0.1:$http_port"
 wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "http://127.0.0.1:$http_port/v1/skus/plenty/deduct" "$work/deduct.lua"
-t0=$(cpu_ticks "$node_pid"); settle; t1=$(cpu_ticks "$node_pid")
+t0=$(cpu_ticks "$node_pid"); settle "http://127.0.0.1:$http_port"; t1=$(cpu_ticks "$node_pid")
 echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
 # The batch route: wrk counts requests; each carries 100 units.
 t0=$(cpu_ticks "$node_pid")
 out=$(wrk -t1 -c"$conns" -d"${secs}s" -s "$work/batch.lua" "http://127.0.0.1:$http_port/v1/deducts" -- "$$-$RANDOM")
-settle
+settle "http://127.0.0.1:$http_port"
 t1=$(cpu_ticks "$node_pid")
 n=$(echo "$out" | awk '/requests in/ {print $1 * 100}')
 row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$n" "$t0" "$t1" "$secs"

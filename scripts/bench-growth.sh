@@ -12,6 +12,7 @@
 #
 # GROWTH_LOG=DIR keeps each round's bench output and the node's log there.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 bin=${1:-bin/stockd}
 rounds=${2:-8}
@@ -31,15 +32,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$(( 20000 + RANDOM % 20000 ))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-  echo "no free port found" >&2; exit 1
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 mem() { awk '/^VmRSS|^VmHWM/ {printf "%s %d MiB  ", $1, $2 / 1024}' "/proc/$1/status"; }
 
@@ -52,13 +44,6 @@ for _ in $(seq 1 200); do
   sleep 0.05
 done
 
-settle() {
-  for _ in $(seq 1 600); do
-    lag=$(curl -sf "$url/metrics" | awk '$1 == "stockd_ledger_persist_lag_entries" || $1 == "stockd_ledger_pending_changes" {s += $2} END {print s + 0}')
-    [ "$lag" = "0" ] && return
-    sleep 0.1
-  done
-}
 
 orders() {
   curl -sf "$url/v1/stats" | tr ',' '\n' | awk -F: '/"sold"/ {s += $2} END {printf "%d", s}'
@@ -68,7 +53,7 @@ echo "round  batch units/s  batch errors  node CPU per batch unit  write-behind 
 for r in $(seq 1 "$rounds"); do
   "$bin" bench -target "$url" -scenario plentiful -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-commit.txt"
   "$bin" bench -target "$url" -scenario flash -units 100 -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-soldout.txt"
-  settle
+  settle "$url"
   t0=$(cpu_ticks "$node_pid")
   prof=""
   if [ -n "${GROWTH_LOG:-}" ] && { [ "$r" = 1 ] || [ "$r" = "$rounds" ]; }; then
@@ -80,7 +65,7 @@ for r in $(seq 1 "$rounds"); do
   echo "$out" >"$logs/round$r-batch.txt"
   [ -n "$prof" ] && wait "$prof"
   s0=$(date +%s.%N)
-  settle # the ledger file is written behind: its share of these units counts
+  settle "$url" # the ledger file is written behind: its share of these units counts
   t1=$(cpu_ticks "$node_pid")
   behind=$(echo "$(date +%s.%N) - $s0" | bc -l)
   # The row: name, durability (words), req/s, p50, p99, p99.9, wins, losses, errors, oversold, x.

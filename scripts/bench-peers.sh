@@ -7,6 +7,7 @@
 #
 #   scripts/bench-peers.sh [binary] [extra bench flags...]
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 bin=${1:-bin/stockd}
 shift || true
@@ -39,15 +40,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A free loopback port: nothing answers on it.
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$(( 20000 + RANDOM % 20000 ))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
-  done
-  echo "no free port found" >&2; exit 1
-}
 
 redis_port=$(free_port)
 mkdir -p "$work/redis"
