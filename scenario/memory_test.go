@@ -83,7 +83,20 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 		}
 	}()
 	c := &fasthttp.HostClient{Addr: httpAddr, MaxConns: memoryConns + 4, ReadTimeout: 30 * time.Second}
-	testnode.WaitFor(t, 20*time.Second, "the node ready", func() bool {
+	defer func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(logFile.Name())
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			t.Logf("--- last %d lines of the node's log:\n%s", logTailsLines, strings.Join(lines[max(0, len(lines)-logTailsLines):], "\n"))
+		}
+	}()
+	testnode.WaitFor(t, time.Minute, "the node ready", func() bool {
+		select {
+		case err := <-exited:
+			exited <- err // for the deferred stop
+			t.Fatalf("the node exited before it was ready: %v", err)
+		default:
+		}
 		code, _ := testnode.CallQuiet(c, "GET", "/readyz", "")
 		return code == 200
 	})

@@ -58,12 +58,33 @@ func (p *procCluster) Client(id string) *fasthttp.HostClient {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	givenPorts.mu.Lock()
+	defer givenPorts.mu.Unlock()
+	if givenPorts.seen == nil {
+		givenPorts.seen = map[string]bool{}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	// The kernel may hand a just-closed port out again: a node given the
+	// same port for -http and -raft (or another node's) would not start.
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !givenPorts.seen[addr] {
+			givenPorts.seen[addr] = true
+			return addr
+		}
+	}
+	t.Fatal("no loopback port that this test process has not handed out already")
+	return ""
+}
+
+// givenPorts are the ports freePort has handed out in this process.
+var givenPorts struct {
+	mu   sync.Mutex
+	seen map[string]bool
 }
 
 // buildStockd builds this module's binary into dir.
