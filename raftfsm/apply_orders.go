@@ -119,18 +119,20 @@ func (a *applier) putTakenOrder(o *Order, place *orderid.ID) error {
 		a.putOrderRecord(o)
 		return nil
 	}
-	key, slot, random, ok := blockPlace(place)
-	if !ok {
+	if !place.CanonicalSeq() {
 		a.putOrderRecord(o)
 		return nil
 	}
-	if key != a.block.key {
+	// A batch's orders mostly share a block: its key is built on the
+	// stack and copied only when the block changes.
+	var buf [64]byte
+	if key := appendOrderBlockKey(buf[:0], place.Node, place.Seq>>orderBlockBits); string(key) != a.block.key {
 		if err := a.flushOrderBlock(); err != nil {
 			return err
 		}
-		a.block.key = key
+		a.block.key = string(key)
 	}
-	a.block.added, a.block.scratch = appendBlockMember(a.block.added, a.block.scratch, slot, random, o)
+	a.block.added, a.block.scratch = appendBlockMember(a.block.added, a.block.scratch, byte(place.Seq), place.Random, o)
 	return nil
 }
 

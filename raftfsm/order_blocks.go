@@ -52,11 +52,15 @@ func blockPlace(p *orderid.ID) (key string, slot byte, random string, ok bool) {
 }
 
 func orderBlockKey(owner string, block uint64) string {
-	b := make([]byte, 0, len(owner)+16)
+	return string(appendOrderBlockKey(make([]byte, 0, len(owner)+16), owner, block))
+}
+
+// appendOrderBlockKey appends the key of owner's block to b.
+func appendOrderBlockKey(b []byte, owner string, block uint64) []byte {
 	b = append(b, orderBlockKeyPrefix...)
 	b = append(b, owner...)
 	b = append(b, 0)
-	return string(strconv.AppendUint(b, block, 36))
+	return strconv.AppendUint(b, block, 36)
 }
 
 func isOrderBlockKey(k []byte) bool { return len(k) > 0 && k[0] == orderBlockKeyPrefix[0] }

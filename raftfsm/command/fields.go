@@ -92,7 +92,13 @@ func (c *Take) decodeFields(d *wire.Decoder) {
 	c.Entries = make([]TakeEntry, n)
 	for i := range c.Entries {
 		e := &c.Entries[i]
-		e.SKU, e.Qty, e.User, e.RequestID, e.OrderID = d.String(), d.Varint(), d.String(), d.String(), d.String()
+		// A batch's entries mostly name one SKU: it is copied once.
+		if sku := d.Bytes(); i > 0 && string(sku) == c.Entries[i-1].SKU {
+			e.SKU = c.Entries[i-1].SKU
+		} else {
+			e.SKU = string(sku)
+		}
+		e.Qty, e.User, e.RequestID, e.OrderID = d.Varint(), d.String(), d.String(), d.String()
 	}
 }
 
