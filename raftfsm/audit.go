@@ -71,19 +71,20 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 			return err
 		}
 		return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-			return eachStoredOrder(k, v, func(o *Order) error {
-				a, ok := audits[o.SKU]
+			// Counted in place: the audit reads every order the ledger
+			// holds, so it must not allocate per order.
+			return tallyStoredOrders(k, v, func(sku []byte, state OrderState, qty int64) {
+				a, ok := audits[string(sku)]
 				if !ok {
-					return nil
+					return
 				}
 				a.Orders++
-				switch o.State {
+				switch state {
 				case OrderHeld:
-					a.OrdersHeld += o.Qty
+					a.OrdersHeld += qty
 				case OrderSold:
-					a.OrdersSold += o.Qty
+					a.OrdersSold += qty
 				}
-				return nil
 			})
 		})
 	})

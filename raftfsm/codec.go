@@ -167,6 +167,25 @@ func orderRecordSKU(b []byte) (sku []byte, state OrderState, ok bool) {
 	return sku, orderStateCodes[b[1]], d.Err == nil
 }
 
+// orderRecordTally reads what the audit counts of an order record (its
+// sale, state and units) in place, checking that the whole record reads;
+// ok is false for a record it cannot read so (a record of the JSON
+// format among them: decodeOrderRecord reads those).
+func orderRecordTally(b []byte) (sku []byte, state OrderState, qty int64, ok bool) {
+	if len(b) < 2 || b[0] != orderRecordFormat || int(b[1]) >= len(orderStateCodes) || b[1] == 0 {
+		return nil, "", 0, false
+	}
+	d := wire.Decoder{B: b[2:]}
+	qty = d.Varint()
+	d.Varint()
+	d.Varint()
+	sku = d.Bytes()
+	for range 4 { // user, request id, node, release reason
+		d.Bytes()
+	}
+	return sku, orderStateCodes[b[1]], qty, d.Finish() == nil
+}
+
 // decodeOrderRecord reads the record of order id.
 func decodeOrderRecord(id string, b []byte) (Order, error) {
 	if len(b) > 0 && b[0] == '{' {

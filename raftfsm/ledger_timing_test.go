@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+	bolt "go.etcd.io/bbolt"
 )
 
 // BenchmarkLedger_TakeBatches is the ledger's share of a batch deduct's
@@ -161,4 +162,47 @@ func BenchmarkLedger_RepeatRequestID(b *testing.B) {
 			b.Fatalf("order %s: %v %v", rec.OrderID, found, err)
 		}
 	}
+}
+
+// BenchmarkLedger_AuditOrders is the periodic audit's recount per order
+// the ledger holds: the audit itself, beside a baseline that walks the
+// same orders decoding each in full (as the audit did before it counted
+// records in place).
+func BenchmarkLedger_AuditOrders(b *testing.B) {
+	const held = 200_000
+	tl := newTestLedger(b)
+	tl.applyTyped(0, &SetRules{Rules: RulesCurrent})
+	fillRequests(b, tl, held)
+	perOrder := func(b *testing.B) {
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*held), "ns/order")
+	}
+	b.Run("walk=decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			var sold int64
+			err := tl.l.view(func(tx *bolt.Tx) error {
+				return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
+					return eachStoredOrder(k, v, func(o *Order) error {
+						if o.SKU == "s" && o.State == OrderSold {
+							sold += o.Qty
+						}
+						return nil
+					})
+				})
+			})
+			if err != nil || sold != held {
+				b.Fatalf("sold %d, want %d: %v", sold, held, err)
+			}
+		}
+		perOrder(b)
+	})
+	b.Run("walk=audit", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if a := checkAudit(b, tl.l, "s"); a.OrdersSold != held {
+				b.Fatalf("the audit counted %d sold, want %d", a.OrdersSold, held)
+			}
+		}
+		perOrder(b)
+	})
 }

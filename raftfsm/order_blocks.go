@@ -192,6 +192,47 @@ func eachStoredOrder(k, v []byte, fn func(*Order) error) error {
 	return fnErr
 }
 
+// tallyStoredOrders calls fn with the sale, state and units of the
+// order, or each order of the block, that record k, v of the orders
+// bucket holds, reading them in place (sku is valid during the call). A
+// record it cannot read so is decoded in full, and an error of that is
+// returned.
+func tallyStoredOrders(k, v []byte, fn func(sku []byte, state OrderState, qty int64)) error {
+	if !isOrderBlockKey(k) {
+		if sku, state, qty, ok := orderRecordTally(v); ok {
+			fn(sku, state, qty)
+			return nil
+		}
+		o, err := decodeOrderRecord(string(k), v)
+		if err != nil {
+			return err
+		}
+		fn([]byte(o.SKU), o.State, o.Qty)
+		return nil
+	}
+	b, err := parseOrderBlock(k, v)
+	if err != nil {
+		return err
+	}
+	var orderErr error
+	err = b.each(func(_ int, m *blockMember) bool {
+		if sku, state, qty, ok := orderRecordTally(m.record); ok {
+			fn(sku, state, qty)
+			return true
+		}
+		var o Order
+		if o, orderErr = b.order(m); orderErr != nil {
+			return false
+		}
+		fn([]byte(o.SKU), o.State, o.Qty)
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return orderErr
+}
+
 // readOrder finds order id through get, which calls fn with the value of
 // a key of the orders bucket (nil: absent), valid during the call: its
 // own record first, then its place in a block.
