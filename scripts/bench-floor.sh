@@ -56,12 +56,26 @@ wait_port() {
 
 hz=$(getconf CLK_TCK)
 
-# row NAME PID REQUESTS TICKS_BEFORE TICKS_AFTER SECONDS
+# row NAME PID REQUESTS TICKS_BEFORE TICKS_AFTER SECONDS [CLIENT_CPU_SECONDS]
 row() {
-  local name=$1 pid=$2 n=$3 t0=$4 t1=$5 s=$6
-  awk -v name="$name" -v n="$n" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v s="$s" 'BEGIN {
+  local name=$1 pid=$2 n=$3 t0=$4 t1=$5 s=$6 c=${7:-}
+  awk -v name="$name" -v n="$n" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v s="$s" -v c="$c" 'BEGIN {
     if (n <= 0) { printf "%-44s no requests answered\n", name; exit }
-    printf "%-44s %10.0f/s   server CPU %6.1f µs a request\n", name, n / s, (t1 - t0) / hz * 1e6 / n }'
+    printf "%-44s %10.0f/s   server CPU %6.1f µs a request", name, n / s, (t1 - t0) / hz * 1e6 / n
+    if (c != "") printf "   client CPU %5.1f µs", c * 1e6 / n
+    printf "\n" }'
+}
+
+# timed OUT CMD...: runs the load client CMD with its output in OUT and
+# sets client_cpu to the CPU seconds it used (user + system), so that
+# each row shows the client's cost beside the server's: on two shared
+# cores a heavier client slows the server it drives.
+client_cpu=""
+timed() {
+  local out=$1 t
+  shift
+  t=$( { TIMEFORMAT='%3U %3S'; time "$@" >"$out" 2>/dev/null; } 2>&1 )
+  client_cpu=$(echo "$t" | awk '{print $1 + $2}')
 }
 
 # wrk_row NAME PID URL [LUA]: wrk for secs seconds, one thread, conns
@@ -72,13 +86,14 @@ wrk_row() {
   [ -n "$lua" ] && args+=(-s "$lua")
   local t0 t1 out n
   t0=$(cpu_ticks "$pid")
-  out=$(wrk "${args[@]}" "$url" -- "$$-$RANDOM-$RANDOM")
+  timed "$work/wrk.out" wrk "${args[@]}" "$url" -- "$$-$RANDOM-$RANDOM"
   t1=$(cpu_ticks "$pid")
+  out=$(cat "$work/wrk.out")
   n=$(echo "$out" | awk '/requests in/ {print $1}')
   if echo "$out" | grep -q "Non-2xx"; then
     echo "$out" | grep "Non-2xx" | sed "s/^/    $name: /"
   fi
-  row "$name" "$pid" "$n" "$t0" "$t1" "$secs"
+  row "$name" "$pid" "$n" "$t0" "$t1" "$secs" "$client_cpu"
 }
 
 # A POST of a deduct, each with its own user and request id (per wrk
@@ -144,11 +159,11 @@ t0=$(cpu_ticks "$node_pid"); settle "http://127.0.0.1:$http_port"; t1=$(cpu_tick
 echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
 # The batch route: wrk counts requests; each carries 100 units.
 t0=$(cpu_ticks "$node_pid")
-out=$(wrk -t1 -c"$conns" -d"${secs}s" -s "$work/batch.lua" "http://127.0.0.1:$http_port/v1/deducts" -- "$$-$RANDOM")
+timed "$work/wrk.out" wrk -t1 -c"$conns" -d"${secs}s" -s "$work/batch.lua" "http://127.0.0.1:$http_port/v1/deducts" -- "$$-$RANDOM"
 settle "http://127.0.0.1:$http_port"
 t1=$(cpu_ticks "$node_pid")
-n=$(echo "$out" | awk '/requests in/ {print $1 * 100}')
-row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$n" "$t0" "$t1" "$secs"
+n=$(awk '/requests in/ {print $1 * 100}' "$work/wrk.out")
+row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$n" "$t0" "$t1" "$secs" "$client_cpu"
 audit=$(curl -sf "http://127.0.0.1:$http_port/v1/skus/plenty/audit")
 echo "    stockd audit of the winning sale: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
 
@@ -176,9 +191,9 @@ rc SET stock 100000000 >/dev/null
 for pipe in 1 100; do
   n=$(( pipe == 1 ? 400000 : 2000000 ))
   t0=$(cpu_ticks "$redis_pid"); start=$(date +%s.%N)
-  redis-benchmark -p "$redis_port" -c "$conns" -n "$n" -P "$pipe" -r 100000000 -q \
-    EVALSHA "$sha" 3 stock reqs sold 1 "req:__rand_int__" >/dev/null
+  timed /dev/null redis-benchmark -p "$redis_port" -c "$conns" -n "$n" -P "$pipe" -r 100000000 -q \
+    EVALSHA "$sha" 3 stock reqs sold 1 "req:__rand_int__"
   end=$(date +%s.%N); t1=$(cpu_ticks "$redis_pid")
-  row "Redis + Lua, appendfsync always, pipeline $pipe" "$redis_pid" "$n" "$t0" "$t1" "$(echo "$end - $start" | bc -l)"
+  row "Redis + Lua, appendfsync always, pipeline $pipe" "$redis_pid" "$n" "$t0" "$t1" "$(echo "$end - $start" | bc -l)" "$client_cpu"
 done
 echo "    Redis sold $(( 100000000 - $(rc GET stock) )) units"
