@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"stockd/internal/testnode"
 )
 
 func TestApplyEnv_FlagWinsOverEnvironment(t *testing.T) {
@@ -96,5 +99,54 @@ func TestCert_SubcommandWritesACAAndANodeCertificate(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"cert", "ca", "-out", dir}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "file exists") {
 		t.Fatalf("a second CA over the first: exit %d, %s", code, stderr.String())
+	}
+}
+
+func TestBackup_SubcommandFetchesAndVerifies(t *testing.T) {
+	n := testnode.StartNode(t, t.TempDir())
+	c := testnode.ClientOf(n, 2)
+	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/s", `{"total":100}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, out)
+	}
+	for i := range 20 {
+		if code, out := testnode.Call(t, c, "POST", "/v1/skus/s/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
+			t.Fatalf("deduct: %d %v", code, out)
+		}
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "s.backup")
+	f := func(wantCode int, want string, args ...string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		code := run(args, &stdout, &stderr)
+		if code != wantCode || !strings.Contains(stdout.String()+stderr.String(), want) {
+			t.Fatalf("stockd %v: exit %d (want %d), %q (want %q)", args, code, wantCode, stdout.String()+stderr.String(), want)
+		}
+	}
+	f(0, "verified: node n1 at log index", "backup", "-target", "http://"+n.HTTPAddr(), "-out", file)
+	f(1, "exists: a backup never overwrites a file", "backup", "-target", "http://"+n.HTTPAddr(), "-out", file)
+	f(0, "ok, node n1", "backup", "verify", file)
+	f(1, "-out is required", "backup", "-target", "http://"+n.HTTPAddr())
+	f(1, "not an http or https URL", "backup", "-target", "ftp://x", "-out", file+"2")
+
+	good, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	damaged := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	flipped := bytes.Clone(good)
+	flipped[len(flipped)/2] ^= 0x40
+	f(1, "backup damaged: the checksum does not match", "backup", "verify", damaged("flipped", flipped))
+	f(1, "backup cut short", "backup", "verify", damaged("cut", good[:len(good)-100]))
+	f(1, "unknown backup format: not a stockd backup file", "backup", "verify", damaged("other", []byte("SQLite format 3\x00 not ours")))
+	f(1, "no such file", "backup", "verify", filepath.Join(dir, "missing"))
+	if leftovers, _ := filepath.Glob(filepath.Join(dir, ".s.backup.partial-*")); len(leftovers) > 0 {
+		t.Fatalf("left behind: %v", leftovers)
 	}
 }

@@ -156,6 +156,9 @@ type Config struct {
 	// Proposals serves commands followers forward (the leader's side of
 	// the internal wire); nil refuses them.
 	Proposals Proposals
+	// Backups takes copies of this node's ledger for GET /v1/backup; nil
+	// answers 503.
+	Backups Backups
 }
 
 // DefaultConfig listens on 127.0.0.1:8080.
@@ -327,6 +330,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case string(path) == "/v1/cluster":
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleCluster(ctx)
+		}
+	case string(path) == "/v1/backup":
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.admin(ctx) {
+			s.handleBackup(ctx)
 		}
 	case string(path) == "/v1/cluster/join":
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.adminOrPeer(ctx) {

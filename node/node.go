@@ -103,7 +103,7 @@ func (c *Config) heldByNode() string {
 		return "the logger (set Config.Logger)"
 	case c.Engine.AdvertiseHTTP != "":
 		return "the advertised HTTP address (set Config.AdvertiseHTTP)"
-	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil:
+	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil, c.HTTP.Backups != nil:
 		return "the wiring between the parts (Start makes it; tests set Config.StreamLayer)"
 	}
 	return ""
@@ -263,6 +263,7 @@ func Start(cfg Config) (*Node, error) {
 	n.proposer = proposer
 	hcfg := cfg.HTTP
 	hcfg.Logger, hcfg.Peers, hcfg.Proposals = logger, peers, proposer
+	hcfg.Backups = nodeBackups{ledger: ledger, node: cfg.ID, version: cfg.Version}
 	hcfg.PeerTLS, hcfg.ClientCerts, hcfg.TLSExpiries = tlsState.port != nil, tlsState.httpCA != nil, tlsState.expiries
 	if n.http, err = httpapi.New(hcfg, n.engine, view, cfg.Version); err != nil {
 		return fail(err)
@@ -393,4 +394,18 @@ func Stopped(err error) bool {
 		return true
 	}
 	return errors.Is(err, engine.ErrDrainIncomplete)
+}
+
+// nodeBackups takes backups of the node's ledger in its name.
+type nodeBackups struct {
+	ledger        *raftfsm.Ledger
+	node, version string
+}
+
+func (b nodeBackups) BeginBackup() (httpapi.Backup, error) {
+	bk, err := b.ledger.BeginBackup(b.node, b.version)
+	if err != nil {
+		return nil, err // not a nil *raftfsm.Backup in an interface
+	}
+	return bk, nil
 }

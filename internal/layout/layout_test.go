@@ -25,11 +25,12 @@ const module = "stockd"
 // arrows point one way: main -> node -> httpapi -> engine -> {shard,
 // raftfsm}; node may also import engine, raftfsm and raftnode (the raft
 // node's wiring, which imports raftfsm); no production
-// package but main imports node; client and feed talk HTTP; bench may
+// package but main imports node; client and feed talk HTTP; backup talks
+// HTTP and reads backup files with raftfsm; bench may
 // import shard and engine for its in-process strategies; shard and raftfsm
 // import nothing of ours but what they own.
 var allowed = map[string][]string{
-	"stockd":          {"node", "bench", "feed"},
+	"stockd":          {"node", "bench", "feed", "backup"},
 	"stockd/node":     {"httpapi", "engine", "raftfsm", "raftnode"},
 	"stockd/raftnode": {"raftfsm"},
 	"stockd/httpapi":  {"engine"},
@@ -38,7 +39,10 @@ var allowed = map[string][]string{
 	"stockd/raftfsm":  {},
 	"stockd/client":   {},
 	"stockd/feed":     {"client"},
-	"stockd/bench":    {"shard", "engine", "client"},
+	// stockd backup: fetches over HTTP, reads and checks the file with
+	// the ledger's own code.
+	"stockd/backup": {"raftfsm"},
+	"stockd/bench":  {"shard", "engine", "client"},
 	// The scenario tests (clusters, faults, crowds, the contract's
 	// conformance): test files only, so no arrows of their own.
 	"stockd/scenario": {},

@@ -1,0 +1,276 @@
+package raftfsm
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// A backup file is a node's ledger as of one applied index, framed so that
+// it checks itself:
+//
+//	magic        "STOCKDBK" (8 bytes)
+//	format       uint16, big-endian (BackupFormat)
+//	header size  uint32, big-endian, then the header as JSON (BackupHeader)
+//	ledger       the bbolt file, header.LedgerBytes bytes
+//	checksum     SHA-256 of every byte before it (32 bytes)
+//
+// The ledger part is a bbolt file like a raft snapshot's: a consistent
+// copy taken in one read transaction, so the node goes on applying while
+// it is written. The body of GET /v1/backup is such a file, as it is.
+const (
+	backupMagic = "STOCKDBK"
+	// BackupFormat is the format this version writes and reads.
+	BackupFormat = 1
+	// backupHeaderMaxBytes bounds the JSON header a reader accepts: a
+	// damaged size must not make it allocate gigabytes.
+	backupHeaderMaxBytes = 64 << 10
+)
+
+// Reasons a backup file is refused, for errors.Is.
+var (
+	// ErrBackupFormat: not a stockd backup, or a format this version does
+	// not read.
+	ErrBackupFormat = errors.New("unknown backup format")
+	// ErrBackupTruncated: the file ends before its checksum.
+	ErrBackupTruncated = errors.New("backup cut short")
+	// ErrBackupChecksum: the bytes do not match their checksum, or the
+	// ledger inside does not read.
+	ErrBackupChecksum = errors.New("backup damaged")
+)
+
+// BackupHeader says what a backup holds.
+type BackupHeader struct {
+	Format int `json:"format"`
+	// Node is the node the copy was taken from.
+	Node string `json:"node"`
+	// AppliedIndex is the raft log index the ledger is at: it holds every
+	// entry up to it and none after.
+	AppliedIndex uint64    `json:"applied_index"`
+	CreatedAt    time.Time `json:"created_at"`
+	LedgerBytes  int64     `json:"ledger_bytes"`
+	// StockdVersion is the version of the node that wrote it.
+	StockdVersion string `json:"stockd_version,omitempty"`
+}
+
+// Backup is an open, consistent view of the ledger being written out as a
+// backup file. Close it when done: it holds a read transaction, which
+// keeps the pages it sees from being reused.
+type Backup struct {
+	tx     *bolt.Tx
+	header BackupHeader
+}
+
+// BeginBackup writes what is pending to the file, then opens a read
+// transaction on it: a copy of the ledger at the index its meta bucket
+// records. Apply goes on meanwhile; node and version name the writer.
+func (l *Ledger) BeginBackup(node, version string) (*Backup, error) {
+	if err := l.Flush(); err != nil {
+		return nil, fmt.Errorf("persist before backup: %w", err)
+	}
+	tx, err := l.beginRead()
+	if err != nil {
+		return nil, fmt.Errorf("begin backup: %w", err)
+	}
+	var applied uint64
+	if idx := tx.Bucket(bucketMeta).Get(keyApplied); len(idx) == 8 {
+		applied = binary.BigEndian.Uint64(idx)
+	}
+	return &Backup{tx: tx, header: BackupHeader{
+		Format: BackupFormat, Node: node, AppliedIndex: applied,
+		CreatedAt: time.Now().UTC(), LedgerBytes: tx.Size(), StockdVersion: version,
+	}}, nil
+}
+
+// Header is what the backup will say about itself.
+func (b *Backup) Header() BackupHeader { return b.header }
+
+// AppliedIndex is the log index the copy is at.
+func (b *Backup) AppliedIndex() uint64 { return b.header.AppliedIndex }
+
+// Node is the node the copy is taken from.
+func (b *Backup) Node() string { return b.header.Node }
+
+// Size is the length of the whole backup file.
+func (b *Backup) Size() (int64, error) {
+	head, err := json.Marshal(b.header)
+	if err != nil {
+		return 0, err
+	}
+	return int64(len(backupMagic)+6+len(head)) + b.header.LedgerBytes + sha256.Size, nil
+}
+
+// WriteTo writes the whole backup file to w.
+func (b *Backup) WriteTo(w io.Writer) (int64, error) {
+	hash := sha256.New()
+	cw := &countingWriter{w: io.MultiWriter(w, hash)}
+	head, err := json.Marshal(b.header)
+	if err != nil {
+		return 0, err
+	}
+	pre := make([]byte, 0, len(backupMagic)+6)
+	pre = append(pre, backupMagic...)
+	pre = binary.BigEndian.AppendUint16(pre, BackupFormat)
+	pre = binary.BigEndian.AppendUint32(pre, uint32(len(head)))
+	if _, err := cw.Write(append(pre, head...)); err != nil {
+		return cw.n, fmt.Errorf("write backup header: %w", err)
+	}
+	start := cw.n
+	if _, err := b.tx.WriteTo(cw); err != nil {
+		return cw.n, fmt.Errorf("write backup ledger: %w", err)
+	}
+	if got := cw.n - start; got != b.header.LedgerBytes {
+		return cw.n, fmt.Errorf("BUG: the ledger copy is %d bytes, its header says %d", got, b.header.LedgerBytes)
+	}
+	n, err := w.Write(hash.Sum(nil))
+	cw.n += int64(n)
+	if err != nil {
+		return cw.n, fmt.Errorf("write backup checksum: %w", err)
+	}
+	return cw.n, nil
+}
+
+// Close ends the backup's read transaction.
+func (b *Backup) Close() error { return b.tx.Rollback() }
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// ReadBackup reads a backup file from r, writes its ledger to ledger and
+// checks the checksum; the error says what is wrong (errors.Is
+// ErrBackupFormat, ErrBackupTruncated or ErrBackupChecksum). The ledger
+// written before an error is not to be used.
+func ReadBackup(r io.Reader, ledger io.Writer) (BackupHeader, error) {
+	hash := sha256.New()
+	br := bufio.NewReaderSize(r, 1<<16)
+	tee := io.TeeReader(br, hash)
+	var h BackupHeader
+	pre := make([]byte, len(backupMagic)+6)
+	if n, err := io.ReadFull(tee, pre); err != nil {
+		if n >= len(backupMagic) && string(pre[:len(backupMagic)]) != backupMagic || n < len(backupMagic) && !bytes.HasPrefix([]byte(backupMagic), pre[:n]) {
+			return h, fmt.Errorf("%w: not a stockd backup file", ErrBackupFormat)
+		}
+		return h, fmt.Errorf("%w: %d bytes, not even a header", ErrBackupTruncated, n)
+	}
+	if string(pre[:len(backupMagic)]) != backupMagic {
+		return h, fmt.Errorf("%w: not a stockd backup file", ErrBackupFormat)
+	}
+	if f := binary.BigEndian.Uint16(pre[len(backupMagic):]); f != BackupFormat {
+		return h, fmt.Errorf("%w: format %d (this version reads format %d)", ErrBackupFormat, f, BackupFormat)
+	}
+	size := binary.BigEndian.Uint32(pre[len(backupMagic)+2:])
+	if size > backupHeaderMaxBytes {
+		return h, fmt.Errorf("%w: a header of %d bytes", ErrBackupChecksum, size)
+	}
+	head := make([]byte, size)
+	if _, err := io.ReadFull(tee, head); err != nil {
+		return h, fmt.Errorf("%w: in the header", ErrBackupTruncated)
+	}
+	if err := json.Unmarshal(head, &h); err != nil {
+		return h, fmt.Errorf("%w: the header does not read: %v", ErrBackupChecksum, err)
+	}
+	if h.Format != BackupFormat || h.LedgerBytes <= 0 {
+		return h, fmt.Errorf("%w: the header says format %d, %d ledger bytes", ErrBackupChecksum, h.Format, h.LedgerBytes)
+	}
+	n, err := io.CopyN(ledger, tee, h.LedgerBytes)
+	if err == io.EOF {
+		return h, fmt.Errorf("%w: %d of %d ledger bytes", ErrBackupTruncated, n, h.LedgerBytes)
+	}
+	if err != nil {
+		return h, fmt.Errorf("read the ledger: %w", err)
+	}
+	want := hash.Sum(nil)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(br, got); err != nil {
+		return h, fmt.Errorf("%w: before its checksum", ErrBackupTruncated)
+	}
+	if !bytes.Equal(got, want) {
+		return h, fmt.Errorf("%w: the checksum does not match", ErrBackupChecksum)
+	}
+	if _, err := br.ReadByte(); err != io.EOF {
+		return h, fmt.Errorf("%w: bytes after the checksum", ErrBackupChecksum)
+	}
+	return h, nil
+}
+
+// VerifyBackupFile checks a backup file: its framing and checksum, then the
+// ledger inside, opened read-only from a temporary file in dir ("": the
+// system's; bbolt's own consistency check, the ledger's format, and that
+// it is at the index the header names). The temporary file is removed.
+func VerifyBackupFile(path, dir string) (BackupHeader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return BackupHeader{}, err
+	}
+	defer f.Close()
+	tmp, err := os.CreateTemp(dir, ".stockd-verify-*.db")
+	if err != nil {
+		return BackupHeader{}, fmt.Errorf("a temporary file for the ledger: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	h, err := ReadBackup(f, tmp)
+	if cerr := tmp.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return h, err
+	}
+	return h, checkBackupLedger(tmp.Name(), h)
+}
+
+// checkBackupLedger opens a backup's ledger read-only and checks it.
+func checkBackupLedger(path string, h BackupHeader) (err error) {
+	defer func() {
+		if r := recover(); r != nil { // bbolt panics on pages it cannot read
+			err = fmt.Errorf("%w: the ledger inside does not read: %v", ErrBackupChecksum, r)
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: ledgerOpenTimeout})
+	if err != nil {
+		return fmt.Errorf("%w: open the ledger inside: %v", ErrBackupChecksum, err)
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		var first error
+		for cerr := range tx.Check() { // read to its end: the check runs on a goroutine of its own
+			if first == nil {
+				first = cerr
+			}
+		}
+		if first != nil {
+			return fmt.Errorf("%w: the ledger inside: %v", ErrBackupChecksum, first)
+		}
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return fmt.Errorf("%w: the ledger inside has no meta bucket", ErrBackupChecksum)
+		}
+		if _, err := checkLedgerFormat(meta); err != nil {
+			return fmt.Errorf("the ledger inside: %w", err)
+		}
+		var applied uint64
+		if idx := meta.Get(keyApplied); len(idx) == 8 {
+			applied = binary.BigEndian.Uint64(idx)
+		}
+		if applied != h.AppliedIndex {
+			return fmt.Errorf("%w: the ledger inside is at index %d, the header says %d", ErrBackupChecksum, applied, h.AppliedIndex)
+		}
+		return nil
+	})
+}

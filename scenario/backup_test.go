@@ -1,0 +1,236 @@
+package scenario
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/internal/testnode"
+	"stockd/node"
+	"stockd/raftfsm"
+)
+
+// fetchBackup is GET /v1/backup on c; it returns the body and the index
+// the node says it is at.
+func fetchBackup(t *testing.T, c *fasthttp.HostClient, query string) ([]byte, uint64) {
+	t.Helper()
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(testnode.URL(c, "/v1/backup"+query))
+	if err := c.DoTimeout(req, resp, time.Minute); err != nil {
+		t.Fatalf("GET /v1/backup%s: %v", query, err)
+	}
+	testnode.Record(req, resp)
+	if resp.StatusCode() != 200 {
+		t.Fatalf("GET /v1/backup%s: %d %s", query, resp.StatusCode(), resp.Body())
+	}
+	index, err := strconv.ParseUint(string(resp.Header.Peek("X-Stockd-Applied-Index")), 10, 64)
+	if err != nil {
+		t.Fatalf("X-Stockd-Applied-Index %q: %v", resp.Header.Peek("X-Stockd-Applied-Index"), err)
+	}
+	return bytes.Clone(resp.Body()), index
+}
+
+// openBackup verifies a backup file and opens the ledger inside it.
+func openBackup(t *testing.T, file []byte) (raftfsm.BackupHeader, *raftfsm.Ledger) {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "b.backup")
+	if err := os.WriteFile(path, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h, err := raftfsm.VerifyBackupFile(path, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledgerDir := filepath.Join(dir, "ledger")
+	os.Mkdir(ledgerDir, 0o700)
+	f, err := os.Create(filepath.Join(ledgerDir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raftfsm.ReadBackup(bytes.NewReader(file), f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	l, err := raftfsm.OpenLedger(ledgerDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return h, l
+}
+
+// TestBackup_MidSale takes backups from a follower and from the leader
+// while buyers buy on all three nodes: each verifies, is at the index the
+// node named, obeys the law, and a backup taken with catch_up holds every
+// order acknowledged before the call, on whichever node. The sale goes on
+// and ends; no unit is sold twice.
+func TestBackup_MidSale(t *testing.T) {
+	const units = 6000
+	c := testnode.StartCluster(t)
+	leader, follower := c.Leader(), c.Follower()
+	if code, out := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/bk", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, out)
+	}
+	testnode.WaitSaleEverywhere(t, c, "bk")
+
+	var mu sync.Mutex
+	var acked []string // order ids, in the order their wins were answered
+	var next, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := c.Client(c.IDs[w%len(c.IDs)])
+			deadline := time.Now().Add(time.Minute)
+			for time.Now().Before(deadline) {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				b := next.Add(1)
+				code, out := testnode.CallQuiet(cl, "POST", "/v1/skus/bk/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
+				switch {
+				case code == 200:
+					mu.Lock()
+					acked = append(acked, out["order_id"].(string))
+					mu.Unlock()
+				case code == 409 && out["error"] == "sold_out":
+					return
+				case code != 429:
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	ackedSoFar := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), acked...)
+	}
+	testnode.WaitFor(t, 30*time.Second, "a thousand wins", func() bool { return len(ackedSoFar()) >= 1000 })
+
+	type taken struct {
+		name   string
+		file   []byte
+		index  uint64
+		before []string // acknowledged before the call: in the copy when it caught up
+	}
+	var backups []taken
+	for _, b := range []struct{ name, node, query string }{
+		{"follower, caught up", follower, "?catch_up=true"},
+		{"leader, caught up", leader, "?catch_up=true"},
+		{"follower, as applied", follower, ""},
+	} {
+		before := ackedSoFar()
+		file, index := fetchBackup(t, c.Client(b.node), b.query)
+		if b.query == "" {
+			before = nil
+		}
+		backups = append(backups, taken{b.name, file, index, before})
+	}
+	if len(ackedSoFar()) >= units {
+		t.Fatal("the sale ended before the backups were taken: not a backup mid-sale")
+	}
+	wg.Wait()
+	close(stop)
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d deducts failed", n)
+	}
+	final := testnode.CheckLedger(t, c.Client(leader), "bk")
+	if final["sold"].(float64) != units {
+		t.Fatalf("the sale ended with %v sold, want %d", final["sold"], units)
+	}
+
+	for _, b := range backups {
+		h, l := openBackup(t, b.file)
+		if h.AppliedIndex != b.index || l.AppliedIndex() != b.index {
+			t.Fatalf("%s: header at %d, ledger at %d, the node said %d", b.name, h.AppliedIndex, l.AppliedIndex(), b.index)
+		}
+		a, ok, err := l.AuditSKU("bk")
+		if err != nil || !ok || !a.OK {
+			t.Fatalf("%s: audit %+v %v %v", b.name, a, ok, err)
+		}
+		if a.Row.Sold < int64(len(b.before)) || a.Row.Sold >= units {
+			t.Fatalf("%s: %d sold at index %d; %d wins were acknowledged before the call, %d in the end", b.name, a.Row.Sold, b.index, len(b.before), units)
+		}
+		for _, id := range b.before {
+			if o, found, err := l.Order(id); !found || err != nil || o.State != raftfsm.OrderSold {
+				t.Fatalf("%s: order %s acknowledged before the call: %+v found %v err %v", b.name, id, o, found, err)
+			}
+		}
+		t.Logf("%s: %d bytes at index %d, %d sold (%d acknowledged before the call)", b.name, len(b.file), b.index, a.Row.Sold, len(b.before))
+	}
+	// No unit was sold twice: one order per acknowledged win, all distinct.
+	seen := map[string]bool{}
+	for _, id := range ackedSoFar() {
+		if seen[id] {
+			t.Fatalf("order %s acknowledged twice", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) != units {
+		t.Fatalf("%d wins acknowledged, %d sold", len(seen), units)
+	}
+	for _, id := range c.IDs {
+		testnode.CheckLedger(t, c.Client(id), "bk")
+	}
+}
+
+// TestBackup_NeedsTheAdminToken: a node with an admin token gives a
+// backup to no one else.
+func TestBackup_NeedsTheAdminToken(t *testing.T) {
+	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg.HTTP.AdminToken = "admin-secret"
+	n, err := node.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop(context.Background()) })
+	c := testnode.ClientOf(n, 2)
+	testnode.WaitFor(t, 10*time.Second, "the node ready", func() bool {
+		code, _ := testnode.CallQuiet(c, "GET", "/readyz", "")
+		return code == 200
+	})
+	if code, out := testnode.Call(t, c, "GET", "/v1/backup", ""); code != 401 || out["error"] != "unauthorized" {
+		t.Fatalf("a backup without the admin token: %d %v", code, out)
+	}
+	if code, out := testnode.Call(t, c, "POST", "/v1/backup", ""); code != 405 {
+		t.Fatalf("POST /v1/backup: %d %v", code, out)
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	for _, q := range []string{"?catch_up=maybe", ""} {
+		req.SetRequestURI(testnode.URL(c, "/v1/backup"+q))
+		req.Header.Set("Authorization", "Bearer admin-secret")
+		if err := c.Do(req, resp); err != nil {
+			t.Fatal(err)
+		}
+		testnode.Record(req, resp)
+		want := 200
+		if q != "" {
+			want = 400
+		}
+		if resp.StatusCode() != want {
+			t.Fatalf("GET /v1/backup%s with the token: %d %s, want %d", q, resp.StatusCode(), resp.Body(), want)
+		}
+	}
+	if !bytes.HasPrefix(resp.Body(), []byte("STOCKDBK")) {
+		t.Fatalf("the backup starts %q", resp.Body()[:min(16, len(resp.Body()))])
+	}
+}
