@@ -77,14 +77,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return exitCode(stderr, "stockd backup", backup.Main(ctx, args, stdout, stderr))
+	case "restore":
+		return exitCode(stderr, "stockd restore", backup.Restore(args, stdout, stderr))
 	case "version":
 		fmt.Fprintf(stdout, "stockd %s %s\n", version, runtime.Version())
 		return 0
 	case "help", "-h", "--help":
-		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd cert ca|node|client [flags] | stockd backup -target URL -out FILE | stockd backup verify FILE | stockd version\nstockd serve -h lists the flags.")
+		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd cert ca|node|client [flags] | stockd backup -target URL -out FILE | stockd backup verify FILE | stockd restore -from FILE -data DIR -id ID | stockd version\nstockd serve -h lists the flags.")
 		return 0
 	}
-	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, cert, backup, version)\n", cmd)
+	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, cert, backup, restore, version)\n", cmd)
 	return 2
 }
 

@@ -215,24 +215,39 @@ func ReadBackup(r io.Reader, ledger io.Writer) (BackupHeader, error) {
 // system's; bbolt's own consistency check, the ledger's format, and that
 // it is at the index the header names). The temporary file is removed.
 func VerifyBackupFile(path, dir string) (BackupHeader, error) {
+	tmp, err := os.CreateTemp(dir, ".stockd-verify-*.db")
+	if err != nil {
+		return BackupHeader{}, fmt.Errorf("a temporary file for the ledger: %w", err)
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	return ExtractBackup(path, tmp.Name())
+}
+
+// ExtractBackup checks the backup file at path as VerifyBackupFile does
+// and leaves the ledger inside it at ledgerPath (replaced), synced. On an
+// error what is at ledgerPath is not to be used.
+func ExtractBackup(path, ledgerPath string) (BackupHeader, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return BackupHeader{}, err
 	}
 	defer f.Close()
-	tmp, err := os.CreateTemp(dir, ".stockd-verify-*.db")
+	out, err := os.OpenFile(ledgerPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		return BackupHeader{}, fmt.Errorf("a temporary file for the ledger: %w", err)
+		return BackupHeader{}, err
 	}
-	defer os.Remove(tmp.Name())
-	h, err := ReadBackup(f, tmp)
-	if cerr := tmp.Close(); err == nil && cerr != nil {
+	h, err := ReadBackup(f, out)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
 		return h, err
 	}
-	return h, checkBackupLedger(tmp.Name(), h)
+	return h, checkBackupLedger(ledgerPath, h)
 }
 
 // checkBackupLedger opens a backup's ledger read-only and checks it.
