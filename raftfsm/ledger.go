@@ -195,16 +195,16 @@ type Ledger struct {
 	obsMu    sync.RWMutex
 	observer Observer
 
-	mu       sync.RWMutex // guards db swaps in Restore and the mirrors below
-	db       *bolt.DB
-	bh       *behind // changes applied and not yet in bbolt, and their persister
-	applied  uint64
-	rules    uint64 // the ledger's rules (rules.go)
+	mu      sync.RWMutex // guards db swaps in Restore and the mirrors below
+	db      *bolt.DB
+	bh      *behind // changes applied and not yet in bbolt, and their persister
+	applied uint64
+	rules   uint64 // the ledger's rules (rules.go)
 	// restoredFrom and restoredAt: a ledger restored from a backup at
 	// index restoredFrom went on at restoredAt (restore.go); zero else.
 	restoredFrom, restoredAt uint64
-	skus     map[string]*SKU
-	requests *requestIndex // request id -> where its order id is
+	skus                     map[string]*SKU
+	requests                 *requestIndex // request id -> where its order id is
 	// reqSeed hashes request ids and buyer keys, for the whole life of the
 	// ledger; reqFilter and buyerFilter answer "surely not" without a lock.
 	reqSeed   maphash.Seed
