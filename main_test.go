@@ -150,3 +150,59 @@ func TestBackup_SubcommandFetchesAndVerifies(t *testing.T) {
 		t.Fatalf("left behind: %v", leftovers)
 	}
 }
+
+func TestRestore_SubcommandRefusesAndBuilds(t *testing.T) {
+	n := testnode.StartNode(t, t.TempDir())
+	c := testnode.ClientOf(n, 2)
+	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/s", `{"total":100}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, out)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "s.backup")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"backup", "-target", "http://" + n.HTTPAddr(), "-out", file}, &stdout, &stderr); code != 0 {
+		t.Fatalf("backup: %d %s", code, stderr.String())
+	}
+	good, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(wantCode int, want string, args ...string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		code := run(args, &stdout, &stderr)
+		if code != wantCode || !strings.Contains(stdout.String()+stderr.String(), want) {
+			t.Fatalf("stockd %v: exit %d (want %d), %q (want %q)", args, code, wantCode, stdout.String()+stderr.String(), want)
+		}
+	}
+	damaged := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	flipped := bytes.Clone(good)
+	flipped[len(flipped)/2] ^= 0x01
+	for _, bad := range []struct{ file, want string }{
+		{damaged("flipped", flipped), "backup damaged: the checksum does not match"},
+		{damaged("cut", good[:len(good)/3]), "backup cut short"},
+		{damaged("other", []byte("#!/bin/sh\necho not a backup\n")), "unknown backup format"},
+		{filepath.Join(dir, "missing"), "no such file"},
+	} {
+		target := filepath.Join(dir, "restored-"+filepath.Base(bad.file))
+		f(1, bad.want, "restore", "-from", bad.file, "-data", target, "-id", "n1")
+		if _, err := os.Stat(target); !os.IsNotExist(err) {
+			t.Fatalf("a refused restore left %s behind: %v", target, err)
+		}
+	}
+	full := t.TempDir()
+	os.WriteFile(filepath.Join(full, "keep"), []byte("x"), 0o600)
+	f(1, "is not empty (keep, ...)", "restore", "-from", file, "-data", full, "-id", "n1")
+	f(1, "-peers does not name -id n1", "restore", "-from", file, "-data", filepath.Join(dir, "p"), "-id", "n1", "-peers", "n2=127.0.0.1:1")
+	f(1, "-id is required", "restore", "-from", file, "-data", filepath.Join(dir, "p"))
+
+	restored := filepath.Join(dir, "restored")
+	f(0, "the new cluster's log starts at", "restore", "-from", file, "-data", restored, "-id", "n1")
+	f(1, `was restored for node "n1": serve it with -id n1`, "serve", "-id", "n2", "-data", restored, "-http", "127.0.0.1:0", "-raft", "127.0.0.1:0")
+}

@@ -55,12 +55,7 @@ func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
 // start); floor and floorAt are the feed's as read by the caller.
 func (l *Ledger) checkCursor(c command.Cursor, floorAt command.Cursor) error {
 	floor := floorAt.Seq
-	l.mu.RLock()
-	inGap := l.cursorInRestoreGap(c)
-	l.mu.RUnlock()
 	switch {
-	case inGap:
-		return fmt.Errorf("%w: %s is from the cluster this one was restored from, after its backup at index %d; this cluster's feed goes on from index %d", ErrCursorExpired, c, l.restoredFrom, l.restoredAt)
 	case c.Seq == 0:
 		return nil
 	case c.Seq < floor:
@@ -95,6 +90,9 @@ func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 	memFirst := f.mem.firstSeq()
 	f.mu.RUnlock()
 	page := FeedPage{}
+	if err := l.checkRestoreGap(after); err != nil {
+		return page, err
+	}
 	if visible > 0 {
 		head, ok, err := l.event(visible)
 		if err != nil {

@@ -119,10 +119,17 @@ func loadRestored(meta *bolt.Bucket) (from, at uint64) {
 	return from, at
 }
 
-// cursorInRestoreGap reports whether c names an index the old cluster
-// may have written after the backup this ledger was restored from.
-func (l *Ledger) cursorInRestoreGap(c command.Cursor) bool {
-	return c.Index > l.restoredFrom && c.Index <= l.restoredAt
+// checkRestoreGap refuses a cursor that names an index the old cluster
+// may have written after the backup this ledger was restored from: its
+// events are not in this cluster, and reading on would skip them.
+func (l *Ledger) checkRestoreGap(c command.Cursor) error {
+	l.mu.RLock()
+	from, at := l.restoredFrom, l.restoredAt
+	l.mu.RUnlock()
+	if c.Index > from && c.Index <= at {
+		return fmt.Errorf("%w: %s is from the cluster this one was restored from, after its backup at index %d; this cluster's feed goes on from index %d", ErrCursorExpired, c, from, at)
+	}
+	return nil
 }
 
 // RestoreMarkerFile, in a data dir `stockd restore` built, says how the

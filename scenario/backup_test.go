@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"stockd/backup"
 	"stockd/internal/testnode"
 	"stockd/node"
 	"stockd/raftfsm"
@@ -232,5 +235,147 @@ func TestBackup_NeedsTheAdminToken(t *testing.T) {
 	}
 	if !bytes.HasPrefix(resp.Body(), []byte("STOCKDBK")) {
 		t.Fatalf("the backup starts %q", resp.Body()[:min(16, len(resp.Body()))])
+	}
+}
+
+// TestRestore_BackupIntoANewCluster: a backup taken from a follower
+// mid-sale, restored into a fresh three-node cluster (the same ids, new
+// addresses), holds exactly the source's state at the backup's index: every
+// order and request id, the holds with their deadlines, the per-user
+// counts, the consumers' cursors; its leases went back to available; it
+// sells; a consumer resumes at its cursor, and a cursor from the source
+// past the backup gets 410.
+func TestRestore_BackupIntoANewCluster(t *testing.T) {
+	src := testnode.StartCluster(t)
+	lc := src.Client(src.Leader())
+	if code, out := testnode.Call(t, lc, "PUT", "/v1/skus/rs", `{"total":500,"per_user":2}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, out)
+	}
+	if code, out := testnode.Call(t, lc, "PUT", "/v1/skus/held", `{"total":50,"hold_ttl":"10m"}`); code != 201 {
+		t.Fatalf("create held sale: %d %v", code, out)
+	}
+	testnode.WaitSaleEverywhere(t, src, "rs")
+	testnode.WaitSaleEverywhere(t, src, "held")
+	orders := map[string]string{} // request id -> order id, won before the backup
+	deduct := func(c *fasthttp.HostClient, sku, user, rid string) (int, map[string]any) {
+		return testnode.Call(t, c, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":%q,"request_id":%q}`, user, rid))
+	}
+	for i := range 60 {
+		c := src.Client(src.IDs[i%3])
+		if code, out := deduct(c, "rs", fmt.Sprintf("u%d", i%30), fmt.Sprintf("r%d", i)); code == 200 {
+			orders[fmt.Sprintf("r%d", i)] = out["order_id"].(string)
+		} else {
+			t.Fatalf("deduct %d: %d %v", i, code, out)
+		}
+	}
+	var heldOrder string
+	if code, out := deduct(lc, "held", "h1", "h-1"); code != 200 || out["state"] != "held" {
+		t.Fatalf("a held deduct: %d %v", code, out)
+	} else {
+		heldOrder = out["order_id"].(string)
+	}
+	_, heldBefore := testnode.Call(t, lc, "GET", "/v1/orders/"+heldOrder, "")
+	// A consumer acknowledges a cursor before the backup.
+	_, page, body := readEvents(lc, "0", 10, 0)
+	if len(page.Events) != 10 {
+		t.Fatalf("the feed's first page: %s", body)
+	}
+	ackAt := page.Events[9].Cursor
+	if code, out := testnode.Call(t, lc, "PUT", "/v1/consumers/shop", fmt.Sprintf(`{"cursor":%q}`, ackAt)); code != 200 {
+		t.Fatalf("ack: %d %v", code, out)
+	}
+
+	file, index := fetchBackup(t, src.Client(src.Follower()), "?catch_up=true")
+	_, srcRow := testnode.Call(t, lc, "GET", "/v1/skus/rs", "")
+	// The source sells on after the backup: none of this is in the copy.
+	for i := range 20 {
+		if code, out := deduct(lc, "rs", fmt.Sprintf("late%d", i), fmt.Sprintf("late-r%d", i)); code != 200 {
+			t.Fatalf("late deduct: %d %v", code, out)
+		}
+	}
+	_, srcPage, _ := readEvents(lc, "0", 1000, 0)
+	srcLast := srcPage.Events[len(srcPage.Events)-1].Cursor
+
+	backupPath := filepath.Join(t.TempDir(), "src.backup")
+	if err := os.WriteFile(backupPath, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dst := testnode.StartClusterPrepared(t, 3, func(c *testnode.Cluster) {
+		var peers []string
+		for _, p := range c.Peers {
+			peers = append(peers, p.ID+"="+p.Addr)
+		}
+		for _, id := range c.IDs {
+			var stdout, stderr bytes.Buffer
+			if err := backup.Restore([]string{"-from", backupPath, "-data", c.Dirs[id], "-id", id, "-peers", strings.Join(peers, ",")}, &stdout, &stderr); err != nil {
+				t.Fatalf("restore %s: %v %s", id, err, stderr.String())
+			}
+		}
+	}, nil)
+	dc := dst.Client(dst.Leader())
+
+	// The state at the backup's index, on every node.
+	for _, id := range dst.IDs {
+		c := dst.Client(id)
+		_, row := testnode.Call(t, c, "GET", "/v1/skus/rs", "")
+		if row["sold"] != srcRow["sold"] || row["total"] != srcRow["total"] || row["held"] != srcRow["held"] {
+			t.Fatalf("%s: restored %v, the source at the backup %v", id, row, srcRow)
+		}
+		a := testnode.CheckLedger(t, c, "rs")
+		if a["orders"].(float64) != float64(len(orders)) {
+			t.Fatalf("%s: %v orders restored, want %d", id, a["orders"], len(orders))
+		}
+		testnode.CheckLedger(t, c, "held")
+	}
+	// Every request id answers its order; a late one of the source is new here.
+	for rid, oid := range orders {
+		i, _ := strconv.Atoi(strings.TrimPrefix(rid, "r"))
+		code, out := deduct(dst.Client(dst.IDs[i%3]), "rs", fmt.Sprintf("u%d", i%30), rid)
+		if code != 200 || out["order_id"] != oid {
+			t.Fatalf("repeat %s: %d %v, want order %s", rid, code, out, oid)
+		}
+	}
+	// Per-user counts came along: u0 bought two, the limit.
+	if code, out := deduct(dc, "rs", "u0", "r-more"); code != 409 || out["error"] != "user_limit" {
+		t.Fatalf("u0's third unit: %d %v, want 409 user_limit", code, out)
+	}
+	// The hold kept its deadline.
+	_, heldAfter := testnode.Call(t, dc, "GET", "/v1/orders/"+heldOrder, "")
+	if heldAfter["state"] != "held" || heldAfter["expires_at"] != heldBefore["expires_at"] {
+		t.Fatalf("the held order restored as %v, was %v", heldAfter, heldBefore)
+	}
+	// The consumer's cursor came along and resumes.
+	_, cons := testnode.Call(t, dc, "GET", "/v1/consumers", "")
+	if !strings.Contains(fmt.Sprint(cons), ackAt) {
+		t.Fatalf("consumers after the restore: %v, want shop at %s", cons, ackAt)
+	}
+	code, resumed, body := readEvents(dc, ackAt, 5, 0)
+	if code != 200 || len(resumed.Events) != 5 || resumed.Events[0] != srcPage.Events[10] {
+		t.Fatalf("resume after %s: %d %s; the source's next event %+v", ackAt, code, body, srcPage.Events[10])
+	}
+	if idx, _ := feedSeq(t, resumed.Events[0].Cursor); idx > index {
+		t.Fatalf("the event after %s is at index %d, past the backup's %d", ackAt, idx, index)
+	}
+	// The source's cursor past the backup is refused, not skipped.
+	if code, _, body := readEvents(dc, srcLast, 5, 0); code != 410 {
+		t.Fatalf("the source's last cursor %s on the restored cluster: %d %s, want 410", srcLast, code, body)
+	}
+	// The restored cluster sells, its leases from its own nodes.
+	for i := range 30 {
+		if code, out := deduct(dst.Client(dst.IDs[i%3]), "rs", fmt.Sprintf("new%d", i), fmt.Sprintf("new-r%d", i)); code != 200 {
+			t.Fatalf("a deduct on the restored cluster: %d %v", code, out)
+		}
+	}
+	a := testnode.CheckLedger(t, dc, "rs")
+	for n := range a["leased"].(map[string]any) {
+		if !slices.Contains(dst.IDs, n) {
+			t.Fatalf("units leased to %s, not a node of the restored cluster: %v", n, a)
+		}
+	}
+	if a["sold"].(float64) != srcRow["sold"].(float64)+30 {
+		t.Fatalf("sold %v after 30 more, the backup had %v", a["sold"], srcRow["sold"])
+	}
+	for _, id := range dst.IDs {
+		testnode.CheckLedger(t, dst.Client(id), "rs")
 	}
 }

@@ -57,6 +57,14 @@ func StartClusterWith(t *testing.T, tune func(*node.Config)) *Cluster {
 // startTestClusterOf starts size nodes, n1 to n<size>.
 func StartClusterOf(t *testing.T, size int, tune func(*node.Config)) *Cluster {
 	t.Helper()
+	return StartClusterPrepared(t, size, nil, tune)
+}
+
+// StartClusterPrepared is StartClusterOf with prepare called once the
+// nodes' data dirs and raft addresses are chosen and before any starts
+// (a restore builds the dirs from a backup there).
+func StartClusterPrepared(t *testing.T, size int, prepare func(c *Cluster), tune func(*node.Config)) *Cluster {
+	t.Helper()
 	c := &Cluster{t: t, tune: tune, Net: NewFaultNet(),
 		Dirs: map[string]string{}, RaftAddr: map[string]string{}, nodes: map[string]*node.Node{},
 		clients: map[string]*fasthttp.HostClient{}}
@@ -74,6 +82,9 @@ func StartClusterOf(t *testing.T, size int, tune func(*node.Config)) *Cluster {
 		c.RaftAddr[id] = ln.Addr().String()
 		c.Net.Own(c.RaftAddr[id], id)
 		c.Peers = append(c.Peers, raftnode.Peer{ID: id, Addr: c.RaftAddr[id]})
+	}
+	if prepare != nil {
+		prepare(c)
 	}
 	for _, id := range c.IDs {
 		c.Start(id, lns[id])
