@@ -28,6 +28,13 @@ type Backup interface {
 	Close() error
 }
 
+// BackupStats is what /metrics says of the node's scheduled backups.
+type BackupStats struct {
+	LastSuccess     time.Time // zero: none yet
+	LastBytes       int64
+	Taken, Failures uint64
+}
+
 // backupChunkBytes is how much of a backup is written between two
 // extensions of the connection's write deadline: a backup of gigabytes
 // takes longer than -http's write timeout, a stalled reader does not get

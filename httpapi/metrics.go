@@ -123,6 +123,17 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	metrics.WriteCounterUint64(&w, "stockd_feed_unacknowledged_pruned_events_total", m.FeedUnreadPruned)
 	metrics.WriteGaugeUint64(&w, "stockd_feed_at_cap", boolGauge(m.FeedAtCap))
+	if s.cfg.BackupStats != nil {
+		b := s.cfg.BackupStats()
+		last := 0.0
+		if !b.LastSuccess.IsZero() {
+			last = float64(b.LastSuccess.UnixNano()) / 1e9
+		}
+		metrics.WriteGaugeFloat64(&w, "stockd_backup_last_success_timestamp_seconds", last)
+		metrics.WriteGaugeUint64(&w, "stockd_backup_last_bytes", uint64(max(b.LastBytes, 0)))
+		metrics.WriteCounterUint64(&w, "stockd_backups_total", b.Taken)
+		metrics.WriteCounterUint64(&w, "stockd_backup_failures_total", b.Failures)
+	}
 	if s.cfg.TLSExpiries != nil {
 		for _, e := range s.cfg.TLSExpiries() {
 			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_tls_cert_expiry_timestamp_seconds{cert=%q}`, e.Name), float64(e.NotAfter.Unix()))

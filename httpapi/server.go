@@ -159,6 +159,9 @@ type Config struct {
 	// Backups takes copies of this node's ledger for GET /v1/backup; nil
 	// answers 503.
 	Backups Backups
+	// BackupStats, when set, reports the scheduled backups (-backup-dir)
+	// in /metrics.
+	BackupStats func() BackupStats
 }
 
 // DefaultConfig listens on 127.0.0.1:8080.

@@ -54,7 +54,9 @@ type Config struct {
 	// FaultApplyDelay stalls every ledger batch this long: a slow ledger,
 	// for tests and benches of admission. Never in production.
 	FaultApplyDelay time.Duration
-	Logger          *slog.Logger
+	// Backups is the leader's backup schedule (-backup-dir, ...).
+	Backups BackupSchedule
+	Logger  *slog.Logger
 	Version         string
 
 	HTTP   httpapi.Config
@@ -79,6 +81,7 @@ func DefaultConfig() Config {
 		DataDir:      "./data",
 		DrainTimeout: 10 * time.Second,
 		Version:      "dev",
+		Backups:      BackupSchedule{Interval: time.Hour, Keep: 24},
 		HTTP:         httpapi.DefaultConfig(),
 		Raft:         raftnode.DefaultConfig(),
 		Engine:       engine.DefaultConfig(),
@@ -103,7 +106,7 @@ func (c *Config) heldByNode() string {
 		return "the logger (set Config.Logger)"
 	case c.Engine.AdvertiseHTTP != "":
 		return "the advertised HTTP address (set Config.AdvertiseHTTP)"
-	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil, c.HTTP.Backups != nil:
+	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil, c.HTTP.Backups != nil, c.HTTP.BackupStats != nil:
 		return "the wiring between the parts (Start makes it; tests set Config.StreamLayer)"
 	}
 	return ""
@@ -126,6 +129,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("node: drain timeout %s outside (0, %s]", c.DrainTimeout, drainTimeoutMax)
 	case c.transportProblem() != nil:
 		return c.transportProblem()
+	case c.Backups.validate() != nil:
+		return c.Backups.validate()
 	case c.HTTP.AdminToken == "" && !c.InsecureNoAdminToken && !loopbackOnly(c.HTTP.Addr):
 		return fmt.Errorf("-http %s is reachable from other machines, so admin calls need -admin-token (or STOCKD_ADMIN_TOKEN); to run without one anyway (admin calls only from loopback clients) pass -insecure-no-admin-token", c.HTTP.Addr)
 	}
@@ -185,6 +190,7 @@ type Node struct {
 	http     *httpapi.Server
 	httpAddr string
 	tls      *nodeTLS
+	backups  *backupScheduler // nil: no schedule
 
 	stopOnce sync.Once
 	stopErr  error
@@ -264,11 +270,19 @@ func Start(cfg Config) (*Node, error) {
 	hcfg := cfg.HTTP
 	hcfg.Logger, hcfg.Peers, hcfg.Proposals = logger, peers, proposer
 	hcfg.Backups = nodeBackups{ledger: ledger, node: cfg.ID, version: cfg.Version}
+	if cfg.Backups.Dir != "" {
+		n.backups = &backupScheduler{sched: cfg.Backups, ledger: ledger, raft: n.raft, node: cfg.ID, version: cfg.Version,
+			logger: logger.With("component", "backup", "node", cfg.ID)}
+		hcfg.BackupStats = n.backups.stats
+	}
 	hcfg.PeerTLS, hcfg.ClientCerts, hcfg.TLSExpiries = tlsState.port != nil, tlsState.httpCA != nil, tlsState.expiries
 	if n.http, err = httpapi.New(hcfg, n.engine, view, cfg.Version); err != nil {
 		return fail(err)
 	}
 	n.engine.Start(proposer)
+	if n.backups != nil {
+		n.backups.start()
+	}
 	if tlsState.port != nil {
 		n.http.ServePeers(tlsState.port.HTTPListener())
 	}
@@ -369,6 +383,9 @@ func (n *Node) stopAll(ctx context.Context, drain bool) error {
 		}
 	}
 	n.tls.close()
+	if n.backups != nil {
+		n.backups.close() // before the ledger: a backup in progress reads it
+	}
 	if err := n.ledger.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close ledger: %w", err))
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -378,4 +379,124 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 	for _, id := range dst.IDs {
 		testnode.CheckLedger(t, dst.Client(id), "rs")
 	}
+}
+
+// TestBackup_Scheduled: at a short interval the leader keeps exactly the
+// newest -backup-keep files, each a whole backup that verifies; a full
+// backup disk is counted and logged, leaves the files there as they were,
+// and deducts go on meanwhile.
+func TestBackup_Scheduled(t *testing.T) {
+	const keep = 3
+	dir := filepath.Join(t.TempDir(), "backups")
+	full := &atomic.Bool{}
+	logs := &logBuffer{}
+	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg.Backups = node.BackupSchedule{Dir: dir, Interval: 150 * time.Millisecond, Keep: keep, FaultFull: full}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n, err := node.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Stop(context.Background()) })
+	c := testnode.ClientOf(n, 8)
+	testnode.WaitFor(t, 10*time.Second, "the node ready", func() bool {
+		code, _ := testnode.CallQuiet(c, "GET", "/readyz", "")
+		return code == 200
+	})
+	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/sch", `{"total":1000000}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, out)
+	}
+	var wins, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // buyers all along, bounded in time and count
+		defer wg.Done()
+		for i := 0; i < 200_000 && wins.Load()+failed.Load() < 200_000; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			switch code, _ := testnode.CallQuiet(c, "POST", "/v1/skus/sch/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code {
+			case 200:
+				wins.Add(1)
+			case 429:
+			default:
+				failed.Add(1)
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	files := func() []string {
+		t.Helper()
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	checkFiles := func(when string) {
+		t.Helper()
+		names := files()
+		if len(names) != keep {
+			t.Fatalf("%s: %d files in the backup dir, want %d: %v", when, len(names), keep, names)
+		}
+		var last uint64
+		for _, name := range names {
+			if !strings.HasPrefix(name, "stockd-n1-") || !strings.HasSuffix(name, ".backup") {
+				t.Fatalf("%s: %s in the backup dir", when, name)
+			}
+			h, err := raftfsm.VerifyBackupFile(filepath.Join(dir, name), t.TempDir())
+			if err != nil {
+				t.Fatalf("%s: %s: %v", when, name, err)
+			}
+			if h.AppliedIndex < last {
+				t.Fatalf("%s: %s is at index %d, before the file named before it (%d)", when, name, h.AppliedIndex, last)
+			}
+			last = h.AppliedIndex
+		}
+	}
+	testnode.WaitFor(t, 30*time.Second, "six scheduled backups", func() bool {
+		return metricFloat(t, c, "stockd_backups_total") >= 6
+	})
+	checkFiles("after six backups")
+	if ts := metricFloat(t, c, "stockd_backup_last_success_timestamp_seconds"); ts < float64(time.Now().Add(-time.Minute).Unix()) {
+		t.Fatalf("the last success at %v", ts)
+	}
+
+	// The backup disk fills up.
+	full.Store(true)
+	failuresBefore, winsBefore := metricFloat(t, c, "stockd_backup_failures_total"), wins.Load()
+	testnode.WaitFor(t, 30*time.Second, "three failed backups", func() bool {
+		return metricFloat(t, c, "stockd_backup_failures_total") >= failuresBefore+3
+	})
+	testnode.WaitFor(t, 30*time.Second, "deducts while the backup disk is full", func() bool {
+		return wins.Load() > winsBefore+100
+	})
+	if !strings.Contains(logs.String(), "scheduled backup failed; the sale goes on") || !strings.Contains(logs.String(), "no space left on device") {
+		t.Fatalf("the node's log does not say the backup failed for want of space:\n%s", logs.String())
+	}
+	checkFiles("while the disk is full")
+	full.Store(false)
+	takenBefore := metricFloat(t, c, "stockd_backups_total")
+	testnode.WaitFor(t, 30*time.Second, "a backup once there is room", func() bool {
+		return metricFloat(t, c, "stockd_backups_total") > takenBefore
+	})
+	close(stop)
+	wg.Wait()
+	stop = make(chan struct{})
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d deducts failed", n)
+	}
+	a := testnode.CheckLedger(t, c, "sch")
+	if a["sold"].(float64) != float64(wins.Load()) {
+		t.Fatalf("sold %v, %d wins answered", a["sold"], wins.Load())
+	}
+	checkFiles("at the end")
 }
