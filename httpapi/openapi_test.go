@@ -28,7 +28,7 @@ func TestOpenAPI_DocumentIsValid(t *testing.T) {
 		"/v1/skus/{sku}/entries": {"GET"}, "/v1/skus/{sku}/entries/{user}": {"GET"}, "/v1/skus/{sku}/draw": {"GET"},
 		"/v1/orders/{id}": {"GET"}, "/v1/orders/{id}/confirm": {"POST"}, "/v1/orders/{id}/cancel": {"POST"},
 		"/v1/events": {"GET"}, "/v1/consumers": {"GET"}, "/v1/consumers/{name}": {"PUT", "DELETE"},
-		"/v1/cluster": {"GET"}, "/v1/cluster/join": {"POST"}, "/v1/cluster/nodes/{id}": {"DELETE"},
+		"/v1/cluster": {"GET"}, "/v1/cluster/join": {"POST"}, "/v1/cluster/nodes/{id}": {"DELETE"}, "/v1/backup": {"GET"},
 		"/v1/stats": {"GET"}, "/v1/openapi.json": {"GET"}, "/ui": {"GET"}, "/healthz": {"GET"}, "/readyz": {"GET"}, "/metrics": {"GET"},
 	}
 	for path, methods := range routes {

@@ -57,7 +57,7 @@ type Config struct {
 	// Backups is the leader's backup schedule (-backup-dir, ...).
 	Backups BackupSchedule
 	Logger  *slog.Logger
-	Version         string
+	Version string
 
 	HTTP   httpapi.Config
 	Raft   raftnode.Config
