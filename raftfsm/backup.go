@@ -125,7 +125,7 @@ func (b *Backup) WriteTo(w io.Writer) (int64, error) {
 		return cw.n, fmt.Errorf("write backup header: %w", err)
 	}
 	start := cw.n
-	if _, err := b.tx.WriteTo(cw); err != nil {
+	if _, err := b.tx.WriteTo(&pacedWriter{w: cw}); err != nil {
 		return cw.n, fmt.Errorf("write backup ledger: %w", err)
 	}
 	if got := cw.n - start; got != b.header.LedgerBytes {
@@ -141,6 +141,39 @@ func (b *Backup) WriteTo(w io.Writer) (int64, error) {
 
 // Close ends the backup's read transaction.
 func (b *Backup) Close() error { return b.tx.Rollback() }
+
+// backupPaceChunk and backupPaceMax pace a backup so that the sale keeps
+// most of the machine: after each chunk of the ledger it waits twice as
+// long as the chunk took (a third of a core at most while the reader
+// keeps up), but at most backupPaceMax, so that a reader at the end of a
+// slow link, which leaves the node idle anyway, loses little. Streamed
+// back to back to a reader on the same two cores, backups of a ledger of
+// a million orders cost committed deducts a quarter of their rate
+// (BENCHMARKS.md, "Backups").
+const (
+	backupPaceChunk = 1 << 20
+	backupPaceMax   = 4 * time.Millisecond
+)
+
+// pacedWriter is w, paced as backupPaceChunk says.
+type pacedWriter struct {
+	w     io.Writer
+	n     int
+	since time.Time
+}
+
+func (p *pacedWriter) Write(b []byte) (int, error) {
+	if p.since.IsZero() {
+		p.since = time.Now()
+	}
+	n, err := p.w.Write(b)
+	if p.n += n; p.n >= backupPaceChunk {
+		p.n = 0
+		time.Sleep(min(2*time.Since(p.since), backupPaceMax))
+		p.since = time.Now()
+	}
+	return n, err
+}
 
 type countingWriter struct {
 	w io.Writer
