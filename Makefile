@@ -35,9 +35,11 @@ lint:
 # leader kill on certificates made by stockd cert, refusals at the node
 # port (openssl needed), certificates rotated with SIGHUP under load, and
 # three hosts in network namespaces (root and iproute2 needed; skipped
-# without, saying why).
+# without, saying why); and stockd backup mid-sale from a follower and the
+# leader, each restored with stockd restore into a fresh three-process
+# cluster that sells the rest.
 test-multiproc:
-	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded|TLS)' ./scenario
+	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded|TLS|BackupRestore)' ./scenario
 
 # One node filled with a million sold orders and their request ids; fails
 # when its peak resident memory (VmHWM) passes 384 MiB.

@@ -112,6 +112,15 @@ func startProcClusterOf(t *testing.T, bin string, extraArgs ...string) *procClus
 // (nil: the cluster secret, plain HTTP).
 func startProcClusterSecured(t *testing.T, bin string, sec *procSecurity, extraArgs ...string) *procCluster {
 	t.Helper()
+	p := newProcCluster(t, bin, sec, extraArgs...)
+	p.startAll()
+	return p
+}
+
+// newProcCluster chooses the nodes' addresses and data dirs and registers
+// their stop; startAll starts them.
+func newProcCluster(t *testing.T, bin string, sec *procSecurity, extraArgs ...string) *procCluster {
+	t.Helper()
 	dir := t.TempDir()
 	p := &procCluster{t: t, bin: bin, ids: []string{"n1", "n2", "n3"},
 		httpAddr: map[string]string{}, raftAddr: map[string]string{}, dataDir: map[string]string{},
@@ -129,11 +138,16 @@ func startProcClusterSecured(t *testing.T, bin string, sec *procSecurity, extraA
 	p.peers = strings.Join(peers, ",")
 	t.Cleanup(p.stopAll)
 	t.Cleanup(p.logTailsIfFailed) // runs after stopAll: the logs are complete
+	return p
+}
+
+// startAll starts every node and waits until the cluster is ready.
+func (p *procCluster) startAll() {
+	p.t.Helper()
 	for _, id := range p.ids {
 		p.Start(id)
 	}
-	testnode.WaitReady(t, p)
-	return p
+	testnode.WaitReady(p.t, p)
 }
 
 func (p *procCluster) Start(id string) {
