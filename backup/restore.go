@@ -56,8 +56,8 @@ func Restore(args []string, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: node %s, the ledger of %s at log index %d (%d SKUs, %d leased units back to available); the new cluster's log starts at %d\n",
-		*dataDir, *id, h.Node, h.AppliedIndex, info.SKUs, info.UnitsUnleased, info.At)
+	fmt.Fprintf(stdout, "%s: node %s of cluster %s, the ledger of %s at log index %d (%d SKUs, %d leased units back to available); the new cluster's log starts at %d\n",
+		*dataDir, *id, info.ClusterID, h.Node, h.AppliedIndex, info.SKUs, info.UnitsUnleased, info.At)
 	fmt.Fprintf(stdout, "start it: stockd serve -id %s -data %s ...\n", *id, *dataDir)
 	return nil
 }
@@ -70,7 +70,7 @@ func restoreInto(from, dir, id string, voters []raftfsm.RestorePeer) (raftfsm.Re
 	if err != nil {
 		return raftfsm.RestoreInfo{}, h, fmt.Errorf("%s: %w", from, err)
 	}
-	info, err := raftfsm.PrepareRestore(tmp, h.AppliedIndex)
+	info, err := raftfsm.PrepareRestore(tmp, h.AppliedIndex, raftfsm.ClusterIDFor(h.Checksum, id, voters))
 	if err != nil {
 		return info, h, fmt.Errorf("prepare the restored ledger: %w", err)
 	}

@@ -28,8 +28,11 @@ import (
 // headerRelayedLoopback, which the leader believes only beside a valid
 // cluster secret.
 const (
-	headerClusterSecret   = "X-Stockd-Cluster-Secret"
-	headerPeerNode        = "X-Stockd-Node"
+	headerClusterSecret = "X-Stockd-Cluster-Secret"
+	headerPeerNode      = "X-Stockd-Node"
+	// headerCluster carries a restored cluster's identity on node-to-node
+	// calls (Config.ClusterID).
+	headerCluster         = "X-Stockd-Cluster"
 	headerRelayedLoopback = "X-Stockd-Relayed-Loopback"
 	// headerAppliedIndex, on an answer to a relayed call, is the leader's
 	// applied index once the call's command applied: the relaying node
@@ -118,6 +121,13 @@ var bodyNeedServiceToken = precomputedError("unauthorized", "this call needs Aut
 // another node than its certificate does is refused; with the cluster
 // secret otherwise. Without either the internal routes are not served.
 func (s *Server) peer(ctx *fasthttp.RequestCtx) bool {
+	if own := s.clusterID(); own != "" {
+		if said := string(ctx.Request.Header.Peek(headerCluster)); said != own {
+			s.logger.Warn("refused a node-to-node call of another cluster", "peer", string(ctx.Request.Header.Peek(headerPeerNode)), "peer_addr", ctx.RemoteAddr().String(), "its_cluster", said, "cluster", own, "path", string(ctx.Path()))
+			writeError(ctx, fasthttp.StatusForbidden, "other_cluster", "this node belongs to cluster "+own+"; the call names "+strconv.Quote(said))
+			return false
+		}
+	}
 	if s.cfg.PeerTLS {
 		pc, ok := ctx.Conn().(PeerConn)
 		if !ok {
@@ -140,6 +150,14 @@ func (s *Server) peer(ctx *fasthttp.RequestCtx) bool {
 	}
 	writeError(ctx, fasthttp.StatusForbidden, "forbidden", "internal routes need the cluster secret")
 	return false
+}
+
+// clusterID is this node's cluster identity ("": none).
+func (s *Server) clusterID() string {
+	if s.cfg.ClusterID == nil {
+		return ""
+	}
+	return s.cfg.ClusterID()
 }
 
 // clientCertMissing answers 401 and reports true when this node requires

@@ -134,6 +134,10 @@ func (s *Server) handlePropose(ctx *fasthttp.RequestCtx) {
 type joinRequest struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
+	// Cluster and AppliedIndex are the joiner's ledger's: a node that
+	// holds another cluster's state may not join.
+	Cluster      string `json:"cluster,omitempty"`
+	AppliedIndex uint64 `json:"applied_index,omitempty"`
 }
 
 func (s *Server) handleJoin(ctx *fasthttp.RequestCtx) {
@@ -147,6 +151,11 @@ func (s *Server) handleJoin(ctx *fasthttp.RequestCtx) {
 	}
 	if _, _, err := net.SplitHostPort(req.RaftAddr); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "raft_addr must be host:port")
+		return
+	}
+	if own := s.clusterID(); own != "" && req.Cluster != own && (req.Cluster != "" || req.AppliedIndex > 0) {
+		s.logger.Warn("refused a join from a node of another cluster", "peer", req.ID, "peer_addr", ctx.RemoteAddr().String(), "its_cluster", req.Cluster, "its_applied_index", req.AppliedIndex, "cluster", own)
+		writeError(ctx, fasthttp.StatusConflict, "other_cluster", fmt.Sprintf("node %s holds the state of another cluster (%q at index %d); this cluster is %s: join it with an empty data dir", req.ID, req.Cluster, req.AppliedIndex, own))
 		return
 	}
 	if !s.cluster.IsLeader() {
@@ -317,6 +326,9 @@ type PeerClientConfig struct {
 	Resolve func(id string) string
 	// Dial connects to an address (nil: plain TCP).
 	Dial DialFunc
+	// Cluster is this node's cluster identity, sent with every call when
+	// it has one (nil or "": none).
+	Cluster func() string
 }
 
 // NewPeerClient returns a client as cfg says.
@@ -336,6 +348,11 @@ func (c *PeerClient) do(id string, req *fasthttp.Request, resp *fasthttp.Respons
 	req.URI().SetScheme("http")
 	req.URI().SetHost(addr)
 	req.Header.Set(headerPeerNode, c.cfg.Self)
+	if c.cfg.Cluster != nil {
+		if id := c.cfg.Cluster(); id != "" {
+			req.Header.Set(headerCluster, id)
+		}
+	}
 	if c.cfg.Secret != "" {
 		req.Header.Set(headerClusterSecret, c.cfg.Secret)
 	}

@@ -162,6 +162,10 @@ type Config struct {
 	// BackupStats, when set, reports the scheduled backups (-backup-dir)
 	// in /metrics.
 	BackupStats func() BackupStats
+	// ClusterID, when set, is this node's cluster identity (a restored
+	// cluster's; "" for none): node-to-node calls and joins that name
+	// another are refused.
+	ClusterID func() string
 }
 
 // DefaultConfig listens on 127.0.0.1:8080.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"stockd/httpapi"
+	"stockd/raftfsm"
 	"stockd/raftnode"
 )
 
@@ -23,13 +24,15 @@ const (
 
 // joinCluster asks a running cluster (through any member's HTTP URL) to
 // add this node as a voter, unless it already is one.
-func joinCluster(cfg Config, raftAddr string, tlsCfg *tls.Config, voters []raftnode.Peer, logger *slog.Logger) error {
+func joinCluster(cfg Config, raftAddr string, tlsCfg *tls.Config, voters []raftnode.Peer, ledger *raftfsm.Ledger, logger *slog.Logger) error {
 	for _, v := range voters {
 		if v.ID == cfg.ID {
 			return nil // restarted on its data dir: already a member
 		}
 	}
-	body, _ := json.Marshal(map[string]string{"id": cfg.ID, "raft_addr": raftAddr})
+	// The joiner's cluster and index: a node holding another cluster's
+	// state is refused (a fresh one has neither).
+	body, _ := json.Marshal(map[string]any{"id": cfg.ID, "raft_addr": raftAddr, "cluster": ledger.ClusterID(), "applied_index": ledger.AppliedIndex()})
 	headers := map[string]string{}
 	if cfg.HTTP.AdminToken != "" {
 		headers["Authorization"] = "Bearer " + cfg.HTTP.AdminToken

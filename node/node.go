@@ -106,7 +106,7 @@ func (c *Config) heldByNode() string {
 		return "the logger (set Config.Logger)"
 	case c.Engine.AdvertiseHTTP != "":
 		return "the advertised HTTP address (set Config.AdvertiseHTTP)"
-	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil, c.HTTP.Backups != nil, c.HTTP.BackupStats != nil:
+	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil, c.HTTP.Backups != nil, c.HTTP.BackupStats != nil, c.HTTP.ClusterID != nil:
 		return "the wiring between the parts (Start makes it; tests set Config.StreamLayer)"
 	}
 	return ""
@@ -251,7 +251,7 @@ func Start(cfg Config) (*Node, error) {
 			rcfg.Advertise = p.Addr
 		}
 	}
-	pcfg := httpapi.PeerClientConfig{Self: cfg.ID, Secret: cfg.HTTP.ClusterSecret, Resolve: view.httpAddrOf, Dial: cfg.PeerDial}
+	pcfg := httpapi.PeerClientConfig{Self: cfg.ID, Secret: cfg.HTTP.ClusterSecret, Resolve: view.httpAddrOf, Dial: cfg.PeerDial, Cluster: ledger.ClusterID}
 	if port := tlsState.port; port != nil {
 		rcfg.StreamLayer, rcfg.Advertise = port.RaftLayer(), port.RaftLayer().Addr().String()
 		pcfg.Resolve, pcfg.Dial = view.raftAddrOf, tlsState.peerDial
@@ -270,6 +270,7 @@ func Start(cfg Config) (*Node, error) {
 	hcfg := cfg.HTTP
 	hcfg.Logger, hcfg.Peers, hcfg.Proposals = logger, peers, proposer
 	hcfg.Backups = nodeBackups{ledger: ledger, node: cfg.ID, version: cfg.Version}
+	hcfg.ClusterID = ledger.ClusterID
 	if cfg.Backups.Dir != "" {
 		n.backups = &backupScheduler{sched: cfg.Backups, ledger: ledger, raft: n.raft, node: cfg.ID, version: cfg.Version,
 			logger: logger.With("component", "backup", "node", cfg.ID)}
@@ -290,7 +291,7 @@ func Start(cfg Config) (*Node, error) {
 	n.httpAddr = httpLn.Addr().String()
 	if cfg.Join != "" {
 		raftAddr := cmp.Or(rcfg.Advertise, cfg.Raft.RaftBind)
-		if err := joinCluster(cfg, raftAddr, tlsState.joinTLS(cfg.Join), n.raft.Status().Voters, logger); err != nil {
+		if err := joinCluster(cfg, raftAddr, tlsState.joinTLS(cfg.Join), n.raft.Status().Voters, ledger, logger); err != nil {
 			return fail(err)
 		}
 	}

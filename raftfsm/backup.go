@@ -60,6 +60,9 @@ type BackupHeader struct {
 	LedgerBytes  int64     `json:"ledger_bytes"`
 	// StockdVersion is the version of the node that wrote it.
 	StockdVersion string `json:"stockd_version,omitempty"`
+	// Checksum is the file's SHA-256, as ReadBackup read it (not in the
+	// header itself).
+	Checksum []byte `json:"-"`
 }
 
 // Backup is an open, consistent view of the ledger being written out as a
@@ -237,6 +240,7 @@ func ReadBackup(r io.Reader, ledger io.Writer) (BackupHeader, error) {
 	if !bytes.Equal(got, want) {
 		return h, fmt.Errorf("%w: the checksum does not match", ErrBackupChecksum)
 	}
+	h.Checksum = want
 	if _, err := br.ReadByte(); err != io.EOF {
 		return h, fmt.Errorf("%w: bytes after the checksum", ErrBackupChecksum)
 	}

@@ -203,6 +203,7 @@ type Ledger struct {
 	// restoredFrom and restoredAt: a ledger restored from a backup at
 	// index restoredFrom went on at restoredAt (restore.go); zero else.
 	restoredFrom, restoredAt uint64
+	clusterID                string // the restored cluster's identity (restore.go)
 	skus                     map[string]*SKU
 	requests                 *requestIndex // request id -> where its order id is
 	// reqSeed hashes request ids and buyer keys, for the whole life of the

@@ -94,11 +94,12 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	bought := make(map[string]int64)
 	seqHigh := make(map[string]uint64)
 	var applied, rules, restoredFrom, restoredAt uint64
+	var clusterID string
 	err := db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
 			applied = binary.BigEndian.Uint64(v)
 		}
-		restoredFrom, restoredAt = loadRestored(tx.Bucket(bucketMeta))
+		restoredFrom, restoredAt, clusterID = loadRestored(tx.Bucket(bucketMeta))
 		var err error
 		if rules, err = loadRules(tx.Bucket(bucketMeta).Get(keyRules)); err != nil {
 			return err
@@ -170,7 +171,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		return err
 	}
 	l.applied, l.rules, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, rules, skus, requests, nodes, holds, bought
-	l.restoredFrom, l.restoredAt = restoredFrom, restoredAt
+	l.restoredFrom, l.restoredAt, l.clusterID = restoredFrom, restoredAt, clusterID
 	l.orderSeqs = make(map[string]*seqWindow, len(seqHigh))
 	for owner, high := range seqHigh {
 		l.orderSeqs[owner] = &seqWindow{floor: high, high: high}

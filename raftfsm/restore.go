@@ -1,7 +1,9 @@
 package raftfsm
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,7 +28,26 @@ var (
 	// restored ledger: the backup's index and the index it went on from.
 	keyRestoredFrom = []byte("restored_from_index")
 	keyRestoredAt   = []byte("restored_at_index")
+	// keyClusterID is the identity a restore gives the new cluster; a
+	// ledger without one belongs to a cluster that was never restored.
+	keyClusterID = []byte("cluster_id")
 )
+
+// ClusterIDFor is the identity of the cluster restored from the backup
+// whose checksum is sum onto voters (or node alone): every node's restore
+// computes the same, and another backup or another set of voters gives
+// another.
+func ClusterIDFor(sum []byte, node string, voters []RestorePeer) string {
+	h := sha256.New()
+	h.Write(sum)
+	if len(voters) == 0 {
+		fmt.Fprintf(h, "\x00%s", node)
+	}
+	for _, v := range voters {
+		fmt.Fprintf(h, "\x00%s=%s", v.ID, v.Addr)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
 
 // RestoreInfo is what PrepareRestore did.
 type RestoreInfo struct {
@@ -37,6 +58,8 @@ type RestoreInfo struct {
 	// went back to available.
 	UnitsUnleased int64
 	SKUs          int
+	// ClusterID is the new cluster's identity.
+	ClusterID string
 }
 
 // PrepareRestore turns the ledger file at path, taken out of a backup at
@@ -46,8 +69,8 @@ type RestoreInfo struct {
 // to index from + RestoreIndexGap. Orders, request ids, holds (with their
 // deadlines), per-user counts, the feed's events and the consumers'
 // cursors stay as they were. The file must not be open.
-func PrepareRestore(path string, from uint64) (RestoreInfo, error) {
-	info := RestoreInfo{From: from, At: from + RestoreIndexGap}
+func PrepareRestore(path string, from uint64, clusterID string) (RestoreInfo, error) {
+	info := RestoreInfo{From: from, At: from + RestoreIndexGap, ClusterID: clusterID}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout})
 	if err != nil {
 		return info, fmt.Errorf("open the restored ledger: %w", err)
@@ -102,21 +125,30 @@ func PrepareRestore(path string, from uint64) (RestoreInfo, error) {
 				return err
 			}
 		}
-		return nil
+		return meta.Put(keyClusterID, []byte(clusterID))
 	})
 	return info, err
 }
 
-// loadRestored reads a restored ledger's restore points (zero: the ledger
-// was not restored).
-func loadRestored(meta *bolt.Bucket) (from, at uint64) {
+// loadRestored reads a restored ledger's restore points and identity
+// (zero: the ledger was not restored).
+func loadRestored(meta *bolt.Bucket) (from, at uint64, clusterID string) {
 	if v := meta.Get(keyRestoredFrom); len(v) == 8 {
 		from = binary.BigEndian.Uint64(v)
 	}
 	if v := meta.Get(keyRestoredAt); len(v) == 8 {
 		at = binary.BigEndian.Uint64(v)
 	}
-	return from, at
+	return from, at, string(meta.Get(keyClusterID))
+}
+
+// ClusterID is the identity of the cluster this ledger belongs to: set by
+// a restore, "" for a cluster never restored. Nodes carry it on every
+// connection to each other; a node with one refuses a peer without it.
+func (l *Ledger) ClusterID() string {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.clusterID
 }
 
 // checkRestoreGap refuses a cursor that names an index the old cluster

@@ -195,7 +195,7 @@ func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 	if err := catchUpFromSnapshot(ledger, snaps, logger); err != nil {
 		return fail(err)
 	}
-	transport, closeTransport, err := newTransport(&cfg, hlog)
+	transport, closeTransport, err := newTransport(&cfg, hlog, ledger.ClusterID, logger)
 	if err != nil {
 		return fail(err)
 	}
@@ -243,8 +243,8 @@ func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 
 // newTransport returns the configured transport (tests), a network
 // transport over cfg's stream layer, or TCP on cfg.RaftBind, and how to
-// close it.
-func newTransport(cfg *Config, hlog hclog.Logger) (raft.Transport, func(), error) {
+// close it. Either stream carries the cluster's identity (identity.go).
+func newTransport(cfg *Config, hlog hclog.Logger, clusterID func() string, logger *slog.Logger) (raft.Transport, func(), error) {
 	if cfg.Transport != nil {
 		return cfg.Transport, func() {}, nil
 	}
@@ -255,23 +255,24 @@ func newTransport(cfg *Config, hlog hclog.Logger) (raft.Transport, func(), error
 	// (the nemesis found it: a follower stuck minutes behind the leader).
 	// Plain AppendEntries retries with backoff instead.
 	tc := &raft.NetworkTransportConfig{MaxPool: transportPoolConns, Timeout: transportIOTimeout, Logger: hlog, MaxRPCsInFlight: 1}
-	if cfg.StreamLayer != nil {
-		tc.Stream = cfg.StreamLayer
-		nt := raft.NewNetworkTransportWithConfig(tc)
-		return nt, func() { nt.Close() }, nil
-	}
-	var advertise net.Addr
-	if cfg.Advertise != "" {
-		var err error
-		if advertise, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
-			return nil, nil, fmt.Errorf("resolve raft advertise address %q: %w", cfg.Advertise, err)
+	stream := cfg.StreamLayer
+	if stream == nil {
+		var advertise net.Addr
+		if cfg.Advertise != "" {
+			var err error
+			if advertise, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
+				return nil, nil, fmt.Errorf("resolve raft advertise address %q: %w", cfg.Advertise, err)
+			}
 		}
+		tcp, err := newTCPLayer(cfg.RaftBind, advertise)
+		if err != nil {
+			return nil, nil, err
+		}
+		stream = tcp
 	}
-	tcp, err := raft.NewTCPTransportWithConfig(cfg.RaftBind, advertise, tc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("listen for raft on %s: %w", cfg.RaftBind, err)
-	}
-	return tcp, func() { tcp.Close() }, nil
+	tc.Stream = &identityLayer{inner: stream, id: clusterID, logger: logger}
+	nt := raft.NewNetworkTransportWithConfig(tc)
+	return nt, func() { nt.Close() }, nil
 }
 
 // raftConfig maps cfg onto hashicorp/raft's config.

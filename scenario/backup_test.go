@@ -500,3 +500,104 @@ func TestBackup_Scheduled(t *testing.T) {
 	}
 	checkFiles("at the end")
 }
+
+// TestRestore_TheOldClusterCannotJoinOrDisturbIt: the restored cluster
+// has an identity of its own, carried on every node connection. The old
+// cluster (same node ids, same cluster secret) replicating to one of its
+// nodes is refused at the connection, before raft reads it; its
+// node-to-node calls are refused; one of its nodes asking to join is
+// refused. The restored cluster keeps its leader, term and members, and
+// sells on.
+func TestRestore_TheOldClusterCannotJoinOrDisturbIt(t *testing.T) {
+	src := testnode.StartCluster(t)
+	sl := src.Client(src.Leader())
+	if code, out := testnode.Call(t, sl, "PUT", "/v1/skus/id", `{"total":1000}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, out)
+	}
+	testnode.WaitSaleEverywhere(t, src, "id")
+	for i := range 20 {
+		if code, out := testnode.Call(t, sl, "POST", "/v1/skus/id/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
+			t.Fatalf("deduct: %d %v", code, out)
+		}
+	}
+	file, _ := fetchBackup(t, sl, "?catch_up=true")
+	backupPath := filepath.Join(t.TempDir(), "src.backup")
+	if err := os.WriteFile(backupPath, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := map[string]*logBuffer{}
+	dst := testnode.StartClusterPrepared(t, 3, func(c *testnode.Cluster) {
+		var peers []string
+		for _, p := range c.Peers {
+			peers = append(peers, p.ID+"="+p.Addr)
+		}
+		for _, id := range c.IDs {
+			var stdout, stderr bytes.Buffer
+			if err := backup.Restore([]string{"-from", backupPath, "-data", c.Dirs[id], "-id", id, "-peers", strings.Join(peers, ",")}, &stdout, &stderr); err != nil {
+				t.Fatalf("restore %s: %v %s", id, err, stderr.String())
+			}
+			logs[id] = &logBuffer{}
+		}
+	}, func(cfg *node.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(logs[cfg.ID], &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	dl := dst.Leader()
+	_, before := testnode.Call(t, dst.Client(dl), "GET", "/v1/cluster", "")
+	target := dst.Follower()
+
+	// The old cluster's leader takes a node of the restored one for a new
+	// voter of its own and replicates to it.
+	if code, out := testnode.Call(t, sl, "POST", "/v1/cluster/join", fmt.Sprintf(`{"id":"n9","raft_addr":%q}`, dst.RaftAddr[target])); code != 200 {
+		t.Fatalf("the old cluster adds the voter: %d %v", code, out)
+	}
+	testnode.WaitFor(t, 20*time.Second, "the restored node to refuse the old leader's raft connections", func() bool {
+		return strings.Contains(logs[target].String(), "refused a raft connection of another cluster")
+	})
+	if !strings.Contains(logs[target].String(), "reason=\"it names no cluster\"") {
+		t.Fatalf("the refusal's reason: %s", logs[target].String())
+	}
+
+	// Its node-to-node calls, with the same cluster secret, are refused.
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(testnode.URL(dst.Client(dl), "/internal/v1/propose"))
+	req.Header.SetMethod("POST")
+	req.Header.Set("X-Stockd-Cluster-Secret", testnode.ClusterSecret)
+	req.Header.Set("X-Stockd-Node", "n1")
+	req.SetBodyString("x")
+	if err := dst.Client(dl).Do(req, resp); err != nil || resp.StatusCode() != 403 || !bytes.Contains(resp.Body(), []byte("other_cluster")) {
+		t.Fatalf("a call of the old cluster's node: %v %d %s", err, resp.StatusCode(), resp.Body())
+	}
+
+	// One of its nodes, holding its state, asks to join.
+	_, srcNode := testnode.Call(t, sl, "GET", "/v1/cluster", "")
+	joinBody := fmt.Sprintf(`{"id":"n7","raft_addr":"127.0.0.1:9","cluster":"","applied_index":%v}`, srcNode["applied_index"])
+	req.Reset()
+	resp.Reset()
+	req.SetRequestURI(testnode.URL(dst.Client(dl), "/v1/cluster/join"))
+	req.Header.SetMethod("POST")
+	req.Header.Set("X-Stockd-Cluster-Secret", testnode.ClusterSecret)
+	req.SetBodyString(joinBody)
+	if err := dst.Client(dl).Do(req, resp); err != nil || resp.StatusCode() != 409 || !bytes.Contains(resp.Body(), []byte("other_cluster")) {
+		t.Fatalf("a join by the old cluster's node: %v %d %s", err, resp.StatusCode(), resp.Body())
+	}
+
+	// The restored cluster is as it was, and sells.
+	_, after := testnode.Call(t, dst.Client(dl), "GET", "/v1/cluster", "")
+	if after["leader"] != before["leader"] || after["term"] != before["term"] || len(after["nodes"].([]any)) != 3 {
+		t.Fatalf("the restored cluster before %v, after %v", before, after)
+	}
+	for i := range 20 {
+		if code, out := testnode.Call(t, dst.Client(dst.IDs[i%3]), "POST", "/v1/skus/id/deduct", fmt.Sprintf(`{"user":"new%d","request_id":"nr%d"}`, i, i)); code != 200 {
+			t.Fatalf("a deduct on the restored cluster: %d %v", code, out)
+		}
+	}
+	for _, id := range dst.IDs {
+		testnode.WaitFor(t, 10*time.Second, id+" applied the new wins", func() bool {
+			_, a := testnode.CallQuiet(dst.Client(id), "GET", "/v1/skus/id", "")
+			return a != nil && a["sold"] == 40.0
+		})
+		testnode.CheckLedger(t, dst.Client(id), "id")
+	}
+}
