@@ -357,6 +357,17 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 	if idx, _ := feedSeq(t, resumed.Events[0].Cursor); idx > index {
 		t.Fatalf("the event after %s is at index %d, past the backup's %d", ackAt, idx, index)
 	}
+	// Every feed event up to the backup's index, and none after it.
+	var want []feedEvent
+	for _, e := range srcPage.Events {
+		if idx, _ := feedSeq(t, e.Cursor); idx <= index {
+			want = append(want, e)
+		}
+	}
+	_, got, _ := readEvents(dc, "0", 1000, 0)
+	if !slices.Equal(got.Events, want) || len(want) == len(srcPage.Events) {
+		t.Fatalf("the restored feed holds %d events, the source %d up to the backup's index %d (of %d)", len(got.Events), len(want), index, len(srcPage.Events))
+	}
 	// The source's cursor past the backup is refused, not skipped.
 	if code, _, body := readEvents(dc, srcLast, 5, 0); code != 410 {
 		t.Fatalf("the source's last cursor %s on the restored cluster: %d %s, want 410", srcLast, code, body)
