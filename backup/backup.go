@@ -34,7 +34,7 @@ func verify(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("stockd backup verify", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: stockd backup verify FILE\n\nChecks a backup file: its framing, its checksum, and the ledger inside (exit 0), or says what is wrong (exit 1).")
+		fmt.Fprintln(stderr, "usage: stockd backup verify FILE\n\nChecks a backup file: its framing, its checksum, and the ledger inside (exit 0), or says what is wrong (exit 1).\nThe ledger is unpacked into $TMPDIR for the check, which needs room for it.")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -147,7 +147,8 @@ func download(ctx context.Context, endpoint string, catchUp bool, adminToken str
 	if err := tmp.Close(); err != nil {
 		return h, size, fmt.Errorf("close the backup file: %w", err)
 	}
-	if h, err = raftfsm.VerifyBackupFile(tmp.Name(), ""); err != nil {
+	// The check unpacks the ledger beside the file: there is room there.
+	if h, err = raftfsm.VerifyBackupFile(tmp.Name(), filepath.Dir(out)); err != nil {
 		return h, size, fmt.Errorf("the backup received does not verify: %w", err)
 	}
 	// Link, not rename: a file that appeared at out meanwhile is not
