@@ -26,6 +26,7 @@ import (
 	"stockd/backup"
 	"stockd/bench"
 	"stockd/feed"
+	"stockd/internal/health"
 	"stockd/internal/pki"
 	"stockd/node"
 )
@@ -77,16 +78,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return exitCode(stderr, "stockd backup", backup.Main(ctx, args, stdout, stderr))
+	case "health":
+		return exitCode(stderr, "stockd health", health.Main(context.Background(), args, stdout, stderr))
 	case "restore":
 		return exitCode(stderr, "stockd restore", backup.Restore(args, stdout, stderr))
 	case "version":
 		fmt.Fprintf(stdout, "stockd %s %s\n", version, runtime.Version())
 		return 0
 	case "help", "-h", "--help":
-		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd cert ca|node|client [flags] | stockd backup -target URL -out FILE | stockd backup verify FILE | stockd restore -from FILE -data DIR -id ID | stockd version\nstockd serve -h lists the flags.")
+		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd cert ca|node|client [flags] | stockd backup -target URL -out FILE | stockd backup verify FILE | stockd restore -from FILE -data DIR -id ID | stockd health [-target URL] | stockd version\nstockd serve -h lists the flags.")
 		return 0
 	}
-	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, cert, backup, restore, version)\n", cmd)
+	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, cert, backup, restore, health, version)\n", cmd)
 	return 2
 }
 
@@ -105,11 +108,18 @@ func exitCode(stderr io.Writer, name string, err error) int {
 // parts' defaults inside it), then fills what the command line left unset
 // from STOCKD_<FLAG>.
 func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
+	cfg, _, err := parseServeCommand(args, stderr)
+	return cfg, err
+}
+
+// parseServeCommand is parseServeFlags that also reports -check-config.
+func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnly bool, _ error) {
 	cfg := node.DefaultConfig()
 	cfg.Version = version
 	var peers, logLevel string
 	raftTimeout := cfg.Raft.HeartbeatTimeout
 	fs := flag.NewFlagSet("stockd serve", flag.ContinueOnError)
+	fs.BoolVar(&checkOnly, "check-config", false, "check the flags (and the certificate files they name) and exit: 0 when the node would start, else 1 with the reason; binds nothing, touches no data")
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.ID, "id", cfg.ID, "node id")
 	fs.StringVar(&cfg.HTTP.Addr, "http", cfg.HTTP.Addr, "HTTP listen address (clients and peers)")
@@ -163,28 +173,28 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return cfg, err
+		return cfg, checkOnly, err
 	}
 	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return cfg, checkOnly, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if err := applyEnv(fs, os.LookupEnv); err != nil {
-		return cfg, err
+		return cfg, checkOnly, err
 	}
 	var err error
 	if cfg.Peers, err = parsePeers(peers); err != nil {
-		return cfg, err
+		return cfg, checkOnly, err
 	}
 	if raftTimeout <= 0 {
-		return cfg, fmt.Errorf("-raft-timeout %s must be > 0", raftTimeout)
+		return cfg, checkOnly, fmt.Errorf("-raft-timeout %s must be > 0", raftTimeout)
 	}
 	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
-		return cfg, fmt.Errorf("-log-level %q: %w", logLevel, err)
+		return cfg, checkOnly, fmt.Errorf("-log-level %q: %w", logLevel, err)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	return cfg, nil
+	return cfg, checkOnly, nil
 }
 
 // applyEnv sets every flag not given on the command line from STOCKD_<FLAG>.
@@ -227,12 +237,19 @@ func parsePeers(s string) ([]node.Peer, error) {
 }
 
 func serve(args []string, stderr io.Writer) error {
-	cfg, err := parseServeFlags(args, stderr)
+	cfg, checkOnly, err := parseServeCommand(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if checkOnly {
+		if err := node.CheckConfig(cfg); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "stockd: the configuration of node %s checks out (http %s, raft %s, data %s)\n", cfg.ID, cfg.HTTP.Addr, cfg.Raft.RaftBind, cfg.DataDir)
+		return nil
 	}
 	n, err := node.Start(cfg)
 	if err != nil {

@@ -206,3 +206,46 @@ func TestRestore_SubcommandRefusesAndBuilds(t *testing.T) {
 	f(0, "the new cluster's log starts at", "restore", "-from", file, "-data", restored, "-id", "n1")
 	f(1, `was restored for node "n1": serve it with -id n1`, "serve", "-id", "n2", "-data", restored, "-http", "127.0.0.1:0", "-raft", "127.0.0.1:0")
 }
+
+func TestHealth_SaysReadyOrWhyNot(t *testing.T) {
+	n := testnode.StartNode(t, t.TempDir())
+	f := func(wantCode int, want string, args ...string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != wantCode || !strings.Contains(stdout.String()+stderr.String(), want) {
+			t.Fatalf("stockd %v: exit %d (want %d), %q (want %q)", args, code, wantCode, stdout.String()+stderr.String(), want)
+		}
+	}
+	f(0, "ready (leader n1", "health", "-target", "http://"+n.HTTPAddr())
+	t.Setenv("STOCKD_HTTP", n.HTTPAddr())
+	f(0, "ready", "health")
+	f(1, "unreachable", "health", "-target", "http://127.0.0.1:1")
+	f(1, "TLS files", "health", "-target", "https://"+n.HTTPAddr(), "-ca", filepath.Join(t.TempDir(), "missing.pem"))
+}
+
+func TestServe_CheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"cert", "ca", "-out", dir}, &stdout, &stderr); code != 0 {
+		t.Fatal(stderr.String())
+	}
+	if code := run([]string{"cert", "node", "-ca", dir, "-id", "n1", "-host", "127.0.0.1", "-out", dir}, &stdout, &stderr); code != 0 {
+		t.Fatal(stderr.String())
+	}
+	certs := []string{"-node-cert", filepath.Join(dir, "n1.pem"), "-node-key", filepath.Join(dir, "n1-key.pem"), "-node-ca", filepath.Join(dir, "ca.pem")}
+	f := func(wantCode int, want string, args ...string) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"serve", "-check-config", "-data", filepath.Join(dir, "data")}, args...), &stdout, &stderr); code != wantCode || !strings.Contains(stderr.String(), want) {
+			t.Fatalf("serve -check-config %v: exit %d (want %d), %q (want %q)", args, code, wantCode, stderr.String(), want)
+		}
+	}
+	f(0, "checks out")
+	f(0, "checks out", append([]string{"-id", "n1", "-raft", "0.0.0.0:7000", "-http", "127.0.0.1:0"}, certs...)...)
+	f(1, "names node \"n1\", and this node is -id n2", append([]string{"-id", "n2", "-raft", "0.0.0.0:7000"}, certs...)...)
+	f(1, "-admin-token", "-http", "0.0.0.0:8080")
+	f(1, "flag provided but not defined: -renamed-flag", "-renamed-flag", "x")
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Fatalf("-check-config touched the data dir: %v", err)
+	}
+}

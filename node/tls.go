@@ -240,3 +240,33 @@ func (t *nodeTLS) joinTLS(joinURL string) *tls.Config {
 	}
 	return t.node.ClientConfig(t.node, "", host, nil)
 }
+
+// CheckConfig is `stockd serve -check-config`: cfg must pass Validate,
+// and every certificate, key and CA file it names must load, with the
+// node certificate's Common Name the node's id. It binds no port and
+// touches no data dir.
+func CheckConfig(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.TLS.onNodeCerts() {
+		s, err := certs.Load("node", cfg.TLS.nodeFiles())
+		if err != nil {
+			return err
+		}
+		if cn := s.Leaf().Subject.CommonName; cn != cfg.ID {
+			return fmt.Errorf("-node-cert %s names node %q, and this node is -id %s: a node's id is its certificate's Common Name", cfg.TLS.NodeCert, cn, cfg.ID)
+		}
+	}
+	if cfg.TLS.HTTPCert != "" {
+		if _, err := certs.Load("http", cfg.TLS.httpFiles()); err != nil {
+			return err
+		}
+	}
+	if cfg.TLS.HTTPClientCA != "" {
+		if _, err := certs.Load("http-client-ca", certs.Files{CA: cfg.TLS.HTTPClientCA}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
