@@ -6,10 +6,18 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: ui-screenshot build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
+.PHONY: image ui-screenshot build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
+
+# The container image (deploy/Dockerfile): the static binary FROM scratch,
+# a non-root user, /data as a volume, a health check through stockd health.
+IMAGE ?= stockd:$(VERSION)
+image:
+	rm -rf deploy/context && mkdir -p deploy/context/data
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o deploy/context/stockd .
+	docker build -f deploy/Dockerfile -t $(IMAGE) deploy/context
 
 # One node on 127.0.0.1:8080 (raft on 127.0.0.1:7000), data in ./data;
 # the operator's page at http://127.0.0.1:8080/ui.

@@ -139,6 +139,7 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	fs.StringVar(&cfg.HTTP.ServiceToken, "service-token", "", "bearer token required for deducts, order reads, confirm and cancel (none: open to the service network)")
 	fs.BoolVar(&cfg.InsecureNoAdminToken, "insecure-no-admin-token", false, "start without -admin-token although -http is reachable from other machines (admin calls then only from loopback clients)")
 	fs.StringVar(&cfg.AdvertiseHTTP, "advertise-http", "", "HTTP address peers use to reach this node (default: the -http address)")
+	fs.StringVar(&cfg.Raft.Advertise, "advertise-raft", "", "the node port's address peers dial, host:port (default: this node's address in -peers, else -raft; needed when -raft listens on 0.0.0.0)")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long in-flight requests, queued takes and lease returns may take before the node closes")
 	fs.DurationVar(&cfg.Engine.LeaseIdleReturn, "lease-idle-return", cfg.Engine.LeaseIdleReturn, "return a sale's unused lease after this long without a sale on this node")
 	fs.DurationVar(&cfg.Engine.ReclaimAfter, "reclaim-after", cfg.Engine.ReclaimAfter, "the leader reclaims the leases of a node unreachable this long")

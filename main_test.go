@@ -241,8 +241,9 @@ func TestServe_CheckConfig(t *testing.T) {
 		}
 	}
 	f(0, "checks out")
-	f(0, "checks out", append([]string{"-id", "n1", "-raft", "0.0.0.0:7000", "-http", "127.0.0.1:0"}, certs...)...)
-	f(1, "names node \"n1\", and this node is -id n2", append([]string{"-id", "n2", "-raft", "0.0.0.0:7000"}, certs...)...)
+	f(0, "checks out", append([]string{"-id", "n1", "-raft", "0.0.0.0:7000", "-advertise-raft", "10.0.0.1:7000", "-http", "127.0.0.1:0"}, certs...)...)
+	f(1, "give -advertise-raft", append([]string{"-id", "n1", "-raft", "0.0.0.0:7000"}, certs...)...)
+	f(1, "names node \"n1\", and this node is -id n2", append([]string{"-id", "n2", "-raft", "0.0.0.0:7000", "-advertise-raft", "n2:7000"}, certs...)...)
 	f(1, "-admin-token", "-http", "0.0.0.0:8080")
 	f(1, "flag provided but not defined: -renamed-flag", "-renamed-flag", "x")
 	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {

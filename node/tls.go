@@ -249,6 +249,9 @@ func CheckConfig(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if host, _, err := net.SplitHostPort(cfg.raftAdvertise()); err != nil || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+		return fmt.Errorf("-raft %s: peers cannot dial %q; give -advertise-raft the address they reach this node at, or name it in -peers", cfg.Raft.RaftBind, cfg.raftAdvertise())
+	}
 	if cfg.TLS.onNodeCerts() {
 		s, err := certs.Load("node", cfg.TLS.nodeFiles())
 		if err != nil {

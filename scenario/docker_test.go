@@ -1,0 +1,179 @@
+package scenario
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/internal/testnode"
+)
+
+// needDocker skips the test, saying why, when no Docker engine answers.
+func needDocker(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("docker"); err != nil {
+		t.Skip("docker is not installed: the image tests need a Docker engine (CI has one)")
+	}
+	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		t.Skipf("no Docker engine answers (%v: %s): the image tests need one (CI has one)", err, strings.TrimSpace(string(out)))
+	}
+}
+
+// docker runs the docker CLI and fails the test with its output on error.
+func docker(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("docker", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func randomSuffix(t *testing.T) string {
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// buildImage builds deploy/Dockerfile from a context holding a static
+// binary, tagged with a name of the test's; it is removed at the end.
+func buildImage(t *testing.T) string {
+	t.Helper()
+	ctx := t.TempDir()
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(ctx, "stockd"), "stockd")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build a static stockd: %v\n%s", err, out)
+	}
+	if err := os.Mkdir(filepath.Join(ctx, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tag := "stockd-test:" + randomSuffix(t)
+	docker(t, "build", "-q", "-f", filepath.Join(moduleDir(t), "deploy", "Dockerfile"), "-t", tag, ctx)
+	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", tag).Run() })
+	return tag
+}
+
+// moduleDir is the repository's root (the scenario tests run in scenario/).
+func moduleDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestDocker_Image builds the image from deploy/Dockerfile, checks what it
+// declares (a user that is not root, the entrypoint, the data volume, the
+// ports, a health check through stockd health), then runs it on a network
+// of the test's own with node certificates made by stockd cert: it turns
+// healthy, sells through its published port, and stops cleanly on
+// SIGTERM within the drain timeout.
+func TestDocker_Image(t *testing.T) {
+	needDocker(t)
+	tag := buildImage(t)
+	var img []struct {
+		Config struct {
+			User         string
+			Entrypoint   []string
+			Cmd          []string
+			Volumes      map[string]any
+			ExposedPorts map[string]any
+			Healthcheck  struct{ Test []string }
+			Env          []string
+		}
+	}
+	if err := json.Unmarshal([]byte(docker(t, "image", "inspect", tag)), &img); err != nil || len(img) != 1 {
+		t.Fatalf("image inspect: %v", err)
+	}
+	c := img[0].Config
+	switch {
+	case c.User == "" || c.User == "root" || strings.HasPrefix(c.User, "0:") || c.User == "0":
+		t.Fatalf("the image runs as %q", c.User)
+	case !slices.Equal(c.Entrypoint, []string{"/stockd"}) || !slices.Equal(c.Cmd, []string{"serve"}):
+		t.Fatalf("entrypoint %v, cmd %v", c.Entrypoint, c.Cmd)
+	case c.Volumes["/data"] == nil:
+		t.Fatalf("volumes %v: no /data", c.Volumes)
+	case c.ExposedPorts["8080/tcp"] == nil || c.ExposedPorts["7000/tcp"] == nil:
+		t.Fatalf("exposed ports %v", c.ExposedPorts)
+	case !slices.Equal(c.Healthcheck.Test, []string{"CMD", "/stockd", "health"}):
+		t.Fatalf("health check %v", c.Healthcheck.Test)
+	}
+
+	// Certificates made by stockd cert, readable by the image's user.
+	bin := buildStockd(t, t.TempDir())
+	certDir := t.TempDir()
+	stockdCmd(t, bin, "cert", "ca", "-out", certDir)
+	stockdCmd(t, bin, "cert", "node", "-ca", certDir, "-id", "n1", "-host", "127.0.0.1,n1", "-out", certDir)
+	for _, f := range []string{"ca.pem", "n1.pem", "n1-key.pem"} {
+		p := filepath.Join(certDir, f)
+		if err := os.Chmod(p, 0o644); err != nil { // a test dir: the key is readable by the container's user
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(certDir, 0o755)
+
+	network := "stockd-test-" + randomSuffix(t)
+	docker(t, "network", "create", network)
+	t.Cleanup(func() { exec.Command("docker", "network", "rm", network).Run() })
+	name := "stockd-test-" + randomSuffix(t)
+	docker(t, "run", "-d", "--name", name, "--network", network, "--hostname", "n1", "-p", "127.0.0.1::8080",
+		"-v", certDir+":/certs:ro", "-e", "STOCKD_ADMIN_TOKEN=test-admin-token",
+		"-e", "STOCKD_ADVERTISE_RAFT=n1:7000", "-e", "STOCKD_NODE_CERT=/certs/n1.pem", "-e", "STOCKD_NODE_KEY=/certs/n1-key.pem", "-e", "STOCKD_NODE_CA=/certs/ca.pem",
+		tag)
+	t.Cleanup(func() { exec.Command("docker", "rm", "-f", name).Run() })
+	defer func() {
+		if t.Failed() {
+			out, _ := exec.Command("docker", "logs", "--tail", "40", name).CombinedOutput()
+			t.Logf("the container's log:\n%s", out)
+		}
+	}()
+	testnode.WaitFor(t, 90*time.Second, "the container healthy", func() bool {
+		return docker(t, "inspect", "-f", "{{.State.Health.Status}}", name) == "healthy"
+	})
+	addr := strings.TrimPrefix(docker(t, "port", name, "8080/tcp"), "0.0.0.0:")
+	cl := &fasthttp.HostClient{Addr: addr, ReadTimeout: 10 * time.Second}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/v1/skus/box")
+	req.Header.SetMethod("PUT")
+	req.Header.Set("Authorization", "Bearer test-admin-token")
+	req.SetBodyString(`{"total":50}`)
+	if err := cl.Do(req, resp); err != nil || resp.StatusCode() != 201 {
+		t.Fatalf("create a sale in the container: %v %d %s", err, resp.StatusCode(), resp.Body())
+	}
+	for i := range 60 {
+		code, out := testnode.Call(t, cl, "POST", "/v1/skus/box/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
+		if (i < 50 && code != 200) || (i >= 50 && (code != 409 || out["error"] != "sold_out")) {
+			t.Fatalf("deduct %d in the container: %d %v", i, code, out)
+		}
+	}
+	if a := testnode.CheckLedger(t, cl, "box"); a["sold"].(float64) != 50 {
+		t.Fatalf("sold %v, want 50", a["sold"])
+	}
+	start := time.Now()
+	docker(t, "stop", "-t", "20", name)
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("the container took %s to stop on SIGTERM", took)
+	}
+	if code := docker(t, "inspect", "-f", "{{.State.ExitCode}}", name); code != "0" {
+		t.Fatalf("the container exited with %s after SIGTERM", code)
+	}
+	if logs, _ := exec.Command("docker", "logs", name).CombinedOutput(); !strings.Contains(string(logs), "stopped cleanly") {
+		t.Fatalf("the container's log does not say it stopped cleanly:\n%s", logs)
+	}
+}
