@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -179,6 +180,11 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	if fs.NArg() > 0 {
 		return cfg, checkOnly, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if checkOnly {
+		for _, v := range unknownEnv(fs, os.Environ()) {
+			fmt.Fprintf(stderr, "stockd: warning: %s matches no flag of stockd serve and is ignored (a renamed flag?)\n", v)
+		}
+	}
 	if err := applyEnv(fs, os.LookupEnv); err != nil {
 		return cfg, checkOnly, err
 	}
@@ -215,6 +221,25 @@ func applyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
 		}
 	})
 	return err
+}
+
+// envNotFlags are STOCKD_ variables other commands read.
+var envNotFlags = map[string]bool{"STOCKD_HEALTH_CA": true}
+
+// unknownEnv lists the STOCKD_ variables in environ that name no flag of
+// fs.
+func unknownEnv(fs *flag.FlagSet, environ []string) []string {
+	known := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { known["STOCKD_"+strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))] = true })
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "STOCKD_") && !known[k] && !envNotFlags[k] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func parsePeers(s string) ([]node.Peer, error) {
