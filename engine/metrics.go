@@ -118,6 +118,7 @@ type Snapshot struct {
 	FeedAtCap         bool
 	AuditDrift        map[string]int64 // units, per sku, from the last periodic audit
 	AuditSeconds      float64          // how long the last periodic audit took
+	PeersUnreachable  int              // on the leader, the voters it fails to heartbeat
 	BatchSizeBounds   []float64
 	BatchSizeCounts   []uint64 // per bucket of BatchSizeBounds, then +Inf
 	// CommitBounds and CommitCounts: Take batches by the time from their
@@ -153,6 +154,9 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s.AdmissionLimit, s.AdmissionInPath = e.adaptive.limit.Load(), e.adaptive.inPath.Load()
 	s.AdmissionAdaptive = e.adaptive.target > 0
 	s.CommitBlocked = e.commitBlocked.Load()
+	if e.cfg.Cluster != nil {
+		s.PeersUnreachable = len(e.cfg.Cluster.Unreachable())
+	}
 	sales := *e.sales.Load()
 	s.BucketUnits = make(map[string]int64, len(sales))
 	s.Tails = make(map[string]SaleTail, len(sales))

@@ -70,9 +70,14 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	metrics.WriteGaugeUint64(&w, "stockd_commit_breaker_open", boolGauge(m.CommitBlocked))
 	metrics.WriteCounterUint64(&w, "stockd_holds_expired_units_total", m.HoldsExpired)
 	metrics.WriteCounterUint64(&w, "stockd_lottery_entries_total", m.LotteryEntries)
+	var driftMax int64
 	for _, sku := range slices.Sorted(maps.Keys(m.AuditDrift)) {
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_audit_drift_units{sku=%q}`, sku), uint64(m.AuditDrift[sku]))
+		driftMax = max(driftMax, m.AuditDrift[sku])
 	}
+	// The alerts' series: present on every node, 0 when all is well.
+	metrics.WriteGaugeUint64(&w, "stockd_audit_drift_units_max", uint64(driftMax))
+	metrics.WriteGaugeUint64(&w, "stockd_raft_peers_unreachable", uint64(m.PeersUnreachable))
 	metrics.WriteGaugeFloat64(&w, "stockd_audit_duration_seconds", m.AuditSeconds)
 	metrics.WriteGaugeUint64(&w, "stockd_proposals_in_flight", uint64(m.ProposalsInFlight))
 	metrics.WriteGaugeUint64(&w, "stockd_take_queue_length", uint64(m.TakeQueueLength))
@@ -123,6 +128,16 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	metrics.WriteCounterUint64(&w, "stockd_feed_unacknowledged_pruned_events_total", m.FeedUnreadPruned)
 	metrics.WriteGaugeUint64(&w, "stockd_feed_at_cap", boolGauge(m.FeedAtCap))
+	// A feature that is off says so, so that every series the alerts and
+	// the dashboard read exists on every node (deploy/prometheus).
+	metrics.WriteGaugeUint64(&w, "stockd_backup_enabled", boolGauge(s.cfg.BackupStats != nil))
+	if s.cfg.BackupStats == nil {
+		metrics.WriteGaugeFloat64(&w, "stockd_backup_last_success_timestamp_seconds", 0)
+	}
+	metrics.WriteGaugeUint64(&w, "stockd_tls_enabled", boolGauge(s.cfg.TLSExpiries != nil && len(s.cfg.TLSExpiries()) > 0))
+	if s.cfg.TLSExpiries == nil || len(s.cfg.TLSExpiries()) == 0 {
+		metrics.WriteGaugeFloat64(&w, `stockd_tls_cert_expiry_timestamp_seconds{cert="none"}`, 0)
+	}
 	if s.cfg.BackupStats != nil {
 		b := s.cfg.BackupStats()
 		last := 0.0
