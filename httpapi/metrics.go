@@ -121,10 +121,15 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 		metrics.WriteGaugeUint64(&w, "stockd_feed_head_sequence", v.Head.Seq)
 		metrics.WriteGaugeUint64(&w, "stockd_feed_retained_events", v.Retained)
 		metrics.WriteGaugeUint64(&w, "stockd_feed_cap_events", v.Cap)
+		var lagMax uint64
 		for _, c := range v.Consumers {
 			metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_feed_consumer_lag_events{consumer=%q}`, c.Name), c.LagEvents)
 			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_feed_consumer_lag_seconds{consumer=%q}`, c.Name), c.LagSeconds)
+			lagMax = max(lagMax, c.LagEvents)
 		}
+		// Present with no consumer too: 0 consumers, 0 lag.
+		metrics.WriteGaugeUint64(&w, "stockd_feed_consumers", uint64(len(v.Consumers)))
+		metrics.WriteGaugeUint64(&w, "stockd_feed_consumer_lag_events_max", lagMax)
 	}
 	metrics.WriteCounterUint64(&w, "stockd_feed_unacknowledged_pruned_events_total", m.FeedUnreadPruned)
 	metrics.WriteGaugeUint64(&w, "stockd_feed_at_cap", boolGauge(m.FeedAtCap))

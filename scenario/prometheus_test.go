@@ -259,3 +259,40 @@ func TestDeploy_AlertsOnARealPrometheus(t *testing.T) {
 		}
 	}
 }
+
+// TestDeploy_DashboardReadsWhatANodeExports: deploy/grafana/stockd.json is
+// a dashboard (JSON with panels and their queries), and every metric its
+// queries read is exported by a default single node holding one sale.
+func TestDeploy_DashboardReadsWhatANodeExports(t *testing.T) {
+	path := filepath.Join(moduleDir(t), "deploy", "grafana", "stockd.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Title  string
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil || dash.Title == "" || len(dash.Panels) < 8 {
+		t.Fatalf("the dashboard: %v, %d panels", err, len(dash.Panels))
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 || p.Targets[0].Expr == "" {
+			t.Fatalf("panel %q has no query", p.Title)
+		}
+	}
+	n := testnode.StartNode(t, t.TempDir())
+	c := testnode.ClientOf(n, 1)
+	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/d", `{"total":10}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, out)
+	}
+	exported := exportedNames(t, testnode.GetRaw(t, c, "/metrics"))
+	for _, name := range seriesNames(t, path) {
+		if name != "up" && !exported[name] {
+			t.Errorf("the dashboard reads %s, which a default node does not export", name)
+		}
+	}
+}
