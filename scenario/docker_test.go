@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,5 +177,180 @@ func TestDocker_Image(t *testing.T) {
 	}
 	if logs, _ := exec.Command("docker", "logs", name).CombinedOutput(); !strings.Contains(string(logs), "stopped cleanly") {
 		t.Fatalf("the container's log does not say it stopped cleanly:\n%s", logs)
+	}
+}
+
+// composeCmd is the compose tool installed: "docker compose" or
+// "docker-compose" (nil: none).
+func composeCmd() []string {
+	if exec.Command("docker", "compose", "version").Run() == nil {
+		return []string{"docker", "compose"}
+	}
+	if p, err := exec.LookPath("docker-compose"); err == nil {
+		return []string{p}
+	}
+	return nil
+}
+
+// TestDocker_Compose brings up deploy/compose.yaml as shipped (the image
+// built from deploy/Dockerfile, certificates made by stockd cert): three
+// nodes on a private network. A sale through the published ports goes on
+// while one container is killed and started again and another is cut off
+// with docker network disconnect and reconnected; every buyer retries
+// with the same request id until answered. Nothing is oversold or lost,
+// and docker compose stop stops every node cleanly within the grace
+// period.
+func TestDocker_Compose(t *testing.T) {
+	needDocker(t)
+	compose := composeCmd()
+	if compose == nil {
+		t.Skip("neither docker compose nor docker-compose is installed")
+	}
+	tag := buildImage(t)
+	bin := buildStockd(t, t.TempDir())
+	certDir := t.TempDir()
+	stockdCmd(t, bin, "cert", "ca", "-out", certDir)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		stockdCmd(t, bin, "cert", "node", "-ca", certDir, "-id", n, "-host", n+",127.0.0.1", "-out", certDir)
+	}
+	entries, _ := os.ReadDir(certDir)
+	for _, e := range entries {
+		os.Chmod(filepath.Join(certDir, e.Name()), 0o644) // a test dir: readable by the image's user
+	}
+	os.Chmod(certDir, 0o755)
+	project := "stockdtest" + randomSuffix(t)
+	ports := map[string]string{}
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "STOCKD_IMAGE=" + tag, "STOCKD_CERTS=" + certDir, "STOCKD_ADMIN_TOKEN=compose-admin"}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		ports[n] = strings.TrimPrefix(freePort(t), "127.0.0.1:")
+		env = append(env, "STOCKD_"+strings.ToUpper(n)+"_PORT="+ports[n])
+	}
+	file := filepath.Join(moduleDir(t), "deploy", "compose.yaml")
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(compose[0], append(append(compose[1:], "-f", file, "-p", project), args...)...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", strings.Join(compose, " "), strings.Join(args, " "), err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	t.Cleanup(func() {
+		cmd := exec.Command(compose[0], append(append(compose[1:], "-f", file, "-p", project), "down", "-v", "-t", "1")...)
+		cmd.Env = env
+		cmd.Run()
+	})
+	run("up", "-d")
+	container := map[string]string{}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		container[n] = run("ps", "-q", n)
+	}
+	defer func() {
+		if t.Failed() {
+			for n, id := range container {
+				out, _ := exec.Command("docker", "logs", "--tail", "30", id).CombinedOutput()
+				t.Logf("--- %s's log:\n%s", n, out)
+			}
+		}
+	}()
+	clients := map[string]*fasthttp.HostClient{}
+	for n, p := range ports {
+		clients[n] = &fasthttp.HostClient{Addr: "127.0.0.1:" + p, ReadTimeout: 10 * time.Second, MaxConns: 16}
+	}
+	testnode.WaitFor(t, 2*time.Minute, "three healthy containers", func() bool {
+		for _, id := range container {
+			if docker(t, "inspect", "-f", "{{.State.Health.Status}}", id) != "healthy" {
+				return false
+			}
+		}
+		return true
+	})
+	const units = 3000
+	admin := func(c *fasthttp.HostClient, method, path, body string) int {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.SetRequestURI("http://" + c.Addr + path)
+		req.Header.SetMethod(method)
+		req.Header.Set("Authorization", "Bearer compose-admin")
+		req.SetBodyString(body)
+		if err := c.Do(req, resp); err != nil {
+			return 0
+		}
+		return resp.StatusCode()
+	}
+	if code := admin(clients["n1"], "PUT", "/v1/skus/cmp", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create the sale: %d", code)
+	}
+
+	// Buyers on all three published ports; each retries with its request
+	// id until it gets a definite answer.
+	var wins, losses atomic.Int64
+	var mu sync.Mutex
+	orders := map[string]bool{}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	stopBuying := time.Now().Add(3 * time.Minute)
+	for w := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			names := []string{"n1", "n2", "n3"}
+			for time.Now().Before(stopBuying) && wins.Load() < units {
+				b := next.Add(1)
+				body := fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b)
+				for try := 0; time.Now().Before(stopBuying); try++ {
+					code, out := testnode.CallQuiet(clients[names[(w+try)%3]], "POST", "/v1/skus/cmp/deduct", body)
+					if code == 200 {
+						mu.Lock()
+						if orders[out["order_id"].(string)] {
+							mu.Unlock()
+							t.Errorf("order %v answered to two buyers", out["order_id"])
+							return
+						}
+						orders[out["order_id"].(string)] = true
+						mu.Unlock()
+						wins.Add(1)
+						break
+					}
+					if code == 409 && out["error"] == "sold_out" {
+						losses.Add(1)
+						break
+					}
+					time.Sleep(50 * time.Millisecond) // a retry's pause, not synchronisation
+				}
+			}
+		}()
+	}
+	testnode.WaitFor(t, time.Minute, "300 wins", func() bool { return wins.Load() >= 300 })
+	docker(t, "kill", container["n2"])
+	testnode.WaitFor(t, time.Minute, "wins while n2 is down", func() bool { return wins.Load() >= 800 })
+	docker(t, "start", container["n2"])
+	network := project + "_stockd"
+	docker(t, "network", "disconnect", network, container["n3"])
+	testnode.WaitFor(t, time.Minute, "wins while n3 is cut off", func() bool { return wins.Load() >= 1500 })
+	docker(t, "network", "connect", "--alias", "n3", network, container["n3"])
+	wg.Wait()
+	if wins.Load() != units {
+		t.Fatalf("%d wins answered for %d units", wins.Load(), units)
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		testnode.WaitFor(t, time.Minute, n+" caught up with the sale", func() bool {
+			_, a := testnode.CallQuiet(clients[n], "GET", "/v1/skus/cmp/audit", "")
+			return a != nil && a["ok"] == true && a["sold"] == float64(units)
+		})
+		testnode.CheckLedger(t, clients[n], "cmp")
+	}
+
+	start := time.Now()
+	run("stop")
+	if took := time.Since(start); took > 25*time.Second {
+		t.Fatalf("docker compose stop took %s", took)
+	}
+	for n, id := range container {
+		if code := docker(t, "inspect", "-f", "{{.State.ExitCode}}", id); code != "0" {
+			t.Fatalf("%s exited with %s on stop", n, code)
+		}
 	}
 }

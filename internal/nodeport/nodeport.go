@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,11 +89,17 @@ func Listen(bind, advertise, id string, store *certs.Store, logger *slog.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("node port: listen on %s: %w", bind, err)
 	}
+	// The address is advertised as given, a host name kept a host name:
+	// peers check this node's certificate against the host they dial, and
+	// a certificate names the host, not the address it resolves to today
+	// (a container's, say).
+	host, port, _ := net.SplitHostPort(advertise)
 	if adv.Port == 0 { // bound to port 0 (tests): advertise the port it got
-		adv.Port = ln.Addr().(*net.TCPAddr).Port
+		port = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	}
-	p := &Port{ln: ln, advertise: adv, id: id, store: store, logger: logger, done: make(chan struct{})}
-	p.raft, p.http = newChanListener(p, adv), newChanListener(p, ln.Addr())
+	named := hostAddr(net.JoinHostPort(host, port))
+	p := &Port{ln: ln, advertise: named, id: id, store: store, logger: logger, done: make(chan struct{})}
+	p.raft, p.http = newChanListener(p, named), newChanListener(p, ln.Addr())
 	p.server = store.ServerConfig(store, tls.RequireAndVerifyClientCert, []string{ProtoRaft, ProtoHTTP}, p.checkClient)
 	go p.accept()
 	return p, nil
@@ -254,3 +261,9 @@ func (l *chanListener) Accept() (net.Conn, error) {
 func (l *chanListener) Close() error { l.close(); return nil }
 
 func (l *chanListener) Addr() net.Addr { return l.addr }
+
+// hostAddr is a TCP address as it was given, host name and all.
+type hostAddr string
+
+func (a hostAddr) Network() string { return "tcp" }
+func (a hostAddr) String() string  { return string(a) }
