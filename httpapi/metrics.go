@@ -101,6 +101,10 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	for _, sku := range slices.Sorted(maps.Keys(m.BucketUnits)) {
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_bucket_units{sku=%q}`, sku), uint64(max(m.BucketUnits[sku], 0)))
+		if v, ok := s.engine.SKU(sku); ok { // the sale as this node's ledger has it
+			metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_sale_remaining_units{sku=%q}`, sku), uint64(max(v.Row.Remaining(), 0)))
+			metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_sale_sold_units{sku=%q}`, sku), uint64(max(v.Row.Sold, 0)))
+		}
 	}
 	s.latency.write(&w, "stockd_deduct_duration_seconds")
 	writeHistogram(&w, "stockd_take_batch_entries", m.BatchSizeBounds, m.BatchSizeCounts, float64(m.TakeBatchEntries))
@@ -108,6 +112,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	if s.cluster != nil {
 		st := s.cluster.Status()
 		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_raft_state{state=%q}`, st.State), 1)
+		metrics.WriteGaugeUint64(&w, "stockd_raft_leader_known", boolGauge(st.Leader != ""))
 		metrics.WriteGaugeUint64(&w, "stockd_raft_term", st.Term)
 		metrics.WriteGaugeUint64(&w, "stockd_raft_commit_index", st.CommitIndex)
 		metrics.WriteGaugeUint64(&w, "stockd_raft_applied_index", st.AppliedIndex)

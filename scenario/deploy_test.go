@@ -158,6 +158,13 @@ func TestDeploy_ComposeAndManifestsPassCheckConfig(t *testing.T) {
 	if len(compose.Services) != 3 {
 		t.Fatalf("compose.yaml has %d services, want 3", len(compose.Services))
 	}
+	if tool := composeCmd(); tool != nil { // the file validates with no environment set
+		cmd := exec.Command(tool[0], append(tool[1:], "-f", filepath.Join(root, "deploy", "compose.yaml"), "config", "-q")...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s config with no environment: %v\n%s", strings.Join(tool, " "), err, out)
+		}
+	}
 	for name, svc := range compose.Services {
 		env := map[string]string{}
 		maps.Copy(env, image)

@@ -296,3 +296,18 @@ func TestDeploy_DashboardReadsWhatANodeExports(t *testing.T) {
 		}
 	}
 }
+
+// TestDeploy_NoAlertOnAHealthyDefaultNode: a Prometheus scraping one node
+// with default flags (no TLS, no backups, no consumers) evaluates every
+// rule several times and finds nothing pending or firing.
+func TestDeploy_NoAlertOnAHealthyDefaultNode(t *testing.T) {
+	n := testnode.StartNode(t, t.TempDir())
+	prom := prometheus(t, filepath.Join(moduleDir(t), "deploy", "prometheus", "alerts.yml"), []string{n.HTTPAddr()})
+	testnode.WaitFor(t, 30*time.Second, "prometheus scraping the node", func() bool { return targetsUp(t, prom) == 1 })
+	for until := time.Now().Add(6 * time.Second); time.Now().Before(until); {
+		if a := alerts(t, prom); len(a) > 0 {
+			t.Fatalf("alerts on a healthy default node: %+v", a)
+		}
+		time.Sleep(500 * time.Millisecond) // polling Prometheus's evaluations, not synchronising
+	}
+}
