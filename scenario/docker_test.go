@@ -345,9 +345,11 @@ func TestDocker_Compose(t *testing.T) {
 
 	start := time.Now()
 	run("stop")
-	if took := time.Since(start); took > 25*time.Second {
-		t.Fatalf("docker compose stop took %s", took)
+	took := time.Since(start)
+	if took > 12*time.Second { // the drain timeout is 10 s
+		t.Fatalf("docker compose stop took %s, past the drain timeout", took)
 	}
+	t.Logf("docker compose stop: %s", took.Round(time.Millisecond))
 	for n, id := range container {
 		if code := docker(t, "inspect", "-f", "{{.State.ExitCode}}", id); code != "0" {
 			t.Fatalf("%s exited with %s on stop", n, code)
