@@ -6,6 +6,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"stockd/engine"
 	"stockd/internal/counter"
 	"sync/atomic"
 	"time"
@@ -89,23 +90,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 		metrics.WriteGaugeUint64(&w, "stockd_admission_limit", uint64(max(m.AdmissionLimit, 0)))
 	}
 	metrics.WriteGaugeUint64(&w, "stockd_admission_waiting_commit", uint64(max(m.AdmissionInPath, 0)))
-	for _, sku := range slices.Sorted(maps.Keys(m.Tails)) {
-		tail := m.Tails[sku]
-		metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_tail_seconds{sku=%q}`, sku), tail.Length().Seconds())
-		if !tail.FirstSoldOut.IsZero() {
-			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_first_sold_out_timestamp_seconds{sku=%q}`, sku), float64(tail.FirstSoldOut.UnixNano())/1e9)
-		}
-		if !tail.LastWin.IsZero() {
-			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_sale_last_win_timestamp_seconds{sku=%q}`, sku), float64(tail.LastWin.UnixNano())/1e9)
-		}
-	}
-	for _, sku := range slices.Sorted(maps.Keys(m.BucketUnits)) {
-		metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_bucket_units{sku=%q}`, sku), uint64(max(m.BucketUnits[sku], 0)))
-		if v, ok := s.engine.SKU(sku); ok { // the sale as this node's ledger has it
-			metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_sale_remaining_units{sku=%q}`, sku), uint64(max(v.Row.Remaining(), 0)))
-			metrics.WriteGaugeUint64(&w, fmt.Sprintf(`stockd_sale_sold_units{sku=%q}`, sku), uint64(max(v.Row.Sold, 0)))
-		}
-	}
+	s.writeSaleMetrics(&w, &m)
 	s.latency.write(&w, "stockd_deduct_duration_seconds")
 	writeHistogram(&w, "stockd_take_batch_entries", m.BatchSizeBounds, m.BatchSizeCounts, float64(m.TakeBatchEntries))
 	writeHistogram(&w, "stockd_take_commit_seconds", m.CommitBounds, m.CommitCounts, m.CommitSeconds)
@@ -138,32 +123,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	metrics.WriteCounterUint64(&w, "stockd_feed_unacknowledged_pruned_events_total", m.FeedUnreadPruned)
 	metrics.WriteGaugeUint64(&w, "stockd_feed_at_cap", boolGauge(m.FeedAtCap))
-	// A feature that is off says so, so that every series the alerts and
-	// the dashboard read exists on every node (deploy/prometheus).
-	metrics.WriteGaugeUint64(&w, "stockd_backup_enabled", boolGauge(s.cfg.BackupStats != nil))
-	if s.cfg.BackupStats == nil {
-		metrics.WriteGaugeFloat64(&w, "stockd_backup_last_success_timestamp_seconds", 0)
-	}
-	metrics.WriteGaugeUint64(&w, "stockd_tls_enabled", boolGauge(s.cfg.TLSExpiries != nil && len(s.cfg.TLSExpiries()) > 0))
-	if s.cfg.TLSExpiries == nil || len(s.cfg.TLSExpiries()) == 0 {
-		metrics.WriteGaugeFloat64(&w, `stockd_tls_cert_expiry_timestamp_seconds{cert="none"}`, 0)
-	}
-	if s.cfg.BackupStats != nil {
-		b := s.cfg.BackupStats()
-		last := 0.0
-		if !b.LastSuccess.IsZero() {
-			last = float64(b.LastSuccess.UnixNano()) / 1e9
-		}
-		metrics.WriteGaugeFloat64(&w, "stockd_backup_last_success_timestamp_seconds", last)
-		metrics.WriteGaugeUint64(&w, "stockd_backup_last_bytes", uint64(max(b.LastBytes, 0)))
-		metrics.WriteCounterUint64(&w, "stockd_backups_total", b.Taken)
-		metrics.WriteCounterUint64(&w, "stockd_backup_failures_total", b.Failures)
-	}
-	if s.cfg.TLSExpiries != nil {
-		for _, e := range s.cfg.TLSExpiries() {
-			metrics.WriteGaugeFloat64(&w, fmt.Sprintf(`stockd_tls_cert_expiry_timestamp_seconds{cert=%q}`, e.Name), float64(e.NotAfter.Unix()))
-		}
-	}
+	s.writeOptionalMetrics(&w)
 	metrics.WriteProcessMetrics(&w)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/plain; version=0.0.4")
@@ -193,4 +153,57 @@ func writeHistogram(w io.Writer, name string, bounds []float64, counts []uint64,
 	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n", name, cum)
 	fmt.Fprintf(w, "%s_sum %g\n", name, sum)
 	fmt.Fprintf(w, "%s_count %d\n", name, cum)
+}
+
+// writeSaleMetrics writes each sale's series: its tail, its units in the
+// buckets, and its remaining and sold units as this node's ledger has them.
+func (s *Server) writeSaleMetrics(w *bytes.Buffer, m *engine.Snapshot) {
+	for _, sku := range slices.Sorted(maps.Keys(m.Tails)) {
+		tail := m.Tails[sku]
+		metrics.WriteGaugeFloat64(w, fmt.Sprintf(`stockd_sale_tail_seconds{sku=%q}`, sku), tail.Length().Seconds())
+		if !tail.FirstSoldOut.IsZero() {
+			metrics.WriteGaugeFloat64(w, fmt.Sprintf(`stockd_sale_first_sold_out_timestamp_seconds{sku=%q}`, sku), float64(tail.FirstSoldOut.UnixNano())/1e9)
+		}
+		if !tail.LastWin.IsZero() {
+			metrics.WriteGaugeFloat64(w, fmt.Sprintf(`stockd_sale_last_win_timestamp_seconds{sku=%q}`, sku), float64(tail.LastWin.UnixNano())/1e9)
+		}
+	}
+	for _, sku := range slices.Sorted(maps.Keys(m.BucketUnits)) {
+		metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_bucket_units{sku=%q}`, sku), uint64(max(m.BucketUnits[sku], 0)))
+		if v, ok := s.engine.SKU(sku); ok { // the sale as this node's ledger has it
+			metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_sale_remaining_units{sku=%q}`, sku), uint64(max(v.Row.Remaining(), 0)))
+			metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_sale_sold_units{sku=%q}`, sku), uint64(max(v.Row.Sold, 0)))
+		}
+	}
+}
+
+// writeOptionalMetrics writes the series of the features that may be off
+// (scheduled backups, TLS).
+func (s *Server) writeOptionalMetrics(w *bytes.Buffer) {
+	// A feature that is off says so, so that every series the alerts and
+	// the dashboard read exists on every node (deploy/prometheus).
+	metrics.WriteGaugeUint64(w, "stockd_backup_enabled", boolGauge(s.cfg.BackupStats != nil))
+	if s.cfg.BackupStats == nil {
+		metrics.WriteGaugeFloat64(w, "stockd_backup_last_success_timestamp_seconds", 0)
+	}
+	metrics.WriteGaugeUint64(w, "stockd_tls_enabled", boolGauge(s.cfg.TLSExpiries != nil && len(s.cfg.TLSExpiries()) > 0))
+	if s.cfg.TLSExpiries == nil || len(s.cfg.TLSExpiries()) == 0 {
+		metrics.WriteGaugeFloat64(w, `stockd_tls_cert_expiry_timestamp_seconds{cert="none"}`, 0)
+	}
+	if s.cfg.BackupStats != nil {
+		b := s.cfg.BackupStats()
+		last := 0.0
+		if !b.LastSuccess.IsZero() {
+			last = float64(b.LastSuccess.UnixNano()) / 1e9
+		}
+		metrics.WriteGaugeFloat64(w, "stockd_backup_last_success_timestamp_seconds", last)
+		metrics.WriteGaugeUint64(w, "stockd_backup_last_bytes", uint64(max(b.LastBytes, 0)))
+		metrics.WriteCounterUint64(w, "stockd_backups_total", b.Taken)
+		metrics.WriteCounterUint64(w, "stockd_backup_failures_total", b.Failures)
+	}
+	if s.cfg.TLSExpiries != nil {
+		for _, e := range s.cfg.TLSExpiries() {
+			metrics.WriteGaugeFloat64(w, fmt.Sprintf(`stockd_tls_cert_expiry_timestamp_seconds{cert=%q}`, e.Name), float64(e.NotAfter.Unix()))
+		}
+	}
 }
