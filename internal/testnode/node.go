@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"stockd/node"
 	"stockd/raftfsm"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,10 +23,33 @@ import (
 // tests check them against the OpenAPI document).
 var Record = func(req *fasthttp.Request, resp *fasthttp.Response) {}
 
-type tbWriter struct{ tb testing.TB }
+// tbWriter sends a node's log lines to its test's log until the test's
+// last cleanup; a node that outlives its test (a leaked one) writes to
+// nowhere after that, instead of into a finished test.
+type tbWriter struct {
+	tb     testing.TB
+	mu     sync.Mutex
+	closed bool
+}
 
-func (w tbWriter) Write(p []byte) (int, error) {
-	w.tb.Log(string(bytes.TrimSpace(p)))
+func newTBWriter(tb testing.TB) *tbWriter {
+	w := &tbWriter{tb: tb}
+	// Registered before the node's stop, so it runs after it: the node's
+	// last lines still reach the test.
+	tb.Cleanup(func() {
+		w.mu.Lock()
+		w.closed = true
+		w.mu.Unlock()
+	})
+	return w
+}
+
+func (w *tbWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.closed {
+		w.tb.Log(string(bytes.TrimSpace(p)))
+	}
 	return len(p), nil
 }
 
@@ -53,7 +77,7 @@ func NodeConfig(tb testing.TB, id, dir string, raftTimeout time.Duration) node.C
 	cfg.HTTP.ClusterSecret = ClusterSecret
 	cfg.Engine.BucketsPerSKU = 2
 	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
-	cfg.Logger = slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
+	cfg.Logger = slog.New(slog.NewTextHandler(newTBWriter(tb), &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
 	return cfg
 }
 
