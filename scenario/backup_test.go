@@ -2,7 +2,6 @@ package scenario
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -198,18 +197,8 @@ func TestBackup_MidSale(t *testing.T) {
 // TestBackup_NeedsTheAdminToken: a node with an admin token gives a
 // backup to no one else.
 func TestBackup_NeedsTheAdminToken(t *testing.T) {
-	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
-	cfg.HTTP.AdminToken = "admin-secret"
-	n, err := node.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Stop(context.Background()) })
+	n := testnode.StartNodeWith(t, t.TempDir(), func(cfg *node.Config) { cfg.HTTP.AdminToken = "admin-secret" })
 	c := testnode.ClientOf(n, 2)
-	testnode.WaitFor(t, 10*time.Second, "the node ready", func() bool {
-		code, _ := testnode.CallQuiet(c, "GET", "/readyz", "")
-		return code == 200
-	})
 	if code, out := testnode.Call(t, c, "GET", "/v1/backup", ""); code != 401 || out["error"] != "unauthorized" {
 		t.Fatalf("a backup without the admin token: %d %v", code, out)
 	}
@@ -301,18 +290,7 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 	if err := os.WriteFile(backupPath, file, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dst := testnode.StartClusterPrepared(t, 3, func(c *testnode.Cluster) {
-		var peers []string
-		for _, p := range c.Peers {
-			peers = append(peers, p.ID+"="+p.Addr)
-		}
-		for _, id := range c.IDs {
-			var stdout, stderr bytes.Buffer
-			if err := backup.Restore([]string{"-from", backupPath, "-data", c.Dirs[id], "-id", id, "-peers", strings.Join(peers, ",")}, &stdout, &stderr); err != nil {
-				t.Fatalf("restore %s: %v %s", id, err, stderr.String())
-			}
-		}
-	}, nil)
+	dst := testnode.StartClusterPrepared(t, 3, restoreEach(t, backupPath, nil), nil)
 	dc := dst.Client(dst.Leader())
 
 	// The state at the backup's index, on every node.
@@ -401,19 +379,11 @@ func TestBackup_Scheduled(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "backups")
 	full := &atomic.Bool{}
 	logs := &logBuffer{}
-	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
-	cfg.Backups = node.BackupSchedule{Dir: dir, Interval: 150 * time.Millisecond, Keep: keep, FaultFull: full}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	n, err := node.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Stop(context.Background()) })
-	c := testnode.ClientOf(n, 8)
-	testnode.WaitFor(t, 10*time.Second, "the node ready", func() bool {
-		code, _ := testnode.CallQuiet(c, "GET", "/readyz", "")
-		return code == 200
+	n := testnode.StartNodeWith(t, t.TempDir(), func(cfg *node.Config) {
+		cfg.Backups = node.BackupSchedule{Dir: dir, Interval: 150 * time.Millisecond, Keep: keep, FaultFull: full}
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
+	c := testnode.ClientOf(n, 8)
 	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/sch", `{"total":1000000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
@@ -537,19 +507,7 @@ func TestRestore_TheOldClusterCannotJoinOrDisturbIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := map[string]*logBuffer{}
-	dst := testnode.StartClusterPrepared(t, 3, func(c *testnode.Cluster) {
-		var peers []string
-		for _, p := range c.Peers {
-			peers = append(peers, p.ID+"="+p.Addr)
-		}
-		for _, id := range c.IDs {
-			var stdout, stderr bytes.Buffer
-			if err := backup.Restore([]string{"-from", backupPath, "-data", c.Dirs[id], "-id", id, "-peers", strings.Join(peers, ",")}, &stdout, &stderr); err != nil {
-				t.Fatalf("restore %s: %v %s", id, err, stderr.String())
-			}
-			logs[id] = &logBuffer{}
-		}
-	}, func(cfg *node.Config) {
+	dst := testnode.StartClusterPrepared(t, 3, restoreEach(t, backupPath, func(id string) { logs[id] = &logBuffer{} }), func(cfg *node.Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(logs[cfg.ID], &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
 	dl := dst.Leader()
@@ -610,5 +568,26 @@ func TestRestore_TheOldClusterCannotJoinOrDisturbIt(t *testing.T) {
 			return a != nil && a["sold"] == 40.0
 		})
 		testnode.CheckLedger(t, dst.Client(id), "id")
+	}
+}
+
+// restoreEach is a cluster's prepare step: stockd restore of the backup
+// at backupPath into every node's data dir, the cluster's nodes its
+// voters; then each(id), when set.
+func restoreEach(t *testing.T, backupPath string, each func(id string)) func(c *testnode.Cluster) {
+	return func(c *testnode.Cluster) {
+		var peers []string
+		for _, p := range c.Peers {
+			peers = append(peers, p.ID+"="+p.Addr)
+		}
+		for _, id := range c.IDs {
+			var stdout, stderr bytes.Buffer
+			if err := backup.Restore([]string{"-from", backupPath, "-data", c.Dirs[id], "-id", id, "-peers", strings.Join(peers, ",")}, &stdout, &stderr); err != nil {
+				t.Fatalf("restore %s: %v %s", id, err, stderr.String())
+			}
+			if each != nil {
+				each(id)
+			}
+		}
 	}
 }

@@ -56,7 +56,17 @@ func (w *tbWriter) Write(p []byte) (int, error) {
 // startTestNode runs a real node on loopback ports and dir.
 func StartNode(t *testing.T, dir string) *node.Node {
 	t.Helper()
-	n, err := node.Start(NodeConfig(t, "n1", dir, 200*time.Millisecond))
+	return StartNodeWith(t, dir, nil)
+}
+
+// StartNodeWith is StartNode with its config changed by tune first.
+func StartNodeWith(t *testing.T, dir string, tune func(*node.Config)) *node.Node {
+	t.Helper()
+	cfg := NodeConfig(t, "n1", dir, 200*time.Millisecond)
+	if tune != nil {
+		tune(&cfg)
+	}
+	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
