@@ -15,33 +15,17 @@ bin=${1:-bin/stockd}
 orders=${2:-1000000}
 secs=${3:-10}
 
-if ! command -v wrk >/dev/null 2>&1; then
-  echo "installing wrk from Debian packages"
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq wrk >/dev/null
-fi
+need_cmds wrk:wrk
 
 work=$(mktemp -d /tmp/stockd-backup-bench-XXXXXX)
 node_pid=""
 cleanup() {
-  if [ -n "$node_pid" ] && kill -0 "$node_pid" 2>/dev/null; then
-    kill -TERM "$node_pid"
-    for _ in $(seq 1 200); do kill -0 "$node_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$node_pid" 2>/dev/null && kill -KILL "$node_pid"
-  fi
+  [ -n "$node_pid" ] && stop_pid "$node_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-http_port=$(free_port); raft_port=$(free_port)
-url="http://127.0.0.1:$http_port"
-"$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$work/data" -log-level warn >"$work/stockd.log" 2>&1 &
-node_pid=$!
-for _ in $(seq 1 200); do
-  curl -sf "$url/readyz" >/dev/null 2>&1 && break
-  sleep 0.05
-done
+start_node "$bin" "$work/data" "$work/stockd.log"
 
 echo "filling the node with $orders orders (batch deducts, each with its own request id)"
 "$bin" bench -target "$url" -scenario plentiful -strategy stockd-batch -requests "$orders" -duration 600s -progress=false >"$work/fill.txt"
@@ -50,17 +34,7 @@ settle "$url"
 held=$(curl -sf "$url/v1/stats" | tr ',' '\n' | awk -F: '/"sold"/ {s += $2} END {printf "%d", s}')
 echo "the ledger holds $held orders; ledger.db $(( $(stat -c %s "$work/data/ledger.db") >> 20 )) MiB"
 
-cat >"$work/deduct.lua" <<'EOF'
-local counter = 0
-local prefix = "x"
-function init(args) prefix = args[1] or prefix end
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-request = function()
-  counter = counter + 1
-  return wrk.format(nil, nil, nil, string.format('{"user":"u%s-%d","request_id":"r%s-%d"}', prefix, counter, prefix, counter))
-end
-EOF
+deduct_lua "$work/deduct.lua"
 
 rate() { awk '/Requests\/sec/ {printf "%.0f", $2}'; }
 kib() { awk -v k="$1" '$1 == k":" {print $2}' "/proc/$node_pid/status"; }

@@ -18,29 +18,12 @@ bin=${1:-bin/stockd}
 secs=${2:-10}
 conns=${3:-64}
 
-need_apt=()
-command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
-command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-command -v redis-benchmark >/dev/null 2>&1 || need_apt+=(redis-tools)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "installing ${need_apt[*]} from Debian packages"
-  export DEBIAN_FRONTEND=noninteractive
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  $sudo_cmd apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+need_cmds wrk:wrk redis-server:redis-server redis-benchmark:redis-tools
 
 work=$(mktemp -d /tmp/stockd-floor-XXXXXX)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do
-    if kill -0 "$p" 2>/dev/null; then
-      kill -TERM "$p"
-      for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-      kill -0 "$p" 2>/dev/null && kill -KILL "$p"
-    fi
-  done
+  for p in "${pids[@]}"; do stop_pid "$p"; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -96,22 +79,7 @@ wrk_row() {
   row "$name" "$pid" "$n" "$t0" "$t1" "$secs" "$client_cpu"
 }
 
-# A POST of a deduct, each with its own user and request id (per wrk
-# thread and counter), to the sale named in the path.
-# The prefix comes from the command line (wrk's Lua random numbers start
-# from the same seed in every run).
-cat >"$work/deduct.lua" <<'EOF'
-local counter = 0
-local prefix = "x"
-function init(args) prefix = args[1] or prefix end
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-request = function()
-  counter = counter + 1
-  local body = string.format('{"user":"u%s-%d","qty":1,"request_id":"r%s-%d"}', prefix, counter, prefix, counter)
-  return wrk.format(nil, nil, nil, body)
-end
-EOF
+deduct_lua "$work/deduct.lua"
 
 # A batch of 100 buyers a request (POST /v1/deducts), each with its own
 # user and request id.
@@ -142,13 +110,9 @@ wrk_row "no-op HTTP server (wrk)" "$noop_pid" "http://127.0.0.1:$noop_port/"
 kill -TERM "$noop_pid"
 
 # One stockd node with default flags.
-http_port=$(free_port); raft_port=$(free_port)
-"$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$work/data" -log-level warn >"$work/stockd.log" 2>&1 &
-node_pid=$!; pids+=("$node_pid")
-for _ in $(seq 1 200); do
-  curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null 2>&1 && break
-  sleep 0.05
-done
+start_node "$bin" "$work/data" "$work/stockd.log"
+pids+=("$node_pid")
+http_port=${url##*:}
 curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/plenty" -d '{"total":100000000}' >/dev/null
 curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/gone" -d '{"total":0}' >/dev/null
 settle "http://127.0.0.1:$http_port"

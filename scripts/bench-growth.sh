@@ -23,11 +23,7 @@ logs=${GROWTH_LOG:-$work/logs}
 mkdir -p "$logs"
 node_pid=""
 cleanup() {
-  if [ -n "$node_pid" ] && kill -0 "$node_pid" 2>/dev/null; then
-    kill -TERM "$node_pid"
-    for _ in $(seq 1 200); do kill -0 "$node_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$node_pid" 2>/dev/null && kill -KILL "$node_pid"
-  fi
+  [ -n "$node_pid" ] && stop_pid "$node_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -49,15 +45,8 @@ sample_anon() {
   done
 }
 
-http_port=$(free_port); raft_port=$(free_port)
-url="http://127.0.0.1:$http_port"
-"$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$work/data" -log-level warn >"$logs/stockd.log" 2>&1 &
-node_pid=$!
+start_node "$bin" "$work/data" "$logs/stockd.log"
 sample_anon "$node_pid" &
-for _ in $(seq 1 200); do
-  curl -sf "$url/readyz" >/dev/null 2>&1 && break
-  sleep 0.05
-done
 
 
 orders() {

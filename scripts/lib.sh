@@ -24,3 +24,66 @@ settle() {
     sleep 0.1
   done
 }
+
+# need_cmds CMD:PACKAGE...: installs from Debian packages the packages of
+# the commands that are missing.
+need_cmds() {
+  local missing=() c
+  for c in "$@"; do
+    command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  echo "installing ${missing[*]} from Debian packages"
+  local sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# stop_pid PID: SIGTERM, up to 20 s to exit, then SIGKILL.
+stop_pid() {
+  kill -0 "$1" 2>/dev/null || return 0
+  kill -TERM "$1"
+  for _ in $(seq 1 200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+
+# start_node BIN DATA_DIR LOG [serve flags...]: one stockd node with
+# default flags on free loopback ports; sets node_pid and url, and
+# returns once it is ready (or fails after ten seconds).
+start_node() {
+  local bin=$1 data=$2 log=$3 http_port raft_port
+  shift 3
+  http_port=$(free_port); raft_port=$(free_port)
+  url="http://127.0.0.1:$http_port"
+  "$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$data" -log-level warn "$@" >"$log" 2>&1 &
+  node_pid=$!
+  for _ in $(seq 1 200); do
+    curl -sf "$url/readyz" >/dev/null 2>&1 && return
+    sleep 0.05
+  done
+  echo "the node at $url was not ready in 10 s; its log ($log):" >&2
+  tail -20 "$log" >&2
+  exit 1
+}
+
+# deduct_lua FILE: a wrk script that POSTs one deduct a request, each
+# with its own user and request id (per wrk thread and counter), to the
+# sale in the URL's path. The prefix comes from wrk's command line
+# (`-- PREFIX`): wrk's Lua random numbers start from the same seed in
+# every run.
+deduct_lua() {
+  cat >"$1" <<'LUA'
+local counter = 0
+local prefix = "x"
+function init(args) prefix = args[1] or prefix end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+  counter = counter + 1
+  local body = string.format('{"user":"u%s-%d","qty":1,"request_id":"r%s-%d"}', prefix, counter, prefix, counter)
+  return wrk.format(nil, nil, nil, body)
+end
+LUA
+}
