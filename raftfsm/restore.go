@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"stockd/internal/fsutil"
 	"stockd/raftfsm/command"
 )
 
@@ -194,7 +195,7 @@ func WriteRestoreMarker(dir string, m RestoreMarker) error {
 	if err != nil {
 		return err
 	}
-	return writeFileSynced(filepath.Join(dir, RestoreMarkerFile), append(b, '\n'))
+	return fsutil.WriteNew(filepath.Join(dir, RestoreMarkerFile), append(b, '\n'), 0o600)
 }
 
 // ReadRestoreMarker reads dir's restore marker; ok is false when there is
@@ -211,20 +212,4 @@ func ReadRestoreMarker(dir string) (m RestoreMarker, ok bool, err error) {
 		return m, false, fmt.Errorf("read %s: %w", RestoreMarkerFile, err)
 	}
 	return m, true, nil
-}
-
-func writeFileSynced(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

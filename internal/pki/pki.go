@@ -24,6 +24,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"stockd/internal/fsutil"
 )
 
 // File names in a CA's directory.
@@ -185,24 +187,8 @@ func Write(dir, certFile, keyFile string, is Issued) error {
 			return fmt.Errorf("%w: %s (move it away to make a new one)", ErrExists, filepath.Join(dir, f))
 		}
 	}
-	if err := writeNew(filepath.Join(dir, keyFile), is.KeyPEM, 0o600); err != nil {
+	if err := fsutil.WriteNew(filepath.Join(dir, keyFile), is.KeyPEM, 0o600); err != nil {
 		return err
 	}
-	return writeNew(filepath.Join(dir, certFile), is.CertPEM, 0o644)
-}
-
-func writeNew(path string, b []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return fsutil.WriteNew(filepath.Join(dir, certFile), is.CertPEM, 0o644)
 }
