@@ -9,14 +9,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
-	"stockd/node"
-	"stockd/raftfsm"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"stockd/node"
+	"stockd/raftfsm"
 )
 
 // Record, when set, sees every exchange the helpers make (the scenario
@@ -27,13 +30,15 @@ var Record = func(req *fasthttp.Request, resp *fasthttp.Response) {}
 // last cleanup; a node that outlives its test (a leaked one) writes to
 // nowhere after that, instead of into a finished test.
 type tbWriter struct {
-	tb     testing.TB
-	mu     sync.Mutex
-	closed bool
+	tb       testing.TB
+	name     string
+	mu       sync.Mutex
+	closed   bool
+	reported bool
 }
 
 func newTBWriter(tb testing.TB) *tbWriter {
-	w := &tbWriter{tb: tb}
+	w := &tbWriter{tb: tb, name: tb.Name()}
 	// Registered before the node's stop, so it runs after it: the node's
 	// last lines still reach the test.
 	tb.Cleanup(func() {
@@ -47,8 +52,14 @@ func newTBWriter(tb testing.TB) *tbWriter {
 func (w *tbWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.closed {
+	switch {
+	case !w.closed:
 		w.tb.Log(string(bytes.TrimSpace(p)))
+	case !w.reported:
+		// Said once, on the test binary's stderr: which test left a node
+		// (or a goroutine of one) running, and what it was doing.
+		w.reported = true
+		fmt.Fprintf(os.Stderr, "testnode: a node of %s logged after the test ended: %s\n", w.name, bytes.TrimSpace(p))
 	}
 	return len(p), nil
 }
