@@ -1,10 +1,13 @@
 package nodeport_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -151,4 +154,99 @@ func TestPort_RefusesNonMembersAndPlainTCP(t *testing.T) {
 func portOf(p *nodeport.Port) string {
 	_, port, _ := net.SplitHostPort(p.Addr().String())
 	return port
+}
+
+// TestPort_ACAChangeThroughABundle follows the operations doc's CA
+// change on a listening node, reloading its CA file in place: while it
+// trusts the old CA only, a certificate of the new one is refused; with
+// a bundle of both, both get in; with the new CA alone, the old one's
+// certificate is refused and the new one's still gets in.
+func TestPort_ACAChangeThroughABundle(t *testing.T) {
+	oldCA, newCA, bdir := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, d := range []string{oldCA, newCA} {
+		if err := pki.Main([]string{"ca", "-out", d}, io.Discard, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(path string) []byte {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	oldPEM, newPEM := read(filepath.Join(oldCA, "ca.pem")), read(filepath.Join(newCA, "ca.pem"))
+	bundle := filepath.Join(bdir, "node-ca.pem")
+	setBundle := func(pems ...[]byte) {
+		t.Helper()
+		if err := os.WriteFile(bundle, bytes.Join(pems, nil), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// n2 listens on its old-CA certificate and reads its CAs from the bundle.
+	setBundle(oldPEM)
+	if err := pki.Main([]string{"node", "-ca", oldCA, "-id", "n2", "-host", "127.0.0.1", "-out", bdir}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	bStore, err := certs.Load("node", certs.Files{Cert: filepath.Join(bdir, "n2.pem"), Key: filepath.Join(bdir, "n2-key.pem"), CA: bundle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := listen(t, bStore, "n2", "n1", "n2")
+	// n1 twice: on the old CA's certificate, and on the new CA's (which
+	// trusts both CAs, as every node does during the change).
+	withOld := listen(t, store(t, oldCA, "n1"), "n1", "n1", "n2")
+	newDir := t.TempDir()
+	if err := pki.Main([]string{"node", "-ca", newCA, "-id", "n1", "-host", "127.0.0.1", "-out", newDir}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	both := filepath.Join(newDir, "both.pem")
+	if err := os.WriteFile(both, append(append([]byte{}, newPEM...), oldPEM...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	newStore, err := certs.Load("node", certs.Files{Cert: filepath.Join(newDir, "n1.pem"), Key: filepath.Join(newDir, "n1-key.pem"), CA: both})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withNew := listen(t, newStore, "n1", "n1", "n2")
+
+	// gotIn: n2 takes a connection from p, naming n1.
+	gotIn := func(p *nodeport.Port) bool {
+		t.Helper()
+		c, err := p.Dial(context.Background(), b.Addr().String(), nodeport.ProtoHTTP, time.Second)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		// TLS 1.3: the client finishes first; a refusal shows on read.
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			return false
+		}
+		return accept(t, b.HTTPListener()).PeerID() == "n1"
+	}
+	reload := func(pems ...[]byte) {
+		t.Helper()
+		setBundle(pems...)
+		if err := bStore.Reload(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !gotIn(withOld) {
+		t.Fatal("before the change: the old CA's certificate was refused")
+	}
+	if gotIn(withNew) {
+		t.Fatal("before the change: the new CA's certificate got in")
+	}
+	reload(oldPEM, newPEM)
+	if !gotIn(withOld) || !gotIn(withNew) {
+		t.Fatal("with both CAs in the bundle: a certificate of one of them was refused")
+	}
+	reload(newPEM)
+	if gotIn(withOld) {
+		t.Fatal("with the new CA alone: the old CA's certificate got in")
+	}
+	if !gotIn(withNew) {
+		t.Fatal("with the new CA alone: the new CA's certificate was refused")
+	}
 }
