@@ -23,6 +23,51 @@ func BenchmarkLedger_TakeBatches(b *testing.B) {
 	b.Run("rules=scoped", func(b *testing.B) { benchmarkTakeBatches(b, RulesScopedRequestIDs) })
 }
 
+// BenchmarkLedger_SingleDeductTakes is the ledger's share of a single
+// committed deduct under load: the committer's Takes of 24 wins (what
+// 64 connections give it), one raft entry a batch, written to the file
+// every 25 batches (the persister's 50 ms at that rate). The entries are
+// made before the timer starts (stopping and starting it each batch
+// would cost more than a batch of 24).
+func BenchmarkLedger_SingleDeductTakes(b *testing.B) {
+	const perTake, batchesPerWrite = 24, 25
+	tl := newTestLedger(b)
+	tl.applyTyped(0, &SetRules{Rules: RulesScopedRequestIDs})
+	units := int64(b.N*perTake) + 1
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "s", Sale: &SaleConfig{Total: units}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "s", Qty: units})
+	seq := uint64(1) << 40
+	logs := make([]*raft.Log, b.N)
+	for i := range logs {
+		c := &Take{Node: "n1", Entries: make([]TakeEntry, perTake)}
+		for k := range c.Entries {
+			seq++
+			c.Entries[k] = TakeEntry{SKU: "s", Qty: 1, User: "u" + strconv.FormatUint(seq, 10),
+				RequestID: "req-" + strconv.FormatUint(seq, 10), OrderID: "n1-" + strconv.FormatUint(seq, 36) + "-x"}
+		}
+		tl.index++
+		logs[i] = &raft.Log{Index: tl.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, int64(tl.index), c)}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i, log := range logs {
+		tl.l.ApplyBatch([]*raft.Log{log})
+		if i%batchesPerWrite == batchesPerWrite-1 {
+			if err := tl.l.Flush(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := tl.l.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perTake), "ns/unit")
+	if a := checkAudit(b, tl.l, "s"); a.Row.Sold != int64(b.N*perTake) {
+		b.Fatalf("sold %d, want %d", a.Row.Sold, b.N*perTake)
+	}
+}
+
 func benchmarkTakeBatches(b *testing.B, rules uint64) {
 	const perTake, perBatch, batchesPerWrite = 100, 8, 4
 	tl := newTestLedger(b)
