@@ -39,14 +39,7 @@ func BenchmarkLedger_SingleDeductTakes(b *testing.B) {
 	seq := uint64(1) << 40
 	logs := make([]*raft.Log, b.N)
 	for i := range logs {
-		c := &Take{Node: "n1", Entries: make([]TakeEntry, perTake)}
-		for k := range c.Entries {
-			seq++
-			c.Entries[k] = TakeEntry{SKU: "s", Qty: 1, User: "u" + strconv.FormatUint(seq, 10),
-				RequestID: "req-" + strconv.FormatUint(seq, 10), OrderID: "n1-" + strconv.FormatUint(seq, 36) + "-x"}
-		}
-		tl.index++
-		logs[i] = &raft.Log{Index: tl.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, int64(tl.index), c)}
+		logs[i] = tl.benchTakeLog(&seq, perTake)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -84,14 +77,7 @@ func benchmarkTakeBatches(b *testing.B, rules uint64) {
 		b.StopTimer() // the proposer's work, not the ledger's
 		logs := make([]*raft.Log, perBatch)
 		for j := range logs {
-			c := &Take{Node: "n1", Entries: make([]TakeEntry, perTake)}
-			for k := range c.Entries {
-				seq++
-				c.Entries[k] = TakeEntry{SKU: "s", Qty: 1, User: "u" + strconv.FormatUint(seq, 10),
-					RequestID: "req-" + strconv.FormatUint(seq, 10), OrderID: "n1-" + strconv.FormatUint(seq, 36) + "-x"}
-			}
-			tl.index++
-			logs[j] = &raft.Log{Index: tl.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, int64(tl.index), c)}
+			logs[j] = tl.benchTakeLog(&seq, perTake)
 		}
 		b.StartTimer()
 		tl.l.ApplyBatch(logs)
@@ -109,6 +95,20 @@ func benchmarkTakeBatches(b *testing.B, rules uint64) {
 	if a := checkAudit(b, tl.l, "s"); a.Row.Sold != int64(b.N)*perTake*perBatch {
 		b.Fatalf("sold %d, want %d", a.Row.Sold, b.N*perTake*perBatch)
 	}
+}
+
+// benchTakeLog is the next raft entry of a Take of n wins of sale "s" by
+// node n1, each with its own user, request id and order id (numbered on
+// from *seq).
+func (tl *testLedger) benchTakeLog(seq *uint64, n int) *raft.Log {
+	c := &Take{Node: "n1", Entries: make([]TakeEntry, n)}
+	for k := range c.Entries {
+		*seq++
+		c.Entries[k] = TakeEntry{SKU: "s", Qty: 1, User: "u" + strconv.FormatUint(*seq, 10),
+			RequestID: "req-" + strconv.FormatUint(*seq, 10), OrderID: "n1-" + strconv.FormatUint(*seq, 36) + "-x"}
+	}
+	tl.index++
+	return &raft.Log{Index: tl.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, int64(tl.index), c)}
 }
 
 // BenchmarkLedger_NewRequestID is the ledger's share of a deduct with a
