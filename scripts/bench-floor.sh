@@ -6,17 +6,21 @@
 # redis-benchmark against Redis + the bench's Lua deduct with
 # appendfsync always, one call at a time and pipelined 100 deep. Each row
 # gives the rate and the server process's CPU (utime + stime from
-# /proc/<pid>/stat) divided by the requests it answered. Installs wrk and
+# /proc/<pid>/stat) divided by the requests it answered. The servers start
+# once and every round measures all of them back to back, then prints its
+# ratios: on a shared host a neighbour's load moves whole minutes, and a
+# ratio within one round is what stays comparable. Installs wrk and
 # redis-server from Debian packages when missing; stops what it started
 # through its own PIDs.
 #
-#   scripts/bench-floor.sh [binary] [seconds per row] [connections]
+#   scripts/bench-floor.sh [binary] [seconds per row] [connections] [rounds]
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 bin=${1:-bin/stockd}
 secs=${2:-10}
 conns=${3:-64}
+rounds=${4:-3}
 
 need_cmds wrk:wrk redis-server:redis-server redis-benchmark:redis-tools
 
@@ -39,12 +43,19 @@ wait_port() {
 
 hz=$(getconf CLK_TCK)
 
-# row NAME PID REQUESTS TICKS_BEFORE TICKS_AFTER SECONDS [CLIENT_CPU_SECONDS]
+# row NAME PID REQUESTS TICKS_BEFORE TICKS_AFTER SECONDS [CLIENT_CPU_SECONDS]:
+# prints the row and sets rate (requests a second) and cpu (server µs a
+# request) for the round's ratios.
+rate=0; cpu=0
 row() {
   local name=$1 pid=$2 n=$3 t0=$4 t1=$5 s=$6 c=${7:-}
-  awk -v name="$name" -v n="$n" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v s="$s" -v c="$c" 'BEGIN {
-    if (n <= 0) { printf "%-44s no requests answered\n", name; exit }
-    printf "%-44s %10.0f/s   server CPU %6.1f µs a request", name, n / s, (t1 - t0) / hz * 1e6 / n
+  if [ -z "$n" ] || [ "$n" -le 0 ]; then
+    printf "%-44s no requests answered\n" "$name"; rate=0; cpu=0; return
+  fi
+  rate=$(awk -v n="$n" -v s="$s" 'BEGIN {printf "%.0f", n / s}')
+  cpu=$(awk -v n="$n" -v t0="$t0" -v t1="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (t1 - t0) / hz * 1e6 / n}')
+  awk -v name="$name" -v r="$rate" -v u="$cpu" -v n="$n" -v c="$c" 'BEGIN {
+    printf "%-44s %10.0f/s   server CPU %6.1f µs a request", name, r, u
     if (c != "") printf "   client CPU %5.1f µs", c * 1e6 / n
     printf "\n" }'
 }
@@ -57,7 +68,8 @@ client_cpu=""
 timed() {
   local out=$1 t
   shift
-  t=$( { TIMEFORMAT='%3U %3S'; time "$@" >"$out" 2>/dev/null; } 2>&1 )
+  # A client stopped by timeout exits non-zero; what it did still counts.
+  t=$( { TIMEFORMAT='%3U %3S'; time "$@" >"$out" 2>/dev/null || true; } 2>&1 )
   client_cpu=$(echo "$t" | awk '{print $1 + $2}')
 }
 
@@ -99,37 +111,24 @@ request = function()
 end
 EOF
 
-echo "rows of ${secs}s, ${conns} connections, one client thread; $(nproc) cores shared by client and server"
+echo "rows of ${secs}s, ${conns} connections, one client thread, ${rounds} rounds; $(nproc) cores shared by client and server"
+
+# Every server starts once and stays up; each round measures them all
+# back to back, so that a neighbour's load on the shared host shows in the
+# round it fell in, and each ratio compares rows of one round.
 
 # The HTTP floor: stockd's no-op fasthttp server.
 noop_port=$(free_port)
 "$bin" noop-server -http "127.0.0.1:$noop_port" >"$work/noop.log" 2>&1 &
 noop_pid=$!; pids+=("$noop_pid")
 wait_port "$noop_port"
-wrk_row "no-op HTTP server (wrk)" "$noop_pid" "http://127.0.0.1:$noop_port/"
-kill -TERM "$noop_pid"
 
 # One stockd node with default flags.
 start_node "$bin" "$work/data" "$work/stockd.log"
 pids+=("$node_pid")
-http_port=${url##*:}
-curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/plenty" -d '{"total":100000000}' >/dev/null
-curl -sf -X PUT "http://127.0.0.1:$http_port/v1/skus/gone" -d '{"total":0}' >/dev/null
-settle "http://127.0.0.1:$http_port"
-wrk_row "stockd sold-out answers (wrk)" "$node_pid" "http://127.0.0.1:$http_port/v1/skus/gone/deduct" "$work/deduct.lua"
-settle "http://127.0.0.1:$http_port"
-wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "http://127.0.0.1:$http_port/v1/skus/plenty/deduct" "$work/deduct.lua"
-t0=$(cpu_ticks "$node_pid"); settle "http://127.0.0.1:$http_port"; t1=$(cpu_ticks "$node_pid")
-echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
-# The batch route: wrk counts requests; each carries 100 units.
-t0=$(cpu_ticks "$node_pid")
-timed "$work/wrk.out" wrk -t1 -c"$conns" -d"${secs}s" -s "$work/batch.lua" "http://127.0.0.1:$http_port/v1/deducts" -- "$$-$RANDOM"
-settle "http://127.0.0.1:$http_port"
-t1=$(cpu_ticks "$node_pid")
-n=$(awk '/requests in/ {print $1 * 100}' "$work/wrk.out")
-row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$n" "$t0" "$t1" "$secs" "$client_cpu"
-audit=$(curl -sf "http://127.0.0.1:$http_port/v1/skus/plenty/audit")
-echo "    stockd audit of the winning sale: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
+node_url=$url
+curl -sf -X PUT "$node_url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
+curl -sf -X PUT "$node_url/v1/skus/gone" -d '{"total":0}' >/dev/null
 
 # Redis + Lua, appendfsync always.
 redis_port=$(free_port)
@@ -151,13 +150,58 @@ return 1
 EOF
 )
 sha=$(rc SCRIPT LOAD "$script")
-rc SET stock 100000000 >/dev/null
-for pipe in 1 100; do
-  n=$(( pipe == 1 ? 400000 : 2000000 ))
+rc SET stock 1000000000 >/dev/null
+# redis_calls: the EVALSHA calls Redis has answered.
+redis_calls() { rc INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}'; }
+
+# redis_row NAME PIPELINE: redis-benchmark for secs seconds, stopped by
+# SIGINT; the calls are counted from Redis's own command stats.
+redis_row() {
+  local name=$1 pipe=$2 t0 t1 c0 c1 start end
+  c0=$(redis_calls); c0=${c0:-0}
   t0=$(cpu_ticks "$redis_pid"); start=$(date +%s.%N)
-  timed /dev/null redis-benchmark -p "$redis_port" -c "$conns" -n "$n" -P "$pipe" -r 100000000 -q \
+  timed /dev/null timeout -s INT "$secs" redis-benchmark -p "$redis_port" -c "$conns" -n 2000000000 -P "$pipe" -r 1000000000 -q \
     EVALSHA "$sha" 3 stock reqs sold 1 "req:__rand_int__"
   end=$(date +%s.%N); t1=$(cpu_ticks "$redis_pid")
-  row "Redis + Lua, appendfsync always, pipeline $pipe" "$redis_pid" "$n" "$t0" "$t1" "$(echo "$end - $start" | bc -l)" "$client_cpu"
+  c1=$(redis_calls); c1=${c1:-0}
+  row "$name" "$redis_pid" "$((c1 - c0))" "$t0" "$t1" "$(echo "$end - $start" | bc -l)" "$client_cpu"
+}
+
+summary=()
+for round in $(seq 1 "$rounds"); do
+  echo "round $round"
+  wrk_row "no-op HTTP server (wrk)" "$noop_pid" "http://127.0.0.1:$noop_port/"
+  noop_cpu=$cpu
+  settle "$node_url"
+  wrk_row "stockd sold-out answers (wrk)" "$node_pid" "$node_url/v1/skus/gone/deduct" "$work/deduct.lua"
+  sold_cpu=$cpu
+  settle "$node_url"
+  wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "$node_url/v1/skus/plenty/deduct" "$work/deduct.lua"
+  commit_cpu=$cpu; commit_rate=$rate
+  t0=$(cpu_ticks "$node_pid"); settle "$node_url"; t1=$(cpu_ticks "$node_pid")
+  echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
+  # The batch route: wrk counts requests; each carries 100 units.
+  t0=$(cpu_ticks "$node_pid")
+  timed "$work/wrk.out" wrk -t1 -c"$conns" -d"${secs}s" -s "$work/batch.lua" "$node_url/v1/deducts" -- "$$-$RANDOM-$RANDOM"
+  settle "$node_url"
+  t1=$(cpu_ticks "$node_pid")
+  n=$(awk '/requests in/ {print $1 * 100}' "$work/wrk.out")
+  row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$n" "$t0" "$t1" "$secs" "$client_cpu"
+  batch_rate=$rate
+  redis_row "Redis + Lua, appendfsync always, pipeline 1" 1
+  redis1_rate=$rate; redis1_cpu=$cpu
+  redis_row "Redis + Lua, appendfsync always, pipeline 100" 100
+  redis100_rate=$rate
+  line=$(awk -v nc="$noop_cpu" -v sc="$sold_cpu" -v cc="$commit_cpu" -v cr="$commit_rate" \
+    -v r1="$redis1_rate" -v rc1="$redis1_cpu" -v br="$batch_rate" -v r100="$redis100_rate" 'function q(a, b) { return b > 0 ? a / b : 0 }
+    BEGIN { printf "sold-out %.2fx the no-op CPU, commit %.2fx the no-op CPU and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined",
+      q(sc, nc), q(cc, nc), q(cc, rc1), q(cr, r1), q(br, r100) }')
+  echo "  round $round: $line"
+  summary+=("round $round: $line")
 done
-echo "    Redis sold $(( 100000000 - $(rc GET stock) )) units"
+
+audit=$(curl -sf "$node_url/v1/skus/plenty/audit")
+echo "stockd audit of the winning sale: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
+echo "Redis sold $(( 1000000000 - $(rc GET stock) )) units"
+echo "each round's ratios (the bars: sold-out at most 1.20x the no-op, commit rate at least 1.00x Redis + Lua, batch at least 1.50x Redis pipelined):"
+for l in "${summary[@]}"; do echo "  $l"; done
