@@ -45,15 +45,9 @@ func BenchmarkLedger_SingleDeductTakes(b *testing.B) {
 	b.ResetTimer()
 	for i, log := range logs {
 		tl.l.ApplyBatch([]*raft.Log{log})
-		if i%batchesPerWrite == batchesPerWrite-1 {
-			if err := tl.l.Flush(); err != nil {
-				b.Fatal(err)
-			}
-		}
+		tl.flushEvery(b, i, batchesPerWrite)
 	}
-	if err := tl.l.Flush(); err != nil {
-		b.Fatal(err)
-	}
+	tl.flush(b)
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perTake), "ns/unit")
 	if a := checkAudit(b, tl.l, "s"); a.Row.Sold != int64(b.N*perTake) {
@@ -81,15 +75,9 @@ func benchmarkTakeBatches(b *testing.B, rules uint64) {
 		}
 		b.StartTimer()
 		tl.l.ApplyBatch(logs)
-		if i%batchesPerWrite == batchesPerWrite-1 {
-			if err := tl.l.Flush(); err != nil {
-				b.Fatal(err)
-			}
-		}
+		tl.flushEvery(b, i, batchesPerWrite)
 	}
-	if err := tl.l.Flush(); err != nil {
-		b.Fatal(err)
-	}
+	tl.flush(b)
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perTake*perBatch), "ns/unit")
 	if a := checkAudit(b, tl.l, "s"); a.Row.Sold != int64(b.N)*perTake*perBatch {
@@ -100,6 +88,20 @@ func benchmarkTakeBatches(b *testing.B, rules uint64) {
 // benchTakeLog is the next raft entry of a Take of n wins of sale "s" by
 // node n1, each with its own user, request id and order id (numbered on
 // from *seq).
+// flushEvery writes the ledger file after every nth apply (i counts
+// from 0), as the persister would.
+func (tl *testLedger) flushEvery(b *testing.B, i, n int) {
+	if i%n == n-1 {
+		tl.flush(b)
+	}
+}
+
+func (tl *testLedger) flush(b *testing.B) {
+	if err := tl.l.Flush(); err != nil {
+		b.Fatal(err)
+	}
+}
+
 func (tl *testLedger) benchTakeLog(seq *uint64, n int) *raft.Log {
 	c := &Take{Node: "n1", Entries: make([]TakeEntry, n)}
 	for k := range c.Entries {

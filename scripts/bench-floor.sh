@@ -32,15 +32,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
-    sleep 0.05
-  done
-  echo "nothing listens on 127.0.0.1:$1" >&2; exit 1
-}
-
 hz=$(getconf CLK_TCK)
 
 # row NAME PID REQUESTS TICKS_BEFORE TICKS_AFTER SECONDS [CLIENT_CPU_SECONDS]:
@@ -95,12 +86,8 @@ deduct_lua "$work/deduct.lua"
 
 # A batch of 100 buyers a request (POST /v1/deducts), each with its own
 # user and request id.
-cat >"$work/batch.lua" <<'EOF'
-local counter = 0
-local prefix = "x"
-function init(args) prefix = args[1] or prefix end
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
+wrk_lua_prelude >"$work/batch.lua"
+cat >>"$work/batch.lua" <<'EOF'
 request = function()
   local items = {}
   for i = 1, 100 do

@@ -10,6 +10,16 @@ free_port() {
   echo "no free port found" >&2; exit 1
 }
 
+# wait_port PORT: wait (up to ten seconds) until something listens on
+# 127.0.0.1:PORT, or fail.
+wait_port() {
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
+    sleep 0.05
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2; exit 1
+}
+
 # cpu_ticks PID: the process's utime + stime, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -68,18 +78,27 @@ start_node() {
   exit 1
 }
 
+# wrk_lua_prelude: the start of a wrk script that POSTs JSON, with a
+# counter and the prefix from wrk's command line (`-- PREFIX`) for
+# unique ids; the script's request function follows it.
+wrk_lua_prelude() {
+  cat <<'LUA'
+local counter = 0
+local prefix = "x"
+function init(args) prefix = args[1] or prefix end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+LUA
+}
+
 # deduct_lua FILE: a wrk script that POSTs one deduct a request, each
 # with its own user and request id (per wrk thread and counter), to the
 # sale in the URL's path. The prefix comes from wrk's command line
 # (`-- PREFIX`): wrk's Lua random numbers start from the same seed in
 # every run.
 deduct_lua() {
-  cat >"$1" <<'LUA'
-local counter = 0
-local prefix = "x"
-function init(args) prefix = args[1] or prefix end
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
+  wrk_lua_prelude >"$1"
+  cat >>"$1" <<'LUA'
 request = function()
   counter = counter + 1
   local body = string.format('{"user":"u%s-%d","qty":1,"request_id":"r%s-%d"}', prefix, counter, prefix, counter)
