@@ -8,9 +8,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"stockd/internal/coarsedeadline"
 )
 
-// startConnTestServer serves a server with short timeouts on loopback.
+// startConnTestServer serves a server with short timeouts on loopback,
+// on a listener of coarse deadlines as a node's, swept every 20 ms so
+// that the timeouts go through the sweeper.
 func startConnTestServer(t *testing.T) string {
 	t.Helper()
 	fe := &fakeEngine{}
@@ -24,9 +28,11 @@ func startConnTestServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	addr := ln.Addr().String()
+	ln = coarsedeadline.Wrap(ln, 20*time.Millisecond)
 	s.Serve(ln)
 	t.Cleanup(func() { s.Shutdown(t.Context()) })
-	return ln.Addr().String()
+	return addr
 }
 
 // readUntilClosed reads what the server sends until it closes the

@@ -12,6 +12,7 @@ import (
 
 	"stockd/engine"
 	"stockd/httpapi"
+	"stockd/internal/coarsedeadline"
 	"stockd/raftfsm"
 	"stockd/raftnode"
 )
@@ -222,7 +223,9 @@ func Start(cfg Config) (*Node, error) {
 		httpLn.Close()
 		return nil, err
 	}
-	httpLn = tlsState.clientListener(httpLn)
+	// Deadlines an atomic store to set, swept twice a second, beneath TLS
+	// (whose connections pass theirs down): fasthttp sets three a request.
+	httpLn = tlsState.clientListener(coarsedeadline.Wrap(httpLn, coarsedeadline.DefaultGranularity))
 	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
 	if err != nil {
 		httpLn.Close()
