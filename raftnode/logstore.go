@@ -8,11 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
 )
 
 // Raft log stores (BENCHMARKS.md has the measurement behind the default).
@@ -28,10 +28,12 @@ type logStore interface {
 	Close() error
 }
 
-// walStore is raft-wal with its meta store, closed together.
+// walStore is raft-wal with its meta store and its segment files,
+// closed together.
 type walStore struct {
 	*wal.WAL
-	meta *metadb.BoltMetaDB
+	meta  *metadb.BoltMetaDB
+	files *segmentFiles
 }
 
 func (s *walStore) Close() error {
@@ -39,12 +41,13 @@ func (s *walStore) Close() error {
 	if merr := s.meta.Close(); err == nil {
 		err = merr
 	}
+	s.files.Close()
 	return err
 }
 
 // openLogStore opens the data dir's raft log: the store it already holds,
 // else a new one of kind want.
-func openLogStore(dir, want string, hlog hclog.Logger) (logStore, string, error) {
+func openLogStore(dir, want string, logger *slog.Logger) (logStore, string, error) {
 	boltPath, walDir := filepath.Join(dir, raftLogFileName), filepath.Join(dir, raftWALDirName)
 	kind := want
 	if _, err := os.Stat(boltPath); err == nil {
@@ -66,12 +69,15 @@ func openLogStore(dir, want string, hlog hclog.Logger) (logStore, string, error)
 		// raft-wal v0.4.0's Close leaves its meta store open (and its
 		// file locked): own it and close it after the WAL.
 		meta := &metadb.BoltMetaDB{}
-		w, err := wal.Open(walDir, wal.WithLogger(hlog), wal.WithMetaStore(meta))
+		files := newSegmentFiles(logger)
+		w, err := wal.Open(walDir, wal.WithLogger(newHclogAdapter(logger)), wal.WithMetaStore(meta),
+			wal.WithSegmentFiler(segment.NewFiler(walDir, files)), wal.WithSegmentSize(walSegmentBytes))
 		if err != nil {
 			meta.Close()
+			files.Close()
 			return nil, kind, fmt.Errorf("open raft log %s: %w", walDir, err)
 		}
-		return &walStore{WAL: w, meta: meta}, kind, nil
+		return &walStore{WAL: w, meta: meta, files: files}, kind, nil
 	}
 	return nil, kind, fmt.Errorf("raft log store %q: want %s or %s", want, LogStoreWAL, LogStoreBolt)
 }

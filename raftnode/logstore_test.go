@@ -2,9 +2,9 @@ package raftnode
 
 import (
 	"fmt"
+	"log/slog"
 	"testing"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
 
@@ -17,7 +17,7 @@ import (
 func TestLogStore_TailTruncationSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	open := func() logStore {
-		s, kind, err := openLogStore(dir, LogStoreWAL, hclog.NewNullLogger())
+		s, kind, err := openLogStore(dir, LogStoreWAL, slog.New(slog.DiscardHandler))
 		if err != nil || kind != LogStoreWAL {
 			t.Fatalf("open log store: %v (%s)", err, kind)
 		}
@@ -77,7 +77,7 @@ func TestLogStore_GuardStopsAfterAFailedAppendFollowingATruncation(t *testing.T)
 		{"prefix compacted, then the append fails", 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store, _, err := openLogStore(t.TempDir(), LogStoreWAL, hclog.NewNullLogger())
+			store, _, err := openLogStore(t.TempDir(), LogStoreWAL, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -131,7 +131,7 @@ func TestLogStore_GuardStopsAfterAFailedAppendFollowingATruncation(t *testing.T)
 func TestLogStore_AppendsAfterAnInstalledSnapshot(t *testing.T) {
 	for _, kind := range []string{LogStoreBolt, LogStoreWAL} {
 		t.Run(kind, func(t *testing.T) {
-			s, got, err := openLogStore(t.TempDir(), kind, hclog.NewNullLogger())
+			s, got, err := openLogStore(t.TempDir(), kind, slog.New(slog.DiscardHandler))
 			if err != nil || got != kind {
 				t.Fatalf("open %s: %v (%s)", kind, err, got)
 			}
@@ -167,7 +167,7 @@ func TestLogStore_AppendsAfterAnInstalledSnapshot(t *testing.T) {
 // caught up through a snapshot was then refused every append.
 func TestLogStore_WrappersSayWhetherAppendsMustBeContiguous(t *testing.T) {
 	for kind, want := range map[string]bool{LogStoreWAL: true, LogStoreBolt: false} {
-		s, _, err := openLogStore(t.TempDir(), kind, hclog.NewNullLogger())
+		s, _, err := openLogStore(t.TempDir(), kind, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}

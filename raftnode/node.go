@@ -176,7 +176,7 @@ func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create raft dir %s: %w", cfg.Dir, err)
 	}
-	logStore, kind, err := openLogStore(cfg.Dir, cfg.LogStore, hlog)
+	logStore, kind, err := openLogStore(cfg.Dir, cfg.LogStore, logger)
 	if err != nil {
 		return nil, err
 	}

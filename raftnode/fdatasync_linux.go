@@ -1,0 +1,18 @@
+package raftnode
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// fdatasync writes f's data and the metadata needed to read it back
+// (not its times).
+func fdatasync(f *os.File) error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
