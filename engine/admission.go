@@ -57,6 +57,10 @@ func (a *admission) admit(hint uint32, now time.Time) (ok bool, retryAfter time.
 	return true, 0
 }
 
+// rateLimited reports whether admit reads its now argument (a rate
+// limit is set); without one any now will do.
+func (a *admission) rateLimited() bool { return a.shards != nil }
+
 func (a *admission) done() {
 	if a.maxInFlight > 0 {
 		a.inFlight.Add(-1)

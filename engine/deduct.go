@@ -137,13 +137,18 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 		res.Status, res.Detail = StatusUnavailable, "node is shutting down"
 		return nil
 	}
+	// The clock is read only where an answer depends on it (a start time,
+	// a rate limit): a clock read costs a sold-out answer a percent or
+	// two on a virtual machine.
 	now := req.clock.now
-	if now.IsZero() {
-		now = e.cfg.Now()
-	}
-	if s.startAtUnixNano != 0 && now.UnixNano() < s.startAtUnixNano {
-		res.Status, res.StartAt = StatusNotStarted, time.Unix(0, s.startAtUnixNano)
-		return nil
+	if s.startAtUnixNano != 0 {
+		if now.IsZero() {
+			now = e.cfg.Now()
+		}
+		if now.UnixNano() < s.startAtUnixNano {
+			res.Status, res.StartAt = StatusNotStarted, time.Unix(0, s.startAtUnixNano)
+			return nil
+		}
 	}
 	if e.answeredBeforeStock(s, req, res) {
 		return nil
@@ -156,6 +161,9 @@ func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
 		res.Status, res.RetryAfter = StatusRateLimited, adaptiveRetryAfter
 		res.Detail = "the ledger commits slower than deducts arrive; retry after the given seconds"
 		return nil
+	}
+	if now.IsZero() && e.admission.rateLimited() {
+		now = e.cfg.Now()
 	}
 	ok, retryAfter := e.admission.admit(req.Hint, now)
 	if !ok {

@@ -296,11 +296,13 @@ func (e *Engine) pruneRequests(now time.Time) {
 
 // auditPaceFactor paces the periodic audit by its own cost: the next one
 // starts no sooner than this many times the last one's duration after it,
-// so the recount of every order takes at most a twentieth of a core
-// however many orders the ledger holds (at ten million, a recount of
-// several seconds runs every few minutes rather than every
-// AuditInterval).
-const auditPaceFactor = 20
+// so the recount of every order takes at most a hundredth of a core
+// however many orders the ledger holds (at ten million, a recount of a
+// second or two runs every few minutes rather than every AuditInterval).
+// A twentieth, as it was, showed as a tax on every request of a node
+// holding millions of orders (BENCHMARKS.md, "The write path, fifth
+// session").
+const auditPaceFactor = 100
 
 // auditGap is the time between two periodic audits: AuditInterval, or
 // longer when the last audit took long (auditPaceFactor).

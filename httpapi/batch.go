@@ -84,7 +84,7 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 		sc.reqs = append(sc.reqs, req)
 		sc.at = append(sc.at, i)
 	}
-	start := time.Now()
+	start := requestStart(ctx)
 	results := sc.results[:len(sc.reqs)]
 	s.engine.DeductBatch(sc.reqs, results)
 	clear(sc.reqs) // keep no view into the request past the handler

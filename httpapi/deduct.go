@@ -55,7 +55,7 @@ var (
 )
 
 func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
-	start := time.Now()
+	start := requestStart(ctx)
 	defer s.latency.observe(start)
 	if !validID(sku) {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)

@@ -36,6 +36,15 @@ func newLatencyHistogram() *latencyHistogram {
 
 func (h *latencyHistogram) observe(start time.Time) { h.observeN(time.Since(start), 1) }
 
+// requestStart is when fasthttp handed the request over (its one clock
+// reading a request, ctx.Time), or now for a context made without it.
+func requestStart(ctx *fasthttp.RequestCtx) time.Time {
+	if t := ctx.Time(); !t.IsZero() {
+		return t
+	}
+	return time.Now()
+}
+
 // observeN counts n answers that each took d (a batch's items).
 func (h *latencyHistogram) observeN(d time.Duration, n int) {
 	h.counts[counter.Bucket(latencyBucketsSeconds, d.Seconds())].Add(uint64(n))
