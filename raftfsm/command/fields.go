@@ -14,7 +14,7 @@ func (c *CreateSale) appendFields(b []byte) []byte {
 	b = wire.AppendVarint(b, c.Sale.StartAtUnixNano)
 	b = wire.AppendVarint(b, c.Sale.PerUser)
 	b = wire.AppendVarint(b, c.Sale.HoldTTLNanos)
-	if c.Sale.Mode == "" && len(c.Secret) == 0 {
+	if c.Sale.Mode == "" && c.Sale.EntriesCloseAtUnixNano == 0 && len(c.Secret) == 0 {
 		return b // the format of versions before lottery sales
 	}
 	b = wire.AppendString(b, c.Sale.Mode)
@@ -98,8 +98,31 @@ func (c *Take) decodeFields(d *wire.Decoder) {
 		} else {
 			e.SKU = string(sku)
 		}
-		e.Qty, e.User, e.RequestID, e.OrderID = d.Varint(), d.String(), d.String(), d.String()
+		e.Qty = d.Varint()
+		e.User, e.RequestID, e.OrderID = decodeEntryIDs(d)
 	}
+}
+
+// decodeEntryIDs reads a take entry's user, request id and order id,
+// which sit next to each other in the input, into one allocation shared
+// by the three strings instead of one each: the apply of a Take allocated
+// three strings a win (a fifth of a committed deduct's allocations). What
+// a string keeps alive is its own entry's few bytes, never the batch's.
+func decodeEntryIDs(d *wire.Decoder) (user, requestID, orderID string) {
+	span := d.B
+	u := d.Bytes()
+	afterUser := d.B
+	r := d.Bytes()
+	afterRequest := d.B
+	o := d.Bytes()
+	if d.Err != nil {
+		return "", "", ""
+	}
+	end := len(span) - len(d.B)
+	s := string(span[:end])
+	uAt := len(span) - len(afterUser) - len(u)
+	rAt := len(span) - len(afterRequest) - len(r)
+	return s[uAt : uAt+len(u)], s[rAt : rAt+len(r)], s[end-len(o) : end]
 }
 
 func (c *Confirm) appendFields(b []byte) []byte { return wire.AppendString(b, c.OrderID) }
