@@ -3,14 +3,17 @@ package raftnode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 )
 
 // testLogger routes logs into the test's output.
@@ -208,4 +211,33 @@ func TestNode_ProposalQueuedAtShutdownReturns(t *testing.T) {
 			t.Fatal("a proposal queued when raft shut down never returned")
 		}
 	}
+}
+
+// TestNode_ProposalResultsAreNotKeptByRaft: raft's log cache keeps a
+// pointer into each proposal's future, and so its response; the results
+// a caller got (a Take's orders) must be collectable once the caller
+// drops them, not 128 entries later.
+func TestNode_ProposalResultsAreNotKeptByRaft(t *testing.T) {
+	n, l := startTestNode(t, t.TempDir())
+	defer func() { n.Close(); l.Close() }()
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 1000}})
+	mustPropose(t, n, &command.Lease{Node: "n1", SKU: "a", Want: 1000})
+	entries := make([]command.TakeEntry, 100)
+	for i := range entries {
+		entries[i] = command.TakeEntry{SKU: "a", Qty: 1, User: fmt.Sprint("u", i), RequestID: fmt.Sprint("r", i), OrderID: fmt.Sprint("o", i)}
+	}
+	r := mustPropose(t, n, &command.Take{Node: "n1", Entries: entries})
+	if len(r.Takes) != len(entries) || r.Takes[99].Outcome != raftfsm.OutcomeOK {
+		t.Fatalf("take results: %d, last %+v", len(r.Takes), r.Takes[len(r.Takes)-1])
+	}
+	results := weak.Make(&r.Takes[0])
+	r = nil
+	deadline := time.Now().Add(10 * time.Second)
+	for results.Value() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the Take's results are still reachable after the caller dropped them: raft keeps them")
+		}
+		runtime.GC()
+	}
+	checkAudit(t, l, "a")
 }
