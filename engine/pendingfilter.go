@@ -21,9 +21,13 @@ type pendingFilter struct {
 }
 
 const (
-	// pendingFilterLog2Bits: 512 KiB per filter, half a million attempts
-	// per span at the filter's intended rate of false maybes.
-	pendingFilterLog2Bits = 22
+	// pendingFilterLog2Bits: 2 MiB per filter, two million attempts per
+	// span at the filter's intended rate of false maybes. A probe reads
+	// one cache line whatever the size; half a megabyte, as it was,
+	// filled in two seconds of batch deducts (250,000 buyers a second),
+	// and then most new ids looked like repeats, each looked up twice
+	// (BENCHMARKS.md, "The write path, fifth session").
+	pendingFilterLog2Bits = 24
 	pendingFilterSpan     = 10 * time.Second
 )
 
