@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Two (or more) stockd binaries side by side, in alternated rows: each
+# binary runs one node with default flags, and every round drives each
+# node in turn with wrk for the same time and connections, so that a
+# neighbour's load on a shared host falls on both alike. Each row gives
+# the rate, the node's CPU per deduct (utime + stime from /proc/<pid>/stat)
+# and the wins a raft entry carried; the end prints each binary's medians
+# and in how many rounds it used less CPU than the first binary.
+#
+#   scripts/bench-ab.sh [-r rounds] [-s seconds] [-c connections] [-w commit|soldout] BIN...
+#
+# -c takes a comma-separated list: every round then runs each node at
+# each load, which gives CPU per deduct against the wins an entry
+# carries (BENCHMARKS.md, "CPU per deduct against the load"). Installs
+# wrk from Debian packages when missing; stops the nodes through their
+# PIDs.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+rounds=5 secs=5 conns=64 what=commit
+while getopts "r:s:c:w:" o; do
+  case $o in
+    r) rounds=$OPTARG ;;
+    s) secs=$OPTARG ;;
+    c) conns=$OPTARG ;;
+    w) what=$OPTARG ;;
+    *) echo "usage: $0 [-r rounds] [-s seconds] [-c conns[,conns...]] [-w commit|soldout] BIN..." >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ $# -ge 1 ] || { echo "usage: $0 [-r rounds] [-s seconds] [-c conns] [-w commit|soldout] BIN..." >&2; exit 2; }
+case $what in
+  commit) sku=plenty ;;
+  soldout) sku=gone ;;
+  *) echo "-w: commit or soldout, not $what" >&2; exit 2 ;;
+esac
+need_cmds wrk:wrk
+
+work=$(mktemp -d /tmp/stockd-ab-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do stop_pid "$p"; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+deduct_lua "$work/deduct.lua"
+hz=$(getconf CLK_TCK)
+
+urls=()
+for i in $(seq 1 $#); do
+  start_node "${!i}" "$work/data$i" "$work/node$i.log"
+  pids+=("$node_pid"); urls+=("$url")
+  curl -sf -X PUT "$url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
+  curl -sf -X PUT "$url/v1/skus/gone" -d '{"total":0}' >/dev/null
+done
+
+entries() { curl -sf "$1/metrics" | awk '$1 == "stockd_take_commit_seconds_count" {printf "%.0f", $2}'; }
+
+echo "$what deducts, rows of ${secs}s, connections $conns, $rounds rounds, binaries: $*"
+printf "%-5s %-3s %-6s %10s %12s %12s\n" round bin conns "deducts/s" "µs/deduct" "wins/entry"
+for r in $(seq 1 "$rounds"); do
+  for c in ${conns//,/ }; do
+    for i in $(seq 0 $(($# - 1))); do
+      u=${urls[$i]} p=${pids[$i]}
+      settle "$u"
+      e0=$(entries "$u"); t0=$(cpu_ticks "$p")
+      n=$(wrk -t1 -c"$c" -d"${secs}s" -s "$work/deduct.lua" "$u/v1/skus/$sku/deduct" -- "ab$r-$i-$c-$RANDOM" | awk '/requests in/ {print $1}')
+      t1=$(cpu_ticks "$p"); e1=$(entries "$u")
+      awk -v r="$r" -v b="$((i + 1))" -v c="$c" -v n="$n" -v s="$secs" -v t0="$t0" -v t1="$t1" -v hz="$hz" -v e="$((e1 - e0))" \
+        'BEGIN { w = e > 0 ? sprintf("%.1f", n / e) : "-"; printf "%-5s %-3s %-6s %10.0f %12.2f %12s\n", r, b, c, n / s, (t1 - t0) / hz * 1e6 / n, w }'
+    done
+  done
+done | tee "$work/rows"
+
+echo "medians (and rounds with less CPU than binary 1 at the same load):"
+for c in ${conns//,/ }; do
+  for i in $(seq 1 $#); do
+    awk -v b="$i" -v c="$c" -v name="${!i}" '
+      $2 == 1 && $3 == c { base[$1] = $5 }
+      $2 == b && $3 == c { rate[++n] = $4; cpu[n] = $5; row[n] = $1 }
+      function median(a, k,   i, j, t) { for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t } return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2 }
+      END {
+        less = 0; for (i = 1; i <= n; i++) if (cpu[i] < base[row[i]]) less++
+        printf "  %-40s %4s conns: %8.0f deducts/s  %6.2f µs a deduct", name, c, median(rate, n), median(cpu, n)
+        if (b > 1) printf "  (less CPU in %d of %d rounds)", less, n
+        printf "\n" }' "$work/rows"
+  done
+done
