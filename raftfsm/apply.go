@@ -179,6 +179,11 @@ type applier struct {
 	purgeDone bool
 
 	requestChanges map[string]requestChange // request id -> its order, or a deletion
+	// prunedRequests are request ids a prune forgot, taken out of the index
+	// on publish before requestChanges. Lookups later in the batch need no
+	// entry for them: the id's record is gone from the staged group, which
+	// a lookup reads to verify the index's answer.
+	prunedRequests []prunedRequest
 	newRequests    []requestPair            // the entry's new request ids, for its group
 	// groups, while set, holds request groups decoded (holdRequestGroups);
 	// groupsChanged marks those to write back.
@@ -248,6 +253,11 @@ func (a *applier) putKey(bucket []byte, k string, value []byte) {
 // caller holds l.mu.
 func (a *applier) updateMirrors() {
 	l := a.ledger
+	// Removals first: an id pruned and then sold again in this batch is
+	// added back by requestChanges.
+	for _, p := range a.prunedRequests {
+		l.requests.remove(p.request, p.at)
+	}
 	for req, ch := range a.requestChanges {
 		if ch.order == "" {
 			l.requests.remove(req, ch.at)

@@ -375,6 +375,28 @@ func (a *applier) forgetRequestInGroup(at int64, requestID, orderID string) (boo
 	return true, nil
 }
 
+// prunedRequest is a request id a prune forgot, and when its order was
+// created (its group's time).
+type prunedRequest struct {
+	request string
+	at      int64
+}
+
+// forgetPruned takes a request id a prune forgets out of the index on
+// publish. An id this very batch added is not in the index yet: its
+// staged addition is dropped instead, so that the index never holds an
+// id whose record is gone (the index's count decides how many a later
+// prune forgets, and a restart rebuilds it from the records).
+func (a *applier) forgetPruned(requestID string, at int64) {
+	if len(a.requestChanges) > 0 {
+		if ch, ok := a.requestChanges[requestID]; ok && ch.order != "" && ch.at == at {
+			delete(a.requestChanges, requestID)
+			return
+		}
+	}
+	a.prunedRequests = append(a.prunedRequests, prunedRequest{request: requestID, at: at})
+}
+
 // pruneRequests forgets request ids whose order was created before the
 // command's cutoff, then the oldest ones beyond MaxKeep. The orders stay;
 // a retry of a forgotten request id is judged as a new deduct.
@@ -419,7 +441,7 @@ func (a *applier) pruneRequests(c *command.PruneRequests) (*Result, error) {
 		}
 		i := 0
 		for ; i < len(pairs) && doom(); i++ {
-			a.requestChanges[pairs[i].request] = requestChange{at: created}
+			a.forgetPruned(pairs[i].request, created)
 			forgotten++
 		}
 		if i == 0 {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/hashicorp/raft"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -242,4 +243,57 @@ func TestLedger_FormatOfALaterVersionIsRefused(t *testing.T) {
 	if _, err := OpenLedger(later.dir, nil); !errors.Is(err, errLedgerFormat) {
 		t.Fatalf("open of a later format's file: %v, want errLedgerFormat", err)
 	}
+}
+
+// TestRequests_PruneInTheBatchThatAddsKeepsTheIndexTrue: a prune that
+// forgets ids in the very batch (one ApplyBatch) that added them, or that
+// forgets an id the batch then sells again, leaves the index holding
+// exactly the ids whose records remain: the count a restart rebuilds from
+// the records, which the next prune's cut depends on.
+func TestRequests_PruneInTheBatchThatAddsKeepsTheIndexTrue(t *testing.T) {
+	tl := newTestLedger(t)
+	l := tl.l
+	tl.applyTyped(1, &SetRules{Rules: RulesScopedRequestIDs})
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 100})
+	entry := func(at int64, c legacyCommand) *raft.Log {
+		tl.index++
+		c.AtUnixNano = at
+		return logOf(t, tl.index, c)
+	}
+	takeOf := func(user, req, order string) legacyCommand {
+		return legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "a", Qty: 1, User: user, RequestID: req, OrderID: order}}}
+	}
+	f := func(name string, want int, logs ...*raft.Log) {
+		t.Helper()
+		for i, r := range l.ApplyBatch(logs) {
+			if res, ok := r.(*Result); !ok || res.Outcome != OutcomeOK {
+				t.Fatalf("%s: entry %d: %+v", name, i, r)
+			}
+		}
+		if n := l.RequestIDs(); n != want {
+			t.Fatalf("%s: the index holds %d ids, want %d", name, n, want)
+		}
+	}
+	f("two old ids", 2, entry(10, takeOf("u1", "r1", "o1")), entry(11, takeOf("u2", "r2", "o2")))
+	// A batch adds r3, then a prune keeping one id forgets r1, r2 and r3
+	// (the oldest first, r3 among them once the cap is one).
+	f("added and pruned in one batch", 1,
+		entry(20, takeOf("u3", "r3", "o3")),
+		entry(21, takeOf("u4", "r4", "o4")),
+		entry(22, legacyCommand{Op: OpPruneRequests, MaxKeep: 1}))
+	// A batch prunes r4, then sells r4 again to its user (a retry of a
+	// forgotten id is a new deduct).
+	f("pruned then sold again in one batch", 1,
+		entry(30, legacyCommand{Op: OpPruneRequests, BeforeUnixNano: 25}),
+		entry(31, takeOf("u4", "r4", "o5")))
+	if _, ok := l.OrderIDForRequest("u4", "r4"); !ok {
+		t.Fatal("r4, sold again after its prune, is not held")
+	}
+	held := l.RequestIDs()
+	l = tl.reopen()
+	if n := l.RequestIDs(); n != held {
+		t.Fatalf("a restart rebuilt %d ids from the records, the running index held %d", n, held)
+	}
+	checkAudit(t, l, "a")
 }
