@@ -184,7 +184,7 @@ type applier struct {
 	// entry for them: the id's record is gone from the staged group, which
 	// a lookup reads to verify the index's answer.
 	prunedRequests []prunedRequest
-	newRequests    []requestPair            // the entry's new request ids, for its group
+	newRequests    []requestPair // the entry's new request ids, for its group
 	// groups, while set, holds request groups decoded (holdRequestGroups);
 	// groupsChanged marks those to write back.
 	groups        map[int64][]requestPair

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"hash/maphash"
+	"strings"
 
 	"stockd/internal/hashfilter"
 )
@@ -120,7 +121,9 @@ func (r *requestIndex) add(requestID string, at int64) {
 	r.filter.Add(h)
 	if seen {
 		if _, taken := r.byHash[h]; taken {
-			r.exact[requestID] = at
+			// A copy: the id may be a view into a larger string (a
+			// decoded request group) that it would keep alive.
+			r.exact[strings.Clone(requestID)] = at
 			return
 		}
 	}
@@ -136,10 +139,12 @@ func (r *requestIndex) remove(requestID string, at int64) {
 			r.legacy--
 		}
 	}()
-	if _, ok := r.exact[requestID]; ok {
-		delete(r.exact, requestID)
-		removed = true
-		return
+	if len(r.exact) > 0 {
+		if _, ok := r.exact[requestID]; ok {
+			delete(r.exact, requestID)
+			removed = true
+			return
+		}
 	}
 	h := maphash.String(r.seed, requestID)
 	if at0, ok := r.byHash[h]; ok && at0 == at {
