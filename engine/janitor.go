@@ -11,12 +11,14 @@ import (
 const (
 	// expireBatchMax bounds one Expire command (each id ~20 bytes).
 	expireBatchMax = 512
-	// pruneInterval paces the leader's request-id pruning. A prune is
-	// one apply, which stalls every other for its length: at 250,000 new
-	// ids a second (batch deducts) past the cap, a prune every 10 s
-	// forgot 2.5 million ids in about a second; every second it forgets a
-	// tenth as many, for the same work in all.
-	pruneInterval = time.Second
+	// pruneInterval paces the leader's request-id pruning by age.
+	pruneInterval = 10 * time.Second
+	// pruneOverCapInterval paces it while the ledger holds more ids than
+	// RequestMaxKeep. A prune is one apply, which stalls every other for
+	// its length: at 250,000 new ids a second (batch deducts) past the
+	// cap, a prune every 10 s forgot 2.5 million ids in about a second;
+	// every second it forgets a tenth as many, for the same work in all.
+	pruneOverCapInterval = time.Second
 	// janitorTick paces the background checks: the commit breaker, idle
 	// leases, reclaims and registration. Short enough that the breaker
 	// follows an election within a tick.
@@ -59,7 +61,7 @@ func (e *Engine) runJanitor() {
 				e.metrics.auditNanos.Store(int64(time.Since(start)))
 			}()
 		}
-		if now.Sub(lastPrune) >= pruneInterval {
+		if since := now.Sub(lastPrune); since >= pruneInterval || since >= pruneOverCapInterval && e.overRequestCap() {
 			lastPrune = now
 			e.pruneRequests(now)
 		}
@@ -283,6 +285,12 @@ func (e *Engine) expireHolds(now time.Time) {
 
 // pruneRequests runs on the leader: it bounds the request ids kept for
 // idempotency by age and count.
+// overRequestCap reports whether the ledger holds more request ids than
+// RequestMaxKeep (0: no cap).
+func (e *Engine) overRequestCap() bool {
+	return e.cfg.RequestMaxKeep > 0 && int64(e.ledger.RequestIDs()) > e.cfg.RequestMaxKeep
+}
+
 func (e *Engine) pruneRequests(now time.Time) {
 	if !e.isLeader() || e.commitBlocked.Load() {
 		return

@@ -22,6 +22,8 @@ type Ledger interface {
 	// exist at all.
 	LookupRequest(user, requestID []byte) (raftfsm.RequestRecord, bool)
 	MayHoldRequest(user, requestID []byte) bool
+	// RequestIDs is how many request ids the ledger remembers.
+	RequestIDs() int
 	// BoughtBytes is a buyer's units of a per_user sale; MayHaveBought
 	// says, lock-free, whether they may have any.
 	BoughtBytes(sku, user []byte) int64
