@@ -36,13 +36,7 @@ case $what in
 esac
 need_cmds wrk:wrk
 
-work=$(mktemp -d /tmp/stockd-ab-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do stop_pid "$p"; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+start_work ab
 deduct_lua "$work/deduct.lua"
 hz=$(getconf CLK_TCK)
 

@@ -17,13 +17,7 @@ conns=${2:-1000}
 units=${3:-20000}
 buyers=${4:-400000}
 
-work=$(mktemp -d /tmp/stockd-backup-crowd-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do stop_pid "$p"; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+start_work backup-crowd
 
 certs="$work/certs"
 "$bin" cert ca -out "$certs" >/dev/null

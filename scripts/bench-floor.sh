@@ -24,13 +24,7 @@ rounds=${4:-3}
 
 need_cmds wrk:wrk redis-server:redis-server redis-benchmark:redis-tools
 
-work=$(mktemp -d /tmp/stockd-floor-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do stop_pid "$p"; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+start_work floor
 
 hz=$(getconf CLK_TCK)
 

@@ -51,6 +51,20 @@ need_cmds() {
   $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# start_work NAME: a new temporary directory in $work and an empty pids
+# array; on exit, every PID in pids is stopped (stop_pid) and the
+# directory removed.
+start_work() {
+  work=$(mktemp -d "/tmp/stockd-$1-XXXXXX")
+  pids=()
+  trap cleanup_work EXIT
+}
+
+cleanup_work() {
+  for p in "${pids[@]}"; do stop_pid "$p"; done
+  rm -rf "$work"
+}
+
 # stop_pid PID: SIGTERM, up to 20 s to exit, then SIGKILL.
 stop_pid() {
   kill -0 "$1" 2>/dev/null || return 0
