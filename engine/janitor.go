@@ -283,14 +283,14 @@ func (e *Engine) expireHolds(now time.Time) {
 	e.logger.Debug("expired holds", "orders", len(due), "units", res.Qty)
 }
 
-// pruneRequests runs on the leader: it bounds the request ids kept for
-// idempotency by age and count.
 // overRequestCap reports whether the ledger holds more request ids than
 // RequestMaxKeep (0: no cap).
 func (e *Engine) overRequestCap() bool {
 	return e.cfg.RequestMaxKeep > 0 && int64(e.ledger.RequestIDs()) > e.cfg.RequestMaxKeep
 }
 
+// pruneRequests runs on the leader: it bounds the request ids kept for
+// idempotency by age and count.
 func (e *Engine) pruneRequests(now time.Time) {
 	if !e.isLeader() || e.commitBlocked.Load() {
 		return

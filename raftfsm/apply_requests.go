@@ -207,22 +207,16 @@ func decodeRequestGroup(b []byte) ([]requestPair, error) {
 	if len(b) == 0 || b[0] != requestGroupFormat {
 		return nil, fmt.Errorf("%w: not a request group", ErrMalformed)
 	}
-	// The group's ids share one allocation, its bytes as a string, instead
-	// of two each: a prune decodes every group it forgets. What keeps a
-	// group's ids beyond the batch that read it is the index's exact map,
-	// which copies the one it keeps (requestIndex.add).
-	all := string(b[1:])
+	// The group's ids share one allocation instead of two each: a prune
+	// decodes every group it forgets. What keeps a group's ids beyond the
+	// batch that read it is the index's exact map, which copies the one it
+	// keeps (requestIndex.add).
 	d := wire.Decoder{B: b[1:]}
 	pairs := make([]requestPair, d.Count(2))
-	at := func(p []byte) string {
-		off := len(all) - len(d.B) - len(p)
-		return all[off : off+len(p)]
-	}
+	ids := make([]string, 2*len(pairs))
+	d.Strings(ids)
 	for i := range pairs {
-		r := d.Bytes()
-		request := at(r)
-		o := d.Bytes()
-		pairs[i] = requestPair{request, at(o)}
+		pairs[i] = requestPair{ids[2*i], ids[2*i+1]}
 	}
 	if err := d.Finish(); err != nil {
 		return nil, fmt.Errorf("request group: %w", err)

@@ -52,7 +52,7 @@ type segmentFiles struct {
 
 	mu       sync.Mutex
 	closed   bool
-	spare    string        // the directory holding a ready spare of spareSize; "" when none
+	spare    string        // the directory holding a ready spare of spareSz bytes; "" when none
 	spareSz  uint64        // its size
 	building chan struct{} // closes when the spare being written is done (nil: none is)
 	stop     chan struct{} // closes on Close: the background writer gives up

@@ -87,6 +87,28 @@ func (d *Decoder) Varint() int64 {
 // String reads a length-prefixed string (a copy).
 func (d *Decoder) String() string { return string(d.Bytes()) }
 
+// Strings reads len(dst) length-prefixed strings that follow each other
+// into dst, copied into one allocation they share instead of one each:
+// each keeps the others alive, so the caller reads together only strings
+// that live about as long. On an error dst is left empty.
+func (d *Decoder) Strings(dst []string) {
+	span := d.B
+	for range dst {
+		d.Bytes()
+	}
+	if d.Err != nil {
+		clear(dst)
+		return
+	}
+	all := string(span[:len(span)-len(d.B)])
+	r := Decoder{B: span[:len(all)]}
+	for i := range dst {
+		p := r.Bytes()
+		at := len(all) - len(r.B) - len(p)
+		dst[i] = all[at : at+len(p)]
+	}
+}
+
 // Bytes is String without a copy: the bytes stay those of the input.
 func (d *Decoder) Bytes() []byte {
 	n := d.Uvarint()

@@ -34,3 +34,29 @@ func TestDecoder_ReadsWhatTheAppendsWrite(t *testing.T) {
 		t.Fatal("UvarintLen disagrees with AppendUvarint")
 	}
 }
+
+// TestDecoder_StringsShareOneAllocation: strings read together come back
+// as written, in one allocation for all of them; a truncated run leaves
+// them empty and the decoder failed.
+func TestDecoder_StringsShareOneAllocation(t *testing.T) {
+	b := AppendString(AppendString(AppendString(nil, "alice"), ""), "n1-7-x")
+	b = AppendUvarint(b, 42)
+	var got [3]string
+	d := Decoder{B: b}
+	d.Strings(got[:])
+	if got != [3]string{"alice", "", "n1-7-x"} || d.Uvarint() != 42 || d.Finish() != nil {
+		t.Fatalf("read %q, then %v", got, d.Err)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		d := Decoder{B: b}
+		d.Strings(got[:])
+	}); n != 1 {
+		t.Fatalf("%.0f allocations for three strings, want 1", n)
+	}
+	short := Decoder{B: b[:8]}
+	got = [3]string{"x", "y", "z"}
+	short.Strings(got[:])
+	if got != [3]string{} || !errors.Is(short.Finish(), ErrMalformed) {
+		t.Fatalf("a truncated run read as %q, %v", got, short.Err)
+	}
+}

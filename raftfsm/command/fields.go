@@ -99,30 +99,13 @@ func (c *Take) decodeFields(d *wire.Decoder) {
 			e.SKU = string(sku)
 		}
 		e.Qty = d.Varint()
-		e.User, e.RequestID, e.OrderID = decodeEntryIDs(d)
+		// The entry's ids in one allocation instead of three (a fifth of
+		// a committed deduct's allocations); what they keep alive is
+		// their own entry's few bytes, never the batch's.
+		var ids [3]string
+		d.Strings(ids[:])
+		e.User, e.RequestID, e.OrderID = ids[0], ids[1], ids[2]
 	}
-}
-
-// decodeEntryIDs reads a take entry's user, request id and order id,
-// which sit next to each other in the input, into one allocation shared
-// by the three strings instead of one each: the apply of a Take allocated
-// three strings a win (a fifth of a committed deduct's allocations). What
-// a string keeps alive is its own entry's few bytes, never the batch's.
-func decodeEntryIDs(d *wire.Decoder) (user, requestID, orderID string) {
-	span := d.B
-	u := d.Bytes()
-	afterUser := d.B
-	r := d.Bytes()
-	afterRequest := d.B
-	o := d.Bytes()
-	if d.Err != nil {
-		return "", "", ""
-	}
-	end := len(span) - len(d.B)
-	s := string(span[:end])
-	uAt := len(span) - len(afterUser) - len(u)
-	rAt := len(span) - len(afterRequest) - len(r)
-	return s[uAt : uAt+len(u)], s[rAt : rAt+len(r)], s[end-len(o) : end]
 }
 
 func (c *Confirm) appendFields(b []byte) []byte { return wire.AppendString(b, c.OrderID) }
