@@ -237,6 +237,11 @@ type Ledger struct {
 
 	// applyMu is held while a batch is applied (see behind.applying).
 	applyMu sync.Mutex
+	// growingBlocks holds, by key, the order blocks that batches have been
+	// adding members to, as the values they last wrote: the next batch
+	// appends in place (see flushOrderBlock). Only the apply goroutine,
+	// holding applyMu, touches it.
+	growingBlocks map[string][]byte
 	// compactMu serialises compactions; closing tells one to give up and
 	// makes Close wait for it.
 	compactMu sync.Mutex

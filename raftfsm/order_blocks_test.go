@@ -283,3 +283,43 @@ func TestSeqWindow(t *testing.T) {
 		check()
 	}
 }
+
+// A block's value grows in place batch after batch, while what an earlier
+// batch wrote (and the write-behind may still be writing) stays as it was;
+// a value growBlock did not build is copied.
+func TestGrowBlock_AppendsInPlaceAndKeepsWhatReadersHold(t *testing.T) {
+	var l Ledger
+	v1 := l.growBlock("b", nil, []byte{1, 2})
+	if want := []byte{orderBlockFormat, 1, 2}; !slices.Equal(v1, want) {
+		t.Fatalf("first batch: %v, want %v", v1, want)
+	}
+	held := slices.Clone(v1)
+	v2 := l.growBlock("b", v1, []byte{3})
+	if &v2[0] != &v1[0] {
+		t.Errorf("second batch copied the block instead of growing it")
+	}
+	if !slices.Equal(v1, held) {
+		t.Errorf("the first batch's value changed under its reader: %v, was %v", v1, held)
+	}
+	if want := []byte{orderBlockFormat, 1, 2, 3}; !slices.Equal(v2, want) {
+		t.Fatalf("second batch: %v, want %v", v2, want)
+	}
+	// The same bytes read from the file are not growBlock's: copied.
+	fromFile := slices.Clone(v2)
+	v3 := l.growBlock("b", fromFile, []byte{4})
+	if &v3[0] == &v2[0] || &v3[0] == &fromFile[0] {
+		t.Errorf("a value read from the file was grown in place")
+	}
+	// An older value of the block (an apply that failed after growing it)
+	// is copied too, and the newer one is left alone.
+	v4 := l.growBlock("b", v1, []byte{9})
+	if &v4[0] == &v1[0] || !slices.Equal(v2, []byte{orderBlockFormat, 1, 2, 3}) {
+		t.Errorf("an older value was grown in place: %v, newer %v", v4, v2)
+	}
+	for i := range 3 * growingBlocksMax {
+		l.growBlock(strconv.Itoa(i), nil, []byte{byte(i)})
+		if len(l.growingBlocks) > growingBlocksMax {
+			t.Fatalf("%d growing blocks kept, at most %d", len(l.growingBlocks), growingBlocksMax)
+		}
+	}
+}
