@@ -156,6 +156,11 @@ func (a *applier) flushOrderBlock() error {
 // nodes and a few blocks a batch's reordered entries touch again.
 const growingBlocksMax = 64
 
+// orderBlockBytesHint is the room a block's value starts with: 256
+// members of about 60 bytes, so that a block that fills batch after batch
+// is allocated once instead of at each doubling.
+const orderBlockBytesHint = 16 << 10
+
 // growBlock returns block key's value had with added after it. A block
 // gains members batch after batch, up to 256, and copying all it held
 // for every batch made a sale's order writes grow with the block (about
@@ -175,7 +180,7 @@ func (l *Ledger) growBlock(key string, had, added []byte) []byte {
 		had = []byte{orderBlockFormat}
 	}
 	n := len(had) + len(added)
-	v := append(append(make([]byte, 0, 2*n), had...), added...)
+	v := append(append(make([]byte, 0, max(2*n, orderBlockBytesHint)), had...), added...)
 	if l.growingBlocks == nil || len(l.growingBlocks) >= growingBlocksMax {
 		l.growingBlocks = make(map[string][]byte, growingBlocksMax)
 	}

@@ -242,6 +242,9 @@ type Ledger struct {
 	// appends in place (see flushOrderBlock). Only the apply goroutine,
 	// holding applyMu, touches it.
 	growingBlocks map[string][]byte
+	// requestChangesSpare is the last batch's request changes map, empty,
+	// for the next (spareRequestChanges); the apply goroutine's alone.
+	requestChangesSpare map[string]requestChange
 	// compactMu serialises compactions; closing tells one to give up and
 	// makes Close wait for it.
 	compactMu sync.Mutex
