@@ -434,7 +434,7 @@ func (e *Engine) won(s *sale, p *pendingTake, res *DeductResult) bool {
 	}
 	s.lastUseNanos.Store(p.created.UnixNano())
 	p.entry.OrderID = e.nextOrderID()
-	close(p.taken)
+	p.markTaken()
 	qty := p.entry.Qty
 	s.takesInFlight.Add(qty)
 	e.pendingOrd.putIfAbsent(p.entry.OrderID, p)
@@ -470,7 +470,16 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 	}
 	var taken <-chan struct{}
 	if noWait {
-		taken = p.taken
+		ch, already := p.whenTaken()
+		if already {
+			if r, done := p.outcome(); done {
+				*res = r
+				return
+			}
+			res.Status, res.Order = StatusAccepted, p.pendingOrder()
+			return
+		}
+		taken = ch
 	}
 	select {
 	case <-p.done:
@@ -497,10 +506,8 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 // unknownOrder sets an outcome_unknown answer's order, once its unit was
 // taken (the order id is set then).
 func (e *Engine) unknownOrder(p *pendingTake, res *DeductResult) {
-	select {
-	case <-p.taken:
+	if p.wasTaken() {
 		res.Order = p.pendingOrder()
-	default:
 	}
 }
 

@@ -13,7 +13,7 @@ func (p *pendingTake) asksFor(req *DeductRequest) bool {
 }
 
 // pendingTake is one attempt of a deduct from the moment it may take a
-// unit: until the unit is taken (taken closes), then until the ledger
+// unit: until the unit is taken (markTaken), then until the ledger
 // answers (done closes). Repeats of its request id wait on it.
 type pendingTake struct {
 	sale  *sale
@@ -25,11 +25,16 @@ type pendingTake struct {
 	created  time.Time
 	attempts int
 
-	taken  chan struct{}
-	once   sync.Once
-	done   chan struct{}
-	mu     sync.Mutex
-	result DeductResult
+	once sync.Once
+	done chan struct{}
+	mu   sync.Mutex // guards result, isTaken and taken
+	// isTaken is set once the unit is taken and entry.OrderID holds the
+	// order's id. taken is made only for a repeat that waits for that
+	// (whenTaken), and closed then: most takes have no such repeat, and a
+	// channel each cost an allocation and a close on every deduct.
+	isTaken bool
+	taken   chan struct{}
+	result  DeductResult
 	// path is the adaptive limit that counts this take while it waits for
 	// the ledger (set once it is queued for commit, at entered on the real
 	// clock: the engine's may be a test's).
@@ -44,7 +49,7 @@ func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
 	}
 	req.slot = nil // a slot serves one take
 	*p = pendingTake{
-		sale: s, hint: req.Hint, taken: make(chan struct{}), done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
+		sale: s, hint: req.Hint, done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
 		entry: command.TakeEntry{SKU: s.sku, Qty: req.Qty},
 	}
 	if len(req.RequestID) == 0 {
@@ -58,6 +63,38 @@ func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
 	tail := p.reqKey[len(p.reqKey)-len(req.User)-len(req.RequestID):]
 	p.entry.User, p.entry.RequestID = tail[:len(req.User)], tail[len(req.User):]
 	return p
+}
+
+// markTaken records that the take's unit is taken, after its order id is
+// set, and wakes the repeats waiting for that.
+func (p *pendingTake) markTaken() {
+	p.mu.Lock()
+	p.isTaken = true
+	if p.taken != nil {
+		close(p.taken)
+	}
+	p.mu.Unlock()
+}
+
+// whenTaken returns a channel closed once the take's unit is taken, or
+// already true if it is.
+func (p *pendingTake) whenTaken() (_ <-chan struct{}, already bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.isTaken {
+		return nil, true
+	}
+	if p.taken == nil {
+		p.taken = make(chan struct{})
+	}
+	return p.taken, false
+}
+
+// wasTaken reports whether the take's unit is taken (its order id set).
+func (p *pendingTake) wasTaken() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.isTaken
 }
 
 func (p *pendingTake) resolve(r DeductResult) { p.resolveAt(r, time.Time{}) }
