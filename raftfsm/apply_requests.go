@@ -292,6 +292,9 @@ func (a *applier) requestGroup(at int64) ([]requestPair, error) {
 	if pairs, ok := a.groups[at]; ok {
 		return pairs, nil
 	}
+	if uint64(at) > a.ledger.requestGroupsAtMax {
+		return nil, nil // newer than every group written
+	}
 	v, err := a.get(bucketRequestsByTime, requestGroupKey(at))
 	if err != nil || v == nil {
 		return nil, err
@@ -336,6 +339,7 @@ func (a *applier) putRequestGroup(at int64, pairs []requestPair) {
 	if len(pairs) > 0 {
 		v = encodeRequestGroup(pairs)
 	}
+	a.ledger.requestGroupsAtMax = max(a.ledger.requestGroupsAtMax, uint64(at))
 	a.put(bucketRequestsByTime, requestGroupKey(at), v)
 }
 

@@ -245,6 +245,13 @@ type Ledger struct {
 	// requestChangesSpare is the last batch's request changes map, empty,
 	// for the next (spareRequestChanges); the apply goroutine's alone.
 	requestChangesSpare map[string]requestChange
+	// requestGroupsAtMax is the highest time (as the group key's uint64)
+	// any record of the requests-by-time bucket has been written at: no
+	// group exists above it, so a take's entry, whose time is mostly
+	// newer than every group's, writes its group without first looking
+	// in the file for one. Set by loadMirrors, raised by putRequestGroup;
+	// the apply goroutine's.
+	requestGroupsAtMax uint64
 	// compactMu serialises compactions; closing tells one to give up and
 	// makes Close wait for it.
 	compactMu sync.Mutex

@@ -93,6 +93,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	holds := make(map[string]int64)
 	bought := make(map[string]int64)
 	seqHigh := make(map[string]uint64)
+	var groupsAtMax uint64 // the newest request record's time (Ledger.requestGroupsAtMax)
 	var applied, rules, restoredFrom, restoredAt uint64
 	var clusterID string
 	err := db.View(func(tx *bolt.Tx) error {
@@ -144,6 +145,9 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
+		if k, _ := tx.Bucket(bucketRequestsByTime).Cursor().Last(); len(k) >= 8 {
+			groupsAtMax = binary.BigEndian.Uint64(k[:8])
+		}
 		err = tx.Bucket(bucketRequestsByTime).ForEach(func(k, v []byte) error {
 			switch {
 			case len(k) > 8: // a record of the earlier format
@@ -171,6 +175,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		return err
 	}
 	l.applied, l.rules, l.skus, l.requests, l.nodes, l.holds, l.bought = applied, rules, skus, requests, nodes, holds, bought
+	l.requestGroupsAtMax = groupsAtMax
 	l.restoredFrom, l.restoredAt, l.clusterID = restoredFrom, restoredAt, clusterID
 	l.orderSeqs = make(map[string]*seqWindow, len(seqHigh))
 	for owner, high := range seqHigh {

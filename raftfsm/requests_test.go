@@ -297,3 +297,57 @@ func TestRequests_PruneInTheBatchThatAddsKeepsTheIndexTrue(t *testing.T) {
 	}
 	checkAudit(t, l, "a")
 }
+
+// A take whose time is newer than every request group writes its group
+// without reading the file for one; a take at a time that has a group
+// (the same time again, before and after a reopen, and an older time)
+// adds to that group instead of replacing it.
+func TestRequests_GroupOfAnOlderTimeIsAddedTo(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 100})
+	n := 0
+	take := func(at int64) {
+		t.Helper()
+		c := legacyCommand{Op: OpTake, Node: "n1", AtUnixNano: at}
+		for range 3 {
+			c.Takes = append(c.Takes, TakeEntry{SKU: "a", Qty: 1, User: "u", RequestID: fmt.Sprintf("r%02d", n), OrderID: fmt.Sprintf("o%02d", n)})
+			n++
+		}
+		for i, r := range tl.apply(c).Takes {
+			if r.Outcome != OutcomeOK {
+				t.Fatalf("take %s: %s", c.Takes[i].OrderID, r.Outcome)
+			}
+		}
+	}
+	held := func(l *Ledger, when string) {
+		t.Helper()
+		for i := range n {
+			if _, ok := l.OrderIDForRequest("u", fmt.Sprintf("r%02d", i)); !ok {
+				t.Fatalf("%s: request r%02d is not held", when, i)
+			}
+		}
+		if got := l.RequestIDs(); got != n {
+			t.Fatalf("%s: %d request ids, want %d", when, got, n)
+		}
+	}
+	take(20)
+	take(20)
+	take(10)
+	held(tl.l, "before the reopen")
+	if err := tl.l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	l := tl.reopen()
+	if l.requestGroupsAtMax != 20 {
+		t.Fatalf("newest group at %d after the reopen, want 20", l.requestGroupsAtMax)
+	}
+	take(20)
+	take(10)
+	take(30)
+	held(tl.reopen(), "after the reopen")
+	if g, _ := requestRecords(t, tl.l); g != 3 {
+		t.Fatalf("%d groups, want 3 (times 10, 20 and 30)", g)
+	}
+	checkAudit(t, tl.l, "a")
+}
