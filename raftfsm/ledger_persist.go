@@ -93,7 +93,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	holds := make(map[string]int64)
 	bought := make(map[string]int64)
 	seqHigh := make(map[string]uint64)
-	var groupsAtMax uint64 // the newest request record's time (Ledger.requestGroupsAtMax)
+	var groupsAtMax uint64
 	var applied, rules, restoredFrom, restoredAt uint64
 	var clusterID string
 	err := db.View(func(tx *bolt.Tx) error {
@@ -145,25 +145,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
-		if k, _ := tx.Bucket(bucketRequestsByTime).Cursor().Last(); len(k) >= 8 {
-			groupsAtMax = binary.BigEndian.Uint64(k[:8])
-		}
-		err = tx.Bucket(bucketRequestsByTime).ForEach(func(k, v []byte) error {
-			switch {
-			case len(k) > 8: // a record of the earlier format
-				requests.add(string(k[8:]), int64(binary.BigEndian.Uint64(k[:8])))
-			case len(k) == 8:
-				pairs, err := decodeRequestGroup(v)
-				if err != nil {
-					return fmt.Errorf("request group %x: %w", k, err)
-				}
-				for _, p := range pairs {
-					requests.add(p.request, int64(binary.BigEndian.Uint64(k)))
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if groupsAtMax, err = loadRequests(tx.Bucket(bucketRequestsByTime), requests); err != nil {
 			return err
 		}
 		if err := loadOrderSeqs(tx.Bucket(bucketMeta), seqHigh); err != nil {
@@ -186,4 +168,28 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	l.legacyRequests.Store(requests.legacy > 0)
 	l.buyerFilter.Store(buyers)
 	return nil
+}
+
+// loadRequests adds the request ids of the requests-by-time bucket b to
+// requests, and returns the newest record's time (Ledger.requestGroupsAtMax).
+func loadRequests(b *bolt.Bucket, requests *requestIndex) (atMax uint64, err error) {
+	if k, _ := b.Cursor().Last(); len(k) >= 8 {
+		atMax = binary.BigEndian.Uint64(k[:8])
+	}
+	err = b.ForEach(func(k, v []byte) error {
+		switch {
+		case len(k) > 8: // a record of the earlier format
+			requests.add(string(k[8:]), int64(binary.BigEndian.Uint64(k[:8])))
+		case len(k) == 8:
+			pairs, err := decodeRequestGroup(v)
+			if err != nil {
+				return fmt.Errorf("request group %x: %w", k, err)
+			}
+			for _, p := range pairs {
+				requests.add(p.request, int64(binary.BigEndian.Uint64(k)))
+			}
+		}
+		return nil
+	})
+	return atMax, err
 }
