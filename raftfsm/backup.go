@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -158,11 +159,23 @@ const (
 	backupPaceMax   = 4 * time.Millisecond
 )
 
-// pacedWriter is w, paced as backupPaceChunk says.
+// snapshotPaceMax caps the wait after each chunk of a raft snapshot. A
+// snapshot is the whole ledger written to the node's own disk, with no
+// reader to wait for, every SnapshotInterval while the log grows: unpaced,
+// one of a 1.6 GB ledger took a core for 15 s, and the raft log's
+// fdatasync, behind the snapshot's writes on the same disk, slowed
+// commits until the node turned buyers away (BENCHMARKS.md, "The write
+// path, sixth session"). Paced, it takes about three times as long at a
+// third of a core.
+const snapshotPaceMax = 100 * time.Millisecond
+
+// pacedWriter is w, paced as backupPaceChunk says; maxWait, when set,
+// replaces backupPaceMax.
 type pacedWriter struct {
-	w     io.Writer
-	n     int
-	since time.Time
+	w       io.Writer
+	maxWait time.Duration
+	n       int
+	since   time.Time
 }
 
 func (p *pacedWriter) Write(b []byte) (int, error) {
@@ -172,7 +185,7 @@ func (p *pacedWriter) Write(b []byte) (int, error) {
 	n, err := p.w.Write(b)
 	if p.n += n; p.n >= backupPaceChunk {
 		p.n = 0
-		time.Sleep(min(2*time.Since(p.since), backupPaceMax))
+		time.Sleep(min(2*time.Since(p.since), cmp.Or(p.maxWait, backupPaceMax)))
 		p.since = time.Now()
 	}
 	return n, err

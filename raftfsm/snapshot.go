@@ -33,7 +33,7 @@ func (l *Ledger) Snapshot() (raft.FSMSnapshot, error) {
 type ledgerSnapshot struct{ tx *bolt.Tx }
 
 func (s *ledgerSnapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := s.tx.WriteTo(sink); err != nil {
+	if _, err := s.tx.WriteTo(&pacedWriter{w: sink, maxWait: snapshotPaceMax}); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("write snapshot: %w", err)
 	}
