@@ -472,11 +472,7 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 	if noWait {
 		ch, already := p.whenTaken()
 		if already {
-			if r, done := p.outcome(); done {
-				*res = r
-				return
-			}
-			res.Status, res.Order = StatusAccepted, p.pendingOrder()
+			answerTaken(p, res)
 			return
 		}
 		taken = ch
@@ -486,11 +482,7 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 		r, _ := p.outcome()
 		*res = r
 	case <-taken:
-		if r, done := p.outcome(); done {
-			*res = r
-			return
-		}
-		res.Status, res.Order = StatusAccepted, p.pendingOrder()
+		answerTaken(p, res)
 	case <-e.deadlines.after(limit):
 		res.Status, res.Detail = StatusOutcomeUnknown, "commit did not finish in time; retry with the same request_id"
 		e.unknownOrder(p, res)
@@ -501,6 +493,16 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 		res.Status, res.Detail = StatusOutcomeUnknown, "the node stopped before the commit; retry with the same request_id on another node"
 		e.unknownOrder(p, res)
 	}
+}
+
+// answerTaken answers a wait=none deduct whose unit p has taken: the
+// ledger's answer if it came already, else 202 with the pending order.
+func answerTaken(p *pendingTake, res *DeductResult) {
+	if r, done := p.outcome(); done {
+		*res = r
+		return
+	}
+	res.Status, res.Order = StatusAccepted, p.pendingOrder()
 }
 
 // unknownOrder sets an outcome_unknown answer's order, once its unit was
