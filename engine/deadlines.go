@@ -14,6 +14,9 @@ type deadlines struct {
 	mu      sync.Mutex
 	byGrain map[int64]chan struct{}
 	now     func() time.Time
+	// ended, once set by end, is the channel every later after returns:
+	// closed already.
+	ended chan struct{}
 }
 
 // deadlineGrain is the resolution of deadlines: answers that time out do
@@ -31,6 +34,9 @@ func (dl *deadlines) after(d time.Duration) <-chan struct{} {
 	grain := (at.UnixNano() + int64(deadlineGrain) - 1) / int64(deadlineGrain)
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
+	if dl.ended != nil {
+		return dl.ended
+	}
 	if ch, ok := dl.byGrain[grain]; ok {
 		return ch
 	}
@@ -39,9 +45,30 @@ func (dl *deadlines) after(d time.Duration) <-chan struct{} {
 	wait := time.Until(time.Unix(0, grain*int64(deadlineGrain)))
 	time.AfterFunc(max(wait, 0), func() {
 		dl.mu.Lock()
-		delete(dl.byGrain, grain)
-		dl.mu.Unlock()
-		close(ch)
+		defer dl.mu.Unlock()
+		if _, ok := dl.byGrain[grain]; ok { // end may have closed it
+			delete(dl.byGrain, grain)
+			close(ch)
+		}
 	})
 	return ch
+}
+
+// end closes every channel handed out, at once, and makes every later
+// after return a closed one: its waiters give up early (the engine ends
+// its waits this way when it stops, so that a wait selects on one shared
+// channel instead of one for each reason to stop). Safe to call more than
+// once.
+func (dl *deadlines) end() {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	if dl.ended != nil {
+		return
+	}
+	dl.ended = make(chan struct{})
+	close(dl.ended)
+	for grain, ch := range dl.byGrain {
+		delete(dl.byGrain, grain)
+		close(ch)
+	}
 }

@@ -477,21 +477,43 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 		}
 		taken = ch
 	}
+	// One shared channel ends the wait at its limit or when the engine
+	// stops or its drain loses the leader (commitWaits): a select over
+	// fewer channels costs the hot path less, and the reason is read
+	// after.
 	select {
 	case <-p.done:
 		r, _ := p.outcome()
 		*res = r
+		return
 	case <-taken:
 		answerTaken(p, res)
-	case <-e.deadlines.after(limit):
-		res.Status, res.Detail = StatusOutcomeUnknown, "commit did not finish in time; retry with the same request_id"
-		e.unknownOrder(p, res)
-	case <-e.drainLost:
-		res.Status, res.Detail = StatusOutcomeUnknown, "the node is stopping and reaches no leader; retry with the same request_id on another node"
-		e.unknownOrder(p, res)
-	case <-e.stop:
+		return
+	case <-e.commitWaits.after(limit):
+	}
+	if r, done := p.outcome(); done { // the answer came meanwhile
+		*res = r
+		return
+	}
+	switch {
+	case isClosed(e.stop):
 		res.Status, res.Detail = StatusOutcomeUnknown, "the node stopped before the commit; retry with the same request_id on another node"
-		e.unknownOrder(p, res)
+	case isClosed(e.drainLost):
+		res.Status, res.Detail = StatusOutcomeUnknown, "the node is stopping and reaches no leader; retry with the same request_id on another node"
+	default:
+		res.Status, res.Detail = StatusOutcomeUnknown, "commit did not finish in time; retry with the same request_id"
+	}
+	e.unknownOrder(p, res)
+}
+
+// isClosed reports whether ch is closed (ch is only ever closed, never
+// sent on).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 

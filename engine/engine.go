@@ -28,8 +28,13 @@ type Engine struct {
 	pendingIDs *pendingFilter            // request ids that may be in pendingReq, lock-free
 	batchSeed  maphash.Seed              // hashes a batch's request keys (reusedInBatch)
 	deadlines  *deadlines                // shared timeouts of waiting deducts
-	pendingOrd *stripedMap[*pendingTake] // order id -> take awaiting commit
-	turnedDown *turnedDown               // pending orders the ledger did not take
+	// commitWaits are the deadlines of deducts waiting for the ledger's
+	// answer (awaitPending); they also end, all at once, when the engine
+	// stops or its drain loses the leader, so that such a wait selects on
+	// two channels, its take's and one of these.
+	commitWaits *deadlines
+	pendingOrd  *stripedMap[*pendingTake] // order id -> take awaiting commit
+	turnedDown  *turnedDown               // pending orders the ledger did not take
 
 	takeQueue    chan *pendingTake
 	localSlots   chan struct{} // semaphore of Take proposals while leading
@@ -92,6 +97,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		pendingIDs:   newPendingFilter(cfg.Now()),
 		batchSeed:    maphash.MakeSeed(),
 		deadlines:    newDeadlines(time.Now),
+		commitWaits:  newDeadlines(time.Now),
 		pendingOrd:   newStripedMap[*pendingTake](),
 		turnedDown:   newTurnedDown(),
 		takeQueue:    make(chan *pendingTake, cfg.TakeQueueMax),
@@ -161,6 +167,7 @@ func (e *Engine) watchLeaderlessDrain() {
 			since = time.Now()
 		case time.Since(since) >= drainLeaderlessMax:
 			close(e.drainLost)
+			e.commitWaits.end()
 			return
 		}
 	}
@@ -232,5 +239,6 @@ func (e *Engine) Close(ctx context.Context) error {
 // halt tells the engine's goroutines to end.
 func (e *Engine) halt() {
 	close(e.stop)
+	e.commitWaits.end()
 	e.endStopped()
 }
