@@ -65,12 +65,18 @@ func (s *Server) handleDeduct(ctx *fasthttp.RequestCtx, sku []byte) {
 	if !ok {
 		return
 	}
-	p, v := parseObject(ctx, bodyBadJSON)
-	if p == nil {
-		return
+	var user, requestID, bad []byte
+	var qty int64
+	if f, ok := scanDeduct(ctx.PostBody()); ok {
+		user, requestID, qty, bad = f.check()
+	} else {
+		p, v := parseObject(ctx, bodyBadJSON)
+		if p == nil {
+			return
+		}
+		defer deductParsers.Put(p)
+		user, requestID, qty, bad = deductFields(v)
 	}
-	defer deductParsers.Put(p)
-	user, requestID, qty, bad := deductFields(v)
 	if bad == nil {
 		requestID, bad = idempotencyKey(ctx, requestID)
 	}
@@ -155,6 +161,25 @@ func deductFields(v *fastjson.Value) (user, requestID []byte, qty int64, bad []b
 		qty = n
 	}
 	return user, requestID, qty, nil
+}
+
+// check is deductFields for a body scanDeduct read: the same answers to
+// the same values.
+func (f *deductBody) check() (user, requestID []byte, qty int64, bad []byte) {
+	if !f.hasUser || len(f.user) == 0 || len(f.user) > maxIDBytes {
+		return nil, nil, 0, bodyBadUser
+	}
+	if !validRequestID(f.requestID) {
+		return nil, nil, 0, bodyBadReqID
+	}
+	qty = 1
+	if f.hasQty {
+		if f.qty < 1 || f.qty > engine.MaxQtyPerDeduct {
+			return nil, nil, 0, bodyBadQty
+		}
+		qty = f.qty
+	}
+	return f.user, f.requestID, qty, nil
 }
 
 // stringField reads key as a string. A missing key is ok unless required;
