@@ -20,6 +20,7 @@ func startConnTestServer(t *testing.T) string {
 	fe := &fakeEngine{}
 	cfg := DefaultConfig()
 	cfg.ReadTimeout, cfg.IdleTimeout = 200*time.Millisecond, 200*time.Millisecond
+	cfg.ListenerTimeouts = true
 	s, err := New(cfg, fe, nil, "test")
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +30,8 @@ func startConnTestServer(t *testing.T) string {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln = coarsedeadline.Wrap(ln, 20*time.Millisecond)
+	ln = coarsedeadline.Wrap(ln, 20*time.Millisecond).Enforce(coarsedeadline.Timeouts{
+		Read: cfg.ReadTimeout, Write: cfg.WriteTimeout, Idle: cfg.IdleTimeout})
 	s.Serve(ln)
 	t.Cleanup(func() { s.Shutdown(t.Context()) })
 	return addr

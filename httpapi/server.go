@@ -135,6 +135,11 @@ type Config struct {
 	ReadTimeout  time.Duration
 	WriteTimeout time.Duration
 	IdleTimeout  time.Duration
+	// ListenerTimeouts: the listener Serve is given enforces the three
+	// timeouts above itself (coarsedeadline.Listener.Enforce), so fasthttp
+	// is given none and reads the clock for none: four clock reads a
+	// request fewer. The node port's server (ServePeers) keeps its own.
+	ListenerTimeouts bool
 	// MaxConns bounds concurrent client connections.
 	MaxConns int
 	// ClusterSecret authenticates the internal routes nodes use among
@@ -226,6 +231,12 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 		s.peers = NewPeerClient(PeerClientConfig{Secret: cfg.ClusterSecret})
 	}
 	s.fast = s.newFastServer(logger)
+	if cfg.ListenerTimeouts {
+		s.fast.ReadTimeout, s.fast.WriteTimeout, s.fast.IdleTimeout = 0, 0, 0
+		// The deduct's latency is the one reading of the request's time
+		// left (requestStart), made by the handler when it starts.
+		s.fast.LazyRequestTime = true
+	}
 	return s, nil
 }
 

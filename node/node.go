@@ -225,7 +225,12 @@ func Start(cfg Config) (*Node, error) {
 	}
 	// Deadlines an atomic store to set, swept twice a second, beneath TLS
 	// (whose connections pass theirs down): fasthttp sets three a request.
-	httpLn = tlsState.clientListener(coarsedeadline.Wrap(httpLn, coarsedeadline.DefaultGranularity))
+	// The listener enforces the HTTP timeouts itself, so that fasthttp
+	// reads the clock for none of them.
+	coarse := coarsedeadline.Wrap(httpLn, coarsedeadline.DefaultGranularity).Enforce(coarsedeadline.Timeouts{
+		Read: cfg.HTTP.ReadTimeout, Write: cfg.HTTP.WriteTimeout, Idle: cfg.HTTP.IdleTimeout})
+	cfg.HTTP.ListenerTimeouts = true
+	httpLn = tlsState.clientListener(coarse)
 	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
 	if err != nil {
 		httpLn.Close()

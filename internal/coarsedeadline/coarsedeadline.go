@@ -14,6 +14,16 @@
 // granularities away (or already past) is set on the connection at once,
 // exactly: those are interruptions, not timeouts.
 //
+// A Listener may also enforce a server's timeouts itself (Enforce), so
+// that the server sets no deadline at all: a Read that waits for a new
+// request ends after the idle timeout, one within a request after the
+// read timeout counted from the request's first byte (the connection's
+// first request from its accept), and a Write after the write timeout.
+// Each is an atomic swap against the sweeper's last clock reading, not a
+// clock read of its own, so these fire up to two granularities late. A deadline set by hand on a connection (a
+// handler's, TLS's) takes that direction over from the timeout until it
+// is cleared.
+//
 // The sweeper runs until the listener is closed and its last connection
 // too (the sweeper itself bounds how long that takes).
 //
@@ -47,6 +57,9 @@ type Listener struct {
 	// it tells a near deadline from a far one without reading the clock.
 	now atomic.Int64
 
+	// timeouts, when set (Enforce), apply to every connection.
+	timeouts Timeouts
+
 	mu     sync.Mutex
 	conns  map[*conn]struct{}
 	closed bool
@@ -67,6 +80,29 @@ func Wrap(ln net.Listener, granularity time.Duration) *Listener {
 	return l
 }
 
+// Timeouts are a server's: how long a read within a request, a write,
+// and a wait for the next request may take. A zero one is not enforced;
+// a zero Idle takes Read's, as fasthttp's does.
+type Timeouts struct {
+	Read, Write, Idle time.Duration
+}
+
+// Enforce makes the listener's connections end reads and writes that take
+// longer than t (see the package doc); the server then needs no timeouts
+// of its own. Call it before the first Accept.
+func (l *Listener) Enforce(t Timeouts) *Listener {
+	if t.Idle <= 0 {
+		t.Idle = t.Read
+	}
+	l.timeouts = t
+	return l
+}
+
+// coarseNow is a time no earlier than now, without reading the clock: the
+// sweeper's last reading plus its granularity. A timeout counted from it
+// fires between its time and two granularities later, never early.
+func (l *Listener) coarseNow() int64 { return l.now.Load() + int64(l.granularity) }
+
 // Accept waits for the next connection and registers it with the sweeper.
 func (l *Listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
@@ -74,6 +110,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	cc := &conn{Conn: c, l: l}
+	if l.timeouts.Read > 0 {
+		// The first request's read timeout runs from the accept.
+		cc.request.Store(l.coarseNow() + int64(l.timeouts.Read))
+	}
 	l.mu.Lock()
 	l.conns[cc] = struct{}{}
 	l.mu.Unlock()
@@ -139,13 +179,65 @@ type conn struct {
 	// setter's undoing of it.
 	mu     sync.Mutex
 	closed atomic.Bool
+	// request is the read deadline of the request being read (unix
+	// nanoseconds), 0 between requests: a read then waits for the next
+	// one, under the idle timeout. Used only with Enforce.
+	request atomic.Int64
+	// byHandRead and byHandWrite: a deadline set by hand holds that
+	// direction, and the listener's timeouts leave it alone.
+	byHandRead, byHandWrite atomic.Bool
+}
+
+// Read arms the read's deadline from the listener's timeouts, unless one
+// was set by hand, then reads.
+func (c *conn) Read(p []byte) (int, error) {
+	t := &c.l.timeouts
+	if t.Idle <= 0 {
+		return c.Conn.Read(p)
+	}
+	if !c.byHandRead.Load() {
+		d := c.request.Load()
+		if d == 0 {
+			d = c.l.coarseNow() + int64(t.Idle)
+		}
+		if err := c.setNanos(&c.read, d, c.Conn.SetReadDeadline); err != nil {
+			return 0, err
+		}
+	}
+	n, err := c.Conn.Read(p)
+	if n > 0 && t.Read > 0 && c.request.Load() == 0 {
+		// A request's first bytes: it has the read timeout from now.
+		c.request.Store(c.l.coarseNow() + int64(t.Read))
+	}
+	return n, err
+}
+
+// Write arms the write's deadline from the listener's timeouts, unless
+// one was set by hand, then writes. A write is an answer: the next read
+// waits for a new request.
+func (c *conn) Write(p []byte) (int, error) {
+	t := &c.l.timeouts
+	if t.Idle <= 0 && t.Write <= 0 {
+		return c.Conn.Write(p)
+	}
+	if c.request.Load() != 0 {
+		c.request.Store(0)
+	}
+	if t.Write > 0 && !c.byHandWrite.Load() {
+		if err := c.setNanos(&c.write, c.l.coarseNow()+int64(t.Write), c.Conn.SetWriteDeadline); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Write(p)
 }
 
 func (c *conn) SetReadDeadline(t time.Time) error {
+	c.byHandRead.Store(!t.IsZero())
 	return c.set(&c.read, t, c.Conn.SetReadDeadline)
 }
 
 func (c *conn) SetWriteDeadline(t time.Time) error {
+	c.byHandWrite.Store(!t.IsZero())
 	return c.set(&c.write, t, c.Conn.SetWriteDeadline)
 }
 
@@ -160,15 +252,22 @@ func (c *conn) SetDeadline(t time.Time) error {
 // once; a far one is an atomic swap, plus clearing the real deadline when
 // one was set before (a fired or a near deadline).
 func (c *conn) set(word *atomic.Int64, t time.Time, real func(time.Time) error) error {
-	var ns int64
-	if !t.IsZero() {
-		ns = t.UnixNano()
-		if ns-c.l.now.Load() < 2*int64(c.l.granularity) {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			word.Store(realDeadline)
-			return real(t)
-		}
+	if t.IsZero() {
+		return c.setNanos(word, 0, real)
+	}
+	return c.setNanos(word, t.UnixNano(), real)
+}
+
+// setNanos is set with the deadline in unix nanoseconds (0: none).
+func (c *conn) setNanos(word *atomic.Int64, ns int64, real func(time.Time) error) error {
+	if ns != 0 && ns-c.l.now.Load() < 2*int64(c.l.granularity) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		word.Store(realDeadline)
+		return real(time.Unix(0, ns))
+	}
+	if word.Load() == ns {
+		return nil // armed already: the next read of the same request
 	}
 	if word.Swap(ns) != realDeadline {
 		return nil

@@ -182,3 +182,101 @@ func TestListener_SweeperEndsWithTheLastConn(t *testing.T) {
 		t.Fatalf("%d connections watched after close, want 0", n)
 	}
 }
+
+// enforcedPair is pair on a listener that enforces timeouts t.
+func enforcedPair(t *testing.T, g time.Duration, to Timeouts) (*Listener, net.Conn, net.Conn) {
+	t.Helper()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := Wrap(raw, g).Enforce(to)
+	t.Cleanup(func() { l.Close() })
+	client, err := net.Dial("tcp", raw.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return l, server, client
+}
+
+// timedOut fails unless err is a deadline error that came no earlier than
+// min after start.
+func timedOut(t *testing.T, what string, err error, start time.Time, min time.Duration) {
+	t.Helper()
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("%s: %v, want a deadline error", what, err)
+	}
+	if took := time.Since(start); took < min {
+		t.Fatalf("%s timed out after %v, before its %v", what, took, min)
+	}
+}
+
+func TestEnforce_FirstRequestHasTheReadTimeoutFromTheAccept(t *testing.T) {
+	const g = 5 * time.Millisecond
+	start := time.Now()
+	_, server, _ := enforcedPair(t, g, Timeouts{Read: 60 * time.Millisecond, Idle: time.Hour})
+	timedOut(t, "a read on a connection that sends nothing", readByte(server), start, 60*time.Millisecond)
+}
+
+func TestEnforce_AfterAnAnswerTheNextReadHasTheIdleTimeout(t *testing.T) {
+	const g = 5 * time.Millisecond
+	const read, idle = 30 * time.Millisecond, 150 * time.Millisecond
+	_, server, client := enforcedPair(t, g, Timeouts{Read: read, Write: time.Second, Idle: idle})
+	client.Write([]byte("q"))
+	if err := readByte(server); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.Write([]byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	timedOut(t, "the wait for the next request", readByte(server), start, idle)
+}
+
+func TestEnforce_ARequestsReadTimeoutRunsFromItsFirstByte(t *testing.T) {
+	const g = 5 * time.Millisecond
+	const read = 60 * time.Millisecond
+	_, server, client := enforcedPair(t, g, Timeouts{Read: read, Write: time.Second, Idle: time.Hour})
+	server.Write([]byte("a")) // an answer: the next read waits for a new request, an hour
+	start := time.Now()
+	client.Write([]byte("q")) // the first byte of a request, then nothing
+	if err := readByte(server); err != nil {
+		t.Fatal(err)
+	}
+	timedOut(t, "the rest of a request that does not come", readByte(server), start, read)
+}
+
+func TestEnforce_AWriteTheClientDoesNotReadTimesOut(t *testing.T) {
+	const g = 5 * time.Millisecond
+	_, server, _ := enforcedPair(t, g, Timeouts{Read: time.Hour, Write: 80 * time.Millisecond})
+	chunk := make([]byte, 1<<20)
+	start := time.Now()
+	var err error
+	for i := 0; i < 1000 && err == nil; i++ { // the socket buffers fill; then a write blocks
+		_, err = server.Write(chunk)
+	}
+	timedOut(t, "a write nobody reads", err, start, 80*time.Millisecond)
+}
+
+func TestEnforce_ADeadlineSetByHandHoldsUntilCleared(t *testing.T) {
+	const g = 5 * time.Millisecond
+	const idle = 40 * time.Millisecond
+	l, server, client := enforcedPair(t, g, Timeouts{Read: idle, Idle: idle})
+	server.SetReadDeadline(time.Now().Add(time.Hour))
+	waitSweptPast(t, l, time.Now().Add(3*idle))
+	client.Write([]byte{1})
+	if err := readByte(server); err != nil {
+		t.Fatalf("a read under an hour's deadline set by hand: %v, after the idle timeout had passed", err)
+	}
+	// Cleared: the listener's timeouts hold again.
+	server.SetReadDeadline(time.Time{})
+	server.Write([]byte("a"))
+	start := time.Now()
+	timedOut(t, "a read after the deadline set by hand was cleared", readByte(server), start, idle)
+}
