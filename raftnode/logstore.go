@@ -112,9 +112,12 @@ func (s faultyLogStore) StoreLogs(ls []*raft.Log) error {
 type guardedLogStore struct {
 	raft.LogStore
 	truncated atomic.Bool // a suffix was deleted and no append has succeeded since
-	broken    chan struct{}
-	once      sync.Once
-	logger    *slog.Logger
+	// appended and appendedBytes count the entries stored and their data's
+	// bytes, for the snapshot policy's mean entry size (snapshots.go).
+	appended, appendedBytes atomic.Uint64
+	broken                  chan struct{}
+	once                    sync.Once
+	logger                  *slog.Logger
 }
 
 func newGuardedLogStore(s raft.LogStore, logger *slog.Logger) *guardedLogStore {
@@ -138,6 +141,12 @@ func (g *guardedLogStore) StoreLogs(ls []*raft.Log) error {
 	switch {
 	case err == nil:
 		g.truncated.Store(false)
+		var b uint64
+		for _, l := range ls {
+			b += uint64(len(l.Data))
+		}
+		g.appended.Add(uint64(len(ls)))
+		g.appendedBytes.Add(b)
 	case g.truncated.Load():
 		g.once.Do(func() {
 			g.logger.Error("raft log append failed right after its end was rewritten; raft now believes entries that are gone and rejects every append: this node stops, restart it once the disk can be written", "err", err)

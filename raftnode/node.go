@@ -147,6 +147,9 @@ type Node struct {
 	observer     *raft.Observer
 	stopObserve  chan struct{}
 	observeDone  chan struct{}
+	// snapshotsDone closes when the snapshot policy (snapshots.go) ended.
+	snapshotsDone chan struct{}
+	logGuard      *guardedLogStore
 
 	closeOnce sync.Once
 	// raftDown closes once raft has shut down: proposals still waiting
@@ -242,6 +245,9 @@ func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 	})
 	r.RegisterObserver(n.observer)
 	go n.observe()
+	n.snapshotsDone = make(chan struct{})
+	n.logGuard = guard
+	go n.scaleSnapshots(n.stopObserve, n.snapshotsDone)
 	return n, nil
 }
 
@@ -532,6 +538,7 @@ func (n *Node) Close() error {
 	n.raft.DeregisterObserver(n.observer)
 	n.closeOnce.Do(func() { close(n.stopObserve) })
 	<-n.observeDone
+	<-n.snapshotsDone
 	if c, ok := n.transport.(interface{ Close() error }); ok {
 		if cerr := c.Close(); cerr != nil && err == nil {
 			err = cerr
