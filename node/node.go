@@ -223,14 +223,7 @@ func Start(cfg Config) (*Node, error) {
 		httpLn.Close()
 		return nil, err
 	}
-	// Deadlines an atomic store to set, swept twice a second, beneath TLS
-	// (whose connections pass theirs down): fasthttp sets three a request.
-	// The listener enforces the HTTP timeouts itself, so that fasthttp
-	// reads the clock for none of them.
-	coarse := coarsedeadline.Wrap(httpLn, coarsedeadline.DefaultGranularity).Enforce(coarsedeadline.Timeouts{
-		Read: cfg.HTTP.ReadTimeout, Write: cfg.HTTP.WriteTimeout, Idle: cfg.HTTP.IdleTimeout})
-	cfg.HTTP.ListenerTimeouts = true
-	httpLn = tlsState.clientListener(coarse)
+	httpLn = tlsState.clientListener(coarseListener(httpLn, &cfg.HTTP))
 	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
 	if err != nil {
 		httpLn.Close()
@@ -304,6 +297,17 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}
 	return n, nil
+}
+
+// coarseListener wraps the HTTP listener, beneath TLS (whose connections
+// pass their deadlines down), so that a deadline is an atomic store to set,
+// swept twice a second; it also enforces the HTTP timeouts itself, and
+// cfg is told so: fasthttp then sets no deadline and reads the clock for
+// none.
+func coarseListener(ln net.Listener, cfg *httpapi.Config) net.Listener {
+	cfg.ListenerTimeouts = true
+	return coarsedeadline.Wrap(ln, coarsedeadline.DefaultGranularity).Enforce(coarsedeadline.Timeouts{
+		Read: cfg.ReadTimeout, Write: cfg.WriteTimeout, Idle: cfg.IdleTimeout})
 }
 
 // advertisedHTTP is the bound HTTP address, with the raft host in place of
