@@ -237,6 +237,7 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 				st.pids = targetPIDs[i]
 			}
 			st.noFeed = i < len(targetNoFeed) && targetNoFeed[i]
+			st.noAudit = o.NoFinalAudit
 			out = append(out, st)
 		}
 	}
@@ -250,6 +251,7 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 				st.pids = targetPIDs[i]
 			}
 			st.noFeed = i < len(targetNoFeed) && targetNoFeed[i]
+			st.noAudit = o.NoFinalAudit
 			out = append(out, st)
 		}
 	}

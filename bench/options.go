@@ -33,6 +33,11 @@ type Options struct {
 	// FeedReader reads the order feed from a stockd row's first node while
 	// the row runs, and reports the events per second it got.
 	FeedReader   bool
+	// NoFinalAudit: a stockd row ends by reading each SKU's row instead
+	// of its audit, whose recount of every order costs the node time that
+	// grows with the ledger (bench-growth.sh audits after it has read the
+	// node's CPU).
+	NoFinalAudit bool
 	Scenarios    []string
 	Strategies   []string // empty: all
 	Units        int64    // flash, retry-storm, holds: units on sale; hot-cold: per SKU
@@ -65,6 +70,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&caFile, "ca", "", "CA bundle (PEM) that checks https:// targets")
 	fs.StringVar(&certFile, "cert", "", "client certificate (PEM) for targets that require one (-http-client-ca)")
 	fs.StringVar(&keyFile, "key", "", "the key of -cert (PEM)")
+	fs.BoolVar(&o.NoFinalAudit, "no-final-audit", false, "end each stockd row by reading its SKUs' rows (sold, held, available, leased) instead of auditing them: the count of oversold units stays, the recount of every order is left to the caller")
 	fs.BoolVar(&o.FeedReader, "feed-reader", false, "while each stockd row runs, read the order feed from its first node (long-polling, 1000 events a page) and report the events per second it got")
 	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (its own launched node, a slowed ledger, an open load; see -h); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed)")
 	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
