@@ -32,7 +32,7 @@ type Options struct {
 	Launches []Launch // launch a local stockd cluster of each kind in turn
 	// FeedReader reads the order feed from a stockd row's first node while
 	// the row runs, and reports the events per second it got.
-	FeedReader   bool
+	FeedReader bool
 	// NoFinalAudit: a stockd row ends by reading each SKU's row instead
 	// of its audit, whose recount of every order costs the node time that
 	// grows with the ledger (bench-growth.sh audits after it has read the
