@@ -13,23 +13,7 @@ import (
 // and the client end dialled to it.
 func pair(t *testing.T, g time.Duration) (*Listener, net.Conn, net.Conn) {
 	t.Helper()
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := Wrap(raw, g)
-	t.Cleanup(func() { l.Close() })
-	client, err := net.Dial("tcp", raw.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	server, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { server.Close() })
-	return l, server, client
+	return enforcedPair(t, g, Timeouts{})
 }
 
 // waitSweptPast waits until the sweeper has run at or after at.
@@ -183,7 +167,8 @@ func TestListener_SweeperEndsWithTheLastConn(t *testing.T) {
 	}
 }
 
-// enforcedPair is pair on a listener that enforces timeouts t.
+// enforcedPair is pair on a listener that enforces timeouts to (none
+// when zero).
 func enforcedPair(t *testing.T, g time.Duration, to Timeouts) (*Listener, net.Conn, net.Conn) {
 	t.Helper()
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
