@@ -94,9 +94,12 @@ func TestArchive_ClosedSaleLeavesTheLedgerAndItsTotalsStay(t *testing.T) {
 		checkAudit(t, tl.l, sku)
 	}
 
-	// Compaction keeps everything and survives a reopen.
+	// Compaction keeps everything and survives a reopen. How much it
+	// gives back is TestCompact_PurgedSaleGivesItsPagesBack's: a file this
+	// small is mostly bbolt's preallocation, whose size depends on when
+	// the persister committed.
 	r, err := tl.l.Compact()
-	if err != nil || r.Before == 0 || r.After == 0 || r.After > r.Before {
+	if err != nil || r.Before == 0 || r.After == 0 || r.PagesAfter == 0 {
 		t.Fatalf("compact: %+v %v", r, err)
 	}
 	tl.apply(take("n1", "b", "after", "b99", 1))

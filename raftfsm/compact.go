@@ -22,9 +22,25 @@ import (
 // transactions keep that pool small.
 const compactTxBytes = 8 << 20
 
-// CompactResult is the file's size before and after a compaction.
+// CompactResult is the file's size before and after a compaction, and the
+// bytes of its pages in use (bbolt's high-water page times the page size).
+// The file sizes include what bbolt preallocates: it grows a file in 16 MiB
+// steps from the high-water mark of whichever commit first needed more, so
+// a small file's size depends on when its commits happened and only the
+// pages in use compare across a compaction.
 type CompactResult struct {
-	Before, After int64
+	Before, After           int64
+	PagesBefore, PagesAfter int64 // bytes of pages in use
+}
+
+// pagesInUse is the bytes up to db's high-water page.
+func pagesInUse(db *bolt.DB) int64 {
+	var n int64
+	_ = db.View(func(tx *bolt.Tx) error {
+		n = tx.Size()
+		return nil
+	})
+	return n
 }
 
 // compactAsync compacts the file in the background (after a purge).
@@ -35,7 +51,7 @@ func (l *Ledger) compactAsync() {
 		case err != nil:
 			l.logger.Warn("compact the ledger file", "path", l.path, "err", err)
 		case r.Before > 0:
-			l.logger.Info("compacted the ledger file", "path", l.path, "bytes_before", r.Before, "bytes_after", r.After)
+			l.logger.Info("compacted the ledger file", "path", l.path, "bytes_before", r.Before, "bytes_after", r.After, "pages_bytes_before", r.PagesBefore, "pages_bytes_after", r.PagesAfter)
 			// The purge freed memory too (orders' request ids, its
 			// changes, mapped pages): drop what the file now holds from
 			// pending, and give the memory back to the system, once.
@@ -80,6 +96,7 @@ func (l *Ledger) Compact() (CompactResult, error) {
 	if st, err := os.Stat(l.path); err == nil {
 		res.Before = st.Size()
 	}
+	res.PagesBefore = pagesInUse(db)
 	tmp := l.path + ".compact"
 	_ = os.Remove(tmp) // left by a crash during an earlier compaction
 	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
@@ -94,6 +111,7 @@ func (l *Ledger) Compact() (CompactResult, error) {
 	if err := bolt.Compact(dst, db, compactTxBytes); err != nil {
 		return abandon(fmt.Errorf("copy %s: %w", l.path, err))
 	}
+	res.PagesAfter = pagesInUse(dst)
 	dropResidentPages(db)
 	dropResidentPages(dst)
 	if l.closing.Load() {
