@@ -33,6 +33,18 @@ type CompactResult struct {
 	PagesBefore, PagesAfter int64 // bytes of pages in use
 }
 
+// PagesInUse is the bytes up to the ledger file's high-water page: its
+// size less what bbolt has preallocated. Any goroutine may call it.
+func (l *Ledger) PagesInUse() int64 {
+	l.mu.RLock()
+	db := l.db
+	l.mu.RUnlock()
+	if db == nil {
+		return 0
+	}
+	return pagesInUse(db)
+}
+
 // pagesInUse is the bytes up to db's high-water page.
 func pagesInUse(db *bolt.DB) int64 {
 	var n int64
