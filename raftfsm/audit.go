@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,10 +51,7 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 		// While the transaction holds the file open: a compaction or a
 		// restore closes a swapped-out file only after its readers.
 		defer dropResidentPages(tx.DB())
-		var applied uint64
-		if idx := tx.Bucket(bucketMeta).Get(keyApplied); len(idx) == 8 {
-			applied = binary.BigEndian.Uint64(idx)
-		}
+		applied := appliedIn(tx)
 		err := tx.Bucket(bucketSKUs).ForEach(func(k, v []byte) error {
 			if !want(string(k)) {
 				return nil

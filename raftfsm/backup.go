@@ -3,7 +3,6 @@ package raftfsm
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -85,10 +84,7 @@ func (l *Ledger) BeginBackup(node, version string) (*Backup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("begin backup: %w", err)
 	}
-	var applied uint64
-	if idx := tx.Bucket(bucketMeta).Get(keyApplied); len(idx) == 8 {
-		applied = binary.BigEndian.Uint64(idx)
-	}
+	applied := appliedIn(tx)
 	return &Backup{tx: tx, header: BackupHeader{
 		Format: BackupFormat, Node: node, AppliedIndex: applied,
 		CreatedAt: time.Now().UTC(), LedgerBytes: tx.Size(), StockdVersion: version,
@@ -159,23 +155,11 @@ const (
 	backupPaceMax   = 4 * time.Millisecond
 )
 
-// snapshotPaceMax caps the wait after each chunk of a raft snapshot. A
-// snapshot is the whole ledger written to the node's own disk, with no
-// reader to wait for, every SnapshotInterval while the log grows: unpaced,
-// one of a 1.6 GB ledger took a core for 15 s, and the raft log's
-// fdatasync, behind the snapshot's writes on the same disk, slowed
-// commits until the node turned buyers away (BENCHMARKS.md, "The write
-// path, sixth session"). Paced, it takes about three times as long at a
-// third of a core.
-const snapshotPaceMax = 100 * time.Millisecond
-
-// pacedWriter is w, paced as backupPaceChunk says; maxWait, when set,
-// replaces backupPaceMax.
+// pacedWriter is w, paced as backupPaceChunk says.
 type pacedWriter struct {
-	w       io.Writer
-	maxWait time.Duration
-	n       int
-	since   time.Time
+	w     io.Writer
+	n     int
+	since time.Time
 }
 
 func (p *pacedWriter) Write(b []byte) (int, error) {
@@ -185,7 +169,7 @@ func (p *pacedWriter) Write(b []byte) (int, error) {
 	n, err := p.w.Write(b)
 	if p.n += n; p.n >= backupPaceChunk {
 		p.n = 0
-		time.Sleep(min(2*time.Since(p.since), cmp.Or(p.maxWait, backupPaceMax)))
+		time.Sleep(min(2*time.Since(p.since), backupPaceMax))
 		p.since = time.Now()
 	}
 	return n, err
@@ -329,11 +313,7 @@ func checkBackupLedger(path string, h BackupHeader) (err error) {
 		if _, err := checkLedgerFormat(meta); err != nil {
 			return fmt.Errorf("the ledger inside: %w", err)
 		}
-		var applied uint64
-		if idx := meta.Get(keyApplied); len(idx) == 8 {
-			applied = binary.BigEndian.Uint64(idx)
-		}
-		if applied != h.AppliedIndex {
+		if applied := appliedIn(tx); applied != h.AppliedIndex {
 			return fmt.Errorf("%w: the ledger inside is at index %d, the header says %d", ErrBackupChecksum, applied, h.AppliedIndex)
 		}
 		return nil

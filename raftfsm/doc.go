@@ -16,7 +16,9 @@
 // opens at its persisted index and raft replays the entries after it
 // (Apply skips those at or below the index it holds). Snapshot writes
 // everything applied first, so raft never compacts away an entry the
-// ledger lacks. A compaction goroutine copies the file without its free
+// ledger lacks, and a raft snapshot is then only a reference to the file
+// at that index; a follower that needs one is sent the file as it is
+// (OpenStream, snapshot.go). A compaction goroutine copies the file without its free
 // pages after an archive (compact.go).
 //
 // Apply depends on the log alone: every command names what it acts on in

@@ -499,6 +499,14 @@ func (l *Ledger) view(fn func(tx *bolt.Tx) error) error {
 	return fn(tx)
 }
 
+// appliedIn is the last log index a ledger file's transaction holds.
+func appliedIn(tx *bolt.Tx) uint64 {
+	if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
 // beginRead begins a read transaction on the current file.
 func (l *Ledger) beginRead() (*bolt.Tx, error) {
 	l.mu.RLock()

@@ -97,9 +97,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	var applied, rules, restoredFrom, restoredAt uint64
 	var clusterID string
 	err := db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
-			applied = binary.BigEndian.Uint64(v)
-		}
+		applied = appliedIn(tx)
 		restoredFrom, restoredAt, clusterID = loadRestored(tx.Bucket(bucketMeta))
 		var err error
 		if rules, err = loadRules(tx.Bucket(bucketMeta).Get(keyRules)); err != nil {

@@ -217,19 +217,37 @@ func (s *bufferSink) ID() string    { return "test" }
 func (s *bufferSink) Cancel() error { s.cancelled = true; return nil }
 func (s *bufferSink) Close() error  { return nil }
 
-// snapshotOf writes a snapshot of l out, as raft would, and releases it.
-func snapshotOf(t *testing.T, l *Ledger) *bufferSink {
+// snapshotOf is what a leader sends a follower that needs a snapshot of
+// l: raft takes a snapshot (a reference to the file, which Snapshot
+// writes up to the applied index), and the snapshot store streams the
+// file.
+func snapshotOf(t *testing.T, l *Ledger) *bytes.Buffer {
 	t.Helper()
 	snap, err := l.Snapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sink bufferSink
-	if err := snap.Persist(&sink); err != nil {
+	var ref bufferSink
+	if err := snap.Persist(&ref); err != nil {
 		t.Fatal(err)
 	}
 	snap.Release()
-	return &sink
+	if r, _, err := ReadSnapshotRef(&ref); err != nil || r == nil || r.AppliedIndex != l.AppliedIndex() {
+		t.Fatalf("the snapshot raft keeps: %+v %v, want a reference at %d", r, err, l.AppliedIndex())
+	}
+	rc, size, index, err := l.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	var copied bytes.Buffer
+	if _, err := io.Copy(&copied, rc); err != nil {
+		t.Fatal(err)
+	}
+	if int64(copied.Len()) != size || index != l.AppliedIndex() {
+		t.Fatalf("the ledger's stream: %d bytes at index %d, announced %d bytes, applied %d", copied.Len(), index, size, l.AppliedIndex())
+	}
+	return &copied
 }
 
 func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
@@ -1008,9 +1026,9 @@ func TestLedger_FiltersNeverMissWhatTheLedgerHolds(t *testing.T) {
 	}
 }
 
-// TestLedger_RestoreWhileItsOwnSnapshotIsOpen: raft may still be writing
-// out a snapshot of this ledger (holding a read transaction, waiting for
-// raft's main loop) when the leader installs a newer one, and the main
+// TestLedger_RestoreWhileItsOwnSnapshotIsOpen: raft may still be sending
+// a copy of this ledger to a follower (holding a read transaction, waiting
+// for raft's main loop) when a new leader installs a newer one, and the main
 // loop waits for that Restore. Restore used to close the old file first,
 // which waits for every read transaction: a deadlock the nemesis found.
 // Restore must finish while the old snapshot is still open.
@@ -1023,7 +1041,10 @@ func TestLedger_RestoreWhileItsOwnSnapshotIsOpen(t *testing.T) {
 
 	dst := newTestLedger(t)
 	dst.apply(legacyCommand{Op: OpCreateSale, SKU: "old", Sale: &SaleConfig{Total: 1}})
-	open, err := dst.l.Snapshot() // raft has not written it out yet
+	if err := dst.l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	open, size, _, err := dst.l.OpenStream() // raft has not sent it all yet
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1037,12 +1058,13 @@ func TestLedger_RestoreWhileItsOwnSnapshotIsOpen(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Restore waited for a snapshot of the ledger it replaces")
 	}
-	// The old snapshot still reads the old state, and then goes.
-	var old bufferSink
-	if err := open.Persist(&old); err != nil {
-		t.Fatalf("persist the snapshot taken before the restore: %v", err)
+	// The old stream still reads the old file whole, and then goes.
+	if n, err := io.Copy(io.Discard, open); err != nil || n != size {
+		t.Fatalf("the stream opened before the restore: %d of %d bytes, %v", n, size, err)
 	}
-	open.Release()
+	if err := open.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, ok := dst.l.SKU("old"); ok {
 		t.Fatal("restore kept state from before the snapshot")
 	}

@@ -341,9 +341,7 @@ func (l *Ledger) SaleEntries(sku string, fn func(*Entry) error) (uint64, error) 
 	}
 	var applied uint64
 	err := l.view(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
-			applied = binary.BigEndian.Uint64(v)
-		}
+		applied = appliedIn(tx)
 		prefix := append([]byte(sku), 0)
 		cur := tx.Bucket(bucketEntries).Cursor()
 		for k, v := cur.Seek(prefix); k != nil && len(k) == len(prefix)+8 && string(k[:len(prefix)]) == string(prefix); k, v = cur.Next() {

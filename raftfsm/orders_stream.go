@@ -30,9 +30,7 @@ func (l *Ledger) SaleOrders(sku string, state OrderState, after string, fn func(
 	var snap OrdersSnapshot
 	err := l.view(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get(keyApplied); len(v) == 8 {
-			snap.Applied = binary.BigEndian.Uint64(v)
-		}
+		snap.Applied = appliedIn(tx)
 		if v := meta.Get(keyFeedSeq); len(v) == 8 {
 			seq := binary.BigEndian.Uint64(v)
 			if e, ok, err := readFeedEvent(tx.Bucket(bucketEvents), seq); err != nil {

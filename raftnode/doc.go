@@ -2,7 +2,8 @@
 // state machine: hashicorp/raft's wiring (the TCP or test stream
 // transport, the raft-wal or raft-boltdb log store behind a guard that
 // stops the node when raft's view of its log can no longer be trusted, the
-// snapshot store, an hclog adapter onto slog), bootstrap, leadership
+// snapshot store, whose snapshots refer to the ledger file and stream it
+// to a follower that needs one, an hclog adapter onto slog), bootstrap, leadership
 // observation, and the proposal and read-index calls node builds on.
 //
 // Goroutines: raft's own (leader loop, replication, FSM), an observer of

@@ -195,13 +195,14 @@ func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 		}
 		return nil, err
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, snapshotsRetained, hlog)
+	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, snapshotsRetained, hlog)
 	if err != nil {
 		return fail(fmt.Errorf("open snapshot store in %s: %w", cfg.Dir, err))
 	}
-	if err := catchUpFromSnapshot(ledger, snaps, logger); err != nil {
+	if err := catchUpFromSnapshot(ledger, files, cfg.Dir, logger); err != nil {
 		return fail(err)
 	}
+	snaps := &ledgerSnapshots{FileSnapshotStore: files, ledger: ledger, logger: logger}
 	transport, closeTransport, err := newTransport(&cfg, hlog, ledger.ClusterID, logger)
 	if err != nil {
 		return fail(err)
@@ -299,8 +300,9 @@ func raftConfig(cfg *Config, hlog hclog.Logger) *raft.Config {
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.BatchApplyCh = true
 	// The ledger persists its own state and applied index, so raft need not
-	// restore the last snapshot at start; it replays only the entries after
-	// it, and the ledger skips those it already holds.
+	// restore the last snapshot at start (this node's own snapshots are only
+	// references to that file); it replays only the entries after it, and
+	// the ledger skips those it already holds.
 	rc.NoSnapshotRestoreOnStart = true
 	return rc
 }
@@ -402,26 +404,6 @@ func (n *Node) RemoveServer(id string) error {
 	}
 	n.logger.Info("removed server", "peer", id)
 	return nil
-}
-
-// catchUpFromSnapshot restores the ledger from the newest snapshot when the
-// ledger file is older than it (lost or copied from a backup): raft will not
-// restore at start, and the log before the snapshot may be gone.
-func catchUpFromSnapshot(ledger *raftfsm.Ledger, snaps *raft.FileSnapshotStore, logger *slog.Logger) error {
-	list, err := snaps.List()
-	if err != nil {
-		return fmt.Errorf("list snapshots: %w", err)
-	}
-	if len(list) == 0 || list[0].Index <= ledger.AppliedIndex() {
-		return nil
-	}
-	logger.Warn("ledger is behind the newest snapshot; restoring it",
-		"ledger_index", ledger.AppliedIndex(), "snapshot_index", list[0].Index)
-	_, rc, err := snaps.Open(list[0].ID)
-	if err != nil {
-		return fmt.Errorf("open snapshot %s: %w", list[0].ID, err)
-	}
-	return ledger.Restore(rc)
 }
 
 // Ledger returns the node's state machine.

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"runtime"
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
@@ -128,27 +126,6 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 		t.Fatalf("request r1 after restart: %s %q, want same o1", r.Takes[0].Outcome, r.Takes[0].Order.ID)
 	}
 	checkAudit(t, l2, "a")
-}
-
-func TestNode_LedgerLostIsRebuiltFromSnapshot(t *testing.T) {
-	dir := t.TempDir()
-	n, l := startTestNode(t, dir)
-	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 5}})
-	if err := n.Snapshot(); err != nil {
-		t.Fatal(err)
-	}
-	n.Close()
-	l.Close()
-	// An operator deletes the ledger file but keeps raft's data.
-	if err := os.Remove(filepath.Join(dir, "ledger.db")); err != nil {
-		t.Fatal(err)
-	}
-	n3, l3 := startTestNode(t, dir)
-	defer func() { n3.Close(); l3.Close() }()
-	if s, _, ok := l3.SKU("a"); !ok || s.Total != 5 {
-		t.Fatalf("sku after rebuild: %+v %v", s, ok)
-	}
-	checkAudit(t, l3, "a")
 }
 
 // TestNode_ProposalQueuedAtShutdownReturns: raft never answers a proposal

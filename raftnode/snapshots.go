@@ -4,17 +4,21 @@ import (
 	"time"
 )
 
-// A raft snapshot writes the whole ledger, so its cost grows with the
-// ledger while raft's trigger (SnapshotThreshold entries since the last
-// one, checked every SnapshotInterval) stays put: at ten million orders a
-// 2 GB snapshot every few minutes took a third of a core for half a
-// minute each time, a growing tax on every sale. The snapshot policy
-// scales the threshold with the ledger instead: a snapshot comes once the
-// log since the last one holds about a snapshotLogShare-th of the
-// ledger's bytes, so the bytes a snapshot writes per byte of log stay
-// about snapshotLogShare however large the ledger grows. The price is a
-// longer raft log on disk (at most about a quarter of the ledger file,
-// plus TrailingLogs entries) and more of it to replay after a restart.
+// A follower that falls behind the start of the leader's raft log is sent
+// the whole ledger (a snapshot, streamed from the leader's ledger file),
+// while one that falls behind less catches up from the log. raft's
+// trigger (SnapshotThreshold entries since the last snapshot, checked
+// every SnapshotInterval) keeps the log short whatever the ledger's size:
+// at ten million orders a follower down for a minute would be sent 2.4
+// GB. The snapshot policy scales the threshold with the ledger instead: a
+// snapshot comes once the log since the last one holds about a
+// snapshotLogShare-th of the ledger's bytes, so a follower is sent the
+// ledger only once it has missed about that share of it in log entries.
+// (Before snapshots were references to the ledger file, the same policy
+// bounded what snapshots wrote: each one was a copy of the ledger.) The
+// price is a longer raft log on disk (at most about a quarter of the
+// ledger file, plus TrailingLogs entries) and more of it to replay after
+// a restart.
 const snapshotLogShare = 4
 
 // snapshotPolicyEvery is how often the policy looks at the ledger's size.
