@@ -11,6 +11,13 @@
 # script audits every sale itself once it has read the node's CPU, and
 # fails when an audit does not pass. Stops the node through its PID.
 #
+# A shared host's speed drifts between rounds (the bench client's own CPU
+# per request, the same work in every round, moved by a third in one run),
+# so every round also measures two baselines in the same minute: the
+# no-op server's CPU per request under wrk for 3 s, and the bench
+# client's CPU per batch request; the node's CPU per unit is printed
+# against each ("x no-op", "x client").
+#
 #   scripts/bench-growth.sh [binary] [rounds] [batch units a round]
 #
 # GROWTH_LOG=DIR keeps each round's bench output and the node's log there.
@@ -27,6 +34,7 @@ mkdir -p "$logs"
 node_pid=""
 cleanup() {
   [ -n "$node_pid" ] && stop_pid "$node_pid"
+  [ -n "${noop_pid:-}" ] && stop_pid "$noop_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -48,8 +56,22 @@ sample_anon() {
   done
 }
 
+need_cmds wrk:wrk
 start_node "$bin" "$work/data" "$logs/stockd.log"
 sample_anon "$node_pid" &
+noop_port=$(free_port)
+"$bin" noop-server -http "127.0.0.1:$noop_port" >"$logs/noop.log" 2>&1 &
+noop_pid=$!
+wait_port "$noop_port"
+
+# noop_cpu: the no-op server's CPU per request (µs) under wrk for 3 s.
+noop_cpu() {
+  local t0 t1 n
+  t0=$(cpu_ticks "$noop_pid")
+  n=$(wrk -t1 -c64 -d3s "http://127.0.0.1:$noop_port/" 2>/dev/null | awk '/requests in/ {print $1}')
+  t1=$(cpu_ticks "$noop_pid")
+  awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="${n:-0}" 'BEGIN {if (n > 0) printf "%.2f", (b - a) / hz * 1e6 / n; else print 0}'
+}
 
 
 orders() {
@@ -70,7 +92,7 @@ audit_all() {
   done
 }
 
-echo "round  batch units/s  batch errors  node CPU per batch unit  write-behind after  orders in the ledger  memory"
+echo "round  batch units/s  batch errors  node CPU per batch unit  x no-op  x client  write-behind after  orders in the ledger  memory"
 for r in $(seq 1 "$rounds"); do
   "$bin" bench -target "$url" -scenario plentiful -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-commit.txt"
   "$bin" bench -target "$url" -scenario flash -units 100 -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-soldout.txt"
@@ -95,6 +117,10 @@ for r in $(seq 1 "$rounds"); do
   rate=$(echo "$row" | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/ && $i > 1000) {print $i; exit}}')
   wins=$(echo "$row" | awk '{print $(NF-4)}')
   errors=$(echo "$row" | awk '{print $(NF-2)}')
-  per=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="${wins:-0}" 'BEGIN {if (n > 0) printf "%.1f µs", (b - a) / hz * 1e6 / n; else print "-"}')
-  printf "%5d  %13s  %12s  %23s  %17.1fs  %20s  %s\n" "$r" "${rate:-?}" "${errors:-?}" "$per" "$behind" "$(orders)" "$(mem "$node_pid")"
+  per=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="${wins:-0}" 'BEGIN {if (n > 0) printf "%.2f", (b - a) / hz * 1e6 / n; else print 0}')
+  client=$(echo "$out" | sed -n 's/.*cpu per request: client \([0-9.]*\) µs.*/\1/p' | head -1)
+  noop=$(noop_cpu)
+  ratios=$(awk -v u="$per" -v np="$noop" -v c="${client:-0}" 'BEGIN {
+    printf "%7s  %8s", (np > 0 ? sprintf("%.3f", u / np) : "-"), (c > 0 ? sprintf("%.2f", u / c) : "-") }')
+  printf "%5d  %13s  %12s  %20s µs  %s  %17.1fs  %20s  %s\n" "$r" "${rate:-?}" "${errors:-?}" "$per" "$ratios" "$behind" "$(orders)" "$(mem "$node_pid")"
 done
