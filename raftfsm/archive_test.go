@@ -58,17 +58,7 @@ func TestArchive_ClosedSaleLeavesTheLedgerAndItsTotalsStay(t *testing.T) {
 	before := tl.row("a")
 
 	// The purge, in steps of 7 records; a stale step is a no-op.
-	after, steps := "", 0
-	for ; steps < 100; steps++ {
-		r := tl.applyTyped(0, &PurgeArchived{SKU: "a", After: after, Scan: 7})
-		if r.Outcome != OutcomeOK {
-			t.Fatalf("purge step %d: %s %s", steps, r.Outcome, r.Detail)
-		}
-		if r.Detail == "done" {
-			break
-		}
-		after = tl.row("a").PurgeAfter
-	}
+	tl.purgeArchived("a", 7)
 	if r := tl.applyTyped(0, &PurgeArchived{SKU: "a", After: "", Scan: 7}); r.Outcome != OutcomeSame {
 		t.Fatalf("a stale purge step: %s", r.Outcome)
 	}
@@ -116,5 +106,25 @@ func TestArchive_ClosedSaleLeavesTheLedgerAndItsTotalsStay(t *testing.T) {
 	again.readAll(t, l2)
 	if again.last.Seq < feed.last.Seq {
 		t.Fatalf("the feed lost events in the compaction: %s < %s", again.last, feed.last)
+	}
+}
+
+// purgeArchived applies PurgeArchived steps of scan records to an archived
+// sale until one says it is done, and fails past 100 steps.
+func (t *testLedger) purgeArchived(sku string, scan int64) {
+	t.tb.Helper()
+	after := ""
+	for steps := 0; ; steps++ {
+		if steps == 100 {
+			t.tb.Fatalf("the purge of %s did not end in 100 steps", sku)
+		}
+		r := t.applyTyped(0, &PurgeArchived{SKU: sku, After: after, Scan: scan})
+		if r.Outcome != OutcomeOK {
+			t.tb.Fatalf("purge step %d of %s: %s %s", steps, sku, r.Outcome, r.Detail)
+		}
+		if r.Detail == "done" {
+			return
+		}
+		after = t.row(sku).PurgeAfter
 	}
 }

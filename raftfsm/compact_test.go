@@ -42,23 +42,7 @@ func TestCompact_PurgedSaleGivesItsPagesBack(t *testing.T) {
 	if r := tl.applyTyped(0, &ArchiveSale{SKU: "big"}); r.Outcome != OutcomeOK {
 		t.Fatalf("archive: %s %s", r.Outcome, r.Detail)
 	}
-	after := ""
-	for steps := 0; ; steps++ {
-		if steps == 100 {
-			t.Fatal("the purge did not end in 100 steps")
-		}
-		r := tl.applyTyped(0, &PurgeArchived{SKU: "big", After: after, Scan: 5_000})
-		if r.Outcome != OutcomeOK {
-			t.Fatalf("purge step %d: %s %s", steps, r.Outcome, r.Detail)
-		}
-		if r.Detail == "done" {
-			break
-		}
-		after = tl.row("big").PurgeAfter
-		if err := tl.l.Flush(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tl.purgeArchived("big", 5_000)
 
 	// The purge's last step starts a compaction in the background; this
 	// one waits for it or follows it. The pages in use before the purge

@@ -18,8 +18,8 @@
 // everything applied first, so raft never compacts away an entry the
 // ledger lacks, and a raft snapshot is then only a reference to the file
 // at that index; a follower that needs one is sent the file as it is
-// (OpenStream, snapshot.go). A compaction goroutine copies the file without its free
-// pages after an archive (compact.go).
+// (OpenStream, snapshot.go). A compaction goroutine copies the file
+// without its free pages after an archive (compact.go).
 //
 // Apply depends on the log alone: every command names what it acts on in
 // terms every node reads alike, whatever version wrote its file (an

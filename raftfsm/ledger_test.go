@@ -217,22 +217,30 @@ func (s *bufferSink) ID() string    { return "test" }
 func (s *bufferSink) Cancel() error { s.cancelled = true; return nil }
 func (s *bufferSink) Close() error  { return nil }
 
+// persistSnapshot takes a snapshot of l and writes it out, as raft does
+// before it compacts the log, and releases it.
+func persistSnapshot(t *testing.T, l *Ledger) *bufferSink {
+	t.Helper()
+	snap, err := l.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink bufferSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	return &sink
+}
+
 // snapshotOf is what a leader sends a follower that needs a snapshot of
 // l: raft takes a snapshot (a reference to the file, which Snapshot
 // writes up to the applied index), and the snapshot store streams the
 // file.
 func snapshotOf(t *testing.T, l *Ledger) *bytes.Buffer {
 	t.Helper()
-	snap, err := l.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ref bufferSink
-	if err := snap.Persist(&ref); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-	if r, _, err := ReadSnapshotRef(&ref); err != nil || r == nil || r.AppliedIndex != l.AppliedIndex() {
+	ref := persistSnapshot(t, l)
+	if r, _, err := ReadSnapshotRef(ref); err != nil || r == nil || r.AppliedIndex != l.AppliedIndex() {
 		t.Fatalf("the snapshot raft keeps: %+v %v, want a reference at %d", r, err, l.AppliedIndex())
 	}
 	rc, size, index, err := l.OpenStream()

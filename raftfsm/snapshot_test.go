@@ -16,19 +16,11 @@ func TestSnapshot_IsAReferenceToTheFileAtTheAppliedIndex(t *testing.T) {
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
 	tl.apply(take("n1", "a", "u1", "o1", 2))
-	snap, err := tl.l.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink bufferSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
+	sink := persistSnapshot(t, tl.l)
 	if sink.Len() > 64 || sink.cancelled {
 		t.Fatalf("the snapshot raft keeps is %d bytes (cancelled %v)", sink.Len(), sink.cancelled)
 	}
-	ref, rest, err := ReadSnapshotRef(&sink)
+	ref, rest, err := ReadSnapshotRef(sink)
 	if err != nil || ref == nil || rest != nil || ref.AppliedIndex != 3 {
 		t.Fatalf("read back: %+v %v %v, want a reference at 3", ref, rest, err)
 	}
@@ -41,6 +33,7 @@ func TestSnapshot_IsAReferenceToTheFileAtTheAppliedIndex(t *testing.T) {
 	if index != 3 {
 		t.Fatalf("the file holds index %d after Snapshot, want 3", index)
 	}
+	checkAudit(t, tl.l, "a")
 }
 
 // TestRestore_OfAReference: a reference at or below the applied index
@@ -90,4 +83,5 @@ func TestReadSnapshotRef_CopiesReadWholeAndDamageIsRefused(t *testing.T) {
 	if ref, rest, err := ReadSnapshotRef(strings.NewReader("")); err != nil || ref != nil || rest == nil {
 		t.Fatalf("an empty snapshot: %+v %v %v", ref, rest, err)
 	}
+	checkAudit(t, tl.l, "a")
 }

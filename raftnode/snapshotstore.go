@@ -30,19 +30,10 @@ var _ raft.SnapshotStore = (*ledgerSnapshots)(nil)
 // Open opens snapshot id: a copy as it is stored, a reference as the
 // ledger file's stream.
 func (s *ledgerSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
-	meta, rc, err := s.FileSnapshotStore.Open(id)
-	if err != nil {
-		return nil, nil, err
+	meta, ref, copied, err := openStored(s.FileSnapshotStore, id)
+	if err != nil || ref == nil {
+		return meta, copied, err
 	}
-	ref, rest, err := raftfsm.ReadSnapshotRef(rc)
-	if err != nil {
-		rc.Close()
-		return nil, nil, fmt.Errorf("open snapshot %s: %w", id, err)
-	}
-	if ref == nil {
-		return meta, readCloser{Reader: rest, Closer: rc}, nil
-	}
-	rc.Close()
 	stream, size, index, err := s.ledger.OpenStream()
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the ledger file for snapshot %s: %w", id, err)
@@ -62,6 +53,25 @@ type readCloser struct {
 	io.Closer
 }
 
+// openStored opens snapshot id as stored: a reference comes back as ref,
+// a copy as copied, which the caller closes.
+func openStored(files *raft.FileSnapshotStore, id string) (meta *raft.SnapshotMeta, ref *raftfsm.SnapshotRef, copied io.ReadCloser, err error) {
+	meta, rc, err := files.Open(id)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("open snapshot %s: %w", id, err)
+	}
+	ref, rest, err := raftfsm.ReadSnapshotRef(rc)
+	switch {
+	case err != nil:
+		rc.Close()
+		return nil, nil, nil, fmt.Errorf("open snapshot %s: %w", id, err)
+	case ref != nil:
+		rc.Close()
+		return meta, ref, nil, nil
+	}
+	return meta, nil, readCloser{Reader: rest, Closer: rc}, nil
+}
+
 // catchUpFromSnapshot restores the ledger from the newest snapshot when the
 // ledger file is older than it and the snapshot is a copy (one a leader
 // sent): raft will not restore at start, and the log before the snapshot
@@ -76,22 +86,16 @@ func catchUpFromSnapshot(ledger *raftfsm.Ledger, snaps *raft.FileSnapshotStore, 
 	if len(list) == 0 || list[0].Index <= ledger.AppliedIndex() {
 		return nil
 	}
-	_, rc, err := snaps.Open(list[0].ID)
+	_, ref, copied, err := openStored(snaps, list[0].ID)
 	if err != nil {
-		return fmt.Errorf("open snapshot %s: %w", list[0].ID, err)
-	}
-	ref, rest, err := raftfsm.ReadSnapshotRef(rc)
-	if err != nil {
-		rc.Close()
-		return fmt.Errorf("open snapshot %s: %w", list[0].ID, err)
+		return err
 	}
 	if ref != nil {
-		rc.Close()
 		return fmt.Errorf("%w: the ledger file in %s holds index %d, the raft snapshot %s says it held %d: it was lost or replaced by an older copy. "+
 			"In a cluster, remove the node (DELETE /v1/cluster/nodes/{id} on another member), empty its data dir and start it with -join (the leader sends it the ledger); alone, rebuild the data dir from a backup with stockd restore",
 			raftfsm.ErrLedgerBehindSnapshot, dir, ledger.AppliedIndex(), list[0].ID, ref.AppliedIndex)
 	}
 	logger.Warn("ledger is behind the newest snapshot; restoring it",
 		"ledger_index", ledger.AppliedIndex(), "snapshot_index", list[0].Index)
-	return ledger.Restore(readCloser{Reader: rest, Closer: rc})
+	return ledger.Restore(copied)
 }

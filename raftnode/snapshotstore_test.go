@@ -155,16 +155,7 @@ func TestNode_SnapshotRefersToTheLedgerAndAFollowerGetsTheFile(t *testing.T) {
 // to an empty ledger.
 func TestNode_LedgerLostBehindAReferenceIsRefused(t *testing.T) {
 	dir := t.TempDir()
-	n, l := startTestNode(t, dir)
-	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 5}})
-	if err := n.Snapshot(); err != nil {
-		t.Fatal(err)
-	}
-	n.Close()
-	l.Close()
-	if err := os.Remove(filepath.Join(dir, "ledger.db")); err != nil {
-		t.Fatal(err)
-	}
+	loseLedgerAfterASnapshot(t, dir, nil)
 	l2, err := raftfsm.OpenLedger(dir, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -187,14 +178,40 @@ func TestNode_LedgerLostBehindAReferenceIsRefused(t *testing.T) {
 // a node whose ledger file is gone rebuilds it from that copy at start.
 func TestNode_LedgerLostIsRebuiltFromACopy(t *testing.T) {
 	dir := t.TempDir()
+	loseLedgerAfterASnapshot(t, dir, storeACopy)
+	n3, l3 := startTestNode(t, dir)
+	defer func() { n3.Close(); l3.Close() }()
+	if s, _, ok := l3.SKU("a"); !ok || s.Total != 5 {
+		t.Fatalf("sku after rebuild: %+v %v", s, ok)
+	}
+	checkAudit(t, l3, "a")
+}
+
+// loseLedgerAfterASnapshot runs a node on dir that creates sale "a" and
+// takes a snapshot, then, once before (when not nil) has run, stops it
+// and deletes its ledger file, as an operator might.
+func loseLedgerAfterASnapshot(t *testing.T, dir string, before func(*testing.T, *Node, *raftfsm.Ledger)) {
+	t.Helper()
 	n, l := startTestNode(t, dir)
 	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 5}})
 	if err := n.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
-	// Replace the reference with a copy of the file at its index, as an
-	// earlier version would have written it.
-	store, err := raft.NewFileSnapshotStore(dir, snapshotsRetained, io.Discard)
+	if before != nil {
+		before(t, n, l)
+	}
+	n.Close()
+	l.Close()
+	if err := os.Remove(filepath.Join(dir, "ledger.db")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storeACopy stores a copy of l's file at the newest snapshot's index as
+// a newer snapshot, as an earlier version would have written it.
+func storeACopy(t *testing.T, n *Node, l *raftfsm.Ledger) {
+	t.Helper()
+	store, err := raft.NewFileSnapshotStore(n.cfg.Dir, snapshotsRetained, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,15 +238,4 @@ func TestNode_LedgerLostIsRebuiltFromACopy(t *testing.T) {
 	if err := sink.Close(); err != nil {
 		t.Fatal(err)
 	}
-	n.Close()
-	l.Close()
-	if err := os.Remove(filepath.Join(dir, "ledger.db")); err != nil {
-		t.Fatal(err)
-	}
-	n3, l3 := startTestNode(t, dir)
-	defer func() { n3.Close(); l3.Close() }()
-	if s, _, ok := l3.SKU("a"); !ok || s.Total != 5 {
-		t.Fatalf("sku after rebuild: %+v %v", s, ok)
-	}
-	checkAudit(t, l3, "a")
 }
