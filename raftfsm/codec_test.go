@@ -65,7 +65,7 @@ func TestRequestIndex_SharedHashGoesToExact(t *testing.T) {
 	// Another id already holds b's hash (added as add would: to the
 	// filter too): b must not overwrite it.
 	h := maphash.String(r.seed, "b")
-	r.byHash[h] = 7
+	r.byHash.Put(h, 7)
 	r.filter.Add(h)
 	r.add("b", 2)
 	if at, ok := r.candidate([]byte("b")); !ok || at != 2 {

@@ -943,7 +943,7 @@ func mirrorsOf(l *Ledger) mirrors {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var times []int64
-	for _, at := range l.requests.byHash {
+	for _, at := range l.requests.byHash.All() {
 		times = append(times, at)
 	}
 	for _, at := range l.requests.exact {

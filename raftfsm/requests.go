@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"stockd/internal/hashfilter"
+	"stockd/internal/u64map"
 )
 
 // requestIndex finds the order a request id produced without keeping the
@@ -13,20 +14,19 @@ import (
 // requests_by_time record (whose value is the order id). A hit is
 // verified by reading that record, so two ids with one hash cannot be
 // confused: the second one to arrive goes to exact, keyed by the id
-// itself. About 20 bytes per request id instead of both ids as strings.
+// itself. About 20-40 bytes per request id instead of both ids as
+// strings. byHash is a u64map, not a Go map: at -request-max-keep every
+// new id is an insert and a forgotten one a delete, and a Go map's
+// deletes leave tombstones that make it slower as the ids turn over.
 //
 // Not safe for concurrent use: the Ledger guards it with its mutex.
 type requestIndex struct {
 	seed   maphash.Seed
-	byHash map[uint64]int64 // hash(request id) -> created at (unix nanos)
+	byHash *u64map.Map      // hash(request id) -> created at (unix nanos)
 	exact  map[string]int64 // request ids whose hash another id holds
 	// filter holds every hash added, for lock-free "surely not held"
 	// answers; ids removed stay in it until it is rebuilt.
 	filter *hashfilter.Filter
-	// peak is the most ids held since byHash was last built: Go maps never
-	// shrink, so one that lost most of its ids (an archived sale) is
-	// rebuilt.
-	peak int
 	// legacy counts the keys held of the rules before scoped request ids
 	// (isLegacyRequestKey), or more, never fewer: while it is 0 the
 	// ledger holds none, and a scoped key that is not held needs no second
@@ -55,7 +55,7 @@ func filterLog2BitsFor(n int) uint {
 }
 
 func newRequestIndex(seed maphash.Seed) *requestIndex {
-	return &requestIndex{seed: seed, byHash: map[uint64]int64{}, exact: map[string]int64{},
+	return &requestIndex{seed: seed, byHash: u64map.New(0), exact: map[string]int64{},
 		filter: hashfilter.New(requestFilterLog2Bits)}
 }
 
@@ -71,7 +71,7 @@ func (r *requestIndex) rebuildFilterIfFull() bool {
 		return false
 	}
 	f := hashfilter.New(filterLog2BitsFor(r.len()))
-	for h := range r.byHash {
+	for h := range r.byHash.All() {
 		f.Add(h)
 	}
 	for id := range r.exact {
@@ -104,8 +104,7 @@ func candidateOf[T ~string | ~[]byte](r *requestIndex, h uint64, requestID T) (i
 			return at, true
 		}
 	}
-	at, ok := r.byHash[h]
-	return at, ok
+	return r.byHash.Get(h)
 }
 
 // add records a request id the ledger does not hold yet, created at at.
@@ -120,15 +119,14 @@ func (r *requestIndex) add(requestID string, at int64) {
 	seen := r.filter.MayContain(h)
 	r.filter.Add(h)
 	if seen {
-		if _, taken := r.byHash[h]; taken {
+		if _, taken := r.byHash.Get(h); taken {
 			// A copy: the id may be a view into a larger string (a
 			// decoded request group) that it would keep alive.
 			r.exact[strings.Clone(requestID)] = at
 			return
 		}
 	}
-	r.byHash[h] = at
-	r.peak = max(r.peak, len(r.byHash))
+	r.byHash.Put(h, at)
 }
 
 // remove forgets a request id the ledger holds, created at at.
@@ -147,17 +145,10 @@ func (r *requestIndex) remove(requestID string, at int64) {
 		}
 	}
 	h := maphash.String(r.seed, requestID)
-	if at0, ok := r.byHash[h]; ok && at0 == at {
-		delete(r.byHash, h)
+	if at0, ok := r.byHash.Get(h); ok && at0 == at {
+		r.byHash.Delete(h) // shrinks the table once most ids are gone (an archived sale)
 		removed = true
-	}
-	if r.peak > 4096 && len(r.byHash) < r.peak/4 {
-		m := make(map[uint64]int64, len(r.byHash)) // sized to what is left, unlike a clone
-		for k, v := range r.byHash {
-			m[k] = v
-		}
-		r.byHash, r.peak = m, len(m)
 	}
 }
 
-func (r *requestIndex) len() int { return len(r.byHash) + len(r.exact) }
+func (r *requestIndex) len() int { return r.byHash.Len() + len(r.exact) }
