@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	bolt "go.etcd.io/bbolt"
@@ -252,4 +253,73 @@ func BenchmarkLedger_AuditOrders(b *testing.B) {
 		}
 		perOrder(b)
 	})
+}
+
+// BenchmarkLedger_GrowthAtRequestCap is the ledger's share of a batch
+// deduct's unit as the ledger grows past its request-id cap: Takes of
+// 1,000 new buyers, each with its own request id, a prune back to the
+// default -request-max-keep whenever the ledger holds more ids (as the
+// engine's janitor proposes), and the file written every 20 Takes on this
+// goroutine. It reports the apply and the write per unit over the first
+// and the last 500,000 orders of 6 million (STOCKD_BENCH_ORDERS
+// overrides), the bytes the file's pages took per unit in each, and their
+// ratio: a cost that grows with the ledger shows as a ratio above 1. Run
+// it once: -benchtime 1x.
+func BenchmarkLedger_GrowthAtRequestCap(b *testing.B) {
+	const perTake, takesPerWrite, phase, capIDs = 1000, 20, 500_000, 1_000_000
+	total := 6_000_000
+	if n, err := strconv.Atoi(os.Getenv("STOCKD_BENCH_ORDERS")); err == nil && n >= 2*phase {
+		total = n - n%phase
+	}
+	type phaseCost struct{ applyUs, writeUs, bytes float64 }
+	measure := func() (first, last phaseCost) {
+		tl := newTestLedger(b)
+		tl.applyTyped(0, &SetRules{Rules: RulesScopedRequestIDs})
+		tl.apply(legacyCommand{Op: OpCreateSale, SKU: "s", Sale: &SaleConfig{Total: int64(total) + 1}})
+		tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "s", Qty: int64(total)})
+		seq := uint64(1) << 40
+		var applyT, writeT time.Duration
+		var allocAt int64
+		for done := 0; done < total; done += perTake {
+			log := tl.benchTakeLog(&seq, perTake) // its time: its index
+			t0 := time.Now()
+			tl.l.ApplyBatch([]*raft.Log{log})
+			if tl.l.RequestIDs() > capIDs {
+				tl.applyTyped(int64(tl.index+1), &PruneRequests{MaxKeep: capIDs})
+			}
+			applyT += time.Since(t0)
+			if (done/perTake)%takesPerWrite == takesPerWrite-1 {
+				t0 = time.Now()
+				if err := tl.l.Flush(); err != nil {
+					b.Fatal(err)
+				}
+				writeT += time.Since(t0)
+			}
+			if (done+perTake)%phase == 0 {
+				st := tl.l.db.Stats()
+				alloc := st.TxStats.GetPageAlloc()
+				c := phaseCost{applyT.Seconds() * 1e6 / phase, writeT.Seconds() * 1e6 / phase, float64(alloc-allocAt) / phase}
+				switch done + perTake {
+				case phase:
+					first = c
+				case total:
+					last = c
+				}
+				applyT, writeT, allocAt = 0, 0, alloc
+			}
+		}
+		checkAudit(b, tl.l, "s")
+		return first, last
+	}
+	var first, last phaseCost
+	for range b.N {
+		first, last = measure()
+	}
+	b.ReportMetric(first.applyUs, "apply-µs/unit-first")
+	b.ReportMetric(last.applyUs, "apply-µs/unit-last")
+	b.ReportMetric(first.writeUs, "write-µs/unit-first")
+	b.ReportMetric(last.writeUs, "write-µs/unit-last")
+	b.ReportMetric(first.bytes, "page-B/unit-first")
+	b.ReportMetric(last.bytes, "page-B/unit-last")
+	b.ReportMetric((last.applyUs+last.writeUs)/(first.applyUs+first.writeUs), "last/first")
 }
