@@ -80,6 +80,18 @@ func checkAudit(tb interface {
 	return a
 }
 
+// newLedgerWithATake is a ledger holding sale "a" of 50 units, 20 of them
+// leased to n1, and u1's order o1 of 2 (applied index 3): the snapshot
+// tests' starting point.
+func newLedgerWithATake(tb testing.TB) *testLedger {
+	tb.Helper()
+	tl := newTestLedger(tb)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
+	tl.apply(take("n1", "a", "u1", "o1", 2))
+	return tl
+}
+
 func take(node, sku, user, order string, qty int64) legacyCommand {
 	return legacyCommand{Op: OpTake, Node: node, Takes: []TakeEntry{{SKU: sku, Qty: qty, User: user, RequestID: "req-" + order, OrderID: order}}}
 }
@@ -1041,10 +1053,7 @@ func TestLedger_FiltersNeverMissWhatTheLedgerHolds(t *testing.T) {
 // which waits for every read transaction: a deadlock the nemesis found.
 // Restore must finish while the old snapshot is still open.
 func TestLedger_RestoreWhileItsOwnSnapshotIsOpen(t *testing.T) {
-	src := newTestLedger(t)
-	src.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
-	src.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
-	src.apply(take("n1", "a", "u1", "o1", 2))
+	src := newLedgerWithATake(t)
 	sink := snapshotOf(t, src.l)
 
 	dst := newTestLedger(t)

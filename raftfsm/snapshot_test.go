@@ -12,10 +12,7 @@ import (
 // a few bytes naming the applied index, and the file already holds that
 // index when Snapshot returns (raft compacts the log right after).
 func TestSnapshot_IsAReferenceToTheFileAtTheAppliedIndex(t *testing.T) {
-	tl := newTestLedger(t)
-	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
-	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 20})
-	tl.apply(take("n1", "a", "u1", "o1", 2))
+	tl := newLedgerWithATake(t)
 	sink := persistSnapshot(t, tl.l)
 	if sink.Len() > 64 || sink.cancelled {
 		t.Fatalf("the snapshot raft keeps is %d bytes (cancelled %v)", sink.Len(), sink.cancelled)
