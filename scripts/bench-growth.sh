@@ -13,10 +13,13 @@
 #
 # A shared host's speed drifts between rounds (the bench client's own CPU
 # per request, the same work in every round, moved by a third in one run),
-# so every round also measures two baselines in the same minute: the
-# no-op server's CPU per request under wrk for 3 s, and the bench
-# client's CPU per batch request; the node's CPU per unit is printed
-# against each ("x no-op", "x client").
+# so every round also measures three baselines in the same minute: the
+# no-op server's CPU per request under wrk for 3 s, the bench client's
+# CPU per batch request, and a fresh node (the same binary on an empty
+# data directory, started for the round and stopped after) doing the
+# same batch phase: round 1's work at this minute's speed. The node's CPU
+# per unit is printed against each ("x no-op", "x client", "x fresh");
+# "x fresh" is the growth that comes from what the ledger holds.
 #
 #   scripts/bench-growth.sh [binary] [rounds] [batch units a round]
 #
@@ -31,9 +34,11 @@ batch=${3:-1000000}
 work=$(mktemp -d /tmp/stockd-growth-XXXXXX)
 logs=${GROWTH_LOG:-$work/logs}
 mkdir -p "$logs"
-node_pid=""
+node_pid="" fresh_pid="" grown_pid=""
 cleanup() {
   [ -n "$node_pid" ] && stop_pid "$node_pid"
+  [ -n "$grown_pid" ] && stop_pid "$grown_pid"
+  [ -n "$fresh_pid" ] && stop_pid "$fresh_pid"
   [ -n "${noop_pid:-}" ] && stop_pid "$noop_pid"
   rm -rf "$work"
 }
@@ -92,26 +97,26 @@ audit_all() {
   done
 }
 
-echo "round  batch units/s  batch errors  node CPU per batch unit  x no-op  x client  write-behind after  orders in the ledger  memory"
-for r in $(seq 1 "$rounds"); do
-  "$bin" bench -target "$url" -scenario plentiful -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-commit.txt"
-  "$bin" bench -target "$url" -scenario flash -units 100 -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-soldout.txt"
-  settle "$url"
-  t0=$(cpu_ticks "$node_pid")
-  prof=""
-  if [ -n "${GROWTH_LOG:-}" ] && { [ "$r" = 1 ] || [ "$r" = "$rounds" ]; }; then
-    # A CPU profile of the batch phase's first 5 s, in the first and the last round.
-    curl -sf -o "$logs/round$r-batch.pprof" "$url/debug/pprof/profile?seconds=5" &
+# batch_phase URL PID NAME [PROFILE]: the batch phase against the node
+# at URL, its output kept in $logs/NAME.txt and .json, with a CPU
+# profile of its first 5 s to PROFILE when given; sets rate, errors,
+# per (the node's CPU per unit, the ledger file's write-behind
+# included), client (the bench client's CPU per request) and behind.
+batch_phase() {
+  local u=$1 pid=$2 name=$3 profile=${4:-} t0 t1 s0 out row wins prof=""
+  settle "$u"
+  t0=$(cpu_ticks "$pid")
+  if [ -n "$profile" ]; then
+    curl -sf -o "$profile" "$u/debug/pprof/profile?seconds=5" &
     prof=$!
   fi
-  out=$("$bin" bench -target "$url" -scenario plentiful -strategy stockd-batch -requests "$batch" -duration 120s -progress=false -no-final-audit -json "$logs/round$r-batch.json")
-  echo "$out" >"$logs/round$r-batch.txt"
+  out=$("$bin" bench -target "$u" -scenario plentiful -strategy stockd-batch -requests "$batch" -duration 120s -progress=false -no-final-audit -json "$logs/$name.json")
+  echo "$out" >"$logs/$name.txt"
   [ -n "$prof" ] && wait "$prof"
   s0=$(date +%s.%N)
-  settle "$url" # the ledger file is written behind: its share of these units counts
-  t1=$(cpu_ticks "$node_pid")
+  settle "$u" # the ledger file is written behind: its share of these units counts
+  t1=$(cpu_ticks "$pid")
   behind=$(echo "$(date +%s.%N) - $s0" | bc -l)
-  audit_all
   # The row: name, durability (words), req/s, p50, p99, p99.9, wins, losses, errors, oversold, x.
   row=$(echo "$out" | awk '$1 == "stockd-batch"')
   rate=$(echo "$row" | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/ && $i > 1000) {print $i; exit}}')
@@ -119,8 +124,32 @@ for r in $(seq 1 "$rounds"); do
   errors=$(echo "$row" | awk '{print $(NF-2)}')
   per=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="${wins:-0}" 'BEGIN {if (n > 0) printf "%.2f", (b - a) / hz * 1e6 / n; else print 0}')
   client=$(echo "$out" | sed -n 's/.*cpu per request: client \([0-9.]*\) µs.*/\1/p' | head -1)
+}
+
+echo "round  batch units/s  batch errors  node CPU per batch unit  x no-op  x client  x fresh  write-behind after  orders in the ledger  memory"
+for r in $(seq 1 "$rounds"); do
+  "$bin" bench -target "$url" -scenario plentiful -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-commit.txt"
+  "$bin" bench -target "$url" -scenario flash -units 100 -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-soldout.txt"
+  profile=""
+  if [ -n "${GROWTH_LOG:-}" ] && { [ "$r" = 1 ] || [ "$r" = "$rounds" ]; }; then
+    # A CPU profile of the batch phase's first 5 s, in the first and the last round.
+    profile="$logs/round$r-batch.pprof"
+  fi
+  batch_phase "$url" "$node_pid" "round$r-batch" "$profile"
+  audit_all
+  g_rate=$rate g_errors=$errors g_per=$per g_client=$client g_behind=$behind
   noop=$(noop_cpu)
-  ratios=$(awk -v u="$per" -v np="$noop" -v c="${client:-0}" 'BEGIN {
-    printf "%7s  %8s", (np > 0 ? sprintf("%.3f", u / np) : "-"), (c > 0 ? sprintf("%.2f", u / c) : "-") }')
-  printf "%5d  %13s  %12s  %20s µs  %s  %17.1fs  %20s  %s\n" "$r" "${rate:-?}" "${errors:-?}" "$per" "$ratios" "$behind" "$(orders)" "$(mem "$node_pid")"
+  # The baseline node: the same batch phase on an empty ledger.
+  grown_pid=$node_pid grown_url=$url
+  rm -rf "$work/fresh"
+  start_node "$bin" "$work/fresh" "$logs/fresh.log"
+  fresh_pid=$node_pid fresh_url=$url
+  node_pid=$grown_pid url=$grown_url
+  batch_phase "$fresh_url" "$fresh_pid" "round$r-fresh"
+  fresh=$per
+  stop_pid "$fresh_pid"
+  fresh_pid=""
+  ratios=$(awk -v u="$g_per" -v np="$noop" -v c="${g_client:-0}" -v f="$fresh" 'BEGIN {
+    printf "%7s  %8s  %7s", (np > 0 ? sprintf("%.3f", u / np) : "-"), (c > 0 ? sprintf("%.2f", u / c) : "-"), (f > 0 ? sprintf("%.2f", u / f) : "-") }')
+  printf "%5d  %13s  %12s  %20s µs  %s  %17.1fs  %20s  %s\n" "$r" "${g_rate:-?}" "${g_errors:-?}" "$g_per" "$ratios" "$g_behind" "$(orders)" "$(mem "$node_pid")"
 done
