@@ -2,9 +2,14 @@
 
 # free_port: a free loopback port (nothing answers on it).
 free_port() {
-  local p
+  local p lo
+  # Below the kernel's ephemeral range: a port there can be taken at any
+  # moment as the local end of some client's connection (a bench's), and
+  # a listener then fails to bind it.
+  lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  [ "${lo:-0}" -gt 12000 ] || lo=32768
   for _ in $(seq 1 200); do
-    p=$(( 20000 + RANDOM % 20000 ))
+    p=$(( 10000 + RANDOM % (lo - 10000) ))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
   done
   echo "no free port found" >&2; exit 1
