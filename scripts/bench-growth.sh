@@ -23,6 +23,10 @@
 #
 #   scripts/bench-growth.sh [binary] [rounds] [batch units a round]
 #
+# Five rounds of two million units reach ten million orders with batch
+# phases of 13-14 s here; phases of one million (5 s) moved by a fifth
+# from minute to minute against any of the baselines.
+#
 # GROWTH_LOG=DIR keeps each round's bench output and the node's log there.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
