@@ -130,10 +130,29 @@ batch_phase() {
   client=$(echo "$out" | sed -n 's/.*cpu per request: client \([0-9.]*\) µs.*/\1/p' | head -1)
 }
 
+# fresh_batch R: the batch phase on a fresh node (the same binary on an
+# empty data directory), stopped after; sets what batch_phase sets.
+# start_node's node_pid and url stay local here, so the grown node's
+# remain the script's.
+fresh_batch() {
+  local node_pid url
+  rm -rf "$work/fresh"
+  start_node "$bin" "$work/fresh" "$logs/fresh.log"
+  fresh_pid=$node_pid
+  batch_phase "$url" "$fresh_pid" "round$1-fresh"
+  stop_pid "$fresh_pid"
+  fresh_pid=""
+}
+
+grown_pid=$node_pid # for cleanup, should the fresh node fail to start
 echo "round  batch units/s  batch errors  node CPU per batch unit  x no-op  x client  x fresh  write-behind after  orders in the ledger  memory"
 for r in $(seq 1 "$rounds"); do
   "$bin" bench -target "$url" -scenario plentiful -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-commit.txt"
   "$bin" bench -target "$url" -scenario flash -units 100 -strategy stockd-commit -requests 150000 -duration 6s -progress=false >"$logs/round$r-soldout.txt"
+  # The baseline first, so that the grown node's phase is the last to set
+  # the row's figures.
+  fresh_batch "$r"
+  fresh=$per
   profile=""
   if [ -n "${GROWTH_LOG:-}" ] && { [ "$r" = 1 ] || [ "$r" = "$rounds" ]; }; then
     # A CPU profile of the batch phase's first 5 s, in the first and the last round.
@@ -141,19 +160,8 @@ for r in $(seq 1 "$rounds"); do
   fi
   batch_phase "$url" "$node_pid" "round$r-batch" "$profile"
   audit_all
-  g_rate=$rate g_errors=$errors g_per=$per g_client=$client g_behind=$behind
   noop=$(noop_cpu)
-  # The baseline node: the same batch phase on an empty ledger.
-  grown_pid=$node_pid grown_url=$url
-  rm -rf "$work/fresh"
-  start_node "$bin" "$work/fresh" "$logs/fresh.log"
-  fresh_pid=$node_pid fresh_url=$url
-  node_pid=$grown_pid url=$grown_url
-  batch_phase "$fresh_url" "$fresh_pid" "round$r-fresh"
-  fresh=$per
-  stop_pid "$fresh_pid"
-  fresh_pid=""
-  ratios=$(awk -v u="$g_per" -v np="$noop" -v c="${g_client:-0}" -v f="$fresh" 'BEGIN {
+  ratios=$(awk -v u="$per" -v np="$noop" -v c="${client:-0}" -v f="$fresh" 'BEGIN {
     printf "%7s  %8s  %7s", (np > 0 ? sprintf("%.3f", u / np) : "-"), (c > 0 ? sprintf("%.2f", u / c) : "-"), (f > 0 ? sprintf("%.2f", u / f) : "-") }')
-  printf "%5d  %13s  %12s  %20s µs  %s  %17.1fs  %20s  %s\n" "$r" "${g_rate:-?}" "${g_errors:-?}" "$g_per" "$ratios" "$g_behind" "$(orders)" "$(mem "$node_pid")"
+  printf "%5d  %13s  %12s  %20s µs  %s  %17.1fs  %20s  %s\n" "$r" "${rate:-?}" "${errors:-?}" "$per" "$ratios" "$behind" "$(orders)" "$(mem "$node_pid")"
 done
