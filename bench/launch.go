@@ -1,23 +1,23 @@
 package bench
 
 import (
-	"crypto/tls"
-
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"stockd/internal/certs"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"stockd/internal/certs"
+	"stockd/internal/loopport"
 )
 
 const (
@@ -33,16 +33,11 @@ type launched struct {
 	exited chan error
 }
 
-// freeLoopbackPort asks the kernel for a free port. Another process could
-// take it before stockd binds it; launch then fails with a clear error.
-func freeLoopbackPort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
+// freeLoopbackPort picks a free loopback port below the kernel's
+// ephemeral range, where the bench's own client connections do not take
+// it before stockd binds it. Another process could still take it; launch
+// then fails with a clear error.
+func freeLoopbackPort() (string, error) { return loopport.Free() }
 
 // launchCluster starts `stockd serve` (this very binary) n times on free
 // loopback ports, as one cluster (-peers) when n > 1, with data and logs

@@ -18,6 +18,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/client"
+	"stockd/internal/loopport"
 	"stockd/internal/testnode"
 )
 
@@ -56,35 +57,17 @@ func (p *procCluster) Client(id string) *fasthttp.HostClient {
 	return p.clients[id]
 }
 
+// freePort is a loopback port for a node process this test starts: below
+// the kernel's ephemeral range, and never one handed out before in this
+// process (a node given the same port for -http and -raft, or another
+// node's, would not start).
 func freePort(t *testing.T) string {
 	t.Helper()
-	givenPorts.mu.Lock()
-	defer givenPorts.mu.Unlock()
-	if givenPorts.seen == nil {
-		givenPorts.seen = map[string]bool{}
+	addr, err := loopport.Free()
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The kernel may hand a just-closed port out again: a node given the
-	// same port for -http and -raft (or another node's) would not start.
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
-		if !givenPorts.seen[addr] {
-			givenPorts.seen[addr] = true
-			return addr
-		}
-	}
-	t.Fatal("no loopback port that this test process has not handed out already")
-	return ""
-}
-
-// givenPorts are the ports freePort has handed out in this process.
-var givenPorts struct {
-	mu   sync.Mutex
-	seen map[string]bool
+	return addr
 }
 
 // buildStockd builds this module's binary into dir.
