@@ -33,14 +33,11 @@ type launched struct {
 	exited chan error
 }
 
-// freeLoopbackPort picks a free loopback port below the kernel's
-// ephemeral range, where the bench's own client connections do not take
-// it before stockd binds it. Another process could still take it; launch
-// then fails with a clear error.
-func freeLoopbackPort() (string, error) { return loopport.Free() }
-
 // launchCluster starts `stockd serve` (this very binary) n times on free
-// loopback ports, as one cluster (-peers) when n > 1, with data and logs
+// loopback ports (loopport.Free: below the kernel's ephemeral range, where
+// the bench's own client connections cannot take one before the node
+// binds it; another process still could, and launch then fails with a
+// clear error), as one cluster (-peers) when n > 1, with data and logs
 // under dir, and waits until every node's /readyz answers 200.
 // With sec the nodes run on its node certificates and serve HTTPS.
 func launchCluster(binary, dir string, n int, noFeed bool, sec *launchTLS, extra ...string) ([]*launched, error) {
@@ -49,10 +46,10 @@ func launchCluster(binary, dir string, n int, noFeed bool, sec *launchTLS, extra
 	var peers []string
 	for i := range nodes {
 		var err error
-		if nodes[i].http, err = freeLoopbackPort(); err != nil {
+		if nodes[i].http, err = loopport.Free(); err != nil {
 			return nil, fmt.Errorf("find a free http port: %w", err)
 		}
-		if nodes[i].raft, err = freeLoopbackPort(); err != nil {
+		if nodes[i].raft, err = loopport.Free(); err != nil {
 			return nil, fmt.Errorf("find a free raft port: %w", err)
 		}
 		peers = append(peers, fmt.Sprintf("n%d=%s", i+1, nodes[i].raft))
@@ -172,7 +169,7 @@ func (l *launched) stop() error {
 
 // launchNoop starts `stockd noop-server` on a free loopback port.
 func launchNoop(binary, dir string) (*launched, error) {
-	addr, err := freeLoopbackPort()
+	addr, err := loopport.Free()
 	if err != nil {
 		return nil, err
 	}
