@@ -1,18 +1,27 @@
 # Helpers the bench scripts share; source it: . "$(dirname "$0")/lib.sh"
 
-# free_port: a free loopback port (nothing answers on it).
+# free_port: a free loopback port (nothing answers on it), outside the
+# kernel's ephemeral range, by the rule internal/loopport follows: a port
+# in that range can be taken at any moment as the local end of some
+# client's connection (a bench's), and a listener then fails to bind it.
+# Below the range when it leaves 2,000 ports above 10000, else above it;
+# else anywhere from 10000 (with a warning).
 free_port() {
-  local p lo
-  # Below the kernel's ephemeral range: a port there can be taken at any
-  # moment as the local end of some client's connection (a bench's), and
-  # a listener then fails to bind it.
-  lo=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-  [ "${lo:-0}" -gt 12000 ] || lo=32768
+  local p lo hi from to
+  read -r lo hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || { lo=32768; hi=60999; }
+  if [ "${lo:-0}" -ge 12000 ]; then
+    from=10000 to=$((lo - 1))
+  elif [ "${hi:-65535}" -le 63535 ]; then
+    from=$((hi + 1)) to=65535
+  else
+    echo "free_port: the ephemeral range $lo-$hi leaves no room outside it; a port may be taken before it is bound" >&2
+    from=10000 to=65535
+  fi
   for _ in $(seq 1 200); do
-    p=$(( 10000 + RANDOM % (lo - 10000) ))
+    p=$(( from + (RANDOM * 32768 + RANDOM) % (to - from + 1) ))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
   done
-  echo "no free port found" >&2; exit 1
+  echo "no free port found in $from-$to" >&2; exit 1
 }
 
 # wait_port PORT: wait (up to ten seconds) until something listens on
