@@ -12,7 +12,9 @@
 # ratios: on a shared host a neighbour's load moves whole minutes, and a
 # ratio within one round is what stays comparable. Installs wrk and
 # redis-server from Debian packages when missing; stops what it started
-# through its own PIDs.
+# through its own PIDs. Each round starts with what a syscall and a
+# context switch cost on the machine at that moment (`perf bench`, when
+# perf is installed): the no-op's floor moves with them from day to day.
 #
 #   scripts/bench-floor.sh [binary] [seconds per row] [connections] [rounds]
 set -euo pipefail
@@ -152,9 +154,24 @@ redis_row() {
 # won_units: the deducts the node has answered ok (committed wins).
 won_units() { curl -sf "$node_url/metrics" | awk '$1 == "stockd_deducts_total{outcome=\"ok\"}" {printf "%.0f", $2}'; }
 
+# machine_line: what a syscall (getppid) and a round trip over a pipe
+# between two processes (two context switches, two writes, two reads)
+# cost now, from perf's own benchmarks; empty without perf.
+machine_line() {
+  command -v perf >/dev/null 2>&1 || return 0
+  local sc pp
+  sc=$(perf bench syscall basic -l 500000 2>/dev/null | awk '/usecs\/op/ {print $1}')
+  pp=$(perf bench sched pipe -l 20000 2>/dev/null | awk '/usecs\/op/ {print $1}')
+  [ -n "$sc" ] && [ -n "$pp" ] || return 0
+  awk -v sc="$sc" -v pp="$pp" 'BEGIN {printf "a syscall %.2f µs, a pipe round trip between two processes %.1f µs (perf bench)", sc, pp}'
+}
+command -v perf >/dev/null 2>&1 || echo "(perf is not installed: the rounds do not say what a syscall and a context switch cost here; Debian package linux-perf)"
+
 summary=()
 for round in $(seq 1 "$rounds"); do
   echo "round $round"
+  machine=$(machine_line)
+  [ -n "$machine" ] && echo "  this machine now: $machine"
   wrk_row "no-op HTTP server (wrk)" "$noop_pid" "http://127.0.0.1:$noop_port/"
   noop_cpu=$cpu
   # The same server sent the deduct's own request (POST, JSON body, the
@@ -189,6 +206,7 @@ for round in $(seq 1 "$rounds"); do
     -v r1="$redis1_rate" -v rc1="$redis1_cpu" -v br="$batch_rate" -v r100="$redis100_rate" 'function q(a, b) { return b > 0 ? a / b : 0 }
     BEGIN { printf "sold-out %.2fx the no-op CPU for the same request (%.2fx for a GET), commit %.2fx the no-op CPU and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined",
       q(sc, npc), q(sc, nc), q(cc, nc), q(cc, rc1), q(cr, r1), q(br, r100) }')
+  [ -n "$machine" ] && line="$line; $machine"
   echo "  round $round: $line"
   summary+=("round $round: $line")
 done
