@@ -8,7 +8,7 @@
 # else anywhere from 10000 (with a warning).
 free_port() {
   local p lo hi from to
-  read -r lo hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || { lo=32768; hi=60999; }
+  read -r lo hi 2>/dev/null < /proc/sys/net/ipv4/ip_local_port_range || { lo=32768; hi=60999; }
   if [ "${lo:-0}" -ge 12000 ]; then
     from=10000 to=$((lo - 1))
   elif [ "${hi:-65535}" -le 63535 ]; then
