@@ -3,7 +3,8 @@
 # protocol, in one run: wrk against stockd's no-op HTTP server (a GET, and
 # the deduct's own POST with its JSON body), against a
 # stockd node's committed deducts (every one wins, each with its own
-# request id) and its sold-out answers (each with its own request id);
+# request id), the same wins answered before their commit (wait=none),
+# and its sold-out answers (each with its own request id);
 # redis-benchmark against Redis + the bench's Lua deduct with
 # appendfsync always, one call at a time and pipelined 100 deep. Each row
 # gives the rate and the server process's CPU (utime + stime from
@@ -183,6 +184,12 @@ for round in $(seq 1 "$rounds"); do
   wrk_row "stockd sold-out answers (wrk)" "$node_pid" "$node_url/v1/skus/gone/deduct" "$work/deduct.lua"
   sold_cpu=$cpu
   settle "$node_url"
+  # The same wins answered at once (wait=none: 202 after the stock CAS,
+  # committed right after): what a win costs without waiting for its
+  # durable write, so that the commit row splits into the two.
+  wrk_row "stockd wait=none, every deduct wins (wrk)" "$node_pid" "$node_url/v1/skus/plenty/deduct?wait=none" "$work/deduct.lua"
+  none_cpu=$cpu
+  settle "$node_url"
   wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "$node_url/v1/skus/plenty/deduct" "$work/deduct.lua"
   commit_cpu=$cpu; commit_rate=$rate
   t0=$(cpu_ticks "$node_pid"); settle "$node_url"; t1=$(cpu_ticks "$node_pid")
@@ -202,10 +209,10 @@ for round in $(seq 1 "$rounds"); do
   redis1_rate=$rate; redis1_cpu=$cpu
   redis_row "Redis + Lua, appendfsync always, pipeline 100" 100
   redis100_rate=$rate
-  line=$(awk -v nc="$noop_cpu" -v npc="$noop_post_cpu" -v sc="$sold_cpu" -v cc="$commit_cpu" -v cr="$commit_rate" \
+  line=$(awk -v nc="$noop_cpu" -v npc="$noop_post_cpu" -v sc="$sold_cpu" -v cc="$commit_cpu" -v cr="$commit_rate" -v nn="$none_cpu" \
     -v r1="$redis1_rate" -v rc1="$redis1_cpu" -v br="$batch_rate" -v r100="$redis100_rate" 'function q(a, b) { return b > 0 ? a / b : 0 }
-    BEGIN { printf "sold-out %.2fx the no-op CPU for the same request (%.2fx for a GET), commit %.2fx the no-op CPU and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined",
-      q(sc, npc), q(sc, nc), q(cc, nc), q(cc, rc1), q(cr, r1), q(br, r100) }')
+    BEGIN { printf "sold-out %.2fx the no-op CPU for the same request (%.2fx for a GET), commit %.2fx the no-op CPU (wait=none %.2fx) and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined",
+      q(sc, npc), q(sc, nc), q(cc, nc), q(nn, nc), q(cc, rc1), q(cr, r1), q(br, r100) }')
   [ -n "$machine" ] && line="$line; $machine"
   echo "  round $round: $line"
   summary+=("round $round: $line")
