@@ -32,7 +32,10 @@ func startTestNode(t *testing.T, dir string) (*Node, *raftfsm.Ledger) {
 	return startTestNodeOn(t, dir, l)
 }
 
-// startTestNodeOn starts a single raft node over an open ledger.
+// startTestNodeOn starts a single raft node over an open ledger and
+// returns once it leads and has committed its new term's barrier
+// (catchUpAsLeader): a barrier that landed after a test's first
+// proposal would make the snapshot's index run one past the ledger's.
 func startTestNodeOn(t *testing.T, dir string, l *raftfsm.Ledger) (*Node, *raftfsm.Ledger) {
 	t.Helper()
 	cfg := DefaultConfig()
@@ -49,6 +52,12 @@ func startTestNodeOn(t *testing.T, dir string, l *raftfsm.Ledger) (*Node, *raftf
 	defer cancel()
 	if err := n.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
+	}
+	for !n.CommitHealthy() {
+		if ctx.Err() != nil {
+			t.Fatal("the leader did not commit its term's barrier in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	return n, l
 }
