@@ -16,8 +16,18 @@
 # through its own PIDs. Each round starts with what a syscall and a
 # context switch cost on the machine at that moment (`perf bench`, when
 # perf is installed): the no-op's floor moves with them from day to day.
+# Redis answering PING is its own floor, beside stockd's no-op.
 #
-#   scripts/bench-floor.sh [binary] [seconds per row] [connections] [rounds]
+# With PARTS=1 (and perf installed), the rows of the no-op (the deduct's
+# request), the committed deduct, Redis + Lua and Redis's PING are also
+# sampled by `perf record` (kernel and user stacks), and each round ends
+# with a table of where their server CPU a request went
+# (scripts/cpu-parts.awk sorts the samples). The sampling costs those
+# rows a few percent more CPU, so a PARTS run's ratios are not the
+# bars' readings. Kernel stacks need root, or kernel.perf_event_paranoid
+# at 1 or below.
+#
+#   [PARTS=1] scripts/bench-floor.sh [binary] [seconds per row] [connections] [rounds]
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -27,6 +37,11 @@ conns=${3:-64}
 rounds=${4:-3}
 
 need_cmds wrk:wrk redis-server:redis-server redis-benchmark:redis-tools
+parts=${PARTS:-}
+if [ -n "$parts" ]; then
+  need_cmds perf:linux-perf
+  parts_awk="$(dirname "$0")/cpu-parts.awk"
+fi
 
 start_work floor
 
@@ -57,9 +72,63 @@ client_cpu=""
 timed() {
   local out=$1 t
   shift
+  sample_start
   # A client stopped by timeout exits non-zero; what it did still counts.
   t=$( { TIMEFORMAT='%3U %3S'; time "$@" >"$out" 2>/dev/null || true; } 2>&1 )
+  sample_stop
   client_cpu=$(echo "$t" | awk '{print $1 + $2}')
+}
+
+# sample_start, sample_stop: with PARTS set, `perf record` of the server
+# process parts_pid while a row runs whose caller set parts_tag (for that
+# one call: parts_tag=commit parts_pid=... wrk_row ...), into
+# $work/parts-<tag>.data.
+perf_pid="" parts_tag="" parts_pid=""
+sample_start() {
+  [ -n "$parts" ] && [ -n "${parts_tag:-}" ] || return 0
+  perf record -q -e cpu-clock -F 999 -g -p "$parts_pid" -o "$work/parts-$parts_tag.data" >/dev/null 2>&1 &
+  perf_pid=$!
+}
+sample_stop() {
+  [ -n "$perf_pid" ] || return 0
+  kill -INT "$perf_pid" 2>/dev/null || true
+  wait "$perf_pid" 2>/dev/null || true
+  perf_pid=""
+}
+
+# parts_table TAG:CPU...: each tagged row's server CPU a request (CPU,
+# µs) split into parts by this round's samples, one column a row.
+parts_table() {
+  local col tag files=() heads=()
+  for col in "$@"; do
+    tag=${col%%:*}
+    [ -s "$work/parts-$tag.data" ] || continue
+    perf script -i "$work/parts-$tag.data" 2>/dev/null | awk -f "$parts_awk" |
+      awk -F'\t' -v cpu="${col#*:}" '{printf "%s\t%.2f\n", $1, $2 * cpu}' >"$work/parts-$tag.tsv"
+    files+=("$work/parts-$tag.tsv"); heads+=("$tag")
+  done
+  if [ ${#files[@]} -eq 0 ]; then
+    echo "  (perf recorded no samples: run as root, or with kernel.perf_event_paranoid at 1 or below)"
+    return 0
+  fi
+  echo "  where the server CPU a request went, µs (perf samples, kernel and user):"
+  awk -F'\t' -v heads="${heads[*]}" '
+    FNR == 1 { f++ }
+    { v[$1, f] = $2; seen[$1] = 1 }
+    END {
+      n = split(heads, h, " ")
+      printf "    %-50s", "part"
+      for (i = 1; i <= n; i++) printf " %10s", h[i]
+      printf "\n"
+      m = 0
+      for (p in seen) names[++m] = p
+      for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (names[j] < names[i]) { t = names[i]; names[i] = names[j]; names[j] = t }
+      for (i = 1; i <= m; i++) {
+        printf "    %-50s", names[i]
+        for (j = 1; j <= n; j++) printf " %10.2f", v[names[i], j] + 0
+        printf "\n"
+      }
+    }' "${files[@]}"
 }
 
 # wrk_row NAME PID URL [LUA]: wrk for secs seconds, one thread, conns
@@ -136,19 +205,22 @@ EOF
 )
 sha=$(rc SCRIPT LOAD "$script")
 rc SET stock 1000000000 >/dev/null
-# redis_calls: the EVALSHA calls Redis has answered.
-redis_calls() { rc INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_evalsha:/ {print $3}'; }
+# redis_calls COMMAND: the calls of COMMAND (evalsha, ping) Redis has
+# answered.
+redis_calls() { rc INFO commandstats | tr -d '\r' | awk -F'[=,:]' -v c="cmdstat_$1" '$1 == c {print $3}'; }
 
-# redis_row NAME PIPELINE: redis-benchmark for secs seconds, stopped by
-# SIGINT; the calls are counted from Redis's own command stats.
+# redis_row NAME PIPELINE [ping]: redis-benchmark for secs seconds,
+# stopped by SIGINT, sending the Lua deduct (or PING); the calls are
+# counted from Redis's own command stats.
 redis_row() {
-  local name=$1 pipe=$2 t0 t1 c0 c1 start end
-  c0=$(redis_calls); c0=${c0:-0}
+  local name=$1 pipe=$2 cmd=${3:-evalsha} t0 t1 c0 c1 start end
+  local call=(EVALSHA "$sha" 3 stock reqs sold 1 "req:__rand_int__")
+  [ "$cmd" = ping ] && call=(PING)
+  c0=$(redis_calls "$cmd"); c0=${c0:-0}
   t0=$(cpu_ticks "$redis_pid"); start=$(date +%s.%N)
-  timed /dev/null timeout -s INT "$secs" redis-benchmark -p "$redis_port" -c "$conns" -n 2000000000 -P "$pipe" -r 1000000000 -q \
-    EVALSHA "$sha" 3 stock reqs sold 1 "req:__rand_int__"
+  timed /dev/null timeout -s INT "$secs" redis-benchmark -p "$redis_port" -c "$conns" -n 2000000000 -P "$pipe" -r 1000000000 -q "${call[@]}"
   end=$(date +%s.%N); t1=$(cpu_ticks "$redis_pid")
-  c1=$(redis_calls); c1=${c1:-0}
+  c1=$(redis_calls "$cmd"); c1=${c1:-0}
   row "$name" "$redis_pid" "$((c1 - c0))" "$t0" "$t1" "$(echo "$end - $start" | bc -l)" "$client_cpu"
 }
 
@@ -178,7 +250,7 @@ for round in $(seq 1 "$rounds"); do
   # The same server sent the deduct's own request (POST, JSON body, the
   # same script): the floor of reading that request and answering it,
   # which a sold-out answer is measured against.
-  wrk_row "no-op HTTP server, a deduct's request (wrk)" "$noop_pid" "http://127.0.0.1:$noop_port/v1/skus/gone/deduct" "$work/deduct.lua"
+  parts_tag=no-op parts_pid=$noop_pid wrk_row "no-op HTTP server, a deduct's request (wrk)" "$noop_pid" "http://127.0.0.1:$noop_port/v1/skus/gone/deduct" "$work/deduct.lua"
   noop_post_cpu=$cpu
   settle "$node_url"
   wrk_row "stockd sold-out answers (wrk)" "$node_pid" "$node_url/v1/skus/gone/deduct" "$work/deduct.lua"
@@ -190,7 +262,7 @@ for round in $(seq 1 "$rounds"); do
   wrk_row "stockd wait=none, every deduct wins (wrk)" "$node_pid" "$node_url/v1/skus/plenty/deduct?wait=none" "$work/deduct.lua"
   none_cpu=$cpu
   settle "$node_url"
-  wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "$node_url/v1/skus/plenty/deduct" "$work/deduct.lua"
+  parts_tag=commit parts_pid=$node_pid wrk_row "stockd wait=commit, every deduct wins (wrk)" "$node_pid" "$node_url/v1/skus/plenty/deduct" "$work/deduct.lua"
   commit_cpu=$cpu; commit_rate=$rate
   t0=$(cpu_ticks "$node_pid"); settle "$node_url"; t1=$(cpu_ticks "$node_pid")
   echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
@@ -205,17 +277,20 @@ for round in $(seq 1 "$rounds"); do
   [ "$((w1 - w0))" -lt "$sent" ] && echo "    of the $sent buyers the batch requests carried, $((sent - w1 + w0)) were not sold a unit"
   row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$((w1 - w0))" "$t0" "$t1" "$secs" "$client_cpu"
   batch_rate=$rate
-  redis_row "Redis + Lua, appendfsync always, pipeline 1" 1
+  parts_tag=redis-lua parts_pid=$redis_pid redis_row "Redis + Lua, appendfsync always, pipeline 1" 1
   redis1_rate=$rate; redis1_cpu=$cpu
   redis_row "Redis + Lua, appendfsync always, pipeline 100" 100
   redis100_rate=$rate
+  parts_tag=redis-ping parts_pid=$redis_pid redis_row "Redis PING, its floor, pipeline 1" 1 ping
+  ping_cpu=$cpu
   line=$(awk -v nc="$noop_cpu" -v npc="$noop_post_cpu" -v sc="$sold_cpu" -v cc="$commit_cpu" -v cr="$commit_rate" -v nn="$none_cpu" \
-    -v r1="$redis1_rate" -v rc1="$redis1_cpu" -v br="$batch_rate" -v r100="$redis100_rate" 'function q(a, b) { return b > 0 ? a / b : 0 }
-    BEGIN { printf "sold-out %.2fx the no-op CPU for the same request (%.2fx for a GET), commit %.2fx the no-op CPU (wait=none %.2fx) and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined",
-      q(sc, npc), q(sc, nc), q(cc, nc), q(nn, nc), q(cc, rc1), q(cr, r1), q(br, r100) }')
+    -v r1="$redis1_rate" -v rc1="$redis1_cpu" -v br="$batch_rate" -v r100="$redis100_rate" -v pc="$ping_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
+    BEGIN { printf "sold-out %.2fx the no-op CPU for the same request (%.2fx for a GET), commit %.2fx the no-op CPU (wait=none %.2fx) and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined; above its floor a committed deduct costs %.1f µs (commit - no-op, same request), Redis + Lua %.1f µs (- PING)",
+      q(sc, npc), q(sc, nc), q(cc, nc), q(nn, nc), q(cc, rc1), q(cr, r1), q(br, r100), cc - npc, rc1 - pc }')
   [ -n "$machine" ] && line="$line; $machine"
   echo "  round $round: $line"
   summary+=("round $round: $line")
+  if [ -n "$parts" ]; then parts_table "no-op:$noop_post_cpu" "commit:$commit_cpu" "redis-lua:$redis1_cpu" "redis-ping:$ping_cpu"; fi
 done
 
 audit=$(curl -sf "$node_url/v1/skus/plenty/audit")
