@@ -36,6 +36,7 @@ func (e *Engine) runJanitor() {
 	defer t.Stop()
 	var lastSlow, lastPrune, lastFeedPrune, lastAudit time.Time
 	reclaimTried := map[string]time.Time{}
+	var selling sellingRate
 	for {
 		select {
 		case <-e.stop:
@@ -48,7 +49,8 @@ func (e *Engine) runJanitor() {
 		e.pendingIDs.rotate(now)
 		e.expireHolds(now)
 		e.drawDue(now)
-		if now.Sub(lastAudit) >= e.auditGap() && e.auditing.CompareAndSwap(false, true) {
+		busy := selling.busy(e.metrics.answered(), time.Now()) // on the real clock, as the rate is
+		if auditDue(now.Sub(lastAudit), e.auditGap(), busy) && e.auditing.CompareAndSwap(false, true) {
 			// An audit scans every order: off the janitor's goroutine, one
 			// at a time, so the breaker and expiries keep their pace.
 			lastAudit = now
@@ -315,6 +317,53 @@ func (e *Engine) pruneRequests(now time.Time) {
 // holding millions of orders (BENCHMARKS.md, "The write path, fifth
 // session").
 const auditPaceFactor = 100
+
+// auditHoldRate and auditHoldMax hold the periodic audit back while a
+// sale is on. A node answering more deducts and lottery entries a second
+// than auditHoldRate is selling, and its audit's recount would take
+// from the sale: at ten million orders it is a second or two of a core
+// at once, and on two cores it halved a node's committed deducts while
+// it ran (BENCHMARKS.md, "The write path, fifteenth session"). The audit
+// has no such hurry, so it waits for the rate to fall, up to
+// auditHoldMax past its time (a node that sells without pause is still
+// audited).
+const (
+	auditHoldRate = 1000
+	auditHoldMax  = 5 * time.Minute
+)
+
+// auditDue reports whether the periodic audit starts now, sinceLast
+// after the last one began: its gap has passed, and the node is not
+// busy selling or has held it back for auditHoldMax already.
+func auditDue(sinceLast, gap time.Duration, busy bool) bool {
+	if sinceLast < gap {
+		return false
+	}
+	return !busy || sinceLast >= gap+auditHoldMax
+}
+
+// sellingRate tells from the node's answered count whether it is busy
+// selling: at least auditHoldRate answers a second over the last second
+// or more.
+type sellingRate struct {
+	at       time.Time // when answered was read last
+	answered uint64
+	isBusy   bool
+}
+
+// busy takes the answered count at now and reports whether the node was
+// busy over the last measured second.
+func (r *sellingRate) busy(answered uint64, now time.Time) bool {
+	if r.at.IsZero() {
+		r.at, r.answered = now, answered
+		return false
+	}
+	if elapsed := now.Sub(r.at); elapsed >= time.Second {
+		r.isBusy = float64(answered-r.answered) >= auditHoldRate*elapsed.Seconds()
+		r.at, r.answered = now, answered
+	}
+	return r.isBusy
+}
 
 // auditGap is the time between two periodic audits: AuditInterval, or
 // longer when the last audit took long (auditPaceFactor).

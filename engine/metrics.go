@@ -45,6 +45,19 @@ type Metrics struct {
 	auditNanos atomic.Int64
 }
 
+// answered is how many deducts (of every outcome) and lottery entries
+// the node has answered: how busy it is selling (the periodic audit waits
+// while it is: auditDue).
+func (m *Metrics) answered() uint64 {
+	n := m.entries.Load()
+	for s := range m.deducts {
+		for i := range m.deducts[s] {
+			n += m.deducts[s][i].Load()
+		}
+	}
+	return n
+}
+
 func (m *Metrics) setDrift(sku string, units int64) {
 	m.driftMu.Lock()
 	if m.drift == nil {
