@@ -37,6 +37,7 @@ func (e *Engine) runJanitor() {
 	var lastSlow, lastPrune, lastFeedPrune, lastAudit time.Time
 	reclaimTried := map[string]time.Time{}
 	var selling sellingRate
+	var auditHeld time.Time // when a due audit was first held back; zero: none is
 	for {
 		select {
 		case <-e.stop:
@@ -50,7 +51,16 @@ func (e *Engine) runJanitor() {
 		e.expireHolds(now)
 		e.drawDue(now)
 		busy := selling.busy(e.metrics.answered(), time.Now()) // on the real clock, as the rate is
-		if auditDue(now.Sub(lastAudit), e.auditGap(), busy) && e.auditing.CompareAndSwap(false, true) {
+		gap := e.auditGap()
+		if busy && auditHeld.IsZero() && now.Sub(lastAudit) >= gap {
+			auditHeld = now
+			e.logger.Info("periodic audit held back while the node sells", "answers_per_second_at_least", auditHoldRate, "at_most", auditHoldMax)
+		}
+		if auditDue(now.Sub(lastAudit), gap, busy) && e.auditing.CompareAndSwap(false, true) {
+			if !auditHeld.IsZero() {
+				e.logger.Info("periodic audit runs after being held back", "held", now.Sub(auditHeld).Round(time.Second), "still_selling", busy)
+				auditHeld = time.Time{}
+			}
 			// An audit scans every order: off the janitor's goroutine, one
 			// at a time, so the breaker and expiries keep their pace.
 			lastAudit = now
