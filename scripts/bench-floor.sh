@@ -151,19 +151,7 @@ wrk_row() {
 
 deduct_lua "$work/deduct.lua"
 
-# A batch of 100 buyers a request (POST /v1/deducts), each with its own
-# user and request id.
-wrk_lua_prelude >"$work/batch.lua"
-cat >>"$work/batch.lua" <<'EOF'
-request = function()
-  local items = {}
-  for i = 1, 100 do
-    counter = counter + 1
-    items[i] = string.format('{"sku":"plenty","user":"b%s-%d","qty":1,"request_id":"rb%s-%d"}', prefix, counter, prefix, counter)
-  end
-  return wrk.format(nil, nil, nil, '{"deducts":[' .. table.concat(items, ",") .. ']}')
-end
-EOF
+batch_lua "$work/batch.lua"
 
 echo "rows of ${secs}s, ${conns} connections, one client thread, ${rounds} rounds; $(nproc) cores shared by client and server"
 

@@ -134,3 +134,20 @@ request = function()
 end
 LUA
 }
+
+# batch_lua FILE: a wrk script that POSTs a batch of 100 buyers a request
+# (POST /v1/deducts) to sale "plenty", each with its own user and request
+# id (the prefix from wrk's command line, as deduct_lua's).
+batch_lua() {
+  wrk_lua_prelude >"$1"
+  cat >>"$1" <<'LUA'
+request = function()
+  local items = {}
+  for i = 1, 100 do
+    counter = counter + 1
+    items[i] = string.format('{"sku":"plenty","user":"b%s-%d","qty":1,"request_id":"rb%s-%d"}', prefix, counter, prefix, counter)
+  end
+  return wrk.format(nil, nil, nil, '{"deducts":[' .. table.concat(items, ",") .. ']}')
+end
+LUA
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The periodic audit coming due in the middle of a sale, on a large
+# ledger. One node fills a ledger with ORDERS million orders (batches of
+# 100 buyers a request, wrk) and restarts on it. A node audits when it
+# starts, and that audit's duration sets when the next is due (a hundred
+# times it later, or -audit-interval if longer); 40 s before then a sale
+# of SECONDS of committed deducts starts (wrk, 64 connections, each
+# deduct its own buyer and request id). Every half second the script
+# reads the node's committed deducts and whether an audit has ended
+# (stockd_audit_duration_seconds changed), and prints the rates with the
+# audits' ends, so that a dip in the sale lines up with the audit that
+# caused it; then the node's log lines about holding the audit back, and
+# the sale's audit. A node that holds its audit back while it sells
+# shows no dip, and its audit after the sale.
+#
+# Needs about 250 bytes of disk a order (3 GB at 12 million) in /tmp, and
+# takes the load time plus five to eight minutes. Installs wrk from
+# Debian packages when missing; stops the node through its own PID.
+#
+#   scripts/bench-audit-sale.sh [binary] [orders, millions] [sale seconds]
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+bin=${1:-bin/stockd}
+millions=${2:-12}
+sale=${3:-100}
+need_cmds wrk:wrk
+
+start_work audit-sale
+deduct_lua "$work/deduct.lua"
+batch_lua "$work/batch.lua"
+
+committed() { curl -sf "$url/metrics" | awk '$1 == "stockd_deducts_total{outcome=\"ok\"}" {printf "%.0f", $2}'; }
+audit_seconds() { curl -sf "$url/metrics" | awk '$1 == "stockd_audit_duration_seconds" {print $2}'; }
+
+start_node "$bin" "$work/data" "$work/fill.log"
+pids+=("$node_pid")
+curl -sf -X PUT "$url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
+want=$((millions * 1000000))
+echo "filling the ledger to $millions million orders (batches of 100, wrk)"
+while [ "$(committed)" -lt "$want" ]; do
+  wrk -t1 -c64 -d20s -s "$work/batch.lua" "$url/v1/deducts" -- "b$$-$RANDOM" >/dev/null
+done
+settle "$url"
+echo "the ledger holds $(committed) orders ($(du -sh "$work/data" | cut -f1)); restarting the node on it"
+stop_pid "$node_pid"
+
+started=$(date +%s)
+start_node "$bin" "$work/data" "$work/node.log" -log-level info
+pids+=("$node_pid")
+first=0
+for _ in $(seq 1 600); do
+  first=$(audit_seconds)
+  [ "$first" != "0" ] && break
+  sleep 0.5
+done
+due=$(awk -v d="$first" 'BEGIN {g = 100 * d; if (g < 30) g = 30; printf "%d", g}')
+echo "the audit at start took ${first}s; the next is due about ${due}s after the start"
+wait_until=$((started + due - 40))
+while [ "$(date +%s)" -lt "$wait_until" ]; do sleep 1; done
+
+sale_start=$(date +%s.%N)
+wrk -t1 -c64 -d"${sale}s" -s "$work/deduct.lua" "$url/v1/skus/plenty/deduct" -- "s$$-$RANDOM" >"$work/sale.out" &
+sale_pid=$!
+pids+=("$sale_pid")
+# Each reading's rate is over the time since the one before, on the
+# clock: the readings themselves take time, so the half second between
+# them is a little more.
+prev=$(committed); prev_t=$(date +%s.%N); last=$first; line=""; ends=(); from=0
+for i in $(seq 1 $(( (sale + 60) * 2 ))); do
+  sleep 0.5
+  cur=$(committed); now=$(date +%s.%N)
+  line="$line $(awk -v d=$((cur - prev)) -v a="$prev_t" -v b="$now" 'BEGIN {printf "%.0f", d / (b - a)}')"
+  prev=$cur; prev_t=$now
+  a=$(audit_seconds)
+  at=$(awk -v s="$sale_start" -v n="$now" 'BEGIN {printf "%.1f", n - s}')
+  if [ "$a" != "$last" ]; then
+    ends+=("an audit of ${a}s ended at +${at}s"); last=$a
+    line="$line [audit ended]"
+  fi
+  if [ $((i % 20)) -eq 0 ]; then
+    printf "  +%5.1fs to +%5.1fs:%s\n" "$from" "$at" "$line"
+    line=""; from=$at
+  fi
+done
+wait "$sale_pid" || true
+echo "the sale: $(awk '/requests in/ {print $1}' "$work/sale.out") committed deducts in ${sale}s (from +0s); above, deducts a second about every half second"
+if [ ${#ends[@]} -eq 0 ]; then
+  echo "no audit ended within 60 s after the sale"
+else
+  for e in "${ends[@]}"; do echo "  $e"; done
+fi
+grep -E "periodic audit" "$work/node.log" | sed 's/^/  node: /' || true
+curl -sf "$url/v1/skus/plenty/audit" | awk '{print "the sale'\''s audit: " substr($0, 1, 160)}'
