@@ -30,7 +30,6 @@ start_work audit-sale
 deduct_lua "$work/deduct.lua"
 batch_lua "$work/batch.lua"
 
-committed() { curl -sf "$url/metrics" | awk '$1 == "stockd_deducts_total{outcome=\"ok\"}" {printf "%.0f", $2}'; }
 audit_seconds() { curl -sf "$url/metrics" | awk '$1 == "stockd_audit_duration_seconds" {print $2}'; }
 
 start_node "$bin" "$work/data" "$work/fill.log"
@@ -38,11 +37,11 @@ pids+=("$node_pid")
 curl -sf -X PUT "$url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
 want=$((millions * 1000000))
 echo "filling the ledger to $millions million orders (batches of 100, wrk)"
-while [ "$(committed)" -lt "$want" ]; do
+while [ "$(committed_deducts "$url")" -lt "$want" ]; do
   wrk -t1 -c64 -d20s -s "$work/batch.lua" "$url/v1/deducts" -- "b$$-$RANDOM" >/dev/null
 done
 settle "$url"
-echo "the ledger holds $(committed) orders ($(du -sh "$work/data" | cut -f1)); restarting the node on it"
+echo "the ledger holds $(committed_deducts "$url") orders ($(du -sh "$work/data" | cut -f1)); restarting the node on it"
 stop_pid "$node_pid"
 
 started=$(date +%s)
@@ -66,10 +65,10 @@ pids+=("$sale_pid")
 # Each reading's rate is over the time since the one before, on the
 # clock: the readings themselves take time, so the half second between
 # them is a little more.
-prev=$(committed); prev_t=$(date +%s.%N); last=$first; line=""; ends=(); from=0
+prev=$(committed_deducts "$url"); prev_t=$(date +%s.%N); last=$first; line=""; ends=(); from=0
 for i in $(seq 1 $(( (sale + 60) * 2 ))); do
   sleep 0.5
-  cur=$(committed); now=$(date +%s.%N)
+  cur=$(committed_deducts "$url"); now=$(date +%s.%N)
   line="$line $(awk -v d=$((cur - prev)) -v a="$prev_t" -v b="$now" 'BEGIN {printf "%.0f", d / (b - a)}')"
   prev=$cur; prev_t=$now
   a=$(audit_seconds)

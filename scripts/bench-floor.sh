@@ -212,8 +212,6 @@ redis_row() {
   row "$name" "$redis_pid" "$((c1 - c0))" "$t0" "$t1" "$(echo "$end - $start" | bc -l)" "$client_cpu"
 }
 
-# won_units: the deducts the node has answered ok (committed wins).
-won_units() { curl -sf "$node_url/metrics" | awk '$1 == "stockd_deducts_total{outcome=\"ok\"}" {printf "%.0f", $2}'; }
 
 # machine_line: what a syscall (getppid) and a round trip over a pipe
 # between two processes (two context switches, two writes, two reads)
@@ -257,10 +255,10 @@ for round in $(seq 1 "$rounds"); do
   # The batch route, 100 buyers a request: a request answers 200 even
   # when some of its buyers are refused (rate_limited at many connections),
   # so the units counted are the node's committed wins, from its metrics.
-  w0=$(won_units); t0=$(cpu_ticks "$node_pid")
+  w0=$(committed_deducts "$node_url"); t0=$(cpu_ticks "$node_pid")
   timed "$work/wrk.out" wrk -t1 -c"$conns" -d"${secs}s" -s "$work/batch.lua" "$node_url/v1/deducts" -- "$$-$RANDOM-$RANDOM"
   settle "$node_url"
-  t1=$(cpu_ticks "$node_pid"); w1=$(won_units)
+  t1=$(cpu_ticks "$node_pid"); w1=$(committed_deducts "$node_url")
   sent=$(awk '/requests in/ {print $1 * 100}' "$work/wrk.out")
   [ "$((w1 - w0))" -lt "$sent" ] && echo "    of the $sent buyers the batch requests carried, $((sent - w1 + w0)) were not sold a unit"
   row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$((w1 - w0))" "$t0" "$t1" "$secs" "$client_cpu"

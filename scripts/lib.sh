@@ -37,6 +37,10 @@ wait_port() {
 # cpu_ticks PID: the process's utime + stime, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
+# committed_deducts URL: the deducts the stockd node at URL has answered
+# ok (committed wins), from its metrics.
+committed_deducts() { curl -sf "$1/metrics" | awk '$1 == "stockd_deducts_total{outcome=\"ok\"}" {printf "%.0f", $2}'; }
+
 # settle URL: wait (up to a minute) until the stockd node at URL has
 # written its ledger file behind the log, so that the next measurement is
 # not charged for the one before.
