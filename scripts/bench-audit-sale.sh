@@ -11,7 +11,15 @@
 # audits' ends, so that a dip in the sale lines up with the audit that
 # caused it; then the node's log lines about holding the audit back, and
 # the sale's audit. A node that holds its audit back while it sells
-# shows no dip, and its audit after the sale.
+# shows no dip, and its audit after the sale. Each line of about ten
+# seconds ends with the node's CPU per committed deduct over it (from
+# /proc) and its resident memory (its own, and the ledger file's mapped
+# pages), so that a slower stretch shows whether the node worked harder
+# for each deduct or got less of the machine.
+#
+# PROFILES=DIR takes two 20 s CPU profiles of the node into DIR, one
+# from +5 s of the sale and one ending 5 s before its end
+# (go tool pprof -top -diff_base DIR/early.pprof BINARY DIR/late.pprof).
 #
 # Needs about 250 bytes of disk a order (3 GB at 12 million) in /tmp, and
 # takes the load time plus five to eight minutes. Installs wrk from
@@ -58,6 +66,16 @@ echo "the audit at start took ${first}s; the next is due about ${due}s after the
 wait_until=$((started + due - 40))
 while [ "$(date +%s)" -lt "$wait_until" ]; do sleep 1; done
 
+profile() { sleep "$1"; curl -sf -o "$PROFILES/$2.pprof" "$url/debug/pprof/profile?seconds=20" || echo "no $2 profile"; }
+if [ -n "${PROFILES:-}" ]; then
+  mkdir -p "$PROFILES"
+  profile 5 early & pids+=($!)
+  profile $((sale - 25)) late & pids+=($!)
+fi
+# rss PID: the process's resident memory, its own (heap, stacks) apart
+# from the ledger file's pages it maps (which the kernel can drop).
+rss() { awk '/^RssAnon/ {a = $2} /^RssFile/ {f = $2} END {printf "resident %.0f MiB own, %.0f MiB of mapped files", a / 1024, f / 1024}' "/proc/$1/status"; }
+
 sale_start=$(date +%s.%N)
 wrk -t1 -c64 -d"${sale}s" -s "$work/deduct.lua" "$url/v1/skus/plenty/deduct" -- "s$$-$RANDOM" >"$work/sale.out" &
 sale_pid=$!
@@ -66,6 +84,7 @@ pids+=("$sale_pid")
 # clock: the readings themselves take time, so the half second between
 # them is a little more.
 prev=$(committed_deducts "$url"); prev_t=$(date +%s.%N); last=$first; line=""; ends=(); from=0
+win_deducts=$prev; win_ticks=$(cpu_ticks "$node_pid")
 for i in $(seq 1 $(( (sale + 60) * 2 ))); do
   sleep 0.5
   cur=$(committed_deducts "$url"); now=$(date +%s.%N)
@@ -78,8 +97,11 @@ for i in $(seq 1 $(( (sale + 60) * 2 ))); do
     line="$line [audit ended]"
   fi
   if [ $((i % 20)) -eq 0 ]; then
-    printf "  +%5.1fs to +%5.1fs:%s\n" "$from" "$at" "$line"
-    line=""; from=$at
+    ticks=$(cpu_ticks "$node_pid")
+    cost=$(awk -v t=$((ticks - win_ticks)) -v d=$((cur - win_deducts)) -v hz="$(getconf CLK_TCK)" \
+      'BEGIN {if (d > 0) printf "%.1f µs/deduct", t * 1e6 / hz / d; else printf "%.2f s of CPU, no deducts", t / hz}')
+    printf "  +%5.1fs to +%5.1fs:%s | %s, %s\n" "$from" "$at" "$line" "$cost" "$(rss "$node_pid")"
+    line=""; from=$at; win_deducts=$cur; win_ticks=$ticks
   fi
 done
 wait "$sale_pid" || true
