@@ -14,12 +14,17 @@
 # shows no dip, and its audit after the sale. Each line of about ten
 # seconds ends with the node's CPU per committed deduct over it (from
 # /proc) and its resident memory (its own, and the ledger file's mapped
-# pages), so that a slower stretch shows whether the node worked harder
-# for each deduct or got less of the machine.
+# pages, and the major page faults it took over the line: pages read
+# from disk), so that a slower stretch shows whether the node worked
+# harder for each deduct or got less of the machine. At the restart,
+# at the sale's start and after it, the script prints how much of the
+# ledger file the page cache holds (fincore).
 #
-# PROFILES=DIR takes two 20 s CPU profiles of the node into DIR, one
+# PROFILES=DIR takes CPU profiles of the node into DIR: two of 20 s, one
 # from +5 s of the sale and one ending 5 s before its end
-# (go tool pprof -top -diff_base DIR/early.pprof BINARY DIR/late.pprof).
+# (go tool pprof -top -diff_base DIR/early.pprof BINARY DIR/late.pprof),
+# and one of 20 s from 1 s after the sale, where a held audit runs
+# (DIR/after.pprof).
 #
 # Needs about 250 bytes of disk a order (3 GB at 12 million) in /tmp, and
 # takes the load time plus five to eight minutes. Installs wrk from
@@ -38,6 +43,15 @@ start_work audit-sale
 deduct_lua "$work/deduct.lua"
 batch_lua "$work/batch.lua"
 
+# in_cache: how much of the ledger file the kernel's page cache holds
+# (an audit that finds it out of the cache reads it from disk).
+in_cache() {
+  if command -v fincore >/dev/null; then
+    fincore -n -o RES,SIZE "$work/data/ledger.db" | awk '{printf "%s of %s of the ledger file in the page cache", $1, $2}'
+  fi
+  awk '$1 == "drop_pagecache" {printf " (the page cache dropped %d times since boot)", $2}' /proc/vmstat
+  echo
+}
 audit_seconds() { curl -sf "$url/metrics" | awk '$1 == "stockd_audit_duration_seconds" {print $2}'; }
 
 start_node "$bin" "$work/data" "$work/fill.log"
@@ -62,19 +76,24 @@ for _ in $(seq 1 600); do
   sleep 0.5
 done
 due=$(awk -v d="$first" 'BEGIN {g = 100 * d; if (g < 30) g = 30; printf "%d", g}')
-echo "the audit at start took ${first}s; the next is due about ${due}s after the start"
+echo "the audit at start took ${first}s; the next is due about ${due}s after the start; $(in_cache)"
 wait_until=$((started + due - 40))
 while [ "$(date +%s)" -lt "$wait_until" ]; do sleep 1; done
+echo "the sale starts; $(in_cache)"
 
 profile() { sleep "$1"; curl -sf -o "$PROFILES/$2.pprof" "$url/debug/pprof/profile?seconds=20" || echo "no $2 profile"; }
 if [ -n "${PROFILES:-}" ]; then
   mkdir -p "$PROFILES"
   profile 5 early & pids+=($!)
   profile $((sale - 25)) late & pids+=($!)
+  profile $((sale + 1)) after & pids+=($!)
 fi
 # rss PID: the process's resident memory, its own (heap, stacks) apart
 # from the ledger file's pages it maps (which the kernel can drop).
 rss() { awk '/^RssAnon/ {a = $2} /^RssFile/ {f = $2} END {printf "resident %.0f MiB own, %.0f MiB of mapped files", a / 1024, f / 1024}' "/proc/$1/status"; }
+# major_faults PID: the page faults the process has taken that read
+# from disk.
+major_faults() { awk '{print $12}' "/proc/$1/stat"; }
 
 sale_start=$(date +%s.%N)
 wrk -t1 -c64 -d"${sale}s" -s "$work/deduct.lua" "$url/v1/skus/plenty/deduct" -- "s$$-$RANDOM" >"$work/sale.out" &
@@ -84,7 +103,7 @@ pids+=("$sale_pid")
 # clock: the readings themselves take time, so the half second between
 # them is a little more.
 prev=$(committed_deducts "$url"); prev_t=$(date +%s.%N); last=$first; line=""; ends=(); from=0
-win_deducts=$prev; win_ticks=$(cpu_ticks "$node_pid")
+win_deducts=$prev; win_ticks=$(cpu_ticks "$node_pid"); win_faults=$(major_faults "$node_pid")
 for i in $(seq 1 $(( (sale + 60) * 2 ))); do
   sleep 0.5
   cur=$(committed_deducts "$url"); now=$(date +%s.%N)
@@ -100,8 +119,9 @@ for i in $(seq 1 $(( (sale + 60) * 2 ))); do
     ticks=$(cpu_ticks "$node_pid")
     cost=$(awk -v t=$((ticks - win_ticks)) -v d=$((cur - win_deducts)) -v hz="$(getconf CLK_TCK)" \
       'BEGIN {if (d > 0) printf "%.1f µs/deduct", t * 1e6 / hz / d; else printf "%.2f s of CPU, no deducts", t / hz}')
-    printf "  +%5.1fs to +%5.1fs:%s | %s, %s\n" "$from" "$at" "$line" "$cost" "$(rss "$node_pid")"
-    line=""; from=$at; win_deducts=$cur; win_ticks=$ticks
+    faults=$(major_faults "$node_pid")
+    printf "  +%5.1fs to +%5.1fs:%s | %s, %s, %d major faults\n" "$from" "$at" "$line" "$cost" "$(rss "$node_pid")" $((faults - win_faults))
+    line=""; from=$at; win_deducts=$cur; win_ticks=$ticks; win_faults=$faults
   fi
 done
 wait "$sale_pid" || true
@@ -112,4 +132,5 @@ else
   for e in "${ends[@]}"; do echo "  $e"; done
 fi
 grep -E "periodic audit" "$work/node.log" | sed 's/^/  node: /' || true
+echo "after the sale; $(in_cache)"
 curl -sf "$url/v1/skus/plenty/audit" | awk '{print "the sale'\''s audit: " substr($0, 1, 160)}'
