@@ -491,6 +491,12 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 		return
 	case <-e.commitWaits.after(limit):
 	}
+	e.waitEnded(p, res)
+}
+
+// waitEnded answers a wait for p that ended at its limit, or because the
+// engine stops or its drain lost the leader.
+func (e *Engine) waitEnded(p *pendingTake, res *DeductResult) {
 	if r, done := p.outcome(); done { // the answer came meanwhile
 		*res = r
 		return

@@ -33,6 +33,7 @@ type Engine struct {
 	// stops or its drain loses the leader, so that such a wait selects on
 	// two channels, its take's and one of these.
 	commitWaits *deadlines
+	asyncWaits  asyncWaits                // DeductAsync callers waiting for the ledger
 	pendingOrd  *stripedMap[*pendingTake] // order id -> take awaiting commit
 	turnedDown  *turnedDown               // pending orders the ledger did not take
 

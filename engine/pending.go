@@ -35,6 +35,8 @@ type pendingTake struct {
 	isTaken bool
 	taken   chan struct{}
 	result  DeductResult
+	// notify are called once the ledger answers (onDone).
+	notify []func()
 	// path is the adaptive limit that counts this take while it waits for
 	// the ledger (set once it is queued for commit, at entered on the real
 	// clock: the engine's may be a test's).
@@ -105,8 +107,13 @@ func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.result = r
+		notify := p.notify
+		p.notify = nil
+		close(p.done) // under mu: onDone sees done closed or is in notify
 		p.mu.Unlock()
-		close(p.done)
+		for _, f := range notify {
+			f()
+		}
 		if p.path != nil {
 			if end.IsZero() {
 				end = time.Now()
@@ -114,6 +121,20 @@ func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
 			p.path.leave(end.Sub(p.entered))
 		}
 	})
+}
+
+// onDone has f called once the ledger answers p, on the goroutine that
+// resolves it; false, and f is not called, when it has answered already.
+func (p *pendingTake) onDone(f func()) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		return false
+	default:
+	}
+	p.notify = append(p.notify, f)
+	return true
 }
 
 func (p *pendingTake) outcome() (DeductResult, bool) {

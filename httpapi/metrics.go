@@ -199,6 +199,10 @@ func (s *Server) writeOptionalMetrics(w *bytes.Buffer) {
 	if s.cfg.TLSExpiries == nil || len(s.cfg.TLSExpiries()) == 0 {
 		metrics.WriteGaugeFloat64(w, `stockd_tls_cert_expiry_timestamp_seconds{cert="none"}`, 0)
 	}
+	metrics.WriteGaugeUint64(w, "stockd_http_event_loop_enabled", boolGauge(s.loop != nil))
+	if s.loop != nil {
+		s.loop.writeMetrics(w)
+	}
 	if s.cfg.BackupStats != nil {
 		b := s.cfg.BackupStats()
 		last := 0.0

@@ -210,6 +210,7 @@ type Server struct {
 	latency *latencyHistogram
 	version string
 	peers   *PeerClient
+	loop    *deductLoop // nil unless ServeDeductLoop
 }
 
 // New builds a server; Serve or Start runs it.
@@ -276,6 +277,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	if err := s.fast.ShutdownWithContext(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("shut down http server: %w", err))
+	}
+	if s.loop != nil {
+		if err := s.loop.shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("shut down the deduct loop: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -52,6 +52,10 @@ type Config struct {
 	// answers 503). For measuring what the feed costs: every node of a
 	// cluster must run with the same setting from its first start.
 	NoOrderFeed bool
+	// DeductLoop serves plain single deducts on the HTTP port from one
+	// event loop (-http-event-loop); every other request goes to the
+	// fasthttp server as before. Plain HTTP only.
+	DeductLoop bool
 	// FaultApplyDelay stalls every ledger batch this long: a slow ledger,
 	// for tests and benches of admission. Never in production.
 	FaultApplyDelay time.Duration
@@ -132,6 +136,8 @@ func (c *Config) Validate() error {
 		return c.transportProblem()
 	case c.Backups.validate() != nil:
 		return c.Backups.validate()
+	case c.DeductLoop && c.TLS.HTTPCert != "":
+		return errors.New("-http-event-loop serves plain HTTP, and -http-cert asks for HTTPS: drop one of them")
 	case c.HTTP.AdminToken == "" && !c.InsecureNoAdminToken && !loopbackOnly(c.HTTP.Addr):
 		return fmt.Errorf("-http %s is reachable from other machines, so admin calls need -admin-token (or STOCKD_ADMIN_TOKEN); to run without one anyway (admin calls only from loopback clients) pass -insecure-no-admin-token", c.HTTP.Addr)
 	}
@@ -223,6 +229,7 @@ func Start(cfg Config) (*Node, error) {
 		httpLn.Close()
 		return nil, err
 	}
+	rawHTTPLn := httpLn
 	httpLn = tlsState.clientListener(coarseListener(httpLn, &cfg.HTTP))
 	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
 	if err != nil {
@@ -287,6 +294,15 @@ func Start(cfg Config) (*Node, error) {
 	}
 	if tlsState.port != nil {
 		n.http.ServePeers(tlsState.port.HTTPListener())
+	}
+	if cfg.DeductLoop {
+		// The loop accepts on the listener; fasthttp serves what it hands
+		// over, through the same timeouts (TLS is excluded by Validate).
+		handed, err := n.http.ServeDeductLoop(rawHTTPLn.(*net.TCPListener))
+		if err != nil {
+			return fail(err)
+		}
+		httpLn = coarseListener(handed, &cfg.HTTP)
 	}
 	n.http.Serve(httpLn)
 	n.httpAddr = httpLn.Addr().String()

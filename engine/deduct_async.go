@@ -1,0 +1,132 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// DeductAsync is Deduct for a caller that must not block (an event loop
+// serving many connections on one goroutine). When the answer is known
+// at once it is in res and DeductAsync reports true. Otherwise it reports
+// false and calls done exactly once with the answer, later and on another
+// goroutine: the one that settles the take, or the one that ends its wait
+// at its limit or when the engine stops. req's byte slices may be reused
+// once DeductAsync returns.
+func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*DeductResult)) bool {
+	*res = DeductResult{}
+	s := e.admit(req, res)
+	if s == nil {
+		e.metrics.countDeduct(res.Status, req.Hint)
+		return true
+	}
+	w := e.startAttempt(s, req, res, false)
+	switch {
+	case w.limit == needSlow || (w.p != nil && req.NoWait && !w.p.wasTaken()):
+		// It waits for units, or a wait=none repeat for the first
+		// attempt's unit: the blocking path, on a goroutine of its own,
+		// with its own copy of the request.
+		own := *req
+		own.SKU, own.User, own.RequestID = clone(req.SKU), clone(req.User), clone(req.RequestID)
+		own.clock = instant{}
+		go func() {
+			var r DeductResult
+			if w.p != nil {
+				e.awaitPending(w.p, own.NoWait, w.limit, &r)
+			} else {
+				e.attempt(s, &own, &r)
+			}
+			e.admission.done()
+			e.metrics.countDeduct(r.Status, own.Hint)
+			done(&r)
+		}()
+		return false
+	case w.p == nil:
+	case req.NoWait:
+		answerTaken(w.p, res)
+	default:
+		aw := &asyncWait{e: e, p: w.p, hint: req.Hint, done: done}
+		if w.p.onDone(aw.settled) {
+			e.asyncWaits.add(e.commitWaits.after(w.limit), aw)
+			return false
+		}
+		*res, _ = w.p.outcome()
+	}
+	e.admission.done()
+	e.metrics.countDeduct(res.Status, req.Hint)
+	return true
+}
+
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}
+
+// asyncWait is a DeductAsync caller waiting for the ledger: answered once,
+// by the take's settling or by the end of its wait, whichever is first.
+type asyncWait struct {
+	e        *Engine
+	p        *pendingTake
+	hint     uint32
+	done     func(*DeductResult)
+	answered atomic.Bool
+}
+
+// settled answers with the take's outcome (pendingTake.onDone).
+func (w *asyncWait) settled() {
+	if !w.answered.CompareAndSwap(false, true) {
+		return
+	}
+	r, _ := w.p.outcome()
+	w.answer(&r)
+}
+
+// ended answers a wait that reached its limit or the engine's stop.
+func (w *asyncWait) ended() {
+	if !w.answered.CompareAndSwap(false, true) {
+		return
+	}
+	var r DeductResult
+	w.e.waitEnded(w.p, &r)
+	w.answer(&r)
+}
+
+func (w *asyncWait) answer(r *DeductResult) {
+	w.e.admission.done()
+	w.e.metrics.countDeduct(r.Status, w.hint)
+	w.done(r)
+	w.done, w.p = nil, nil
+}
+
+// asyncWaits groups the waits of DeductAsync callers by the shared
+// deadline channel they end at (deadlines.after): one goroutine a
+// deadline grain ends every wait in it still unanswered, instead of a
+// timer each.
+type asyncWaits struct {
+	mu     sync.Mutex
+	groups map[<-chan struct{}][]*asyncWait
+}
+
+func (a *asyncWaits) add(deadline <-chan struct{}, w *asyncWait) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.groups == nil {
+		a.groups = make(map[<-chan struct{}][]*asyncWait)
+	}
+	g, ok := a.groups[deadline]
+	a.groups[deadline] = append(g, w)
+	if ok {
+		return
+	}
+	go func() {
+		<-deadline
+		a.mu.Lock()
+		g := a.groups[deadline]
+		delete(a.groups, deadline)
+		a.mu.Unlock()
+		for _, w := range g {
+			w.ended()
+		}
+	}()
+}

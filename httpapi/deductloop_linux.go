@@ -1,0 +1,741 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
+
+	"stockd/engine"
+)
+
+// AsyncDeducter is an Engine that answers a deduct without blocking its
+// caller (engine.Engine.DeductAsync).
+type AsyncDeducter interface {
+	DeductAsync(req *engine.DeductRequest, res *engine.DeductResult, done func(*engine.DeductResult)) bool
+}
+
+// loopMaxHead bounds a request head the loop reads: fasthttp's read
+// buffer, which bounds the heads it takes (a longer one is answered 400
+// there). A longer head, and every request the loop does not serve
+// itself, goes to fasthttp with its connection.
+const loopMaxHead = 4096
+
+// deductLoop serves the single deduct (POST /v1/skus/{sku}/deduct) on one
+// goroutine for every connection, the way Redis serves its clients: it
+// parks in Go's scheduler on an epoll set of its own, reads each ready
+// connection, and hands the deduct to the engine without waiting for the
+// ledger; the goroutine that settles the take writes the answer. A
+// connection whose request is anything else (another route, a body the
+// quick scan does not take, chunked, Expect, a bad or missing token) is
+// handed over, with the bytes read so far, to the fasthttp server, which
+// serves it from then on: the contract is fasthttp's everywhere, the loop
+// only takes the common request off its goroutines.
+type deductLoop struct {
+	s      *Server
+	eng    AsyncDeducter
+	ln     *net.TCPListener
+	lfd    int
+	epfd   int
+	efd    int // eventfd: wakes the loop (resumed connections, sweeps, stop)
+	f      *os.File
+	conns  map[int]*loopConn // the loop goroutine's
+	nextID atomic.Uint32
+
+	open    atomic.Int64  // connections the loop holds
+	served  atomic.Uint64 // deducts it answered
+	handovs atomic.Uint64 // connections it handed to fasthttp
+
+	handed    chan net.Conn // connections for fasthttp
+	closed    chan struct{} // the listener closed
+	closeOnce sync.Once
+	done      chan struct{} // the loop ended
+
+	mu       sync.Mutex
+	resumed  []*loopConn
+	sweep    bool
+	stopping bool          // Shutdown began
+	stop     bool          // the loop is to end
+	ended    bool          // it ended: its descriptors are closed
+	inflight int           // deducts awaiting the ledger
+	idle     chan struct{} // closed when inflight falls to 0 while stopping
+}
+
+type loopConn struct {
+	l    *deductLoop
+	fd   int
+	hint uint32
+
+	mu       sync.Mutex
+	in       []byte
+	out      []byte
+	body     []byte // scratch for an answer's body
+	inflight bool
+	closed   bool
+	close    bool // close once out is written
+	paused   bool // EPOLLIN off while an answer is in flight
+	wantOut  bool
+	lastRead time.Time
+	outSince time.Time
+	start    time.Time // the request in flight's
+}
+
+// ServeDeductLoop takes over accepting on ln: the loop serves plain
+// deducts itself and returns the listener the fasthttp server is to serve
+// (wrapped as the node wraps its listener), on which every other
+// connection arrives. Plain HTTP only. Call before Serve with that
+// listener.
+func (s *Server) ServeDeductLoop(ln *net.TCPListener) (net.Listener, error) {
+	ae, ok := s.engine.(AsyncDeducter)
+	if !ok {
+		return nil, errors.New("http: the engine cannot answer deducts asynchronously")
+	}
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	l := &deductLoop{s: s, eng: ae, ln: ln, conns: make(map[int]*loopConn),
+		handed: make(chan net.Conn, 1024), closed: make(chan struct{}), done: make(chan struct{})}
+	if err := rc.Control(func(fd uintptr) { l.lfd = int(fd) }); err != nil {
+		return nil, err
+	}
+	if l.epfd, err = syscall.EpollCreate1(syscall.EPOLL_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("http: epoll: %w", err)
+	}
+	efd, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if errno != 0 {
+		syscall.Close(l.epfd)
+		return nil, fmt.Errorf("http: eventfd: %w", errno)
+	}
+	l.efd = int(efd)
+	for _, fd := range []int{l.lfd, l.efd} {
+		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}); err != nil {
+			l.closeFDs()
+			return nil, fmt.Errorf("http: epoll: %w", err)
+		}
+	}
+	// The loop waits in Go's scheduler, not in a blocking epoll_wait: the
+	// epoll descriptor is itself pollable. A thread blocked in a system
+	// call would cost a hand-off of its P at each wake.
+	if err := syscall.SetNonblock(l.epfd, true); err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	l.f = os.NewFile(uintptr(l.epfd), "deduct-loop-epoll")
+	epc, err := l.f.SyscallConn()
+	if err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	s.loop = l
+	go l.run(epc)
+	go l.tick()
+	s.logger.Info("serving plain deducts on an event loop", "addr", ln.Addr().String())
+	return handoverListener{l}, nil
+}
+
+func (l *deductLoop) closeFDs() {
+	if l.f != nil {
+		l.f.Close()
+	} else {
+		syscall.Close(l.epfd)
+	}
+	syscall.Close(l.efd)
+}
+
+// handoverListener is what fasthttp serves: the connections the loop
+// hands over.
+type handoverListener struct{ l *deductLoop }
+
+func (h handoverListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-h.l.handed:
+		return c, nil
+	case <-h.l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting: the listener closes; the loop's connections
+// stay until Shutdown.
+func (h handoverListener) Close() error {
+	var err error
+	h.l.closeOnce.Do(func() {
+		close(h.l.closed)
+		err = h.l.ln.Close()
+		h.l.wake(func(l *deductLoop) {})
+	})
+	return err
+}
+
+func (h handoverListener) Addr() net.Addr { return h.l.ln.Addr() }
+
+// wake runs set under l.mu and wakes the loop.
+func (l *deductLoop) wake(set func(*deductLoop)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	set(l)
+	l.signal()
+}
+
+// signal wakes the loop. Under l.mu.
+func (l *deductLoop) signal() {
+	if !l.ended {
+		one := [8]byte{1}
+		syscall.Write(l.efd, one[:])
+	}
+}
+
+// tick asks the loop to sweep idle and stalled connections once a second.
+func (l *deductLoop) tick() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+			l.wake(func(l *deductLoop) { l.sweep = true })
+		}
+	}
+}
+
+// shutdown waits until no deduct of the loop awaits the ledger (or ctx
+// ends), then closes its connections and ends it.
+func (l *deductLoop) shutdown(ctx context.Context) error {
+	l.mu.Lock()
+	l.stopping = true
+	if l.idle == nil {
+		l.idle = make(chan struct{})
+		if l.inflight == 0 {
+			close(l.idle)
+		}
+	}
+	idle := l.idle
+	l.mu.Unlock()
+	var err error
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		err = fmt.Errorf("deducts still awaiting the ledger: %w", ctx.Err())
+	}
+	l.wake(func(l *deductLoop) { l.stop = true })
+	<-l.done
+	return err
+}
+
+func (l *deductLoop) run(epc syscall.RawConn) {
+	defer close(l.done)
+	defer func() {
+		l.mu.Lock()
+		l.ended = true
+		l.closeFDs()
+		l.mu.Unlock()
+	}()
+	events := make([]syscall.EpollEvent, 256)
+	var n int
+	var werr error
+	wait := func(uintptr) bool {
+		n, werr = syscall.EpollWait(l.epfd, events, 0)
+		return n != 0 || (werr != nil && werr != syscall.EINTR)
+	}
+	scratch := make([]byte, 8)
+	for {
+		if err := epc.Read(wait); err != nil || (werr != nil && werr != syscall.EINTR) {
+			l.s.logger.Error("deduct loop stopped", "err", cmpErr(err, werr))
+			l.dropAll()
+			return
+		}
+		for _, ev := range events[:n] {
+			switch fd := int(ev.Fd); fd {
+			case l.lfd:
+				l.accept()
+			case l.efd:
+				syscall.Read(l.efd, scratch)
+				if l.woken() {
+					l.dropAll()
+					return
+				}
+			default:
+				if c := l.conns[fd]; c != nil {
+					l.ready(c, ev.Events)
+				}
+			}
+		}
+	}
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// woken handles the loop's wake-ups; true when it is to end.
+func (l *deductLoop) woken() bool {
+	l.mu.Lock()
+	resumed, sweep, stop := l.resumed, l.sweep, l.stop
+	l.resumed, l.sweep = nil, false
+	l.mu.Unlock()
+	for _, c := range resumed {
+		c.mu.Lock()
+		if !c.closed {
+			l.process(c)
+		}
+		c.mu.Unlock()
+	}
+	if sweep {
+		l.sweepConns()
+	}
+	return stop
+}
+
+func (l *deductLoop) accept() {
+	for {
+		select {
+		case <-l.closed:
+			return
+		default:
+		}
+		nfd, _, err := syscall.Accept4(l.lfd, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
+		if err != nil {
+			return // EAGAIN, or the listener closed
+		}
+		_ = syscall.SetsockoptInt(nfd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
+		c := &loopConn{l: l, fd: nfd, hint: l.nextID.Add(1), in: make([]byte, 0, 512), body: make([]byte, 0, 512), lastRead: time.Now()}
+		if len(l.conns) >= l.s.cfg.MaxConns {
+			// fasthttp applies the limit and answers.
+			c.mu.Lock()
+			l.handOver(c)
+			c.mu.Unlock()
+			continue
+		}
+		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, nfd, &syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(nfd)}); err != nil {
+			syscall.Close(nfd)
+			continue
+		}
+		l.conns[nfd] = c
+		l.open.Add(1)
+	}
+}
+
+func (l *deductLoop) writeMetrics(w *bytes.Buffer) {
+	metrics.WriteGaugeUint64(w, "stockd_http_event_loop_connections", uint64(max(l.open.Load(), 0)))
+	metrics.WriteCounterUint64(w, "stockd_http_event_loop_deducts_total", l.served.Load())
+	metrics.WriteCounterUint64(w, "stockd_http_event_loop_handovers_total", l.handovs.Load())
+}
+
+// ready handles a connection's epoll events.
+func (l *deductLoop) ready(c *loopConn, events uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	if events&syscall.EPOLLOUT != 0 && len(c.out) > 0 && !c.flush() {
+		l.drop(c)
+		return
+	}
+	if events&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) == 0 {
+		return
+	}
+	if c.close {
+		if len(c.out) == 0 {
+			l.drop(c)
+		}
+		return
+	}
+	if c.inflight {
+		// Pipelined bytes (or a half-close) wait in the socket until the
+		// answer is out.
+		if events&(syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
+			l.drop(c)
+			return
+		}
+		c.setEvents(false, c.wantOut)
+		return
+	}
+	if len(c.in) == cap(c.in) {
+		c.in = append(c.in, make([]byte, cap(c.in))...)[:len(c.in)]
+	}
+	n, err := syscall.Read(c.fd, c.in[len(c.in):cap(c.in)])
+	if err == syscall.EAGAIN {
+		return
+	}
+	if n <= 0 {
+		l.drop(c)
+		return
+	}
+	c.in = c.in[:len(c.in)+n]
+	c.lastRead = time.Now()
+	l.process(c)
+}
+
+// drop closes c. The loop's, under c.mu.
+func (l *deductLoop) drop(c *loopConn) {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, c.fd, nil)
+	syscall.Close(c.fd)
+	delete(l.conns, c.fd)
+	l.open.Add(-1)
+}
+
+func (l *deductLoop) dropAll() {
+	for _, c := range l.conns {
+		c.mu.Lock()
+		l.drop(c)
+		c.mu.Unlock()
+	}
+}
+
+// handOver gives c, with what it has read, to fasthttp. The loop's, under
+// c.mu, with nothing in flight or unwritten.
+func (l *deductLoop) handOver(c *loopConn) {
+	l.handovs.Add(1)
+	if _, ok := l.conns[c.fd]; ok {
+		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, c.fd, nil)
+		delete(l.conns, c.fd)
+		l.open.Add(-1)
+	}
+	c.closed = true
+	f := os.NewFile(uintptr(c.fd), "")
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		l.s.logger.Warn("could not hand a connection to the http server", "err", err)
+		return
+	}
+	if len(c.in) > 0 {
+		nc = &prefixedConn{Conn: nc, pre: bytes.Clone(c.in)}
+	}
+	select {
+	case l.handed <- nc:
+	case <-l.closed:
+		nc.Close()
+	}
+}
+
+// prefixedConn reads pre before its connection.
+type prefixedConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (p *prefixedConn) Read(b []byte) (int, error) {
+	if len(p.pre) > 0 {
+		n := copy(b, p.pre)
+		p.pre = p.pre[n:]
+		return n, nil
+	}
+	return p.Conn.Read(b)
+}
+
+// sweepConns closes connections idle past the idle timeout, those part
+// way through a request past the read timeout, and those whose answer
+// has not been taken past the write timeout.
+func (l *deductLoop) sweepConns() {
+	now := time.Now()
+	cfg := l.s.cfg
+	for _, c := range l.conns {
+		c.mu.Lock()
+		switch {
+		case len(c.out) > 0 && now.Sub(c.outSince) > cfg.WriteTimeout,
+			!c.inflight && len(c.out) == 0 && len(c.in) > 0 && now.Sub(c.lastRead) > cfg.ReadTimeout,
+			!c.inflight && len(c.out) == 0 && len(c.in) == 0 && now.Sub(c.lastRead) > cfg.IdleTimeout:
+			l.drop(c)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// setEvents sets c's epoll interest. Under c.mu.
+func (c *loopConn) setEvents(in, out bool) {
+	ev := uint32(0)
+	if in {
+		ev |= syscall.EPOLLIN | syscall.EPOLLRDHUP
+	}
+	if out {
+		ev |= syscall.EPOLLOUT
+	}
+	c.paused, c.wantOut = !in, out
+	syscall.EpollCtl(c.l.epfd, syscall.EPOLL_CTL_MOD, c.fd, &syscall.EpollEvent{Events: ev, Fd: int32(c.fd)})
+}
+
+// flush writes out; false on a broken connection. Under c.mu.
+func (c *loopConn) flush() bool {
+	for len(c.out) > 0 {
+		n, err := syscall.Write(c.fd, c.out)
+		if err == syscall.EAGAIN {
+			if !c.wantOut {
+				c.setEvents(!c.paused, true)
+			}
+			return true
+		}
+		if err != nil || n <= 0 {
+			return false
+		}
+		c.out = c.out[:copy(c.out, c.out[n:])]
+	}
+	if c.wantOut {
+		c.setEvents(!c.paused, false)
+	}
+	if c.close {
+		syscall.Shutdown(c.fd, syscall.SHUT_WR)
+	}
+	return true
+}
+
+// process serves the complete requests in c.in while none is in flight,
+// and hands c over at the first it does not serve. The loop's, under
+// c.mu.
+func (l *deductLoop) process(c *loopConn) {
+	for !c.inflight && !c.close && len(c.in) > 0 {
+		n, serve := l.parse(c)
+		if n == 0 {
+			if serve {
+				break // incomplete
+			}
+			if len(c.out) > 0 && !c.flush() {
+				l.drop(c)
+				return
+			}
+			if len(c.out) > 0 {
+				// The answers before it are not all written: the
+				// connection is dropped rather than answered out of
+				// order (a client that pipelines past a full socket).
+				l.drop(c)
+				return
+			}
+			l.handOver(c)
+			return
+		}
+		c.in = c.in[:copy(c.in, c.in[n:])]
+	}
+	if c.paused && !c.inflight {
+		c.setEvents(true, c.wantOut)
+	}
+	if !c.flush() {
+		l.drop(c)
+	}
+}
+
+var (
+	crlf         = []byte("\r\n")
+	crlfcrlf     = []byte("\r\n\r\n")
+	bearerHeader = []byte("Authorization")
+)
+
+// parse serves the request at the head of c.in if it is a plain deduct:
+// n is the bytes it took (0 with serve true: not complete yet; 0 with
+// serve false: not one the loop serves).
+func (l *deductLoop) parse(c *loopConn) (n int, serve bool) {
+	b := c.in
+	end := bytes.Index(b, crlfcrlf)
+	if end < 0 {
+		return 0, len(b) < loopMaxHead
+	}
+	line, rest, _ := bytes.Cut(b[:end], crlf)
+	method, line, _ := bytes.Cut(line, []byte{' '})
+	target, proto, _ := bytes.Cut(line, []byte{' '})
+	keepAlive := string(proto) == "HTTP/1.1"
+	if string(method) != "POST" || (!keepAlive && string(proto) != "HTTP/1.0") {
+		return 0, false
+	}
+	path, query, _ := bytes.Cut(target, []byte{'?'})
+	sku, ok := bytes.CutPrefix(path, pathV1SKUs)
+	if !ok {
+		return 0, false
+	}
+	if sku, ok = bytes.CutSuffix(sku, suffixDeduct); !ok || !validID(sku) {
+		return 0, false
+	}
+	noWait, ok := loopWait(query)
+	if !ok {
+		return 0, false
+	}
+	length, idem, auth := -1, []byte(nil), []byte(nil)
+	for len(rest) > 0 {
+		var h []byte
+		h, rest, _ = bytes.Cut(rest, crlf)
+		name, value, found := bytes.Cut(h, []byte{':'})
+		if !found || len(name) == 0 || bytes.ContainsAny(name, " \t") {
+			return 0, false
+		}
+		value = bytes.TrimSpace(value)
+		switch {
+		case bytes.EqualFold(name, []byte(fasthttp.HeaderContentLength)):
+			v, err := strconv.Atoi(string(value))
+			if err != nil || v < 0 || v > MaxBodyBytes || length >= 0 {
+				return 0, false
+			}
+			length = v
+		case bytes.EqualFold(name, []byte(fasthttp.HeaderConnection)):
+			if bytes.EqualFold(value, []byte("close")) {
+				keepAlive = false
+			} else if bytes.EqualFold(value, []byte("keep-alive")) {
+				keepAlive = true
+			}
+		case bytes.EqualFold(name, headerIdempotencyKey):
+			idem = value
+		case bytes.EqualFold(name, bearerHeader):
+			auth = value
+		case bytes.EqualFold(name, []byte(fasthttp.HeaderTransferEncoding)), bytes.EqualFold(name, []byte(fasthttp.HeaderExpect)):
+			return 0, false
+		}
+	}
+	if length < 0 || !l.authorized(auth) {
+		return 0, false
+	}
+	n = end + len(crlfcrlf) + length
+	if len(b) < n {
+		return 0, true
+	}
+	f, ok := scanDeduct(b[end+len(crlfcrlf) : n])
+	if !ok {
+		return 0, false
+	}
+	user, requestID, qty, bad := f.check()
+	if bad == nil && len(idem) > 0 {
+		switch {
+		case !validRequestID(idem):
+			bad = bodyBadReqID
+		case len(requestID) > 0 && string(idem) != string(requestID):
+			bad = bodyBadIdemKey
+		default:
+			requestID = idem
+		}
+	}
+	if bad != nil {
+		return 0, false // fasthttp gives the 400
+	}
+	closeAfter := !keepAlive
+	c.start = time.Now()
+	req := engine.DeductRequest{SKU: sku, User: user, RequestID: requestID, Qty: qty, NoWait: noWait, Hint: c.hint}
+	var res engine.DeductResult
+	if l.eng.DeductAsync(&req, &res, func(r *engine.DeductResult) { c.finish(r, closeAfter) }) {
+		c.answerResult(&res, closeAfter)
+		return n, true
+	}
+	c.inflight = true
+	l.mu.Lock()
+	l.inflight++
+	l.mu.Unlock()
+	return n, true
+}
+
+// loopWait reads the query's wait argument as waitArg does; false for a
+// query the loop leaves to fasthttp.
+func loopWait(query []byte) (noWait, ok bool) {
+	for len(query) > 0 {
+		var kv []byte
+		kv, query, _ = bytes.Cut(query, []byte{'&'})
+		k, v, _ := bytes.Cut(kv, []byte{'='})
+		if string(k) != "wait" {
+			if bytes.ContainsAny(kv, "%+") {
+				return false, false
+			}
+			continue
+		}
+		switch string(v) {
+		case "", "commit":
+			noWait = false
+		case "none":
+			noWait = true
+		default:
+			return false, false
+		}
+	}
+	return noWait, true
+}
+
+// authorized is service() for the loop: the service or admin token when
+// one is set.
+func (l *deductLoop) authorized(header []byte) bool {
+	cfg := l.s.cfg
+	if cfg.ServiceToken == "" {
+		return true
+	}
+	token, ok := bytes.CutPrefix(header, bearerPrefix)
+	return ok && (subtle.ConstantTimeCompare(token, []byte(cfg.ServiceToken)) == 1 ||
+		(cfg.AdminToken != "" && subtle.ConstantTimeCompare(token, []byte(cfg.AdminToken)) == 1))
+}
+
+// finish writes the answer from the ledger, on the goroutine that settled
+// it, and has the loop serve what the client sent meanwhile.
+func (c *loopConn) finish(r *engine.DeductResult, closeAfter bool) {
+	l := c.l
+	c.mu.Lock()
+	more := false
+	if !c.closed {
+		c.inflight = false
+		c.answerResult(r, closeAfter)
+		if !c.flush() {
+			syscall.Shutdown(c.fd, syscall.SHUT_RDWR) // the loop sees the hang-up and drops c
+		} else if !c.close && (c.paused || len(c.in) > 0) {
+			more = true // the loop reads on, and serves what it has
+		}
+	}
+	c.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inflight--
+	if more {
+		l.resumed = append(l.resumed, c)
+		if len(l.resumed) == 1 {
+			l.signal()
+		}
+	}
+	if l.stopping && l.inflight == 0 && l.idle != nil {
+		select {
+		case <-l.idle:
+		default:
+			close(l.idle)
+		}
+	}
+}
+
+func (c *loopConn) answerResult(r *engine.DeductResult, closeAfter bool) {
+	c.l.served.Add(1)
+	code, body, retryAfter := deductAnswer(r, c.body[:0])
+	c.answer(code, body, retryAfter, closeAfter)
+	c.l.s.latency.observe(c.start)
+}
+
+// answer appends a response to c.out, as fasthttp would write it. Under
+// c.mu.
+func (c *loopConn) answer(code int, body []byte, retryAfter int64, closeAfter bool) {
+	if len(c.out) == 0 {
+		c.outSince = time.Now()
+	}
+	o := append(c.out, "HTTP/1.1 "...)
+	o = strconv.AppendInt(o, int64(code), 10)
+	o = append(o, ' ')
+	o = append(o, fasthttp.StatusMessage(code)...)
+	o = append(o, "\r\nServer: stockd\r\nContent-Type: application/json\r\nContent-Length: "...)
+	o = strconv.AppendInt(o, int64(len(body)), 10)
+	if retryAfter > 0 {
+		o = append(o, "\r\nRetry-After: "...)
+		o = strconv.AppendInt(o, retryAfter, 10)
+	}
+	if closeAfter {
+		o = append(o, "\r\nConnection: close"...)
+		c.close = true
+	}
+	o = append(o, "\r\n\r\n"...)
+	c.out = append(o, body...)
+}

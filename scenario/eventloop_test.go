@@ -1,0 +1,371 @@
+package scenario
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stockd/internal/testnode"
+	"stockd/node"
+)
+
+// startLoopNode is one node serving plain deducts from its event loop
+// (-http-event-loop), with a sale of units.
+func startLoopNode(t *testing.T, units int, tune func(*node.Config)) *node.Node {
+	t.Helper()
+	n := testnode.StartNodeWith(t, t.TempDir(), func(c *node.Config) {
+		c.DeductLoop = true
+		if tune != nil {
+			tune(c)
+		}
+	})
+	c := testnode.ClientOf(n, 1)
+	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/loop", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/none", `{"total":0}`); code != 201 {
+		t.Fatalf("create sale: %d %v", code, body)
+	}
+	return n
+}
+
+// rawConn is one client connection that writes exact bytes and reads
+// answers with net/http's parser.
+type rawConn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dialRaw(t *testing.T, addr string) *rawConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return &rawConn{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+func (r *rawConn) send(s string) {
+	r.t.Helper()
+	if _, err := io.WriteString(r.c, s); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// answer reads one final response (past a 100 Continue): status, the
+// JSON body and the headers.
+func (r *rawConn) answer() (int, map[string]any, http.Header) {
+	r.t.Helper()
+	resp, err := http.ReadResponse(r.br, nil)
+	for err == nil && resp.StatusCode == http.StatusContinue {
+		resp, err = http.ReadResponse(r.br, nil)
+	}
+	if err != nil {
+		r.t.Fatalf("read an answer: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(b, &out); err != nil {
+		r.t.Fatalf("answer %d %q is not JSON: %v", resp.StatusCode, b, err)
+	}
+	return resp.StatusCode, out, resp.Header
+}
+
+// closed reports whether the server closed the connection (EOF next).
+func (r *rawConn) closed() bool {
+	_, err := r.br.ReadByte()
+	return err == io.EOF
+}
+
+func deductReq(sku, query, body string, headers ...string) string {
+	h := ""
+	for _, x := range headers {
+		h += x + "\r\n"
+	}
+	return fmt.Sprintf("POST /v1/skus/%s/deduct%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", sku, query, h, len(body), body)
+}
+
+// loopCounts reads the loop's deducts served and connections handed over
+// through mc, whose one connection the loop hands over at its first call.
+func loopCounts(t *testing.T, mc *fasthttp.HostClient) (served, handed float64) {
+	t.Helper()
+	m := testnode.GetRaw(t, mc, "/metrics")
+	for _, line := range strings.Split(m, "\n") {
+		var v float64
+		if _, err := fmt.Sscanf(line, "stockd_http_event_loop_deducts_total %g", &v); err == nil {
+			served = v
+		}
+		if _, err := fmt.Sscanf(line, "stockd_http_event_loop_handovers_total %g", &v); err == nil {
+			handed = v
+		}
+	}
+	return served, handed
+}
+
+// The loop answers plain deducts as the fasthttp route does, pipelined
+// or split, and hands every other request, with its connection, to
+// fasthttp, which answers it per the contract.
+func TestEventLoop_ServesDeductsAndHandsTheRestOver(t *testing.T) {
+	n := startLoopNode(t, 100, nil)
+	addr := n.HTTPAddr()
+	mc := testnode.ClientOf(n, 1)
+	served0, handed0 := loopCounts(t, mc)
+
+	// A win, its repeat, wait=none, sold out, an unknown sale: all from
+	// the loop, on one connection.
+	r := dialRaw(t, addr)
+	r.send(deductReq("loop", "", `{"user":"a","qty":1,"request_id":"r1"}`))
+	code, first, h := r.answer()
+	if code != 200 || first["state"] != "sold" || h.Get("Content-Type") != "application/json" || h.Get("Server") != "stockd" {
+		t.Fatalf("win: %d %v %v", code, first, h)
+	}
+	r.send(deductReq("loop", "?wait=commit", `{"user":"a","qty":1,"request_id":"r1"}`))
+	if code, again, _ := r.answer(); code != 200 || again["order_id"] != first["order_id"] {
+		t.Fatalf("repeat: %d %v, first %v", code, again, first)
+	}
+	r.send(deductReq("loop", "?wait=none", `{"user":"b","qty":2,"request_id":"r2"}`))
+	if code, got, _ := r.answer(); code != 202 || got["state"] != "pending" || got["qty"] != 2.0 {
+		t.Fatalf("wait=none: %d %v", code, got)
+	}
+	r.send(deductReq("none", "", `{"user":"a","qty":1,"request_id":"r3"}`))
+	if code, got, _ := r.answer(); code != 409 || got["error"] != "sold_out" {
+		t.Fatalf("sold out: %d %v", code, got)
+	}
+	r.send(deductReq("nosuch", "", `{"user":"a","qty":1}`))
+	if code, got, _ := r.answer(); code != 404 || got["error"] != "unknown_sku" {
+		t.Fatalf("unknown sale: %d %v", code, got)
+	}
+	// Two pipelined in one write, then one written a few bytes at a time:
+	// answered in order.
+	r.send(deductReq("loop", "", `{"user":"c","request_id":"p1"}`) + deductReq("loop", "", `{"user":"d","request_id":"p2"}`))
+	for _, user := range []string{"c", "d"} {
+		code, got, _ := r.answer()
+		if code != 200 {
+			t.Fatalf("pipelined %s: %d %v", user, code, got)
+		}
+	}
+	whole := deductReq("loop", "", `{"user":"e","request_id":"s1"}`)
+	for i := 0; i < len(whole); i += 7 {
+		r.send(whole[i:min(i+7, len(whole))])
+	}
+	if code, got, _ := r.answer(); code != 200 {
+		t.Fatalf("split: %d %v", code, got)
+	}
+	if served, handed := loopCounts(t, mc); served-served0 != 8 || handed != handed0 {
+		t.Fatalf("the loop answered %v deducts and handed over %v connections, want 8 and 0", served-served0, handed-handed0)
+	}
+
+	// What the loop leaves to fasthttp, each on a connection that then
+	// stays fasthttp's: the next deduct on it is answered too.
+	cases := []struct {
+		name, req string
+		code      int
+		errCode   string
+	}{
+		{"another route", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 200, ""},
+		{"a body that is not JSON", deductReq("loop", "", `{"user":`), 400, "bad_request"},
+		{"qty out of range", deductReq("loop", "", `{"user":"f","qty":0}`), 400, "bad_request"},
+		{"a bad wait", deductReq("loop", "?wait=later", `{"user":"f"}`), 400, "bad_request"},
+		{"the header and body ids differ", deductReq("loop", "", `{"user":"f","request_id":"x"}`, "Idempotency-Key: y"), 400, "bad_request"},
+		{"a bad sku", deductReq("bad%20sku", "", `{"user":"f"}`), 400, "bad_request"},
+		{"chunked", "POST /v1/skus/loop/deduct HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{\"user\":\"chunk\"}\r\n0\r\n\r\n", 200, ""},
+		{"Expect: 100-continue", deductReq("loop", "", `{"user":"g"}`, "Expect: 100-continue"), 200, ""},
+		{"a GET of the route", "GET /v1/skus/loop/deduct HTTP/1.1\r\nHost: x\r\n\r\n", 405, "method_not_allowed"},
+		{"a head over 8 KiB", deductReq("loop", "", `{"user":"h"}`, "X-Pad: "+strings.Repeat("p", 9000)), 400, "bad_request"},
+	}
+	for i, tc := range cases {
+		r := dialRaw(t, addr)
+		r.send(tc.req)
+		code, got, _ := r.answer()
+		if code != tc.code || (tc.errCode != "" && got["error"] != tc.errCode) {
+			t.Fatalf("%s: %d %v, want %d %s", tc.name, code, got, tc.code, tc.errCode)
+		}
+		if code == 400 && got["detail"] == "malformed http request" {
+			continue // fasthttp closes a connection it cannot parse
+		}
+		r.send(deductReq("loop", "", fmt.Sprintf(`{"user":"after%d"}`, i)))
+		if code, got, _ := r.answer(); code != 200 {
+			t.Fatalf("%s: the next deduct on its connection: %d %v", tc.name, code, got)
+		}
+	}
+	if _, handed := loopCounts(t, mc); handed-handed0 != float64(len(cases)) {
+		t.Fatalf("handed over %v connections, want %d", handed-handed0, len(cases))
+	}
+
+	// Connection: close and HTTP/1.0 end the connection after the answer.
+	for _, req := range []string{
+		deductReq("loop", "", `{"user":"i"}`, "Connection: close"),
+		"POST /v1/skus/loop/deduct HTTP/1.0\r\nContent-Length: 12\r\n\r\n{\"user\":\"j\"}",
+	} {
+		r := dialRaw(t, addr)
+		r.send(req)
+		if code, got, _ := r.answer(); code != 200 {
+			t.Fatalf("%q: %d %v", req, code, got)
+		}
+		if !r.closed() {
+			t.Fatalf("%q: the connection stayed open", req)
+		}
+	}
+	// 18 wins: five on the first connection (one of two units), eleven
+	// after hand-overs, two before a close.
+	a := testnode.CheckLedger(t, mc, "loop")
+	if a["orders"] != 18.0 || a["sold"] != 19.0 || a["orders_sold_units"] != a["sold"] {
+		t.Fatalf("want 18 orders of 19 units: %v", a)
+	}
+}
+
+// With -service-token the loop serves deducts that carry it and hands the
+// rest to fasthttp, which answers 401.
+func TestEventLoop_ServiceToken(t *testing.T) {
+	n := startLoopNode(t, 10, func(c *node.Config) { c.HTTP.ServiceToken = "svc" })
+	mc := testnode.ClientOf(n, 1)
+	served0, handed0 := loopCounts(t, mc)
+	r := dialRaw(t, n.HTTPAddr())
+	r.send(deductReq("loop", "", `{"user":"a"}`))
+	if code, got, _ := r.answer(); code != 401 {
+		t.Fatalf("no token: %d %v", code, got)
+	}
+	for _, token := range []string{"svc", "wrong"} {
+		r := dialRaw(t, n.HTTPAddr())
+		r.send(deductReq("loop", "", `{"user":"`+token+`"}`, "Authorization: Bearer "+token))
+		if code, got, _ := r.answer(); (code == 200) != (token == "svc") {
+			t.Fatalf("token %s: %d %v", token, code, got)
+		}
+	}
+	if served, handed := loopCounts(t, mc); served-served0 != 1 || handed-handed0 != 2 {
+		t.Fatalf("loop served %v, handed over %v; want 1 and 2", served-served0, handed-handed0)
+	}
+}
+
+// A crowd over the loop: more buyers than units over hundreds of
+// connections, a share of request ids sent twice at once. No unit is sold
+// twice, no buyer told two orders, the law holds.
+func TestEventLoop_CrowdKeepsTheLaw(t *testing.T) {
+	const units, buyers, conns, twiceEvery = 1500, 4000, 300, 10
+	n := startLoopNode(t, units, nil)
+	mc := testnode.ClientOf(n, 1)
+	client := testnode.ClientOf(n, 2*conns) // room for the twins
+	type answer struct {
+		code  int
+		order string
+		err   string
+	}
+	var (
+		mu      sync.Mutex
+		answers = map[int][]answer{}
+		wg      sync.WaitGroup
+	)
+	call := func(b int) {
+		code, out := testnode.CallWithin(client, 30*time.Second, "POST", "/v1/skus/loop/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
+		a := answer{code: code}
+		a.order, _ = out["order_id"].(string)
+		a.err, _ = out["error"].(string)
+		mu.Lock()
+		answers[b] = append(answers[b], a)
+		mu.Unlock()
+	}
+	for w := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := w; b < buyers; b += conns {
+				if b%twiceEvery == 0 {
+					var twin sync.WaitGroup
+					twin.Add(1)
+					go func() { defer twin.Done(); call(b) }()
+					call(b)
+					twin.Wait()
+					continue
+				}
+				call(b)
+			}
+		}()
+	}
+	wg.Wait()
+	orders := map[string]int{}
+	for b, got := range answers {
+		var won string
+		for _, a := range got {
+			switch {
+			case a.code == 200:
+				if won != "" && won != a.order {
+					t.Errorf("buyer %d told two orders: %s and %s", b, won, a.order)
+				}
+				won = a.order
+			case a.code == 409 && a.err == "sold_out":
+				if won != "" {
+					t.Errorf("buyer %d told a win and sold_out", b)
+				}
+			default:
+				t.Errorf("buyer %d: %d %s", b, a.code, a.err)
+			}
+		}
+		if won != "" {
+			if other, ok := orders[won]; ok && other != b {
+				t.Errorf("order %s told to buyers %d and %d", won, other, b)
+			}
+			orders[won] = b
+		}
+	}
+	if len(orders) != units {
+		t.Errorf("%d orders acknowledged for %d units: oversold or undersold", len(orders), units)
+	}
+	a := testnode.CheckLedger(t, testnode.ClientOf(n, 1), "loop")
+	if a["sold"] != float64(units) || a["orders"] != float64(units) {
+		t.Fatalf("the ledger: %v, want %d units sold in %d orders", a, units, units)
+	}
+	if served, _ := loopCounts(t, mc); served < buyers+buyers/twiceEvery {
+		t.Fatalf("the loop answered %v deducts of %d buyers: it was not the one serving", served, buyers)
+	}
+}
+
+// A node stopped while the loop's deducts wait for a slow ledger answers
+// each of them before it closes: the win it committed, or an error that
+// says the outcome is unknown.
+func TestEventLoop_StopAnswersDeductsInFlight(t *testing.T) {
+	n := startLoopNode(t, 100, func(c *node.Config) { c.FaultApplyDelay = 300 * time.Millisecond })
+	const inFlight = 20
+	conns := make([]*rawConn, inFlight)
+	for i := range conns {
+		conns[i] = dialRaw(t, n.HTTPAddr())
+		conns[i].send(deductReq("loop", "", fmt.Sprintf(`{"user":"s%d","request_id":"s%d"}`, i, i)))
+	}
+	testnode.WaitFor(t, 10*time.Second, "the deducts in the ledger's queue", func() bool {
+		m := testnode.GetRaw(t, testnode.ClientOf(n, 1), "/metrics")
+		var waiting float64
+		for _, line := range strings.Split(m, "\n") {
+			fmt.Sscanf(line, "stockd_admission_waiting_commit %g", &waiting)
+		}
+		return waiting > 0
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- n.Stop(ctx) }()
+	for i, r := range conns {
+		code, got, _ := r.answer()
+		if code != 200 && code != 503 && code != 504 {
+			t.Errorf("deduct %d: %d %v", i, code, got)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+}
