@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"stockd/internal/testnode"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -83,7 +85,20 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 	if os.Getenv("STOCKD_CROWD") == "" {
 		t.Skip("set STOCKD_CROWD=1 (make test-crowd) to run a sale of 36,000 buyers over 1,200 connections and three processes")
 	}
-	p := startProcCluster(t, "-drain-timeout", crowdDrainTimeout.String())
+	for _, v := range []struct {
+		name string
+		args []string
+	}{
+		{"fasthttp", nil},
+		{"event-loop", []string{"-http-event-loop"}},
+	} {
+		t.Run(v.name, func(t *testing.T) { crowdOverThreeNodes(t, v.args...) })
+	}
+}
+
+// crowdOverThreeNodes is the crowd test on nodes started with extraArgs.
+func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
+	p := startProcCluster(t, append([]string{"-drain-timeout", crowdDrainTimeout.String()}, extraArgs...)...)
 	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/crowd", fmt.Sprintf(`{"total":%d}`, crowdUnits)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
@@ -203,6 +218,18 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 	for _, id := range p.ids {
 		if code, sku := testnode.CallQuiet(p.Client(id), "GET", "/v1/skus/crowd", ""); code != 200 || sku["stale"] == true {
 			t.Errorf("%s after the sale: %d %v, want a current read", id, code, sku)
+		}
+	}
+	if slices.Contains(extraArgs, "-http-event-loop") {
+		// The loop served the sale: every node's share of the buyers.
+		for _, id := range p.ids {
+			var served float64
+			for _, line := range strings.Split(testnode.GetRaw(t, p.Client(id), "/metrics"), "\n") {
+				fmt.Sscanf(line, "stockd_http_event_loop_deducts_total %g", &served)
+			}
+			if served < crowdBuyers/float64(len(p.ids)) {
+				t.Errorf("%s's event loop answered %v deducts; its share of the buyers is %d", id, served, crowdBuyers/len(p.ids))
+			}
 		}
 	}
 	checkClusterLedgers(t, p, "crowd", nil)
