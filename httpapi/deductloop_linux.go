@@ -32,6 +32,10 @@ type AsyncDeducter interface {
 // itself, goes to fasthttp with its connection.
 const loopMaxHead = 4096
 
+// loopMaxOut bounds the answers a connection's client has not taken: past
+// it the loop reads no more of its pipelined requests until it does.
+const loopMaxOut = 64 << 10
+
 // deductLoop serves the single deduct (POST /v1/skus/{sku}/deduct) on one
 // goroutine for every connection, the way Redis serves its clients: it
 // parks in Go's scheduler on an epoll set of its own, reads each ready
@@ -84,6 +88,7 @@ type loopConn struct {
 	inflight bool
 	closed   bool
 	close    bool // close once out is written
+	handoff  bool // hand over to fasthttp once out is written
 	paused   bool // EPOLLIN off while an answer is in flight
 	wantOut  bool
 	lastRead time.Time
@@ -344,8 +349,18 @@ func (l *deductLoop) ready(c *loopConn, events uint32) {
 	if c.closed {
 		return
 	}
-	if events&syscall.EPOLLOUT != 0 && len(c.out) > 0 && !c.flush() {
-		l.drop(c)
+	if events&syscall.EPOLLOUT != 0 && len(c.out) > 0 {
+		if !c.flush() {
+			l.drop(c)
+			return
+		}
+		if len(c.out) == 0 && !c.inflight && !c.close {
+			// Written out: serve what waited behind it (and read on).
+			l.process(c)
+			return
+		}
+	}
+	if c.handoff {
 		return
 	}
 	if events&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) == 0 {
@@ -504,21 +519,27 @@ func (c *loopConn) flush() bool {
 // and hands c over at the first it does not serve. The loop's, under
 // c.mu.
 func (l *deductLoop) process(c *loopConn) {
-	for !c.inflight && !c.close && len(c.in) > 0 {
+	if c.handoff {
+		if len(c.out) == 0 {
+			l.handOver(c)
+		}
+		return
+	}
+	for !c.inflight && !c.close && len(c.in) > 0 && len(c.out) < loopMaxOut {
 		n, serve := l.parse(c)
 		if n == 0 {
 			if serve {
 				break // incomplete
 			}
-			if len(c.out) > 0 && !c.flush() {
+			if !c.flush() {
 				l.drop(c)
 				return
 			}
 			if len(c.out) > 0 {
-				// The answers before it are not all written: the
-				// connection is dropped rather than answered out of
-				// order (a client that pipelines past a full socket).
-				l.drop(c)
+				// The answers before it are still being written: the
+				// hand-over waits for them (ready).
+				c.handoff = true
+				c.setEvents(false, true)
 				return
 			}
 			l.handOver(c)
@@ -526,11 +547,14 @@ func (l *deductLoop) process(c *loopConn) {
 		}
 		c.in = c.in[:copy(c.in, c.in[n:])]
 	}
-	if c.paused && !c.inflight {
-		c.setEvents(true, c.wantOut)
-	}
 	if !c.flush() {
 		l.drop(c)
+		return
+	}
+	// Read on unless an answer is in flight or a client that does not
+	// read its answers has loopMaxOut of them unwritten.
+	if reading := !c.inflight && len(c.out) < loopMaxOut; reading == c.paused {
+		c.setEvents(reading, c.wantOut)
 	}
 }
 
@@ -641,26 +665,26 @@ func (l *deductLoop) parse(c *loopConn) (n int, serve bool) {
 // loopWait reads the query's wait argument as waitArg does; false for a
 // query the loop leaves to fasthttp.
 func loopWait(query []byte) (noWait, ok bool) {
+	if bytes.ContainsAny(query, "%+") {
+		return false, false // encoded: fasthttp decodes it
+	}
 	for len(query) > 0 {
 		var kv []byte
 		kv, query, _ = bytes.Cut(query, []byte{'&'})
 		k, v, _ := bytes.Cut(kv, []byte{'='})
 		if string(k) != "wait" {
-			if bytes.ContainsAny(kv, "%+") {
-				return false, false
-			}
 			continue
 		}
+		// The first wait counts, as fasthttp's Peek reads it.
 		switch string(v) {
 		case "", "commit":
-			noWait = false
+			return false, true
 		case "none":
-			noWait = true
-		default:
-			return false, false
+			return true, true
 		}
+		return false, false
 	}
-	return noWait, true
+	return false, true
 }
 
 // authorized is service() for the loop: the service or admin token when
@@ -686,8 +710,8 @@ func (c *loopConn) finish(r *engine.DeductResult, closeAfter bool) {
 		c.answerResult(r, closeAfter)
 		if !c.flush() {
 			syscall.Shutdown(c.fd, syscall.SHUT_RDWR) // the loop sees the hang-up and drops c
-		} else if !c.close && (c.paused || len(c.in) > 0) {
-			more = true // the loop reads on, and serves what it has
+		} else if c.paused || len(c.in) > 0 {
+			more = true // the loop reads on (or sees the close), and serves what it has
 		}
 	}
 	c.mu.Unlock()

@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -168,9 +170,24 @@ func TestEventLoop_ServesDeductsAndHandsTheRestOver(t *testing.T) {
 	if code, got, _ := r.answer(); code != 200 {
 		t.Fatalf("split: %d %v", code, got)
 	}
-	if served, handed := loopCounts(t, mc); served-served0 != 8 || handed != handed0 {
-		t.Fatalf("the loop answered %v deducts and handed over %v connections, want 8 and 0", served-served0, handed-handed0)
+	// The first wait counts, as in fasthttp's reading of the query.
+	r.send(deductReq("loop", "?wait=none&wait=commit", `{"user":"k","request_id":"w1"}`))
+	if code, got, _ := r.answer(); code != 202 {
+		t.Fatalf("?wait=none&wait=commit: %d %v, want 202", code, got)
 	}
+	if served, handed := loopCounts(t, mc); served-served0 != 9 || handed != handed0 {
+		t.Fatalf("the loop answered %v deducts and handed over %v connections, want 9 and 0", served-served0, handed-handed0)
+	}
+	// A deduct and another request pipelined in one write: the loop
+	// answers the first, fasthttp the second, in order, on one connection.
+	r.send(deductReq("loop", "", `{"user":"m","request_id":"m1"}`) + "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	if code, got, _ := r.answer(); code != 200 || got["state"] != "sold" {
+		t.Fatalf("pipelined deduct: %d %v", code, got)
+	}
+	if code, got, _ := r.answer(); code != 200 || got["ok"] != true {
+		t.Fatalf("pipelined healthz after it: %d %v", code, got)
+	}
+	handed0++
 
 	// What the loop leaves to fasthttp, each on a connection that then
 	// stays fasthttp's: the next deduct on it is answered too.
@@ -223,11 +240,11 @@ func TestEventLoop_ServesDeductsAndHandsTheRestOver(t *testing.T) {
 			t.Fatalf("%q: the connection stayed open", req)
 		}
 	}
-	// 18 wins: five on the first connection (one of two units), eleven
+	// 20 wins: seven on the first connection (one of two units), eleven
 	// after hand-overs, two before a close.
 	a := testnode.CheckLedger(t, mc, "loop")
-	if a["orders"] != 18.0 || a["sold"] != 19.0 || a["orders_sold_units"] != a["sold"] {
-		t.Fatalf("want 18 orders of 19 units: %v", a)
+	if a["orders"] != 20.0 || a["sold"] != 21.0 || a["orders_sold_units"] != a["sold"] {
+		t.Fatalf("want 20 orders of 21 units: %v", a)
 	}
 }
 
@@ -368,4 +385,64 @@ func TestEventLoop_StopAnswersDeductsInFlight(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("stop: %v", err)
 	}
+}
+
+// A client that pipelines thousands of deducts into a small receive
+// buffer, so that the loop's writes meet a full socket and its unwritten
+// answers reach their bound: every answer still comes, in order.
+func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
+	n := startLoopNode(t, 10, nil)
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return cmp.Or(err, serr)
+	}}
+	c, err := d.Dial("tcp", n.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	r := &rawConn{t: t, c: c, br: bufio.NewReaderSize(c, 512)}
+	const requests = 40_000
+	var all strings.Builder
+	for i := range requests {
+		sku := "none" // sold out: 409
+		if i%2 == 1 {
+			sku = "nosuch" // 404
+		}
+		all.WriteString(deductReq(sku, "", fmt.Sprintf(`{"user":"f%d","request_id":"f%d"}`, i, i)))
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(c, all.String())
+		wrote <- err
+	}()
+	// Read nothing until the loop stops answering: the answers (about
+	// 7 MB) outgrow the socket's buffers and the loop's bound on unwritten
+	// answers, so it must wait for this client, then serve the rest.
+	mc := testnode.ClientOf(n, 1)
+	var last float64 = -1
+	testnode.WaitFor(t, 30*time.Second, "the loop to wait for the client to read", func() bool {
+		served, _ := loopCounts(t, mc)
+		stalled := served == last && served < requests
+		last = served
+		return stalled
+	})
+	for i := range requests {
+		want := 409
+		if i%2 == 1 {
+			want = 404
+		}
+		if code, got, _ := r.answer(); code != want {
+			t.Fatalf("answer %d: %d %v, want %d", i, code, got, want)
+		}
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("write the requests: %v", err)
+	}
+	if served, _ := loopCounts(t, mc); served != requests {
+		t.Fatalf("the loop answered %v, want %d", served, requests)
+	}
+	testnode.CheckLedger(t, mc, "none")
 }
