@@ -292,20 +292,9 @@ func Start(cfg Config) (*Node, error) {
 	if n.backups != nil {
 		n.backups.start()
 	}
-	if tlsState.port != nil {
-		n.http.ServePeers(tlsState.port.HTTPListener())
+	if err := n.serveHTTP(&cfg, tlsState, rawHTTPLn, httpLn); err != nil {
+		return fail(err)
 	}
-	if cfg.DeductLoop {
-		// The loop accepts on the listener; fasthttp serves what it hands
-		// over, through the same timeouts (TLS is excluded by Validate).
-		handed, err := n.http.ServeDeductLoop(rawHTTPLn.(*net.TCPListener))
-		if err != nil {
-			return fail(err)
-		}
-		httpLn = coarseListener(handed, &cfg.HTTP)
-	}
-	n.http.Serve(httpLn)
-	n.httpAddr = httpLn.Addr().String()
 	if cfg.Join != "" {
 		raftAddr := cmp.Or(rcfg.Advertise, cfg.Raft.RaftBind)
 		if err := joinCluster(cfg, raftAddr, tlsState.joinTLS(cfg.Join), n.raft.Status().Voters, ledger, logger); err != nil {
@@ -313,6 +302,26 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}
 	return n, nil
+}
+
+// serveHTTP starts serving clients on ln (raw, wrapped) and peers on the
+// node port's HTTP listener. With -http-event-loop the loop accepts on raw
+// and fasthttp serves what it hands over, through the same timeouts (TLS
+// is excluded by Validate).
+func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw, ln net.Listener) error {
+	if tlsState.port != nil {
+		n.http.ServePeers(tlsState.port.HTTPListener())
+	}
+	if cfg.DeductLoop {
+		handed, err := n.http.ServeDeductLoop(raw.(*net.TCPListener))
+		if err != nil {
+			return err
+		}
+		ln = coarseListener(handed, &cfg.HTTP)
+	}
+	n.http.Serve(ln)
+	n.httpAddr = ln.Addr().String()
+	return nil
 }
 
 // coarseListener wraps the HTTP listener, beneath TLS (whose connections

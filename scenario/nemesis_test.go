@@ -115,13 +115,17 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	began := time.Now()
 	phase := func(what string) { t.Logf("phase %s at %s", what, time.Since(began).Round(time.Millisecond)) }
 	// Each node's raft log can be made to fail its appends (a full disk).
+	// Odd seeds serve plain deducts from the event loop
+	// (-http-event-loop), so that it meets every fault too.
+	loop := seed%2 == 1
 	c, disks := startDiskCluster(t, size, func(cfg *node.Config) {
 		// Snapshots keep little log behind them, so a node that was down
 		// or cut off through one catches up by installing the leader's
 		// snapshot (a restore mid-sale), not by replaying entries.
 		cfg.Raft.SnapshotThreshold, cfg.Raft.TrailingLogs, cfg.Raft.SnapshotInterval = 64, 16, 300*time.Millisecond
+		cfg.DeductLoop = loop
 	})
-	phase("cluster up")
+	phase(fmt.Sprintf("cluster up (event loop: %v)", loop))
 	for _, sale := range []string{
 		fmt.Sprintf(`PUT /v1/skus/box {"total":%d,"hold_ttl":"%s"}`, boxUnits, boxHoldTTL),
 		fmt.Sprintf(`PUT /v1/skus/tv0 {"total":%d,"per_user":%d}`, tvUnits, tvPerUser),

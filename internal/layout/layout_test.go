@@ -172,6 +172,7 @@ var deductPath = []string{
 	"httpapi/deduct.go", "httpapi/batch.go", "engine/deduct.go", "engine/deduct_batch.go", "engine/pending.go",
 	"engine/committer.go", "engine/admission.go", "engine/pendingfilter.go", "shard/shard.go", "node/proposer.go",
 	"raftfsm/apply_orders.go", "raftfsm/apply.go",
+	"engine/deduct_async.go", "httpapi/deductloop_linux.go", "httpapi/deductloop_parse_linux.go",
 }
 
 func TestLayout_FilesAndFunctionsStayReadable(t *testing.T) {
