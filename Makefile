@@ -29,7 +29,7 @@ run: build
 # allocation counts), then everything with it.
 test: vet
 	$(GO) test -count=1 -run Allocate ./httpapi/ ./engine/ ./shard/
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
 
 # staticcheck, fetched through the module proxy on first use.
 lint:
