@@ -61,6 +61,7 @@ type deductLoop struct {
 	handed    chan net.Conn // connections for fasthttp
 	closed    chan struct{} // the listener closed
 	closeOnce sync.Once
+	lnOnce    sync.Once
 	done      chan struct{} // the loop ended
 
 	mu       sync.Mutex
@@ -171,14 +172,34 @@ func (h handoverListener) Accept() (net.Conn, error) {
 
 // Close stops accepting: the listener closes; the loop's connections
 // stay until Shutdown.
+// The listener itself is closed by the loop, the one user of its
+// descriptor (a descriptor closed under it could be another socket by the
+// time it accepts), or here once the loop has ended.
 func (h handoverListener) Close() error {
-	var err error
 	h.l.closeOnce.Do(func() {
 		close(h.l.closed)
-		err = h.l.ln.Close()
-		h.l.wake(func(l *deductLoop) {})
+		h.l.mu.Lock()
+		defer h.l.mu.Unlock()
+		if h.l.ended {
+			h.l.closeListener()
+			return
+		}
+		h.l.signal()
 	})
-	return err
+	return nil
+}
+
+// closeListener stops accepting and closes the listener, once: on the
+// loop, or after it ended.
+func (l *deductLoop) closeListener() {
+	l.lnOnce.Do(func() {
+		if !l.ended {
+			syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, l.lfd, nil)
+		}
+		if err := l.ln.Close(); err != nil {
+			l.s.logger.Warn("closing the http listener", "err", err)
+		}
+	})
 }
 
 func (h handoverListener) Addr() net.Addr { return h.l.ln.Addr() }
@@ -241,6 +262,7 @@ func (l *deductLoop) run(epc syscall.RawConn) {
 	defer close(l.done)
 	defer func() {
 		l.mu.Lock()
+		l.closeListener()
 		l.ended = true
 		l.closeFDs()
 		l.mu.Unlock()
@@ -291,6 +313,11 @@ func (l *deductLoop) woken() bool {
 	resumed, sweep, stop := l.resumed, l.sweep, l.stop
 	l.resumed, l.sweep = nil, false
 	l.mu.Unlock()
+	select {
+	case <-l.closed:
+		l.closeListener()
+	default:
+	}
 	for _, c := range resumed {
 		c.mu.Lock()
 		if !c.closed {
