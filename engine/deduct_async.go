@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"sync"
 	"sync/atomic"
 )
@@ -26,7 +27,7 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 		// attempt's unit: the blocking path, on a goroutine of its own,
 		// with its own copy of the request.
 		own := *req
-		own.SKU, own.User, own.RequestID = clone(req.SKU), clone(req.User), clone(req.RequestID)
+		own.SKU, own.User, own.RequestID = bytes.Clone(req.SKU), bytes.Clone(req.User), bytes.Clone(req.RequestID)
 		own.clock = instant{}
 		go func() {
 			var r DeductResult
@@ -54,13 +55,6 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 	e.admission.done()
 	e.metrics.countDeduct(res.Status, req.Hint)
 	return true
-}
-
-func clone(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte(nil), b...)
 }
 
 // asyncWait is a DeductAsync caller waiting for the ledger: answered once,

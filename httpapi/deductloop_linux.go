@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,6 +93,11 @@ type loopConn struct {
 	lastRead time.Time
 	outSince time.Time
 	start    time.Time // the request in flight's
+	// closeAfter: close once the answer in flight is written. settled is
+	// finish as the engine's callback, made once for the connection
+	// rather than a closure a deduct.
+	closeAfter bool
+	settled    func(*engine.DeductResult)
 }
 
 // ServeDeductLoop takes over accepting on ln: the loop serves plain
@@ -277,7 +283,7 @@ func (l *deductLoop) run(epc syscall.RawConn) {
 	scratch := make([]byte, 8)
 	for {
 		if err := epc.Read(wait); err != nil || (werr != nil && werr != syscall.EINTR) {
-			l.s.logger.Error("deduct loop stopped", "err", cmpErr(err, werr))
+			l.s.logger.Error("deduct loop stopped", "err", cmp.Or(err, werr))
 			l.dropAll()
 			return
 		}
@@ -298,13 +304,6 @@ func (l *deductLoop) run(epc syscall.RawConn) {
 			}
 		}
 	}
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // woken handles the loop's wake-ups; true when it is to end.
@@ -344,6 +343,7 @@ func (l *deductLoop) accept() {
 		}
 		_ = syscall.SetsockoptInt(nfd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
 		c := &loopConn{l: l, fd: nfd, hint: l.nextID.Add(1), in: make([]byte, 0, 512), body: make([]byte, 0, 512), lastRead: time.Now()}
+		c.settled = c.finish
 		if len(l.conns) >= l.s.cfg.MaxConns {
 			// fasthttp applies the limit and answers.
 			c.mu.Lock()

@@ -17,9 +17,13 @@ import (
 // serve false), which reads it from the start.
 
 var (
-	crlf         = []byte("\r\n")
-	crlfcrlf     = []byte("\r\n\r\n")
-	bearerHeader = []byte("Authorization")
+	crlf                   = []byte("\r\n")
+	crlfcrlf               = []byte("\r\n\r\n")
+	bearerHeader           = []byte(fasthttp.HeaderAuthorization)
+	contentLengthHeader    = []byte(fasthttp.HeaderContentLength)
+	connectionHeader       = []byte(fasthttp.HeaderConnection)
+	transferEncodingHeader = []byte(fasthttp.HeaderTransferEncoding)
+	expectHeader           = []byte(fasthttp.HeaderExpect)
 )
 
 // loopRequest is what the loop reads from a plain deduct's head.
@@ -93,13 +97,13 @@ func (r *loopRequest) headers(rest []byte) bool {
 		}
 		value = bytes.TrimSpace(value)
 		switch {
-		case bytes.EqualFold(name, []byte(fasthttp.HeaderContentLength)):
+		case bytes.EqualFold(name, contentLengthHeader):
 			v, err := strconv.Atoi(string(value))
 			if err != nil || v < 0 || v > MaxBodyBytes || r.length >= 0 {
 				return false
 			}
 			r.length = v
-		case bytes.EqualFold(name, []byte(fasthttp.HeaderConnection)):
+		case bytes.EqualFold(name, connectionHeader):
 			if bytes.EqualFold(value, []byte("close")) {
 				r.keepAlive = false
 			} else if bytes.EqualFold(value, []byte("keep-alive")) {
@@ -109,7 +113,7 @@ func (r *loopRequest) headers(rest []byte) bool {
 			r.idem = value
 		case bytes.EqualFold(name, bearerHeader):
 			r.auth = value
-		case bytes.EqualFold(name, []byte(fasthttp.HeaderTransferEncoding)), bytes.EqualFold(name, []byte(fasthttp.HeaderExpect)):
+		case bytes.EqualFold(name, transferEncodingHeader), bytes.EqualFold(name, expectHeader):
 			return false
 		}
 	}
@@ -146,11 +150,11 @@ func (r *loopRequest) deduct(body []byte) (engine.DeductRequest, bool) {
 func (l *deductLoop) start(c *loopConn, req *engine.DeductRequest, closeAfter bool) {
 	c.start = time.Now()
 	var res engine.DeductResult
-	if l.eng.DeductAsync(req, &res, func(r *engine.DeductResult) { c.finish(r, closeAfter) }) {
+	if l.eng.DeductAsync(req, &res, c.settled) {
 		c.answerResult(&res, closeAfter)
 		return
 	}
-	c.inflight = true
+	c.inflight, c.closeAfter = true, closeAfter
 	l.mu.Lock()
 	l.inflight++
 	l.mu.Unlock()
@@ -195,13 +199,13 @@ func (l *deductLoop) authorized(header []byte) bool {
 
 // finish writes the answer from the ledger, on the goroutine that settled
 // it, and has the loop serve what the client sent meanwhile.
-func (c *loopConn) finish(r *engine.DeductResult, closeAfter bool) {
+func (c *loopConn) finish(r *engine.DeductResult) {
 	l := c.l
 	c.mu.Lock()
 	more := false
 	if !c.closed {
 		c.inflight = false
-		c.answerResult(r, closeAfter)
+		c.answerResult(r, c.closeAfter)
 		if !c.flush() {
 			syscall.Shutdown(c.fd, syscall.SHUT_RDWR) // the loop sees the hang-up and drops c
 		} else if c.paused || len(c.in) > 0 {
