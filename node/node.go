@@ -53,8 +53,9 @@ type Config struct {
 	// cluster must run with the same setting from its first start.
 	NoOrderFeed bool
 	// DeductLoop serves plain single deducts on the HTTP port from one
-	// event loop (-http-event-loop); every other request goes to the
-	// fasthttp server as before. Plain HTTP only.
+	// event loop (-http-event-loop, on by default on Linux); every other
+	// request goes to the fasthttp server. The loop speaks plain HTTP
+	// only: with -http-cert fasthttp serves everything.
 	DeductLoop bool
 	// FaultApplyDelay stalls every ledger batch this long: a slow ledger,
 	// for tests and benches of admission. Never in production.
@@ -87,6 +88,7 @@ func DefaultConfig() Config {
 		DrainTimeout: 10 * time.Second,
 		Version:      "dev",
 		Backups:      BackupSchedule{Interval: time.Hour, Keep: 24},
+		DeductLoop:   httpapi.DeductLoopAvailable,
 		HTTP:         httpapi.DefaultConfig(),
 		Raft:         raftnode.DefaultConfig(),
 		Engine:       engine.DefaultConfig(),
@@ -136,8 +138,6 @@ func (c *Config) Validate() error {
 		return c.transportProblem()
 	case c.Backups.validate() != nil:
 		return c.Backups.validate()
-	case c.DeductLoop && c.TLS.HTTPCert != "":
-		return errors.New("-http-event-loop serves plain HTTP, and -http-cert asks for HTTPS: drop one of them")
 	case c.HTTP.AdminToken == "" && !c.InsecureNoAdminToken && !loopbackOnly(c.HTTP.Addr):
 		return fmt.Errorf("-http %s is reachable from other machines, so admin calls need -admin-token (or STOCKD_ADMIN_TOKEN); to run without one anyway (admin calls only from loopback clients) pass -insecure-no-admin-token", c.HTTP.Addr)
 	}
@@ -306,14 +306,23 @@ func Start(cfg Config) (*Node, error) {
 
 // serveHTTP starts serving clients on ln (raw, wrapped) and peers on the
 // node port's HTTP listener. With -http-event-loop the loop accepts on raw
-// and fasthttp serves what it hands over, through the same timeouts (TLS
-// is excluded by Validate).
+// and fasthttp serves what it hands over, through the same timeouts; with
+// HTTPS (-http-cert) fasthttp serves everything.
 func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw, ln net.Listener) error {
 	if tlsState.port != nil {
 		n.http.ServePeers(tlsState.port.HTTPListener())
 	}
-	if cfg.DeductLoop {
-		handed, err := n.http.ServeDeductLoop(raw.(*net.TCPListener))
+	switch {
+	case cfg.DeductLoop && cfg.TLS.HTTPCert != "":
+		n.logger.Info("the deduct event loop is off: it serves plain HTTP, and -http-cert serves HTTPS")
+	case cfg.DeductLoop && !httpapi.DeductLoopAvailable:
+		n.logger.Warn("the deduct event loop is off: it needs Linux's epoll")
+	case cfg.DeductLoop:
+		tcp, ok := raw.(*net.TCPListener)
+		if !ok {
+			return fmt.Errorf("the deduct event loop accepts on a TCP listener, not a %T (-http-event-loop=false serves without it)", raw)
+		}
+		handed, err := n.http.ServeDeductLoop(tcp)
 		if err != nil {
 			return err
 		}

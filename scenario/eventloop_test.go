@@ -22,7 +22,7 @@ import (
 )
 
 // startLoopNode is one node serving plain deducts from its event loop
-// (-http-event-loop), with a sale of units.
+// (-http-event-loop, on by default), with a sale of units.
 func startLoopNode(t *testing.T, units int, tune func(*node.Config)) *node.Node {
 	t.Helper()
 	return startLoopNodeIn(t, t.TempDir(), units, tune)
@@ -31,13 +31,11 @@ func startLoopNode(t *testing.T, units int, tune func(*node.Config)) *node.Node 
 // startLoopNodeIn is startLoopNode with its data in dir.
 func startLoopNodeIn(t *testing.T, dir string, units int, tune func(*node.Config)) *node.Node {
 	t.Helper()
-	n := testnode.StartNodeWith(t, dir, func(c *node.Config) {
-		c.DeductLoop = true
-		if tune != nil {
-			tune(c)
-		}
-	})
+	n := testnode.StartNodeWith(t, dir, tune)
 	c := testnode.ClientOf(n, 1)
+	if m := testnode.GetRaw(t, c, "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 1\n") {
+		t.Fatal("a node on the default config runs without its event loop")
+	}
 	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/loop", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
@@ -277,6 +275,43 @@ func TestEventLoop_ServiceToken(t *testing.T) {
 	}
 	if a := testnode.CheckLedger(t, mc, "loop"); a["sold"] != 1.0 || a["orders"] != 1.0 {
 		t.Fatalf("want the one deduct with the token sold: %v", a)
+	}
+}
+
+// The loop accepts on the node's own listener, so an IPv6 -http address
+// is served the same: a deduct through the loop, a repeat of it, a read
+// handed over to fasthttp on the same connection.
+func TestEventLoop_IPv6Loopback(t *testing.T) {
+	if ln, err := net.Listen("tcp6", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback here (%v)", err)
+	} else {
+		ln.Close()
+	}
+	n := startLoopNode(t, 3, func(c *node.Config) { c.HTTP.Addr = "[::1]:0" })
+	if !strings.HasPrefix(n.HTTPAddr(), "[::1]:") {
+		t.Fatalf("the node listens on %s, not on [::1]", n.HTTPAddr())
+	}
+	mc := testnode.ClientOf(n, 1)
+	served0, handed0 := loopCounts(t, mc)
+	r := dialRaw(t, n.HTTPAddr())
+	var order any
+	for i := range 2 {
+		r.send(deductReq("loop", "", `{"user":"v6","request_id":"v6-1"}`))
+		code, got, _ := r.answer()
+		if code != 200 || (i == 1 && got["order_id"] != order) {
+			t.Fatalf("deduct %d over IPv6: %d %v (first order %v)", i+1, code, got, order)
+		}
+		order = got["order_id"]
+	}
+	r.send("GET /v1/skus/loop HTTP/1.1\r\nHost: x\r\n\r\n")
+	if code, got, _ := r.answer(); code != 200 || got["remaining"] != 2.0 {
+		t.Fatalf("read over IPv6: %d %v", code, got)
+	}
+	if served, handed := loopCounts(t, mc); served-served0 != 2 || handed-handed0 != 1 {
+		t.Fatalf("loop served %v, handed over %v; want 2 and 1", served-served0, handed-handed0)
+	}
+	if a := testnode.CheckLedger(t, mc, "loop"); a["sold"] != 1.0 || a["orders"] != 1.0 || a["orders_sold_units"] != a["sold"] {
+		t.Fatalf("want one order of one unit: %v", a)
 	}
 }
 

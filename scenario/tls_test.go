@@ -190,6 +190,11 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 		if code, body := testnode.Call(t, p.Client(id), "POST", "/v1/skus/probe/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
 			t.Fatalf("deduct through %s: %d %v", id, code, body)
 		}
+		// The event loop, on by default, speaks plain HTTP: over HTTPS
+		// fasthttp serves every request.
+		if m := testnode.GetRaw(t, p.Client(id), "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 0\n") {
+			t.Errorf("%s serves HTTPS, and its metrics do not say the event loop is off", id)
+		}
 	}
 	// Let idle leases come home, so that the state stays put.
 	var before string

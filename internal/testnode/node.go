@@ -107,7 +107,7 @@ const ClusterSecret = "test-cluster-secret"
 
 // clientOf is a client of n's HTTP server with up to conns connections.
 func ClientOf(n *node.Node, conns int) *fasthttp.HostClient {
-	return &fasthttp.HostClient{Addr: n.HTTPAddr(), MaxConns: conns, ReadTimeout: 15 * time.Second, WriteTimeout: 5 * time.Second}
+	return &fasthttp.HostClient{Addr: n.HTTPAddr(), MaxConns: conns, ReadTimeout: 15 * time.Second, WriteTimeout: 5 * time.Second, DialDualStack: true}
 }
 
 func WaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
