@@ -55,13 +55,14 @@ fi
 
 start_work floor
 
-# PIN: servers on the last CPU, clients on the others.
-server_cpus="" client_cpus=""
+# PIN: servers on the last CPU, clients on the others; every server and
+# client starts through server_pin or client_pin (empty: unpinned).
+server_pin=() client_pin=()
 if [ -n "${PIN:-}" ]; then
   need_cmds taskset:util-linux
   last=$(( $(nproc) - 1 ))
   [ "$last" -ge 1 ] || { echo "PIN=1 needs two CPUs or more" >&2; exit 1; }
-  server_cpus=$last client_cpus=0-$((last - 1))
+  server_pin=(taskset -c "$last") client_pin=(taskset -c "0-$((last - 1))")
 fi
 
 hz=$(getconf CLK_TCK)
@@ -93,7 +94,7 @@ timed() {
   shift
   sample_start
   # A client stopped by timeout exits non-zero; what it did still counts.
-  t=$( { TIMEFORMAT='%3U %3S'; time (on_cpus "$client_cpus" "$@") >"$out" 2>/dev/null || true; } 2>&1 )
+  t=$( { TIMEFORMAT='%3U %3S'; time ${client_pin[@]+"${client_pin[@]}"} "$@" >"$out" 2>/dev/null || true; } 2>&1 )
   sample_stop
   client_cpu=$(echo "$t" | awk '{print $1 + $2}')
 }
@@ -172,8 +173,8 @@ deduct_lua "$work/deduct.lua"
 
 batch_lua "$work/batch.lua"
 
-if [ -n "$server_cpus" ]; then
-  echo "rows of ${secs}s, ${conns} connections, one client thread, ${rounds} rounds; servers on CPU $server_cpus, clients on CPU $client_cpus"
+if [ ${#server_pin[@]} -gt 0 ]; then
+  echo "rows of ${secs}s, ${conns} connections, one client thread, ${rounds} rounds; servers on CPU $last, clients on CPU 0-$((last - 1))"
 else
   echo "rows of ${secs}s, ${conns} connections, one client thread, ${rounds} rounds; $(nproc) cores shared by client and server"
 fi
@@ -184,7 +185,7 @@ fi
 
 # The HTTP floor: stockd's no-op fasthttp server.
 noop_port=$(free_port)
-(on_cpus "$server_cpus" "$bin" noop-server -http "127.0.0.1:$noop_port") >"$work/noop.log" 2>&1 &
+${server_pin[@]+"${server_pin[@]}"} "$bin" noop-server -http "127.0.0.1:$noop_port" >"$work/noop.log" 2>&1 &
 noop_pid=$!; pids+=("$noop_pid")
 wait_port "$noop_port"
 
@@ -207,8 +208,8 @@ curl -sf -X PUT "$fast_url/v1/skus/gone" -d '{"total":0}' >/dev/null
 # Redis + Lua, appendfsync always.
 redis_port=$(free_port)
 mkdir -p "$work/redis"
-(on_cpus "$server_cpus" redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$work/redis" \
-  --appendonly yes --appendfsync always --save "" --daemonize no) >"$work/redis.log" 2>&1 &
+${server_pin[@]+"${server_pin[@]}"} redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$work/redis" \
+  --appendonly yes --appendfsync always --save "" --daemonize no >"$work/redis.log" 2>&1 &
 redis_pid=$!; pids+=("$redis_pid")
 wait_port "$redis_port"
 rc() { redis-cli -p "$redis_port" "$@"; }

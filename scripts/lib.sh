@@ -91,25 +91,16 @@ stop_pid() {
   kill -KILL "$1" 2>/dev/null || true
 }
 
-# on_cpus CPUS CMD...: runs CMD on the CPUs CPUS (taskset's list, "1" or
-# "0-2"), or as it is when CPUS is empty. A Go program started on one CPU
-# takes GOMAXPROCS=1 from its affinity.
-on_cpus() {
-  local cpus=$1
-  shift
-  if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi
-}
-
 # start_node BIN DATA_DIR LOG [serve flags...]: one stockd node with
-# default flags on free loopback ports (on the CPUs $server_cpus names,
-# when set); sets node_pid and url, and returns once it is ready (or fails
-# after ten seconds).
+# default flags on free loopback ports, started through the command in the
+# array server_pin when set (taskset -c CPUS); sets node_pid and url, and
+# returns once it is ready (or fails after ten seconds).
 start_node() {
   local bin=$1 data=$2 log=$3 http_port raft_port
   shift 3
   http_port=$(free_port); raft_port=$(free_port)
   url="http://127.0.0.1:$http_port"
-  (on_cpus "${server_cpus:-}" "$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$data" -log-level warn "$@") >"$log" 2>&1 &
+  ${server_pin[@]+"${server_pin[@]}"} "$bin" serve -http "127.0.0.1:$http_port" -raft "127.0.0.1:$raft_port" -data "$data" -log-level warn "$@" >"$log" 2>&1 &
   node_pid=$!
   for _ in $(seq 1 200); do
     curl -sf "$url/readyz" >/dev/null 2>&1 && return
