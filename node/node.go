@@ -229,8 +229,9 @@ func Start(cfg Config) (*Node, error) {
 		httpLn.Close()
 		return nil, err
 	}
-	rawHTTPLn := httpLn
-	httpLn = tlsState.clientListener(coarseListener(httpLn, &cfg.HTTP))
+	// Every way of serving below goes through a coarse-deadline listener
+	// (serveHTTP), which enforces the HTTP timeouts itself.
+	cfg.HTTP.ListenerTimeouts = true
 	ledger, err := raftfsm.OpenLedger(cfg.DataDir, logger)
 	if err != nil {
 		httpLn.Close()
@@ -240,8 +241,11 @@ func Start(cfg Config) (*Node, error) {
 	ledger.SetFeed(!cfg.NoOrderFeed)
 	ledger.SetApplyDelay(cfg.FaultApplyDelay)
 	n := &Node{cfg: cfg, logger: logger, ledger: ledger, tls: tlsState}
+	serving := false // then the HTTP server (or its loop) owns httpLn
 	fail := func(err error) (*Node, error) {
-		httpLn.Close()
+		if !serving {
+			httpLn.Close()
+		}
 		n.stop(context.Background(), false)
 		return nil, err
 	}
@@ -292,9 +296,10 @@ func Start(cfg Config) (*Node, error) {
 	if n.backups != nil {
 		n.backups.start()
 	}
-	if err := n.serveHTTP(&cfg, tlsState, rawHTTPLn, httpLn); err != nil {
+	if err := n.serveHTTP(&cfg, tlsState, httpLn); err != nil {
 		return fail(err)
 	}
+	serving = true
 	if cfg.Join != "" {
 		raftAddr := cmp.Or(rcfg.Advertise, cfg.Raft.RaftBind)
 		if err := joinCluster(cfg, raftAddr, tlsState.joinTLS(cfg.Join), n.raft.Status().Voters, ledger, logger); err != nil {
@@ -304,20 +309,25 @@ func Start(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// serveHTTP starts serving clients on ln (raw, wrapped) and peers on the
-// node port's HTTP listener. With -http-event-loop the loop accepts on raw
-// and fasthttp serves what it hands over, through the same timeouts; with
-// HTTPS (-http-cert) fasthttp serves everything.
-func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw, ln net.Listener) error {
+// serveHTTP starts serving clients on raw and peers on the node port's
+// HTTP listener. With -http-event-loop the loop accepts on raw and
+// fasthttp serves what it hands over, through the coarse timeouts; else
+// fasthttp serves raw, through them and TLS when configured.
+func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw net.Listener) error {
 	if tlsState.port != nil {
 		n.http.ServePeers(tlsState.port.HTTPListener())
 	}
+	loop := cfg.DeductLoop
 	switch {
-	case cfg.DeductLoop && cfg.TLS.HTTPCert != "":
+	case loop && cfg.TLS.HTTPCert != "":
+		loop = false
 		n.logger.Info("the deduct event loop is off: it serves plain HTTP, and -http-cert serves HTTPS")
-	case cfg.DeductLoop && !httpapi.DeductLoopAvailable:
+	case loop && !httpapi.DeductLoopAvailable:
+		loop = false
 		n.logger.Warn("the deduct event loop is off: it needs Linux's epoll")
-	case cfg.DeductLoop:
+	}
+	ln := raw
+	if loop {
 		tcp, ok := raw.(*net.TCPListener)
 		if !ok {
 			return fmt.Errorf("the deduct event loop accepts on a TCP listener, not a %T (-http-event-loop=false serves without it)", raw)
@@ -326,8 +336,10 @@ func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw, ln net.Listener) e
 		if err != nil {
 			return err
 		}
-		ln = coarseListener(handed, &cfg.HTTP)
+		ln = handed
 	}
+	// Client TLS, when configured (never with the loop), goes on top.
+	ln = tlsState.clientListener(coarseListener(ln, cfg.HTTP))
 	n.http.Serve(ln)
 	n.httpAddr = ln.Addr().String()
 	return nil
@@ -335,11 +347,11 @@ func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw, ln net.Listener) e
 
 // coarseListener wraps the HTTP listener, beneath TLS (whose connections
 // pass their deadlines down), so that a deadline is an atomic store to set,
-// swept twice a second; it also enforces the HTTP timeouts itself, and
-// cfg is told so: fasthttp then sets no deadline and reads the clock for
-// none.
-func coarseListener(ln net.Listener, cfg *httpapi.Config) net.Listener {
-	cfg.ListenerTimeouts = true
+// swept twice a second; it also enforces cfg's HTTP timeouts itself (Start
+// tells fasthttp so, through cfg.ListenerTimeouts: it then sets no
+// deadline and reads the clock for none). Its sweeper ends when it is
+// closed and its connections are.
+func coarseListener(ln net.Listener, cfg httpapi.Config) net.Listener {
 	return coarsedeadline.Wrap(ln, coarsedeadline.DefaultGranularity).Enforce(coarsedeadline.Timeouts{
 		Read: cfg.ReadTimeout, Write: cfg.WriteTimeout, Idle: cfg.IdleTimeout})
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -108,6 +109,56 @@ func TestNode_SellsStopsAndStartsAgainOnItsData(t *testing.T) {
 	code, body := do(t, n2, "POST", "/v1/skus/tee/deduct", `{"user":"u0","request_id":"r0"}`)
 	if code != 200 || !orders[body["order_id"].(string)] {
 		t.Fatalf("a repeat after the restart: %d %v", code, body)
+	}
+}
+
+// TestNode_StopEndsItsListenersSweepers: a stopped node, with the event
+// loop and without, leaves no coarse-deadline sweeper behind (one was
+// left by every start with the loop: the listener it had wrapped, and
+// then not served, was never closed). The node sells out first, its
+// ledger keeping the law.
+func TestNode_StopEndsItsListenersSweepers(t *testing.T) {
+	for _, loop := range []bool{true, false} {
+		t.Run(fmt.Sprintf("loop=%v", loop), func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.DeductLoop = loop
+			n := startNode(t, cfg)
+			if code, body := do(t, n, "PUT", "/v1/skus/tee", `{"total":2}`); code != 201 {
+				t.Fatalf("create: %d %v", code, body)
+			}
+			for i := range 3 {
+				code, body := do(t, n, "POST", "/v1/skus/tee/deduct", fmt.Sprintf(`{"user":"u%d"}`, i))
+				want := 200
+				if i >= 2 {
+					want = 409
+				}
+				if code != want {
+					t.Fatalf("deduct %d: %d %v, want %d", i, code, body, want)
+				}
+			}
+			a, ok, err := n.Ledger().AuditSKU("tee")
+			if err != nil || !ok || !a.OK || a.Row.Sold != 2 || a.Row.Available != 0 || a.OrdersSold != 2 {
+				t.Fatalf("the ledger: %+v %v %v", a, ok, err)
+			}
+			http.DefaultClient.CloseIdleConnections()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := n.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				buf := make([]byte, 1<<20)
+				stacks := string(buf[:runtime.Stack(buf, true)])
+				if !strings.Contains(stacks, "coarsedeadline.(*Listener).sweep") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("5 s after the stop a listener's sweeper still runs:\n%s", stacks)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
 	}
 }
 
