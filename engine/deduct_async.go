@@ -15,6 +15,18 @@ import (
 // once DeductAsync returns.
 func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*DeductResult)) bool {
 	*res = DeductResult{}
+	if e.lookupSale(req.SKU) == nil {
+		// A sale this node does not hold yet: admit would wait for a
+		// catch-up with the leader (a round trip, up to catchUpWait
+		// without a leader), holding up every caller behind this one.
+		own := ownCopy(req)
+		go func() {
+			var r DeductResult
+			e.Deduct(&own, &r)
+			done(&r)
+		}()
+		return false
+	}
 	s := e.admit(req, res)
 	if s == nil {
 		e.metrics.countDeduct(res.Status, req.Hint)
@@ -26,9 +38,7 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 		// It waits for units, or a wait=none repeat for the first
 		// attempt's unit: the blocking path, on a goroutine of its own,
 		// with its own copy of the request.
-		own := *req
-		own.SKU, own.User, own.RequestID = bytes.Clone(req.SKU), bytes.Clone(req.User), bytes.Clone(req.RequestID)
-		own.clock = instant{}
+		own := ownCopy(req)
 		go func() {
 			var r DeductResult
 			if w.p != nil {
@@ -123,4 +133,13 @@ func (a *asyncWaits) add(deadline <-chan struct{}, w *asyncWait) {
 			w.ended()
 		}
 	}()
+}
+
+// ownCopy is req for a goroutine of its own: the caller may reuse req's
+// bytes once DeductAsync returns.
+func ownCopy(req *DeductRequest) DeductRequest {
+	own := *req
+	own.SKU, own.User, own.RequestID = bytes.Clone(req.SKU), bytes.Clone(req.User), bytes.Clone(req.RequestID)
+	own.clock = instant{}
+	return own
 }

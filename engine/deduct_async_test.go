@@ -59,3 +59,71 @@ func TestEngine_DeductAsyncAnswersOnceAtTheCommitWait(t *testing.T) {
 		t.Fatalf("sold %d after a take that never committed", a.Row.Sold)
 	}
 }
+
+// stalledReads is a one-node cluster whose read index waits until
+// released: a leader far away, or none.
+type stalledReads struct {
+	switchableCluster
+	release chan struct{}
+}
+
+func (c *stalledReads) ReadIndex(ctx context.Context) (uint64, error) {
+	select {
+	case <-c.release:
+		return 0, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// A DeductAsync caller is not held up by a sale the node does not know
+// yet (whose catch-up with the leader may take a round trip, or seconds
+// without a leader): it returns at once, and answers unknown_sku once
+// the catch-up is done. A deduct of a known sale meanwhile is answered
+// as usual, and the law holds.
+func TestEngine_DeductAsyncDoesNotWaitForACatchUp(t *testing.T) {
+	cluster := &stalledReads{release: make(chan struct{})}
+	cluster.healthy.Store(true)
+	tn := startTestNodeWith(t, t.TempDir(), func(c *Config) { c.Cluster = cluster }, nil)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 1}); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan DeductResult, 2)
+	answer := func(r *DeductResult) { answers <- *r }
+	returned := make(chan bool)
+	go func() {
+		req := DeductRequest{SKU: []byte("ghost"), User: []byte("u1"), Qty: 1}
+		var res DeductResult
+		returned <- tn.engine.DeductAsync(&req, &res, answer)
+		clear(req.SKU) // the caller may reuse its bytes
+	}()
+	select {
+	case now := <-returned:
+		if now {
+			t.Fatal("an unknown sale was answered before its catch-up")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("DeductAsync waited for the catch-up with the leader")
+	}
+	req := DeductRequest{SKU: []byte("a"), User: []byte("u2"), Qty: 1}
+	var res DeductResult
+	if !tn.engine.DeductAsync(&req, &res, answer) {
+		r := <-answers
+		res = r
+	}
+	if res.Status != StatusOK {
+		t.Fatalf("a deduct of a known sale during the catch-up: %s", res.Status)
+	}
+	close(cluster.release)
+	select {
+	case r := <-answers:
+		if r.Status != StatusUnknownSKU {
+			t.Fatalf("the unknown sale after its catch-up: %s, want unknown_sku", r.Status)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer 20 s after the catch-up was released")
+	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 1 || a.OrdersSold != 1 {
+		t.Fatalf("want the one unit sold once: %+v", a)
+	}
+}

@@ -214,15 +214,9 @@ func Start(cfg Config) (*Node, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	// Bind HTTP first: with port 0 (tests) the address is known only now,
-	// and the engine registers it in the ledger for forwarding.
-	httpLn, err := net.Listen("tcp", cfg.HTTP.Addr)
+	httpLn, advertise, err := listenHTTP(&cfg)
 	if err != nil {
-		return nil, fmt.Errorf("listen for http on %s: %w", cfg.HTTP.Addr, err)
-	}
-	advertise := cfg.AdvertiseHTTP
-	if advertise == "" {
-		advertise = advertisedHTTP(httpLn.Addr().String(), cfg.Raft.RaftBind)
+		return nil, err
 	}
 	tlsState, err := openTLS(&cfg, logger)
 	if err != nil {
@@ -307,6 +301,17 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}
 	return n, nil
+}
+
+// listenHTTP binds the HTTP address first: with port 0 (tests) the
+// address is known only then, and the engine registers it in the ledger,
+// as advertised, for forwarding.
+func listenHTTP(cfg *Config) (net.Listener, string, error) {
+	ln, err := net.Listen("tcp", cfg.HTTP.Addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("listen for http on %s: %w", cfg.HTTP.Addr, err)
+	}
+	return ln, cmp.Or(cfg.AdvertiseHTTP, advertisedHTTP(ln.Addr().String(), cfg.Raft.RaftBind)), nil
 }
 
 // serveHTTP starts serving clients on raw and peers on the node port's
