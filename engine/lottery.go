@@ -85,7 +85,14 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 	// Deducts and entries share the user's ids; the ledger has the last
 	// word, this spares it the ones it would refuse.
 	if requestID != "" {
-		if _, used := e.ledger.LookupRequest([]byte(user), []byte(requestID)); used {
+		if rec, used := e.ledger.LookupRequest([]byte(user), []byte(requestID)); used {
+			// This very entry, sent twice, may have committed through
+			// another node since the repeat check above: its entry then.
+			if rec.EntrySKU == sku {
+				if st, ok, err := e.ledger.EntryStatus(sku, user); err != nil || ok {
+					return st.Entry, err
+				}
+			}
 			return raftfsm.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
 		}
 	}
