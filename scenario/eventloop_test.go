@@ -22,7 +22,7 @@ import (
 )
 
 // startLoopNode is one node serving plain deducts from its event loop
-// (-http-event-loop, on by default), with a sale of units.
+// (-http-event-loop), with a sale of units.
 func startLoopNode(t *testing.T, units int, tune func(*node.Config)) *node.Node {
 	t.Helper()
 	return startLoopNodeIn(t, t.TempDir(), units, tune)
@@ -31,10 +31,15 @@ func startLoopNode(t *testing.T, units int, tune func(*node.Config)) *node.Node 
 // startLoopNodeIn is startLoopNode with its data in dir.
 func startLoopNodeIn(t *testing.T, dir string, units int, tune func(*node.Config)) *node.Node {
 	t.Helper()
-	n := testnode.StartNodeWith(t, dir, tune)
+	n := testnode.StartNodeWith(t, dir, func(c *node.Config) {
+		c.DeductLoop = true
+		if tune != nil {
+			tune(c)
+		}
+	})
 	c := testnode.ClientOf(n, 1)
 	if m := testnode.GetRaw(t, c, "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 1\n") {
-		t.Fatal("a node on the default config runs without its event loop")
+		t.Fatal("a node with -http-event-loop runs without its event loop")
 	}
 	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/loop", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
