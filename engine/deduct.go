@@ -115,11 +115,16 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 // unit; otherwise res holds the answer. A sale returned holds an admission
 // slot the caller gives back.
 func (e *Engine) admit(req *DeductRequest, res *DeductResult) *sale {
+	return e.admitTo(e.lookupSale(req.SKU), req, res)
+}
+
+// admitTo is admit for the sale of req.SKU already looked up (nil: none
+// on this node yet, which waits for a catch-up with the leader).
+func (e *Engine) admitTo(s *sale, req *DeductRequest, res *DeductResult) *sale {
 	if req.Qty <= 0 || req.Qty > MaxQtyPerDeduct || len(req.User) == 0 {
 		res.Status = StatusBadRequest
 		return nil
 	}
-	s := e.lookupSale(req.SKU)
 	if s == nil {
 		if s = e.saleAfterCatchUp(req, res); s == nil {
 			return nil

@@ -15,19 +15,15 @@ import (
 // once DeductAsync returns.
 func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*DeductResult)) bool {
 	*res = DeductResult{}
-	if e.lookupSale(req.SKU) == nil {
+	s := e.lookupSale(req.SKU)
+	if s == nil {
 		// A sale this node does not hold yet: admit would wait for a
 		// catch-up with the leader (a round trip, up to catchUpWait
 		// without a leader), holding up every caller behind this one.
-		own := ownCopy(req)
-		go func() {
-			var r DeductResult
-			e.Deduct(&own, &r)
-			done(&r)
-		}()
+		e.onGoroutine(req, done, e.Deduct)
 		return false
 	}
-	s := e.admit(req, res)
+	s = e.admitTo(s, req, res)
 	if s == nil {
 		e.metrics.countDeduct(res.Status, req.Hint)
 		return true
@@ -36,20 +32,16 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 	switch {
 	case w.limit == needSlow || (w.p != nil && req.NoWait && !w.p.wasTaken()):
 		// It waits for units, or a wait=none repeat for the first
-		// attempt's unit: the blocking path, on a goroutine of its own,
-		// with its own copy of the request.
-		own := ownCopy(req)
-		go func() {
-			var r DeductResult
+		// attempt's unit: the blocking path.
+		e.onGoroutine(req, done, func(own *DeductRequest, r *DeductResult) {
 			if w.p != nil {
-				e.awaitPending(w.p, own.NoWait, w.limit, &r)
+				e.awaitPending(w.p, own.NoWait, w.limit, r)
 			} else {
-				e.attempt(s, &own, &r)
+				e.attempt(s, own, r)
 			}
 			e.admission.done()
 			e.metrics.countDeduct(r.Status, own.Hint)
-			done(&r)
-		}()
+		})
 		return false
 	case w.p == nil:
 	case req.NoWait:
@@ -135,11 +127,16 @@ func (a *asyncWaits) add(deadline <-chan struct{}, w *asyncWait) {
 	}()
 }
 
-// ownCopy is req for a goroutine of its own: the caller may reuse req's
-// bytes once DeductAsync returns.
-func ownCopy(req *DeductRequest) DeductRequest {
+// onGoroutine runs the blocking path run on a goroutine of its own, with
+// its own copy of req (the caller may reuse req's bytes once DeductAsync
+// returns), and answers done with its result.
+func (e *Engine) onGoroutine(req *DeductRequest, done func(*DeductResult), run func(*DeductRequest, *DeductResult)) {
 	own := *req
 	own.SKU, own.User, own.RequestID = bytes.Clone(req.SKU), bytes.Clone(req.User), bytes.Clone(req.RequestID)
 	own.clock = instant{}
-	return own
+	go func() {
+		var r DeductResult
+		run(&own, &r)
+		done(&r)
+	}()
 }

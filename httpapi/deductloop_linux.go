@@ -100,10 +100,6 @@ type loopConn struct {
 	settled    func(*engine.DeductResult)
 }
 
-// DeductLoopAvailable says whether ServeDeductLoop can run here (it needs
-// epoll).
-const DeductLoopAvailable = true
-
 // ServeDeductLoop takes over accepting on ln: the loop serves plain
 // deducts itself and returns the listener the fasthttp server is to serve
 // (wrapped as the node wraps its listener), on which every other

@@ -322,21 +322,13 @@ func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw net.Listener) error
 		n.http.ServePeers(tlsState.port.HTTPListener())
 	}
 	loop := cfg.DeductLoop
-	switch {
-	case loop && cfg.TLS.HTTPCert != "":
+	if loop && cfg.TLS.HTTPCert != "" {
 		loop = false
 		n.logger.Info("the deduct event loop is off: it serves plain HTTP, and -http-cert serves HTTPS")
-	case loop && !httpapi.DeductLoopAvailable:
-		loop = false
-		n.logger.Warn("the deduct event loop is off: it needs Linux's epoll")
 	}
 	ln := raw
 	if loop {
-		tcp, ok := raw.(*net.TCPListener)
-		if !ok {
-			return fmt.Errorf("the deduct event loop accepts on a TCP listener, not a %T (-http-event-loop=false serves without it)", raw)
-		}
-		handed, err := n.http.ServeDeductLoop(tcp)
+		handed, err := n.http.ServeDeductLoop(raw.(*net.TCPListener)) // listenHTTP's
 		if err != nil {
 			return err
 		}
