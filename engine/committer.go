@@ -112,8 +112,20 @@ func (e *Engine) fill(batch []*pendingTake, size int, until <-chan time.Time) (_
 	return batch, size, nil
 }
 
-// abandon answers a take that was never proposed and gives its unit back.
+// abandon answers a take the committer holds when the engine stops. One
+// never proposed gives its unit back and is answered 503: nothing
+// happened. One proposed before, back for a retry after an outcome the
+// proposer could not tell, may have committed: its buyer is told
+// outcome_unknown with its order, and its unit stays out of the buckets,
+// as retryTakes leaves the takes it holds at a stop. (It was answered 503
+// as well, a false "nothing taken" for a unit the ledger had sold.)
 func (e *Engine) abandon(p *pendingTake) {
+	if p.attempts > 0 {
+		var r DeductResult
+		e.waitEnded(p, &r)
+		p.resolve(r)
+		return
+	}
 	s := p.sale
 	s.takesInFlight.Add(-p.entry.Qty)
 	e.putBack(s, p.hint, p.entry.Qty)

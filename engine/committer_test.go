@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -106,5 +107,60 @@ func TestEngine_RefusedBatchesAreSplitNeverResentUnchanged(t *testing.T) {
 	}
 	if !slices.ContainsFunc(rp.takes, func(ids []string) bool { return len(ids) == 1 }) {
 		t.Fatal("no single take was ever proposed: the refusal was not narrowed down")
+	}
+}
+
+// abandon is the committer's answer, at a stop, for the take it holds
+// waiting for a proposal slot. A take never proposed gives its unit back
+// and is answered 503 (nothing happened). A take back for a retry, after
+// a proposal whose outcome the proposer could not tell, may have
+// committed: it is answered outcome_unknown with its order, and its unit
+// stays out of the buckets. It was answered 503 too, and the nemesis test
+// (seed 466538829, three nodes) caught a buyer told 503 "node is shutting
+// down" for a unit the ledger had sold it.
+func TestEngine_AbandonAtStopNeverDeniesAProposedTake(t *testing.T) {
+	tn := startTestNode(t, t.TempDir(), nil)
+	e := tn.engine
+	if _, err := e.CreateSale("a", SaleSpec{Total: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if res := tn.deduct("a", "u0", "r0", 1, false); res.Status != StatusOK {
+		t.Fatalf("a deduct before the stop: %s", res.Status)
+	}
+	s := e.lookupSale([]byte("a"))
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	held := func(user string, attempts int) *pendingTake {
+		req := DeductRequest{SKU: []byte("a"), User: []byte(user), RequestID: []byte("r1"), Qty: 1}
+		p := e.newPendingTake(s, &req)
+		p.entry.OrderID = e.nextOrderID()
+		p.markTaken()
+		p.attempts = attempts
+		s.takesInFlight.Add(1)
+		return p
+	}
+	units := s.buckets.Units()
+	retried := held("u1", 1)
+	e.abandon(retried)
+	r, done := retried.outcome()
+	if !done || r.Status != StatusOutcomeUnknown || r.Order.ID != retried.entry.OrderID {
+		t.Fatalf("a take proposed before the stop: answered %v %s with order %q; want outcome_unknown with order %q",
+			done, r.Status, r.Order.ID, retried.entry.OrderID)
+	}
+	if got := s.buckets.Units(); got != units {
+		t.Fatalf("its unit went back to the buckets (%d units, were %d): it may be sold", got, units)
+	}
+	fresh := held("u2", 0)
+	e.abandon(fresh)
+	if r, done := fresh.outcome(); !done || r.Status != StatusUnavailable {
+		t.Fatalf("a take never proposed: answered %v %s, want unavailable", done, r.Status)
+	}
+	if got := s.buckets.Units(); got != units+1 {
+		t.Fatalf("a take never proposed left %d units in the buckets, want its unit back (%d)", got, units+1)
+	}
+	a, ok, err := tn.ledger.AuditSKU("a")
+	if err != nil || !ok || !a.OK || a.Row.Sold != 1 || a.OrdersSold != 1 {
+		t.Fatalf("the ledger after the stop: ok=%v err=%v %+v; want its law and the one unit sold once", ok, err, a)
 	}
 }

@@ -74,6 +74,11 @@ type DeductRequest struct {
 	slot *pendingTake
 	// catchUp, when set, is shared by a batch's deducts (batchCatchUp).
 	catchUp *batchCatchUp
+	// async is set by DeductAsync: a repeat of an attempt pending on this
+	// node is not awaited in admit but left in repeatOf for the caller
+	// to await without blocking.
+	async    bool
+	repeatOf *pendingTake
 }
 
 // instant is one reading of the engine's clock (now, a test's in tests)
@@ -217,7 +222,7 @@ func (e *Engine) startAttempt(s *sale, req *DeductRequest, res *DeductResult, sl
 				reusedRequestID(res)
 				return waiter{}
 			}
-			return waiter{p: other, limit: e.cfg.CommitWait + e.cfg.LeaseWait}
+			return waiter{p: other, limit: e.repeatWait()}
 		}
 	}
 	if !taken && !s.buckets.Take(req.Hint, req.Qty) && !e.takeSlow(s, req, res) {
@@ -271,6 +276,10 @@ func (e *Engine) answeredBeforeStock(s *sale, req *DeductRequest, res *DeductRes
 	return false
 }
 
+// repeatWait is how long a repeat waits for the first attempt of its
+// request id on this node: that attempt's wait for a unit and its commit.
+func (e *Engine) repeatWait() time.Duration { return e.cfg.CommitWait + e.cfg.LeaseWait }
+
 // needSlow is startAttempt's waiter limit for a take that must wait for
 // units: the caller runs the whole attempt instead.
 const needSlow = -1
@@ -295,7 +304,11 @@ func (e *Engine) answerRepeat(req *DeductRequest, res *DeductResult) bool {
 			reusedRequestID(res)
 			return true
 		}
-		e.awaitPending(p, req.NoWait, e.cfg.CommitWait+e.cfg.LeaseWait, res)
+		if req.async {
+			req.repeatOf = p
+			return true
+		}
+		e.awaitPending(p, req.NoWait, e.repeatWait(), res)
 		return true
 	}
 	return e.answerFromLedger(req, res)

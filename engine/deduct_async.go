@@ -23,12 +23,23 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 		e.onGoroutine(req, done, e.Deduct)
 		return false
 	}
+	req.async = true
 	s = e.admitTo(s, req, res)
-	if s == nil {
+	req.async = false
+	var w waiter
+	switch {
+	case req.repeatOf != nil:
+		// A repeat of an attempt pending here: awaited like one that
+		// meets it in startAttempt, holding no admission slot.
+		w = waiter{p: req.repeatOf, limit: e.repeatWait()}
+		req.repeatOf = nil
+	case s == nil:
 		e.metrics.countDeduct(res.Status, req.Hint)
 		return true
+	default:
+		w = e.startAttempt(s, req, res, false)
 	}
-	w := e.startAttempt(s, req, res, false)
+	admitted := s != nil
 	switch {
 	case w.limit == needSlow || (w.p != nil && req.NoWait && !w.p.wasTaken()):
 		// It waits for units, or a wait=none repeat for the first
@@ -39,7 +50,9 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 			} else {
 				e.attempt(s, own, r)
 			}
-			e.admission.done()
+			if admitted {
+				e.admission.done()
+			}
 			e.metrics.countDeduct(r.Status, own.Hint)
 		})
 		return false
@@ -47,14 +60,16 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 	case req.NoWait:
 		answerTaken(w.p, res)
 	default:
-		aw := &asyncWait{e: e, p: w.p, hint: req.Hint, done: done}
+		aw := &asyncWait{e: e, p: w.p, hint: req.Hint, admitted: admitted, done: done}
 		if w.p.onDone(aw.settled) {
 			e.asyncWaits.add(e.commitWaits.after(w.limit), aw)
 			return false
 		}
 		*res, _ = w.p.outcome()
 	}
-	e.admission.done()
+	if admitted {
+		e.admission.done()
+	}
 	e.metrics.countDeduct(res.Status, req.Hint)
 	return true
 }
@@ -65,6 +80,7 @@ type asyncWait struct {
 	e        *Engine
 	p        *pendingTake
 	hint     uint32
+	admitted bool // it holds an admission slot (a repeat does not)
 	done     func(*DeductResult)
 	answered atomic.Bool
 }
@@ -89,7 +105,9 @@ func (w *asyncWait) ended() {
 }
 
 func (w *asyncWait) answer(r *DeductResult) {
-	w.e.admission.done()
+	if w.admitted {
+		w.e.admission.done()
+	}
 	w.e.metrics.countDeduct(r.Status, w.hint)
 	w.done(r)
 	w.done, w.p = nil, nil
@@ -133,7 +151,7 @@ func (a *asyncWaits) add(deadline <-chan struct{}, w *asyncWait) {
 func (e *Engine) onGoroutine(req *DeductRequest, done func(*DeductResult), run func(*DeductRequest, *DeductResult)) {
 	own := *req
 	own.SKU, own.User, own.RequestID = bytes.Clone(req.SKU), bytes.Clone(req.User), bytes.Clone(req.RequestID)
-	own.clock = instant{}
+	own.clock, own.async, own.repeatOf = instant{}, false, nil
 	go func() {
 		var r DeductResult
 		run(&own, &r)

@@ -2,9 +2,13 @@ package engine
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"stockd/raftfsm"
+	"stockd/raftfsm/command"
 )
 
 // A DeductAsync caller whose take never commits is answered once, at its
@@ -125,5 +129,91 @@ func TestEngine_DeductAsyncDoesNotWaitForACatchUp(t *testing.T) {
 	}
 	if a := tn.checkLedger("a"); a.Row.Sold != 1 || a.OrdersSold != 1 {
 		t.Fatalf("want the one unit sold once: %+v", a)
+	}
+}
+
+// takesGate holds every take until released, then proposes it: a slow
+// commit that ends well.
+type takesGate struct {
+	Proposer
+	release chan struct{}
+}
+
+func (p takesGate) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+	if _, ok := c.(*command.Take); ok {
+		<-p.release
+	}
+	return p.Proposer.Propose(at, c)
+}
+
+// A DeductAsync repeat of a request id whose first attempt awaits the
+// ledger on this node returns at once (the event loop that calls it
+// serves every other connection meanwhile) and is answered with the first
+// attempt's order when it commits; a repeat that asks for another qty is
+// told request_id_reused at once. It waited for the first attempt's
+// commit inside admit, up to the commit wait (an hour here).
+func TestEngine_DeductAsyncRepeatOfAPendingAttemptDoesNotBlock(t *testing.T) {
+	gate := takesGate{release: make(chan struct{})}
+	tn := startTestNodeWith(t, t.TempDir(), func(c *Config) { c.CommitWait, c.MaxInFlight = time.Hour, 100 },
+		func(inner Proposer) Proposer { gate.Proposer = inner; return gate })
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(gate.release) }) }
+	t.Cleanup(release)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 5}); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan DeductResult, 3)
+	answer := func(r *DeductResult) { answers <- *r }
+	deduct := func(qty int64) (DeductResult, bool) {
+		returned := make(chan bool, 1)
+		var res DeductResult
+		go func() {
+			req := DeductRequest{SKU: []byte("a"), User: []byte("u1"), RequestID: []byte("r1"), Qty: qty}
+			returned <- tn.engine.DeductAsync(&req, &res, answer)
+		}()
+		select {
+		case now := <-returned:
+			return res, now
+		case <-time.After(20 * time.Second):
+			t.Fatal("DeductAsync blocked for 20 s")
+			return res, false
+		}
+	}
+	if res, now := deduct(1); now {
+		t.Fatalf("the first attempt was answered at once (%s); want it to await the ledger", res.Status)
+	}
+	// Without units in the buckets yet, the first attempt registers on
+	// a goroutine of its own.
+	waitUntil(t, "the first attempt pending", func() bool {
+		_, ok := tn.engine.pendingReq.getBytes(raftfsm.AppendRequestKey(nil, []byte("u1"), []byte("r1")))
+		return ok
+	})
+	if res, now := deduct(1); now {
+		t.Fatalf("the repeat was answered at once (%s) while its first attempt awaits the ledger", res.Status)
+	}
+	if res, now := deduct(2); !now || res.Status != StatusRequestIDReused {
+		t.Fatalf("a repeat for another qty: answered at once %v, %s; want request_id_reused at once", now, res.Status)
+	}
+	release()
+	var orders []string
+	for range 2 {
+		select {
+		case r := <-answers:
+			if r.Status != StatusOK {
+				t.Fatalf("answered %s after the commit, want ok", r.Status)
+			}
+			orders = append(orders, r.Order.ID)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d answers 20 s after the commit, want 2", len(orders))
+		}
+	}
+	if orders[0] != orders[1] {
+		t.Fatalf("the attempt and its repeat got orders %v, want one", orders)
+	}
+	if a := tn.checkLedger("a"); a.Row.Sold != 1 || a.OrdersSold != 1 {
+		t.Fatalf("want one unit sold once: %+v", a)
+	}
+	if n := tn.engine.admission.inFlight.Load(); n != 0 {
+		t.Fatalf("%d admission slots held after every answer, want 0", n)
 	}
 }

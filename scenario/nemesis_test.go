@@ -230,8 +230,8 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	// once; the workers bound them.
 	overlap, longest := maxOverlap(h.tvOps())
 	t.Logf("tv: at most %d calls in flight at once, the longest %s", overlap, longest.Round(time.Millisecond))
-	checkLinearizable(t, tvModel(tvUnits, tvUsers, tvBuyers, tvPerUser), h.tvOps(), "tv")
-	checkLinearizable(t, holdModel(), h.boxOps(), "box")
+	checkLinearizable(t, tvModel(tvUnits, tvUsers, tvBuyers, tvPerUser), h.tvOps(), "tv", h.explainTV)
+	checkLinearizable(t, holdModel(), h.boxOps(), "box", nil)
 	t.Logf("clean: %d deducts, %d tv and %d box operations linearizable", h.deducts.Load(), len(h.tv), len(h.box))
 }
 
@@ -473,6 +473,19 @@ type nemesisHistory struct {
 	boxFate      map[string]string       // order -> sold, released, or "" when unknown
 	unknownCodes map[string]int
 	clients      map[string]*fasthttp.HostClient // by HTTP address
+	// tvCalls is every tv deduct call with the node that answered and
+	// its answer, the 429s and 503s the history leaves out included: a
+	// failed check prints its SKU's.
+	tvCalls []tvCall
+}
+
+// tvCall is one deduct call on tv as sent and answered.
+type tvCall struct {
+	sku, buyer, client int
+	node               string
+	call, ret          int64
+	code               int
+	answer             string // error and detail, or the order id
 }
 
 func (h *nemesisHistory) now() int64 { return time.Since(h.start).Nanoseconds() }
@@ -551,12 +564,48 @@ func btoi(b bool) int {
 	return 0
 }
 
+func (h *nemesisHistory) logCall(tc tvCall, out map[string]any) {
+	errCode, _ := out["error"].(string)
+	detail, _ := out["detail"].(string)
+	order, _ := out["order_id"].(string)
+	tc.answer = strings.TrimSpace(errCode + " " + detail + " " + order)
+	h.mu.Lock()
+	h.tvCalls = append(h.tvCalls, tc)
+	h.mu.Unlock()
+}
+
+// explainTV lists every call on the SKU of a tv history that failed the
+// check, in call order: which node answered what, including the answers
+// the history leaves out.
+func (h *nemesisHistory) explainTV(part []porcupine.Operation) string {
+	sku := -1
+	for _, op := range part {
+		if in := op.Input.(tvIn); !in.read {
+			sku = in.sku
+			break
+		}
+	}
+	h.mu.Lock()
+	calls := slices.Clone(h.tvCalls)
+	h.mu.Unlock()
+	slices.SortFunc(calls, func(a, b tvCall) int { return cmp.Compare(a.call, b.call) })
+	var b strings.Builder
+	fmt.Fprintf(&b, "every call on tv%d, with the node and its answer:", sku)
+	for _, tc := range calls {
+		if tc.sku == sku {
+			fmt.Fprintf(&b, "\n  %.3fs..%.3fs client %d buyer %d %s: %d %s", float64(tc.call)/1e9, float64(tc.ret)/1e9, tc.client, tc.buyer, tc.node, tc.code, tc.answer)
+		}
+	}
+	return b.String()
+}
+
 func (h *nemesisHistory) deductTV(c *testnode.Cluster, seed uint64, client, buyer, firstNode int) {
 	sku := buyer % tvSKUs
 	user := buyer / tvSKUs % tvUsers
 	body := fmt.Sprintf(`{"user":"tv-u%d","request_id":"tv-%d-%d"}`, user, seed, buyer)
 	for attempt := range 40 {
-		cl := h.Client(c, c.IDs[(firstNode+attempt)%len(c.IDs)])
+		node := c.IDs[(firstNode+attempt)%len(c.IDs)]
+		cl := h.Client(c, node)
 		if cl == nil {
 			continue
 		}
@@ -564,6 +613,7 @@ func (h *nemesisHistory) deductTV(c *testnode.Cluster, seed uint64, client, buye
 		code, out := nemesisCall(cl, "POST", "/v1/skus/"+tvSKU(sku)+"/deduct", body)
 		ret := h.now()
 		h.deducts.Add(1)
+		h.logCall(tvCall{sku: sku, buyer: buyer / tvSKUs, client: client, node: node, call: call, ret: ret, code: code}, out)
 		o := tvOut{result: "unknown"}
 		errCode, _ := out["error"].(string)
 		switch {
@@ -870,8 +920,9 @@ func (h *nemesisHistory) operations(ops []nemesisOp) []porcupine.Operation {
 // checkLinearizable fails the test unless the history fits one order of
 // its operations under the model. On a failure it logs the first history
 // (partition) that does not fit, in call order, and writes porcupine's
-// visualization of the whole check to a file it names.
-func checkLinearizable(t *testing.T, m porcupine.Model, ops []porcupine.Operation, what string) {
+// visualization of the whole check to a file it names; explain, when
+// set, adds what the harness knows beyond the history.
+func checkLinearizable(t *testing.T, m porcupine.Model, ops []porcupine.Operation, what string, explain func([]porcupine.Operation) string) {
 	t.Helper()
 	began := time.Now()
 	res, info := porcupine.CheckOperationsVerbose(m, ops, 20*time.Second)
@@ -897,6 +948,9 @@ func checkLinearizable(t *testing.T, m porcupine.Model, ops []porcupine.Operatio
 			fmt.Fprintf(&b, "\n  %.3fs..%s client %d: %s", float64(op.Call)/1e9, ret, op.ClientId, m.DescribeOperation(op.Input, op.Output))
 		}
 		t.Errorf("%s: this history of %d operations is not linearizable:%s", what, len(part), b.String())
+		if explain != nil {
+			t.Log(explain(part))
+		}
 		break
 	}
 	path := filepath.Join(os.TempDir(), fmt.Sprintf("stockd-nemesis-%s-%d.html", what, time.Now().UnixNano()))
