@@ -166,7 +166,7 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	fs.StringVar(&cfg.Backups.Dir, "backup-dir", cfg.Backups.Dir, "the leader writes a backup file here every -backup-interval (empty: no scheduled backups)")
 	fs.DurationVar(&cfg.Backups.Interval, "backup-interval", cfg.Backups.Interval, "how often the leader writes a scheduled backup")
 	fs.IntVar(&cfg.Backups.Keep, "backup-keep", cfg.Backups.Keep, "how many scheduled backups of this node to keep (the newest)")
-	fs.BoolVar(&cfg.DeductLoop, "http-event-loop", cfg.DeductLoop, "serve plain single deducts (POST /v1/skus/{sku}/deduct) from one event loop, the rest through fasthttp (Linux; with -http-cert fasthttp serves everything: the loop speaks plain HTTP)")
+	fs.BoolVar(&cfg.DeductLoop, "http-event-loop", cfg.DeductLoop, "serve plain single deducts (POST /v1/skus/{sku}/deduct) from one event loop, the rest through fasthttp (Linux); false: fasthttp serves every request (with -http-cert it always does: the loop speaks plain HTTP)")
 	fs.BoolVar(&cfg.NoOrderFeed, "no-order-feed", cfg.NoOrderFeed, "record no order feed (for measuring its cost; every node of a cluster must agree from its first start)")
 	fs.DurationVar(&cfg.Engine.AuditInterval, "audit-interval", cfg.Engine.AuditInterval, "how often every node audits its ledger (stockd_audit_drift_units); longer on a large ledger, and held back up to 5m while the node sells")
 	fs.StringVar(&cfg.Raft.LogStore, "raft-log-store", cfg.Raft.LogStore, "raft log store of a new data dir: wal (append-only segments) or bolt (raft-boltdb); a data dir keeps the one it has")

@@ -100,6 +100,10 @@ type loopConn struct {
 	settled    func(*engine.DeductResult)
 }
 
+// DeductLoopAvailable says whether ServeDeductLoop can run here (it needs
+// epoll): the loop is on by default where it can be.
+const DeductLoopAvailable = true
+
 // ServeDeductLoop takes over accepting on ln: the loop serves plain
 // deducts itself and returns the listener the fasthttp server is to serve
 // (wrapped as the node wraps its listener), on which every other

@@ -9,6 +9,10 @@ import (
 	"net"
 )
 
+// DeductLoopAvailable says whether ServeDeductLoop can run here: it needs
+// Linux's epoll.
+const DeductLoopAvailable = false
+
 // ServeDeductLoop needs Linux's epoll.
 func (s *Server) ServeDeductLoop(*net.TCPListener) (net.Listener, error) {
 	return nil, errors.New("http: the deduct event loop runs on Linux only")

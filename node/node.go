@@ -53,9 +53,9 @@ type Config struct {
 	// cluster must run with the same setting from its first start.
 	NoOrderFeed bool
 	// DeductLoop serves plain single deducts on the HTTP port from one
-	// event loop (-http-event-loop, Linux only); every other request goes
-	// to the fasthttp server. The loop speaks plain HTTP only: with
-	// -http-cert fasthttp serves everything.
+	// event loop (-http-event-loop, on by default on Linux); every other
+	// request goes to the fasthttp server. The loop speaks plain HTTP
+	// only: with -http-cert fasthttp serves everything.
 	DeductLoop bool
 	// FaultApplyDelay stalls every ledger batch this long: a slow ledger,
 	// for tests and benches of admission. Never in production.
@@ -88,6 +88,7 @@ func DefaultConfig() Config {
 		DrainTimeout: 10 * time.Second,
 		Version:      "dev",
 		Backups:      BackupSchedule{Interval: time.Hour, Keep: 24},
+		DeductLoop:   httpapi.DeductLoopAvailable,
 		HTTP:         httpapi.DefaultConfig(),
 		Raft:         raftnode.DefaultConfig(),
 		Engine:       engine.DefaultConfig(),

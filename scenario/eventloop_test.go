@@ -22,7 +22,7 @@ import (
 )
 
 // startLoopNode is one node serving plain deducts from its event loop
-// (-http-event-loop), with a sale of units.
+// (-http-event-loop, on by default), with a sale of units.
 func startLoopNode(t *testing.T, units int, tune func(*node.Config)) *node.Node {
 	t.Helper()
 	return startLoopNodeIn(t, t.TempDir(), units, tune)

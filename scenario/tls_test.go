@@ -190,8 +190,8 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 		if code, body := testnode.Call(t, p.Client(id), "POST", "/v1/skus/probe/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
 			t.Fatalf("deduct through %s: %d %v", id, code, body)
 		}
-		// With HTTPS the event loop is off (it speaks plain HTTP):
-		// fasthttp serves every request.
+		// With HTTPS the event loop, on by default, is off (it speaks
+		// plain HTTP): fasthttp serves every request.
 		if m := testnode.GetRaw(t, p.Client(id), "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 0\n") {
 			t.Errorf("%s serves HTTPS, and its metrics do not say the event loop is off", id)
 		}

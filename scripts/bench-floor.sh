@@ -17,8 +17,9 @@
 # context switch cost on the machine at that moment (`perf bench`, when
 # perf is installed): the no-op's floor moves with them from day to day.
 # Redis answering PING is its own floor, beside stockd's no-op.
-# A second node runs with -http-event-loop (plain deducts served from one
-# event loop): its sold-out and committed rows follow the default node's,
+# The node with default flags serves plain deducts from its event loop; a
+# second node runs with -http-event-loop=false (fasthttp serves every
+# request): its sold-out and committed rows follow the default node's,
 # and each round's line ends with its ratios.
 #
 # With PIN=1 every server (the no-op, both nodes, Redis) runs on the last
@@ -195,14 +196,14 @@ node_url=$url
 curl -sf -X PUT "$node_url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
 curl -sf -X PUT "$node_url/v1/skus/gone" -d '{"total":0}' >/dev/null
 
-# The same with -http-event-loop.
+# The same with -http-event-loop=false: fasthttp serves every request.
 main_pid=$node_pid
-start_node "$bin" "$work/loop-data" "$work/loop.log" -http-event-loop
+start_node "$bin" "$work/fast-data" "$work/fast.log" -http-event-loop=false
 pids+=("$node_pid")
-loop_pid=$node_pid; loop_url=$url
+alt_pid=$node_pid; alt_url=$url
 node_pid=$main_pid
-curl -sf -X PUT "$loop_url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
-curl -sf -X PUT "$loop_url/v1/skus/gone" -d '{"total":0}' >/dev/null
+curl -sf -X PUT "$alt_url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
+curl -sf -X PUT "$alt_url/v1/skus/gone" -d '{"total":0}' >/dev/null
 
 # Redis + Lua, appendfsync always.
 redis_port=$(free_port)
@@ -284,13 +285,13 @@ for round in $(seq 1 "$rounds"); do
   commit_cpu=$cpu; commit_rate=$rate
   t0=$(cpu_ticks "$node_pid"); settle "$node_url"; t1=$(cpu_ticks "$node_pid")
   echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
-  settle "$loop_url"
-  wrk_row "stockd -http-event-loop sold-out answers (wrk)" "$loop_pid" "$loop_url/v1/skus/gone/deduct" "$work/deduct.lua"
-  loop_sold_cpu=$cpu
-  settle "$loop_url"
-  wrk_row "stockd -http-event-loop wait=commit, wins (wrk)" "$loop_pid" "$loop_url/v1/skus/plenty/deduct" "$work/deduct.lua"
-  loop_commit_cpu=$cpu; loop_commit_rate=$rate
-  settle "$loop_url"
+  settle "$alt_url"
+  wrk_row "stockd -http-event-loop=false sold-out answers (wrk)" "$alt_pid" "$alt_url/v1/skus/gone/deduct" "$work/deduct.lua"
+  alt_sold_cpu=$cpu
+  settle "$alt_url"
+  wrk_row "stockd -http-event-loop=false wait=commit, wins (wrk)" "$alt_pid" "$alt_url/v1/skus/plenty/deduct" "$work/deduct.lua"
+  alt_commit_cpu=$cpu; alt_commit_rate=$rate
+  settle "$alt_url"
   # The batch route, 100 buyers a request: a request answers 200 even
   # when some of its buyers are refused (rate_limited at many connections),
   # so the units counted are the node's committed wins, from its metrics.
@@ -312,7 +313,7 @@ for round in $(seq 1 "$rounds"); do
     -v r1="$redis1_rate" -v rc1="$redis1_cpu" -v br="$batch_rate" -v r100="$redis100_rate" -v pc="$ping_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
     BEGIN { printf "sold-out %.2fx the no-op CPU for the same request (%.2fx for a GET), commit %.2fx the no-op CPU (wait=none %.2fx) and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined; above its floor a committed deduct costs %.1f µs (commit - no-op, same request), Redis + Lua %.1f µs (- PING)",
       q(sc, npc), q(sc, nc), q(cc, nc), q(nn, nc), q(cc, rc1), q(cr, r1), q(br, r100), cc - npc, rc1 - pc }')
-  line="$line; -http-event-loop: $(awk -v npc="$noop_post_cpu" -v nc="$noop_cpu" -v sc="$loop_sold_cpu" -v cc="$loop_commit_cpu" -v cr="$loop_commit_rate" -v r1="$redis1_rate" -v rc1="$redis1_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
+  line="$line; -http-event-loop=false: $(awk -v npc="$noop_post_cpu" -v nc="$noop_cpu" -v sc="$alt_sold_cpu" -v cc="$alt_commit_cpu" -v cr="$alt_commit_rate" -v r1="$redis1_rate" -v rc1="$redis1_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
     BEGIN { printf "sold-out %.2fx the no-op CPU for the same request, commit %.2fx the no-op CPU and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua", q(sc, npc), q(cc, nc), q(cc, rc1), q(cr, r1) }')"
   [ -n "$machine" ] && line="$line; $machine"
   echo "  round $round: $line"
@@ -322,8 +323,8 @@ done
 
 audit=$(curl -sf "$node_url/v1/skus/plenty/audit")
 echo "stockd audit of the winning sale: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
-audit=$(curl -sf "$loop_url/v1/skus/plenty/audit")
-echo "the -http-event-loop node's audit: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
+audit=$(curl -sf "$alt_url/v1/skus/plenty/audit")
+echo "the -http-event-loop=false node's audit: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
 echo "Redis sold $(( 1000000000 - $(rc GET stock) )) units"
 echo "each round's ratios (the bars: sold-out at most 1.20x the no-op for the same request, commit at most 2.57x the no-op's GET (18 µs on a 7 µs floor), commit rate at least 1.00x Redis + Lua, batch at least 1.50x Redis pipelined):"
 for l in "${summary[@]}"; do echo "  $l"; done
