@@ -165,6 +165,8 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 		half := len(batch) / 2
 		e.commitTakes(batch[:half])
 		e.commitTakes(batch[half:])
+	case (errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected)) && batch[0].attempts > 0:
+		e.refusedRetry(batch[0], err)
 	case errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected):
 		// Nothing was applied: the unit is still this node's.
 		p := batch[0]
@@ -180,6 +182,24 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 		e.noteCommitFailure()
 		e.retryTakes(batch, err)
 	}
+}
+
+// refusedRetry answers a take the leader refused for good when it was
+// proposed again, after an earlier proposal whose outcome the proposer
+// could not tell. This proposal applied nothing, but the earlier one may
+// have committed (or may still): the buyer is told outcome_unknown with its
+// order, never a 503 that says nothing was taken, and the unit stays out of
+// the buckets (an idle lease's return gives it back if it was not sold).
+// The take is forgotten, so a repeat of its request id asks the ledger,
+// where the earlier proposal's fate shows once it is settled.
+func (e *Engine) refusedRetry(p *pendingTake, err error) {
+	e.logger.Error("a take proposed again was refused by the leader; its first proposal may have committed, its buyer is told outcome_unknown",
+		"order", p.entry.OrderID, "attempts", p.attempts, "err", err)
+	p.sale.takesInFlight.Add(-p.entry.Qty)
+	e.forget(p)
+	r := DeductResult{Status: StatusOutcomeUnknown, Detail: "the leader refused this take when it was proposed again, and its first proposal may have committed; retry with the same request_id"}
+	e.unknownOrder(p, &r)
+	p.resolve(r)
 }
 
 // retryTakes proposes a failed batch again after a backoff, with the same

@@ -164,3 +164,65 @@ func TestEngine_AbandonAtStopNeverDeniesAProposedTake(t *testing.T) {
 		t.Fatalf("the ledger after the stop: ok=%v err=%v %+v; want its law and the one unit sold once", ok, err, a)
 	}
 }
+
+// lostThenRefused commits the first Take it is sent and loses the answer
+// (ErrOutcomeUnknown, as a forward whose reply timed out), then refuses
+// every later Take for good (ErrRejected, as a new leader whose secret or
+// version turns this node's forwards away).
+type lostThenRefused struct {
+	Proposer
+	mu    sync.Mutex
+	takes int
+}
+
+func (p *lostThenRefused) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+	if _, ok := c.(*command.Take); !ok {
+		return p.Proposer.Propose(at, c)
+	}
+	p.mu.Lock()
+	p.takes++
+	first := p.takes == 1
+	p.mu.Unlock()
+	if !first {
+		return nil, fmt.Errorf("%w: the leader turns this node's takes away", ErrRejected)
+	}
+	if _, err := p.Proposer.Propose(at, c); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: the leader's answer was lost", ErrOutcomeUnknown)
+}
+
+// A take proposed again after an outcome the proposer could not tell, and
+// then refused for good, was answered 503 "the leader refused this take"
+// and its unit put back, though its first proposal had sold it: a false
+// "nothing taken". It is answered outcome_unknown with its order, and a
+// repeat of its request id reads the sale from the ledger.
+func TestEngine_RefusedRetryOfACommittedTakeIsNotDenied(t *testing.T) {
+	lp := &lostThenRefused{}
+	tn := startTestNodeWith(t, t.TempDir(), nil, func(inner Proposer) Proposer {
+		lp.Proposer = inner
+		return lp
+	})
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 3}); err != nil {
+		t.Fatal(err)
+	}
+	res := tn.deduct("a", "u1", "r1", 1, false)
+	if res.Status != StatusOutcomeUnknown || res.Order.ID == "" {
+		t.Fatalf("a take sold by its first proposal, refused on its retry: %s %q order %q; want outcome_unknown with its order",
+			res.Status, res.Detail, res.Order.ID)
+	}
+	lp.mu.Lock()
+	takes := lp.takes
+	lp.mu.Unlock()
+	if takes < 2 {
+		t.Fatalf("%d take proposals: the retry was never refused, the test did not exercise it", takes)
+	}
+	a := tn.checkLedger("a")
+	if a.Row.Sold != 1 || a.OrdersSold != 1 {
+		t.Fatalf("the ledger sold %d units in %d orders; want the one unit of the first proposal", a.Row.Sold, a.OrdersSold)
+	}
+	again := tn.deduct("a", "u1", "r1", 1, false)
+	if again.Status != StatusOK || again.Order.ID != res.Order.ID {
+		t.Fatalf("a repeat of the request id: %s %q order %q; want ok with order %q", again.Status, again.Detail, again.Order.ID, res.Order.ID)
+	}
+}

@@ -187,7 +187,9 @@ func (e *Engine) commitEntries(batch []*pendingEntry) {
 	}
 	res, err := e.propose(c)
 	if err == nil && len(res.Entries) != len(batch) {
-		err = fmt.Errorf("%w: %d results for %d entries", ErrUnavailable, len(res.Entries), len(batch))
+		// The command committed: its entries' fate is not "nothing applied".
+		e.logger.Error("BUG: entry results do not match the batch", "entries", len(batch), "results", len(res.Entries))
+		err = fmt.Errorf("%w: %d results for %d entries", ErrOutcomeUnknown, len(res.Entries), len(batch))
 	}
 	if err == nil {
 		ctx, cancel := context.WithTimeout(e.stopped, enterWaitMax)

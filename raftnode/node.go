@@ -298,6 +298,17 @@ func raftConfig(cfg *Config, hlog hclog.Logger) *raft.Config {
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
+	// An append carries fewer entries than a follower's log keeps behind
+	// its snapshot. A follower that appended a batch whose reply was lost,
+	// then took a snapshot, refuses the same batch sent again once its log
+	// no longer holds the batch's first entries ("failed to get log
+	// entry"); hashicorp/raft v1.8.0's leader then walks its next index
+	// back to 1 and, as long as its own log still holds those entries,
+	// sends them again for good and never a snapshot: the follower stays
+	// behind until it restarts. The default keeps 10,240 entries against 64
+	// an append; a smaller TrailingLogs (tests, the nemesis's 16) shrinks
+	// the appends with it.
+	rc.MaxAppendEntries = int(min(uint64(rc.MaxAppendEntries), max(cfg.TrailingLogs/2, 1)))
 	rc.BatchApplyCh = true
 	// The ledger persists its own state and applied index, so raft need not
 	// restore the last snapshot at start (this node's own snapshots are only

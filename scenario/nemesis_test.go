@@ -121,7 +121,9 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	c, disks := startDiskCluster(t, size, func(cfg *node.Config) {
 		// Snapshots keep little log behind them, so a node that was down
 		// or cut off through one catches up by installing the leader's
-		// snapshot (a restore mid-sale), not by replaying entries.
+		// snapshot (a restore mid-sale), not by replaying entries. (An
+		// append then carries 8 entries: fewer than a follower keeps, see
+		// raftnode's raftConfig.)
 		cfg.Raft.SnapshotThreshold, cfg.Raft.TrailingLogs, cfg.Raft.SnapshotInterval = 64, 16, 300*time.Millisecond
 		cfg.DeductLoop = loop
 	})
