@@ -107,6 +107,7 @@ const (
 	boxUnits, boxBuyers                   = 60, 100
 	boxHoldTTL                            = 800 * time.Millisecond
 	nemesisCallTimeout                    = 3 * time.Second
+	nemesisBuyersGrace                    = time.Minute
 	skuReadStaleness                      = time.Second
 )
 
@@ -154,6 +155,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 		span += f.dur
 	}
 	h := &nemesisHistory{start: time.Now()}
+	h.giveUp = h.start.Add(span + nemesisBuyersGrace)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(3)
@@ -175,6 +177,9 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	restartBroken(t, c, h.start)
 	close(stop)
 	wg.Wait()
+	if n := h.late.Load(); n > 0 {
+		t.Errorf("%d buyers still without a final answer %s after the schedule's end", n, nemesisBuyersGrace)
+	}
 	nemesisWaitReady(t, c)
 	nemesisTotals.deducts.Add(h.deducts.Load())
 	for _, id := range c.IDs {
@@ -467,6 +472,12 @@ type nemesisOp struct {
 type nemesisHistory struct {
 	start   time.Time
 	deducts atomic.Int64
+	// giveUp is when buyers stop retrying (nemesisBuyersGrace after the
+	// schedule's end), and late counts the buyers it stopped: a node that
+	// stops catching up fails the run then, not after every buyer's 40
+	// attempts of up to nemesisCallTimeout each.
+	giveUp time.Time
+	late   atomic.Int64
 
 	mu           sync.Mutex
 	tv           []nemesisOp
@@ -559,6 +570,16 @@ func (h *nemesisHistory) buyTV(c *testnode.Cluster, seed uint64, span time.Durat
 	wg.Wait()
 }
 
+// pastGiveUp reports whether buyers are to stop retrying, and counts the
+// buyer that asks then.
+func (h *nemesisHistory) pastGiveUp() bool {
+	if time.Now().Before(h.giveUp) {
+		return false
+	}
+	h.late.Add(1)
+	return true
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
@@ -606,6 +627,9 @@ func (h *nemesisHistory) deductTV(c *testnode.Cluster, seed uint64, client, buye
 	user := buyer / tvSKUs % tvUsers
 	body := fmt.Sprintf(`{"user":"tv-u%d","request_id":"tv-%d-%d"}`, user, seed, buyer)
 	for attempt := range 40 {
+		if h.pastGiveUp() {
+			return
+		}
 		node := c.IDs[(firstNode+attempt)%len(c.IDs)]
 		cl := h.Client(c, node)
 		if cl == nil {
@@ -724,6 +748,9 @@ func (h *nemesisHistory) buyBox(c *testnode.Cluster, rng *rand.Rand, client, buy
 	var order string
 	var called int64
 	for attempt := range 40 {
+		if h.pastGiveUp() {
+			return
+		}
 		cl := h.Client(c, c.IDs[(buyer+attempt)%len(c.IDs)])
 		if cl == nil {
 			continue
