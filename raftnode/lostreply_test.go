@@ -3,6 +3,7 @@ package raftnode
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,26 +14,36 @@ import (
 	"stockd/raftfsm/command"
 )
 
-// replyLost is a leader's transport that loses the reply of the first
-// append to one follower that carries the entry at index reach: the
-// follower appended the entries, the leader never hears so. Before the reply is dropped, before runs
-// with the index of the last entry sent.
+// replyLost is a leader's transport to one follower that, while hold is
+// set, fails every append carrying entries without sending it, and then
+// loses the reply of the first append that brings the follower to index
+// reach with every entry in it committed: the follower appended the
+// entries, the leader never hears so. Before the reply is dropped, before
+// runs with the append's last index.
 type replyLost struct {
 	raft.Transport
 	to     raft.ServerID
-	reach  uint64
+	hold   atomic.Bool
+	reach  atomic.Uint64
 	before func(last uint64)
 	lost   atomic.Bool
 	sent   atomic.Int64 // entries in the append whose reply was lost
 }
 
 func (l *replyLost) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if id != l.to || len(args.Entries) == 0 {
+		return l.Transport.AppendEntries(id, target, args, resp)
+	}
+	if l.hold.Load() {
+		return errors.New("the follower is held back")
+	}
 	err := l.Transport.AppendEntries(id, target, args, resp)
-	if err != nil || id != l.to || len(args.Entries) == 0 || args.Entries[len(args.Entries)-1].Index < l.reach || !l.lost.CompareAndSwap(false, true) {
+	last := args.Entries[len(args.Entries)-1].Index
+	if err != nil || last < l.reach.Load() || args.LeaderCommitIndex < last || !l.lost.CompareAndSwap(false, true) {
 		return err
 	}
 	l.sent.Store(int64(len(args.Entries)))
-	l.before(min(args.Entries[len(args.Entries)-1].Index, args.LeaderCommitIndex))
+	l.before(last)
 	return errors.New("the follower's reply was lost")
 }
 
@@ -79,22 +90,26 @@ func TestNode_FollowerThatSnapshotsAfterALostReplyCatchesUp(t *testing.T) {
 		t.Cleanup(func() { n.Close(); l.Close() })
 		return n, l
 	}
-	waitApplied := func(what string, n *Node, index uint64) {
+	// The ledger's applied index, not raft's: raft counts an entry
+	// applied when it hands it to the ledger.
+	waitApplied := func(what string, l *raftfsm.Ledger, index uint64) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); n.raft.AppliedIndex() < index; time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); l.AppliedIndex() < index; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s applied index %d, want %d", what, n.raft.AppliedIndex(), index)
+				t.Fatalf("%s applied index %d, want %d", what, l.AppliedIndex(), index)
 			}
 		}
 	}
 
 	var n3 *Node
+	var l3 *raftfsm.Ledger
 	snapshotted := make(chan error, 1)
 	lossy := &replyLost{Transport: plainTransport(t), to: "n3"}
+	lossy.reach.Store(math.MaxUint64)
 	lossy.before = func(last uint64) {
 		// The follower applies what it appended, then snapshots and
 		// compacts its log before the leader tries again.
-		waitApplied("n3", n3, last)
+		waitApplied("n3", l3, last)
 		snapshotted <- n3.Snapshot()
 	}
 	n1, l1 := start("n1", lossy, false)
@@ -109,17 +124,20 @@ func TestNode_FollowerThatSnapshotsAfterALostReplyCatchesUp(t *testing.T) {
 	}
 	mustPropose(t, n1, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 1000}})
 	mustPropose(t, n1, &command.Lease{Node: "n1", SKU: "a", Want: 1000})
-	sell(t, n1, 0, 3*trailing)
-
-	// n3 joins 50 entries behind: the leader, whose log holds them all,
-	// sends them as appends, not a snapshot. The reply to the append that
-	// brings n3 to the end of the log is lost.
-	lossy.reach = n1.raft.LastIndex()
-	var l3 *raftfsm.Ledger
+	sell(t, n1, 0, trailing)
 	n3, l3 = start("n3", plainTransport(t), true)
 	if err := n1.AddVoter("n3", string(n3.transport.LocalAddr())); err != nil {
 		t.Fatal(err)
 	}
+	waitApplied("n3, joining,", l3, l1.AppliedIndex())
+
+	// n3 falls 48 entries behind; the leader, whose log holds them all,
+	// then sends them as appends, not a snapshot. The reply to the append
+	// that brings n3 to the end of the log is lost.
+	lossy.hold.Store(true)
+	sell(t, n1, trailing, 3*trailing)
+	lossy.reach.Store(n1.raft.LastIndex())
+	lossy.hold.Store(false)
 	select {
 	case err := <-snapshotted:
 		if err != nil {
@@ -131,15 +149,15 @@ func TestNode_FollowerThatSnapshotsAfterALostReplyCatchesUp(t *testing.T) {
 	if first, err := n3.logStore.FirstIndex(); err != nil || first <= 1 {
 		t.Fatalf("n3's log starts at %d (%v) after its snapshot: nothing was compacted, the test did not exercise it", first, err)
 	}
-	sell(t, n1, 3*trailing, 5)
-	waitApplied("n3, after the lost reply and its snapshot,", n3, n1.raft.AppliedIndex())
+	sell(t, n1, 4*trailing, 5)
+	waitApplied("n3, after the lost reply and its snapshot,", l3, l1.AppliedIndex())
 	if got := lossy.sent.Load(); got >= trailing {
 		t.Fatalf("the append whose reply was lost carried %d entries; a follower keeps %d", got, trailing)
 	}
 	got, _, _ := l3.SKU("a")
 	have, _, _ := l1.SKU("a")
-	if got.Sold != have.Sold || have.Sold != 3*trailing+5 {
-		t.Fatalf("n3 holds %d sold, the leader %d; want %d on both", got.Sold, have.Sold, 3*trailing+5)
+	if got.Sold != have.Sold || have.Sold != 4*trailing+5 {
+		t.Fatalf("n3 holds %d sold, the leader %d; want %d on both", got.Sold, have.Sold, 4*trailing+5)
 	}
 	checkAudit(t, l1, "a")
 	checkAudit(t, l3, "a")
