@@ -121,9 +121,7 @@ func (e *Engine) fill(batch []*pendingTake, size int, until <-chan time.Time) (_
 // as well, a false "nothing taken" for a unit the ledger had sold.)
 func (e *Engine) abandon(p *pendingTake) {
 	if p.attempts > 0 {
-		var r DeductResult
-		e.waitEnded(p, &r)
-		p.resolve(r)
+		e.fateOpen(p, "the node stopped before the commit; retry with the same request_id on another node")
 		return
 	}
 	s := p.sale
@@ -166,7 +164,11 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 		e.commitTakes(batch[:half])
 		e.commitTakes(batch[half:])
 	case (errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected)) && batch[0].attempts > 0:
-		e.refusedRetry(batch[0], err)
+		// This proposal applied nothing, but an earlier one of the take
+		// had an outcome the proposer could not tell.
+		e.logger.Error("a take proposed again was refused by the leader; its first proposal may have committed, its buyer is told outcome_unknown",
+			"order", batch[0].entry.OrderID, "attempts", batch[0].attempts, "err", err)
+		e.fateOpen(batch[0], "the leader refused this take when it was proposed again, and its first proposal may have committed; retry with the same request_id")
 	case errors.Is(err, ErrTooLarge) || errors.Is(err, ErrRejected):
 		// Nothing was applied: the unit is still this node's.
 		p := batch[0]
@@ -184,20 +186,18 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 	}
 }
 
-// refusedRetry answers a take the leader refused for good when it was
-// proposed again, after an earlier proposal whose outcome the proposer
-// could not tell. This proposal applied nothing, but the earlier one may
-// have committed (or may still): the buyer is told outcome_unknown with its
-// order, never a 503 that says nothing was taken, and the unit stays out of
-// the buckets (an idle lease's return gives it back if it was not sold).
-// The take is forgotten, so a repeat of its request id asks the ledger,
-// where the earlier proposal's fate shows once it is settled.
-func (e *Engine) refusedRetry(p *pendingTake, err error) {
-	e.logger.Error("a take proposed again was refused by the leader; its first proposal may have committed, its buyer is told outcome_unknown",
-		"order", p.entry.OrderID, "attempts", p.attempts, "err", err)
+// fateOpen answers a take that will not be proposed again although an
+// earlier proposal of it had an outcome the proposer could not tell: that
+// one may have committed (or may still), so its buyer is told
+// outcome_unknown with its order, never a 503 that says nothing was taken,
+// and the unit stays out of the buckets (an idle lease's return gives it
+// back if it was not sold). The take is forgotten, so a repeat of its
+// request id asks the ledger, where the earlier proposal's fate shows once
+// it is settled.
+func (e *Engine) fateOpen(p *pendingTake, detail string) {
 	p.sale.takesInFlight.Add(-p.entry.Qty)
 	e.forget(p)
-	r := DeductResult{Status: StatusOutcomeUnknown, Detail: "the leader refused this take when it was proposed again, and its first proposal may have committed; retry with the same request_id"}
+	r := DeductResult{Status: StatusOutcomeUnknown, Detail: detail}
 	e.unknownOrder(p, &r)
 	p.resolve(r)
 }
