@@ -193,10 +193,15 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 // and the unit stays out of the buckets (an idle lease's return gives it
 // back if it was not sold). The take is forgotten, so a repeat of its
 // request id asks the ledger, where the earlier proposal's fate shows once
-// it is settled.
+// it is settled. Its order stays readable as pending (turnedDown) until
+// the ledger holds it: a lookup answered 404 meanwhile was contradicted
+// when the earlier proposal committed late.
 func (e *Engine) fateOpen(p *pendingTake, detail string) {
 	p.sale.takesInFlight.Add(-p.entry.Qty)
 	e.forget(p)
+	if p.entry.OrderID != "" {
+		e.turnedDown.add(p.pendingOrder())
+	}
 	r := DeductResult{Status: StatusOutcomeUnknown, Detail: detail}
 	e.unknownOrder(p, &r)
 	p.resolve(r)

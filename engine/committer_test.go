@@ -226,3 +226,79 @@ func TestEngine_RefusedRetryOfACommittedTakeIsNotDenied(t *testing.T) {
 		t.Fatalf("a repeat of the request id: %s %q order %q; want ok with order %q", again.Status, again.Detail, again.Order.ID, res.Order.ID)
 	}
 }
+
+// lateThenRefused loses the first Take it is sent without proposing it
+// (ErrOutcomeUnknown, as a forward whose reply timed out while the
+// leader still held the entry), refuses every later Take for good, and
+// proposes the first one when the test calls commitLate: an earlier
+// proposal that commits after its retry was refused.
+type lateThenRefused struct {
+	Proposer
+	mu    sync.Mutex
+	takes int
+	held  command.Command
+	at    int64
+}
+
+func (p *lateThenRefused) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+	if _, ok := c.(*command.Take); !ok {
+		return p.Proposer.Propose(at, c)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.takes++
+	if p.takes > 1 {
+		return nil, fmt.Errorf("%w: the leader turns this node's takes away", ErrRejected)
+	}
+	p.held, p.at = c, at
+	return nil, fmt.Errorf("%w: the leader's answer was lost", ErrOutcomeUnknown)
+}
+
+func (p *lateThenRefused) commitLate(t *testing.T) {
+	t.Helper()
+	p.mu.Lock()
+	c, at := p.held, p.at
+	p.mu.Unlock()
+	if c == nil {
+		t.Fatal("no take was held back: the test did not exercise a late commit")
+	}
+	if _, err := p.Proposer.Propose(at, c); err != nil {
+		t.Fatalf("the late commit: %v", err)
+	}
+}
+
+// The order of a take answered outcome_unknown after its retry was
+// refused was read as 404 on its node, and then found once the first
+// proposal committed late: an answer that did not stay true. It reads
+// as pending until the ledger settles it, then as the ledger has it.
+func TestEngine_OrderOfAnOpenFateIsPendingNotMissing(t *testing.T) {
+	lp := &lateThenRefused{}
+	tn := startTestNodeWith(t, t.TempDir(), nil, func(inner Proposer) Proposer {
+		lp.Proposer = inner
+		return lp
+	})
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 3}); err != nil {
+		t.Fatal(err)
+	}
+	res := tn.deduct("a", "u1", "r1", 1, false)
+	if res.Status != StatusOutcomeUnknown || res.Order.ID == "" {
+		t.Fatalf("a take lost, then refused on its retry: %s %q order %q; want outcome_unknown with its order", res.Status, res.Detail, res.Order.ID)
+	}
+	o, ok, err := tn.engine.Order(res.Order.ID)
+	if err != nil || !ok || o.State != raftfsm.OrderPending || o.User != "u1" || o.Qty != 1 {
+		t.Fatalf("the open order before its late commit: %+v found %v err %v; want it pending, u1's, one unit", o, ok, err)
+	}
+	lp.commitLate(t)
+	o, ok, err = tn.engine.Order(res.Order.ID)
+	if err != nil || !ok || o.State == raftfsm.OrderPending || o.State == raftfsm.OrderReleased {
+		t.Fatalf("the order after its late commit: %+v found %v err %v; want it won", o, ok, err)
+	}
+	again := tn.deduct("a", "u1", "r1", 1, false)
+	if again.Status != StatusOK || again.Order.ID != res.Order.ID {
+		t.Fatalf("a repeat of the request id: %s %q order %q; want ok with order %q", again.Status, again.Detail, again.Order.ID, res.Order.ID)
+	}
+	a := tn.checkLedger("a")
+	if a.Row.Sold != 1 || a.OrdersSold != 1 {
+		t.Fatalf("the ledger sold %d units in %d orders; want the one unit of the late proposal", a.Row.Sold, a.OrdersSold)
+	}
+}

@@ -15,7 +15,9 @@ const turnedDownMax = 100_000
 // take, so GET /v1/orders/{id} answers "released" with the reason instead
 // of 404, and the pending orders that turned out to repeat a request id
 // another node had already won with (the ledger's order, under the id this
-// node answered). Oldest entries are forgotten first. Safe for concurrent use; only
+// node answered), and, as pending, the orders of takes whose fate stays
+// open (fateOpen): the ledger, asked first, answers once it holds one.
+// Oldest entries are forgotten first. Safe for concurrent use; only
 // the losing end of a wait=none take touches it.
 type turnedDown struct {
 	mu    sync.Mutex
