@@ -790,3 +790,93 @@ func TestAuditGap_PacedByTheAuditsOwnCost(t *testing.T) {
 		t.Fatalf("after a 4s audit: %s, want 400s", got)
 	}
 }
+
+// Confirms and cancels of one held order racing each other and the hold's
+// expiry: the ledger decides them in log order, so one fate wins, each
+// answer agrees with the order's final state (a cancel of an expired hold
+// answers ok, released as expired), and a later read never contradicts an
+// answer already given. Run over many held orders at
+// once, with the clock moved past their hold midway.
+func TestEngine_ConfirmsAndCancelsRacingOnOneOrderAgree(t *testing.T) {
+	var clock fakeClock
+	tn := startTestNode(t, t.TempDir(), func(c *Config) { c.Now = clock.now })
+	const orders, racers = 40, 6
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: orders, HoldTTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, orders)
+	for i := range ids {
+		r := tn.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false)
+		if r.Status != StatusOK || r.Order.State != raftfsm.OrderHeld {
+			t.Fatalf("deduct %d: %s %s", i, r.Status, r.Order.State)
+		}
+		ids[i] = r.Order.ID
+	}
+	type answer struct {
+		confirm bool
+		state   raftfsm.OrderState
+		reason  string
+		err     error
+	}
+	answers := make([][]answer, orders)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		for k := range racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				confirm := k%2 == 0
+				if i == orders/2 && k == 0 {
+					clock.advance(11 * time.Second) // the rest race the expiry too
+				}
+				var o raftfsm.Order
+				var err error
+				if confirm {
+					o, err = tn.engine.Confirm(id)
+				} else {
+					o, err = tn.engine.Cancel(id)
+				}
+				mu.Lock()
+				answers[i] = append(answers[i], answer{confirm, o.State, o.ReleaseReason, err})
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	sold, fates := 0, map[string]int{}
+	for i, id := range ids {
+		waitUntil(t, "order "+id+" is settled", func() bool {
+			o, _, _ := tn.engine.Order(id)
+			return o.State == raftfsm.OrderSold || o.State == raftfsm.OrderReleased
+		})
+		final, _, _ := tn.engine.Order(id)
+		fates[string(final.State)+" "+final.ReleaseReason]++
+		if final.State == raftfsm.OrderSold {
+			sold++
+		}
+		for _, a := range answers[i] {
+			switch {
+			case a.err == nil && a.confirm && (a.state != raftfsm.OrderSold || final.State != raftfsm.OrderSold):
+				t.Errorf("order %s: a confirm answered ok (%s), the order ended %s", id, a.state, final.State)
+			case a.err == nil && !a.confirm && (a.state != raftfsm.OrderReleased || a.state != final.State || a.reason != final.ReleaseReason):
+				// A cancel of a hold that expired answers ok with the
+				// order released as expired: what the buyer asked for.
+				t.Errorf("order %s: a cancel answered ok (%s %q), the order ended %s %q", id, a.state, a.reason, final.State, final.ReleaseReason)
+			case a.err != nil && !errors.Is(a.err, ErrInvalidState) && !errors.Is(a.err, ErrExpired):
+				t.Errorf("order %s: an answer %v, want ok, invalid_state or expired", id, a.err)
+			case errors.Is(a.err, ErrExpired) && (final.State != raftfsm.OrderReleased || final.ReleaseReason != raftfsm.ReleaseExpired):
+				t.Errorf("order %s: answered expired, the order ended %s %q", id, final.State, final.ReleaseReason)
+			case errors.Is(a.err, ErrInvalidState) && a.confirm && final.State == raftfsm.OrderSold:
+				t.Errorf("order %s: a confirm was refused though the order ended sold", id)
+			case errors.Is(a.err, ErrInvalidState) && !a.confirm && final.State == raftfsm.OrderReleased && final.ReleaseReason == raftfsm.ReleaseCancelled:
+				t.Errorf("order %s: a cancel was refused though the order ended cancelled", id)
+			}
+		}
+	}
+	a := tn.checkLedger("a")
+	if a.Row.Sold != int64(sold) || a.Row.Held != 0 {
+		t.Fatalf("the ledger's row %+v; want %d sold, none held", a.Row, sold)
+	}
+	t.Logf("the orders' fates: %v", fates)
+}
