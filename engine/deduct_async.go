@@ -85,13 +85,14 @@ type asyncWait struct {
 	answered atomic.Bool
 }
 
-// settled answers with the take's outcome (pendingTake.onDone).
+// settled answers with the take's outcome (pendingTake.onDone). It runs
+// after resolveAt set the result, on its goroutine, and the result never
+// changes after that: it is read in place, not copied to the heap.
 func (w *asyncWait) settled() {
 	if !w.answered.CompareAndSwap(false, true) {
 		return
 	}
-	r, _ := w.p.outcome()
-	w.answer(&r)
+	w.answer(&w.p.result)
 }
 
 // ended answers a wait that reached its limit or the engine's stop.

@@ -98,6 +98,12 @@ type loopConn struct {
 	// rather than a closure a deduct.
 	closeAfter bool
 	settled    func(*engine.DeductResult)
+	// req and res are the deduct being started and its answer when it
+	// is known at once: the loop goroutine's, reused from one request to
+	// the next (the engine keeps neither once DeductAsync returns), so
+	// that neither is an allocation a deduct.
+	req engine.DeductRequest
+	res engine.DeductResult
 }
 
 // DeductLoopAvailable says whether ServeDeductLoop can run here (it needs

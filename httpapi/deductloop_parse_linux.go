@@ -55,7 +55,8 @@ func (l *deductLoop) parse(c *loopConn) (n int, serve bool) {
 		return 0, false
 	}
 	req.Hint = c.hint
-	l.start(c, &req, !r.keepAlive)
+	c.req = req
+	l.start(c, &c.req, !r.keepAlive)
 	return n, true
 }
 
@@ -149,9 +150,9 @@ func (r *loopRequest) deduct(body []byte) (engine.DeductRequest, bool) {
 // finish.
 func (l *deductLoop) start(c *loopConn, req *engine.DeductRequest, closeAfter bool) {
 	c.start = time.Now()
-	var res engine.DeductResult
-	if l.eng.DeductAsync(req, &res, c.settled) {
-		c.answerResult(&res, closeAfter)
+	res := &c.res
+	if l.eng.DeductAsync(req, res, c.settled) {
+		c.answerResult(res, closeAfter)
 		return
 	}
 	c.inflight, c.closeAfter = true, closeAfter
