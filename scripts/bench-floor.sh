@@ -17,6 +17,10 @@
 # context switch cost on the machine at that moment (`perf bench`, when
 # perf is installed): the no-op's floor moves with them from day to day.
 # Redis answering PING is its own floor, beside stockd's no-op.
+# Redis + Lua runs right after stockd's committed deducts, and Redis
+# pipelined right after stockd's batch route: the rows a rate ratio
+# compares are seconds apart. The run ends with the median of each bar's
+# ratio over the rounds, and how many rounds met it.
 # The node with default flags serves plain deducts from its event loop; a
 # second node runs with -http-event-loop=false (fasthttp serves every
 # request): its sold-out and committed rows follow the default node's,
@@ -285,6 +289,13 @@ for round in $(seq 1 "$rounds"); do
   commit_cpu=$cpu; commit_rate=$rate
   t0=$(cpu_ticks "$node_pid"); settle "$node_url"; t1=$(cpu_ticks "$node_pid")
   echo "    writing the ledger file behind those wins took $(awk -v a="$t0" -v b="$t1" -v hz="$hz" 'BEGIN {printf "%.2f", (b - a) / hz}') s of the node's CPU more"
+  # Redis + Lua right after the committed deducts, and Redis pipelined
+  # right after the batch route: each rate ratio compares rows measured
+  # seconds apart, not a minute, on a host whose load drifts.
+  parts_tag=redis-lua parts_pid=$redis_pid redis_row "Redis + Lua, appendfsync always, pipeline 1" 1
+  redis1_rate=$rate; redis1_cpu=$cpu
+  parts_tag=redis-ping parts_pid=$redis_pid redis_row "Redis PING, its floor, pipeline 1" 1 ping
+  ping_cpu=$cpu
   settle "$alt_url"
   wrk_row "stockd -http-event-loop=false sold-out answers (wrk)" "$alt_pid" "$alt_url/v1/skus/gone/deduct" "$work/deduct.lua"
   alt_sold_cpu=$cpu
@@ -303,12 +314,8 @@ for round in $(seq 1 "$rounds"); do
   [ "$((w1 - w0))" -lt "$sent" ] && echo "    of the $sent buyers the batch requests carried, $((sent - w1 + w0)) were not sold a unit"
   row "stockd POST /v1/deducts, 100 a request (units)" "$node_pid" "$((w1 - w0))" "$t0" "$t1" "$secs" "$client_cpu"
   batch_rate=$rate
-  parts_tag=redis-lua parts_pid=$redis_pid redis_row "Redis + Lua, appendfsync always, pipeline 1" 1
-  redis1_rate=$rate; redis1_cpu=$cpu
   redis_row "Redis + Lua, appendfsync always, pipeline 100" 100
   redis100_rate=$rate
-  parts_tag=redis-ping parts_pid=$redis_pid redis_row "Redis PING, its floor, pipeline 1" 1 ping
-  ping_cpu=$cpu
   line=$(awk -v nc="$noop_cpu" -v npc="$noop_post_cpu" -v sc="$sold_cpu" -v cc="$commit_cpu" -v cr="$commit_rate" -v nn="$none_cpu" \
     -v r1="$redis1_rate" -v rc1="$redis1_cpu" -v br="$batch_rate" -v r100="$redis100_rate" -v pc="$ping_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
     BEGIN { printf "sold-out %.2fx the no-op CPU for the same request (%.2fx for a GET), commit %.2fx the no-op CPU (wait=none %.2fx) and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua, batch %.2fx Redis pipelined; above its floor a committed deduct costs %.1f µs (commit - no-op, same request), Redis + Lua %.1f µs (- PING)",
@@ -316,6 +323,10 @@ for round in $(seq 1 "$rounds"); do
   line="$line; -http-event-loop=false: $(awk -v npc="$noop_post_cpu" -v nc="$noop_cpu" -v sc="$alt_sold_cpu" -v cc="$alt_commit_cpu" -v cr="$alt_commit_rate" -v r1="$redis1_rate" -v rc1="$redis1_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
     BEGIN { printf "sold-out %.2fx the no-op CPU for the same request, commit %.2fx the no-op CPU and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua", q(sc, npc), q(cc, nc), q(cc, rc1), q(cr, r1) }')"
   [ -n "$machine" ] && line="$line; $machine"
+  # The bars' four ratios, for the medians over rounds at the end.
+  awk -v nc="$noop_cpu" -v npc="$noop_post_cpu" -v sc="$sold_cpu" -v cc="$commit_cpu" -v cr="$commit_rate" \
+    -v r1="$redis1_rate" -v br="$batch_rate" -v r100="$redis100_rate" 'function q(a, b) { return b > 0 ? a / b : 0 }
+    BEGIN { printf "%.4f %.4f %.4f %.4f\n", q(sc, npc), q(cc, nc), q(cr, r1), q(br, r100) }' >>"$work/ratios"
   echo "  round $round: $line"
   summary+=("round $round: $line")
   if [ -n "$parts" ]; then parts_table "no-op:$noop_post_cpu" "commit:$commit_cpu" "redis-lua:$redis1_cpu" "redis-ping:$ping_cpu"; fi
@@ -328,3 +339,12 @@ echo "the -http-event-loop=false node's audit: $(echo "$audit" | tr -d '\n' | cu
 echo "Redis sold $(( 1000000000 - $(rc GET stock) )) units"
 echo "each round's ratios (the bars: sold-out at most 1.20x the no-op for the same request, commit at most 2.57x the no-op's GET (18 µs on a 7 µs floor), commit rate at least 1.00x Redis + Lua, batch at least 1.50x Redis pipelined):"
 for l in "${summary[@]}"; do echo "  $l"; done
+# median COLUMN: the median over rounds of one of the bars' ratios.
+median() {
+  cut -d' ' -f"$1" "$work/ratios" | sort -g | awk '{a[NR] = $1} END {printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+}
+# met COLUMN OP LIMIT: how many rounds met that bar.
+met() {
+  cut -d' ' -f"$1" "$work/ratios" | awk -v op="$2" -v lim="$3" '(op == "le" && $1 <= lim) || (op == "ge" && $1 >= lim) {n++} END {print n + 0}'
+}
+echo "medians over the $rounds rounds (rounds that met the bar): sold-out $(median 1)x the no-op for the same request ($(met 1 le 1.2)), commit $(median 2)x the no-op's GET ($(met 2 le 2.57)), commit rate $(median 3)x Redis + Lua ($(met 3 ge 1.0)), batch $(median 4)x Redis pipelined ($(met 4 ge 1.5))"
