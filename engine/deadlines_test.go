@@ -55,7 +55,7 @@ func TestDeadlines_EndClosesEveryWaitAtOnce(t *testing.T) {
 
 func TestAwaitPending_StopEndsTheWaitWithOutcomeUnknown(t *testing.T) {
 	e := &Engine{stop: make(chan struct{}), drainLost: make(chan struct{}), commitWaits: newDeadlines(time.Now)}
-	p := &pendingTake{done: make(chan struct{})}
+	p := &pendingTake{}
 	got := make(chan DeductResult)
 	go func() {
 		var res DeductResult
@@ -74,7 +74,7 @@ func TestAwaitPending_StopEndsTheWaitWithOutcomeUnknown(t *testing.T) {
 	}
 
 	// A take resolved before the wait ends is answered, whatever ended it.
-	p = &pendingTake{done: make(chan struct{})}
+	p = &pendingTake{}
 	p.resolve(DeductResult{Status: StatusOK})
 	var res DeductResult
 	e.awaitPending(p, false, time.Hour, &res)

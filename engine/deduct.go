@@ -500,7 +500,7 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 	// fewer channels costs the hot path less, and the reason is read
 	// after.
 	select {
-	case <-p.done:
+	case <-p.whenDone():
 		r, _ := p.outcome()
 		*res = r
 		return

@@ -26,8 +26,13 @@ type pendingTake struct {
 	attempts int
 
 	once sync.Once
-	done chan struct{}
-	mu   sync.Mutex // guards result, isTaken and taken
+	mu   sync.Mutex // guards resolved, done, result, isTaken and taken
+	// resolved is set once the ledger has answered (result holds it).
+	// done is made only for a caller that blocks until then (whenDone),
+	// and closed then: the event loop's deducts and most others never
+	// block on it, and a channel each cost an allocation a deduct.
+	resolved bool
+	done     chan struct{}
 	// isTaken is set once the unit is taken and entry.OrderID holds the
 	// order's id. taken is made only for a repeat that waits for that
 	// (whenTaken), and closed then: most takes have no such repeat, and a
@@ -35,8 +40,10 @@ type pendingTake struct {
 	isTaken bool
 	taken   chan struct{}
 	result  DeductResult
-	// notify are called once the ledger answers (onDone).
-	notify []func()
+	// notify1 and notify are called once the ledger answers (onDone):
+	// the first apart, as most takes have one, so that it costs no slice.
+	notify1 func()
+	notify  []func()
 	// path is the adaptive limit that counts this take while it waits for
 	// the ledger (set once it is queued for commit, at entered on the real
 	// clock: the engine's may be a test's).
@@ -51,7 +58,7 @@ func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
 	}
 	req.slot = nil // a slot serves one take
 	*p = pendingTake{
-		sale: s, hint: req.Hint, done: make(chan struct{}), created: req.clock.now, entered: req.clock.real,
+		sale: s, hint: req.Hint, created: req.clock.now, entered: req.clock.real,
 		entry: command.TakeEntry{SKU: s.sku, Qty: req.Qty},
 	}
 	if len(req.RequestID) == 0 {
@@ -107,10 +114,16 @@ func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.result = r
-		notify := p.notify
-		p.notify = nil
-		close(p.done) // under mu: onDone sees done closed or is in notify
-		p.mu.Unlock()
+		p.resolved = true
+		notify1, notify := p.notify1, p.notify
+		p.notify1, p.notify = nil, nil
+		if p.done != nil {
+			close(p.done)
+		}
+		p.mu.Unlock() // onDone saw resolved, or f is in notify
+		if notify1 != nil {
+			notify1()
+		}
 		for _, f := range notify {
 			f()
 		}
@@ -128,24 +141,45 @@ func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
 func (p *pendingTake) onDone(f func()) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	select {
-	case <-p.done:
+	if p.resolved {
 		return false
-	default:
 	}
-	p.notify = append(p.notify, f)
+	if p.notify1 == nil {
+		p.notify1 = f
+	} else {
+		p.notify = append(p.notify, f)
+	}
 	return true
 }
 
+// closedChan is a channel closed from the start: whenDone's answer for a
+// take already answered.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// whenDone returns a channel closed once the ledger answers p.
+func (p *pendingTake) whenDone() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resolved {
+		return closedChan
+	}
+	if p.done == nil {
+		p.done = make(chan struct{})
+	}
+	return p.done
+}
+
 func (p *pendingTake) outcome() (DeductResult, bool) {
-	select {
-	case <-p.done:
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.result, true
-	default:
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.resolved {
 		return DeductResult{}, false
 	}
+	return p.result, true
 }
 
 func (p *pendingTake) pendingOrder() raftfsm.Order {
