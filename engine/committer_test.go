@@ -165,6 +165,23 @@ func TestEngine_AbandonAtStopNeverDeniesAProposedTake(t *testing.T) {
 	}
 }
 
+// deductRefusedOnRetry starts a node whose proposer wrap makes (one that
+// loses a take's first answer and refuses its retry), opens sale "a" of
+// 3 units, and has u1 deduct one with request id r1: the answer must be
+// outcome_unknown with its order (what says which case it is).
+func deductRefusedOnRetry(t *testing.T, what string, wrap func(Proposer) Proposer) (*testNode, DeductResult) {
+	t.Helper()
+	tn := startTestNodeWith(t, t.TempDir(), nil, wrap)
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 3}); err != nil {
+		t.Fatal(err)
+	}
+	res := tn.deduct("a", "u1", "r1", 1, false)
+	if res.Status != StatusOutcomeUnknown || res.Order.ID == "" {
+		t.Fatalf("%s: %s %q order %q; want outcome_unknown with its order", what, res.Status, res.Detail, res.Order.ID)
+	}
+	return tn, res
+}
+
 // lostThenRefused commits the first Take it is sent and loses the answer
 // (ErrOutcomeUnknown, as a forward whose reply timed out), then refuses
 // every later Take for good (ErrRejected, as a new leader whose secret or
@@ -199,18 +216,10 @@ func (p *lostThenRefused) Propose(at int64, c command.Command) (*raftfsm.Result,
 // repeat of its request id reads the sale from the ledger.
 func TestEngine_RefusedRetryOfACommittedTakeIsNotDenied(t *testing.T) {
 	lp := &lostThenRefused{}
-	tn := startTestNodeWith(t, t.TempDir(), nil, func(inner Proposer) Proposer {
+	tn, res := deductRefusedOnRetry(t, "a take sold by its first proposal, refused on its retry", func(inner Proposer) Proposer {
 		lp.Proposer = inner
 		return lp
 	})
-	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 3}); err != nil {
-		t.Fatal(err)
-	}
-	res := tn.deduct("a", "u1", "r1", 1, false)
-	if res.Status != StatusOutcomeUnknown || res.Order.ID == "" {
-		t.Fatalf("a take sold by its first proposal, refused on its retry: %s %q order %q; want outcome_unknown with its order",
-			res.Status, res.Detail, res.Order.ID)
-	}
 	lp.mu.Lock()
 	takes := lp.takes
 	lp.mu.Unlock()
@@ -273,17 +282,10 @@ func (p *lateThenRefused) commitLate(t *testing.T) {
 // as pending until the ledger settles it, then as the ledger has it.
 func TestEngine_OrderOfAnOpenFateIsPendingNotMissing(t *testing.T) {
 	lp := &lateThenRefused{}
-	tn := startTestNodeWith(t, t.TempDir(), nil, func(inner Proposer) Proposer {
+	tn, res := deductRefusedOnRetry(t, "a take lost, then refused on its retry", func(inner Proposer) Proposer {
 		lp.Proposer = inner
 		return lp
 	})
-	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 3}); err != nil {
-		t.Fatal(err)
-	}
-	res := tn.deduct("a", "u1", "r1", 1, false)
-	if res.Status != StatusOutcomeUnknown || res.Order.ID == "" {
-		t.Fatalf("a take lost, then refused on its retry: %s %q order %q; want outcome_unknown with its order", res.Status, res.Detail, res.Order.ID)
-	}
 	o, ok, err := tn.engine.Order(res.Order.ID)
 	if err != nil || !ok || o.State != raftfsm.OrderPending || o.User != "u1" || o.Qty != 1 {
 		t.Fatalf("the open order before its late commit: %+v found %v err %v; want it pending, u1's, one unit", o, ok, err)
