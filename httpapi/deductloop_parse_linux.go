@@ -5,7 +5,6 @@ import (
 	"crypto/subtle"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -149,7 +148,7 @@ func (r *loopRequest) deduct(body []byte) (engine.DeductRequest, bool) {
 // start hands req to the engine: answered at once, or in flight until
 // finish.
 func (l *deductLoop) start(c *loopConn, req *engine.DeductRequest, closeAfter bool) {
-	c.start = time.Now()
+	c.start = l.wokeAt
 	res := &c.res
 	if l.eng.DeductAsync(req, res, c.settled) {
 		c.answerResult(res, closeAfter)
@@ -242,9 +241,6 @@ func (c *loopConn) answerResult(r *engine.DeductResult, closeAfter bool) {
 // answer appends a response to c.out, as fasthttp would write it. Under
 // c.mu.
 func (c *loopConn) answer(code int, body []byte, retryAfter int64, closeAfter bool) {
-	if len(c.out) == 0 {
-		c.outSince = time.Now()
-	}
 	o := append(c.out, "HTTP/1.1 "...)
 	o = strconv.AppendInt(o, int64(code), 10)
 	o = append(o, ' ')

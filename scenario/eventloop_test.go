@@ -5,10 +5,12 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -507,4 +509,58 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 		t.Fatalf("the loop answered %v, want %d", served, requests)
 	}
 	testnode.CheckLedger(t, mc, "none")
+}
+
+// A client that sends and never reads is closed once its answers have
+// waited past the write timeout: the loop holds a bounded backlog for
+// it, not a connection for ever.
+func TestEventLoop_ClientThatNeverReadsIsClosedAfterTheWriteTimeout(t *testing.T) {
+	n := startLoopNode(t, 10, func(c *node.Config) { c.HTTP.WriteTimeout = time.Second })
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return cmp.Or(err, serr)
+	}}
+	c, err := d.Dial("tcp", n.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	var all strings.Builder
+	const requests = 40_000
+	for i := range requests {
+		all.WriteString(deductReq("none", "", fmt.Sprintf(`{"user":"w%d","request_id":"w%d"}`, i, i)))
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(c, all.String())
+		wrote <- err
+	}()
+	mc := testnode.ClientOf(n, 1)
+	testnode.WaitFor(t, 30*time.Second, "the loop to take the connection", func() bool {
+		return loopConnections(t, mc) == 1
+	})
+	testnode.WaitFor(t, 30*time.Second, "the loop to close the client that does not read", func() bool {
+		return loopConnections(t, mc) == 0
+	})
+	<-wrote // written into the node's socket buffers, or refused once it closed
+	// The client sees the close: its reads end before the deadline.
+	if _, err := io.Copy(io.Discard, c); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the client's connection stayed open: %v", err)
+	}
+	if served, _ := loopCounts(t, mc); served == 0 || served >= requests {
+		t.Fatalf("the loop answered %v of %d before closing, want some and not all", served, requests)
+	}
+	testnode.CheckLedger(t, mc, "none")
+}
+
+// loopConnections is the loop's stockd_http_event_loop_connections.
+func loopConnections(t *testing.T, mc *fasthttp.HostClient) float64 {
+	t.Helper()
+	v := -1.0
+	for _, line := range strings.Split(testnode.GetRaw(t, mc, "/metrics"), "\n") {
+		fmt.Sscanf(line, "stockd_http_event_loop_connections %g", &v)
+	}
+	return v
 }
