@@ -456,17 +456,7 @@ func TestEventLoop_StopAnswersDeductsInFlight(t *testing.T) {
 // answers reach their bound: every answer still comes, in order.
 func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 	n := startLoopNode(t, 10, nil)
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return cmp.Or(err, serr)
-	}}
-	c, err := d.Dial("tcp", n.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(60 * time.Second))
+	c := dialSmallReceiveBuffer(t, n.HTTPAddr())
 	r := &rawConn{t: t, c: c, br: bufio.NewReaderSize(c, 512)}
 	const requests = 40_000
 	var all strings.Builder
@@ -516,17 +506,7 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 // it, not a connection for ever.
 func TestEventLoop_ClientThatNeverReadsIsClosedAfterTheWriteTimeout(t *testing.T) {
 	n := startLoopNode(t, 10, func(c *node.Config) { c.HTTP.WriteTimeout = time.Second })
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return cmp.Or(err, serr)
-	}}
-	c, err := d.Dial("tcp", n.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(60 * time.Second))
+	c := dialSmallReceiveBuffer(t, n.HTTPAddr())
 	var all strings.Builder
 	const requests = 40_000
 	for i := range requests {
@@ -563,4 +543,23 @@ func loopConnections(t *testing.T, mc *fasthttp.HostClient) float64 {
 		fmt.Sscanf(line, "stockd_http_event_loop_connections %g", &v)
 	}
 	return v
+}
+
+// dialSmallReceiveBuffer connects with a 4 KiB receive buffer, so that
+// answers the client does not read soon fill its socket, and a minute's
+// deadline.
+func dialSmallReceiveBuffer(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return cmp.Or(err, serr)
+	}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	return c
 }
