@@ -25,8 +25,7 @@ type pendingTake struct {
 	created  time.Time
 	attempts int
 
-	once sync.Once
-	mu   sync.Mutex // guards resolved, done, result, isTaken and taken
+	mu sync.Mutex // guards resolved, done, result, isTaken and taken
 	// resolved is set once the ledger has answered (result holds it).
 	// done is made only for a caller that blocks until then (whenDone),
 	// and closed then: the event loop's deducts and most others never
@@ -111,29 +110,31 @@ func (p *pendingTake) resolve(r DeductResult) { p.resolveAt(r, time.Time{}) }
 // resolveAt is resolve with the real time of the answer, read once for a
 // batch of takes (zero: read it now).
 func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
-	p.once.Do(func() {
-		p.mu.Lock()
-		p.result = r
-		p.resolved = true
-		notify1, notify := p.notify1, p.notify
-		p.notify1, p.notify = nil, nil
-		if p.done != nil {
-			close(p.done)
+	p.mu.Lock()
+	if p.resolved { // answered once: a later answer changes nothing
+		p.mu.Unlock()
+		return
+	}
+	p.result = r
+	p.resolved = true
+	notify1, notify := p.notify1, p.notify
+	p.notify1, p.notify = nil, nil
+	if p.done != nil {
+		close(p.done)
+	}
+	p.mu.Unlock() // onDone saw resolved, or f is in notify
+	if notify1 != nil {
+		notify1()
+	}
+	for _, f := range notify {
+		f()
+	}
+	if p.path != nil {
+		if end.IsZero() {
+			end = time.Now()
 		}
-		p.mu.Unlock() // onDone saw resolved, or f is in notify
-		if notify1 != nil {
-			notify1()
-		}
-		for _, f := range notify {
-			f()
-		}
-		if p.path != nil {
-			if end.IsZero() {
-				end = time.Now()
-			}
-			p.path.leave(end.Sub(p.entered))
-		}
-	})
+		p.path.leave(end.Sub(p.entered))
+	}
 }
 
 // onDone has f called once the ledger answers p, on the goroutine that

@@ -44,7 +44,7 @@ func New(log2Bits uint) *Filter {
 // written, reading it reads the kernel's shared zero page, and questions
 // asked of an empty filter, which a sale's tail asks on every sold-out
 // answer, read such pages. On the virtual machines we measure on, that
-// cost a node's sold-out answer 25-31 µs of CPU against 16-22 µs with the
+// cost a new node's sold-out answer 25-37 µs of CPU against 16-23 µs with the
 // pages written (BENCHMARKS.md, "twenty-fifth session"): the price of
 // writing them is one page fault each, once, when the filter is made.
 func (f *Filter) touch() {
