@@ -214,7 +214,7 @@ func (e *Engine) startAttempt(s *sale, req *DeductRequest, res *DeductResult, sl
 	if len(req.RequestID) > 0 {
 		p = e.newPendingTake(s, req)
 		e.pendingIDs.add(p.entry.User, p.entry.RequestID) // before it is registered: see mayBeRepeat
-		if other, mine := e.pendingReq.putIfAbsent(p.reqKey, p); !mine {
+		if other, mine := e.pendingReq.putIfAbsent(p); !mine {
 			if taken {
 				e.putBack(s, req.Hint, req.Qty)
 			}
@@ -455,7 +455,7 @@ func (e *Engine) won(s *sale, p *pendingTake, res *DeductResult) bool {
 	p.markTaken()
 	qty := p.entry.Qty
 	s.takesInFlight.Add(qty)
-	e.pendingOrd.putIfAbsent(p.entry.OrderID, p)
+	e.pendingOrd.putIfAbsent(p)
 	if units := s.buckets.Units(); units < s.lowWatermark.Load() {
 		e.requestRefill(s)
 	}
@@ -577,9 +577,9 @@ func (e *Engine) putBack(s *sale, hint uint32, qty int64) {
 
 func (e *Engine) forget(p *pendingTake) {
 	if p.entry.OrderID != "" {
-		e.pendingOrd.delete(p.entry.OrderID)
+		e.pendingOrd.remove(p)
 	}
 	if p.reqKey != "" {
-		e.pendingReq.delete(p.reqKey)
+		e.pendingReq.remove(p)
 	}
 }

@@ -24,18 +24,18 @@ type Engine struct {
 	sales   atomic.Pointer[map[string]*sale] // copy on write: lock-free reads
 
 	orderIDs   *orderid.Minter
-	pendingReq *stripedMap[*pendingTake] // request id -> take awaiting commit
-	pendingIDs *pendingFilter            // request ids that may be in pendingReq, lock-free
-	batchSeed  maphash.Seed              // hashes a batch's request keys (reusedInBatch)
-	deadlines  *deadlines                // shared timeouts of waiting deducts
+	pendingReq *takeIndex     // request id -> take awaiting commit
+	pendingIDs *pendingFilter // request ids that may be in pendingReq, lock-free
+	batchSeed  maphash.Seed   // hashes a batch's request keys (reusedInBatch)
+	deadlines  *deadlines     // shared timeouts of waiting deducts
 	// commitWaits are the deadlines of deducts waiting for the ledger's
 	// answer (awaitPending); they also end, all at once, when the engine
 	// stops or its drain loses the leader, so that such a wait selects on
 	// two channels, its take's and one of these.
 	commitWaits *deadlines
-	asyncWaits  asyncWaits                // DeductAsync callers waiting for the ledger
-	pendingOrd  *stripedMap[*pendingTake] // order id -> take awaiting commit
-	turnedDown  *turnedDown               // pending orders the ledger did not take
+	asyncWaits  asyncWaits  // DeductAsync callers waiting for the ledger
+	pendingOrd  *takeIndex  // order id -> take awaiting commit
+	turnedDown  *turnedDown // pending orders the ledger did not take
 
 	takeQueue    chan *pendingTake
 	localSlots   chan struct{} // semaphore of Take proposals while leading
@@ -94,12 +94,12 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		cfg:          cfg,
 		logger:       logger.With("component", "engine", "node", cfg.NodeID),
 		ledger:       ledger,
-		pendingReq:   newStripedMap[*pendingTake](),
+		pendingReq:   newTakeIndex(byRequest),
 		pendingIDs:   newPendingFilter(cfg.Now()),
 		batchSeed:    maphash.MakeSeed(),
 		deadlines:    newDeadlines(time.Now),
 		commitWaits:  newDeadlines(time.Now),
-		pendingOrd:   newStripedMap[*pendingTake](),
+		pendingOrd:   newTakeIndex(byOrder),
 		turnedDown:   newTurnedDown(),
 		takeQueue:    make(chan *pendingTake, cfg.TakeQueueMax),
 		localSlots:   make(chan struct{}, cfg.ProposalsInFlightMax),
