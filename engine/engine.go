@@ -27,6 +27,7 @@ type Engine struct {
 	pendingReq *takeIndex     // request id -> take awaiting commit
 	pendingIDs *pendingFilter // request ids that may be in pendingReq, lock-free
 	batchSeed  maphash.Seed   // hashes a batch's request keys (reusedInBatch)
+	prefetched atomic.Uint64  // the words prefetchRequests read, summed so that they are read
 	deadlines  *deadlines     // shared timeouts of waiting deducts
 	// commitWaits are the deadlines of deducts waiting for the ledger's
 	// answer (awaitPending); they also end, all at once, when the engine

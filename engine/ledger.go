@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
@@ -22,6 +23,9 @@ type Ledger interface {
 	// exist at all.
 	LookupRequest(user, requestID []byte) (raftfsm.RequestRecord, bool)
 	MayHoldRequest(user, requestID []byte) bool
+	// RequestLine is a word of what MayHoldRequest reads, for a batch
+	// that brings in the lines of many ids before it asks.
+	RequestLine(user, requestID []byte) *atomic.Uint64
 	// RequestIDs is how many request ids the ledger remembers.
 	RequestIDs() int
 	// BoughtBytes is a buyer's units of a per_user sale; MayHaveBought

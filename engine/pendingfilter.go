@@ -56,6 +56,17 @@ func (f *pendingFilter) mayContain(user, requestID []byte) bool {
 	return cur.MayContain(h) || prev.MayContain(h)
 }
 
+// prefetchLine is a word of each filter line that tells a request id new
+// (hashfilter.Filter.Line): read them to bring the lines in.
+type prefetchLine struct{ cur, prev, ledger *atomic.Uint64 }
+
+// lines returns the words of the lines mayContain reads for user and
+// requestID.
+func (f *pendingFilter) lines(user, requestID []byte) prefetchLine {
+	h := requestHash(f.seed, user, requestID)
+	return prefetchLine{cur: f.cur.Load().Line(h), prev: f.prev.Load().Line(h)}
+}
+
 // requestHash is the hash of a user's request id, made without building
 // their key: two pairs of one hash are told apart where it matters (the
 // pending map and the batch check compare the ids themselves).

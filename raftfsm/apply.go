@@ -44,7 +44,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	bh.forgetPersisted()
 
 	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, batchOrder: map[string][]string{}, touched: make(map[string]*SKU),
-		requestChanges: l.spareRequestChanges(), holdChanges: map[string]int64{},
+		requestChanges: l.spareRequestChanges(), prunedRequests: l.sparePruned(), holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}, rules: rules}
 	defer a.closeTx()
 	a.startFeed()
@@ -60,6 +60,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	a.publish(last)
 	l.keepRequestChanges(a.requestChanges)
+	l.keepPruned(a.prunedRequests)
 	if a.purgeDone {
 		l.compactAsync()
 	}
@@ -161,10 +162,13 @@ func (a *applier) publish(last uint64) {
 // rows it touched; the *Changes maps hold what the in-memory mirrors must
 // take on once the transaction has committed.
 type applier struct {
-	ledger *Ledger
-	tx     *bolt.Tx // a read transaction, opened at the first read that pending cannot answer
-	bh     *behind
-	batch  map[string]map[string][]byte // this batch's changes: bucket -> key -> value (nil: deleted)
+	// prefetched sums the words prefetchRequests read ahead, so that
+	// they are read.
+	prefetched uint64
+	ledger     *Ledger
+	tx         *bolt.Tx // a read transaction, opened at the first read that pending cannot answer
+	bh         *behind
+	batch      map[string]map[string][]byte // this batch's changes: bucket -> key -> value (nil: deleted)
 	// batchOrder lists each bucket's changed keys in the order first changed.
 	batchOrder map[string][]string
 	index      uint64
@@ -276,6 +280,30 @@ func (l *Ledger) keepRequestChanges(m map[string]requestChange) {
 	}
 }
 
+// prunedKeptMax bounds the pruned-id list kept from one batch for the
+// next: 24 bytes an entry, 12 MiB in all. Past the request cap, a prune a
+// second forgets a second's new ids (250,000 at the batch route's rate),
+// and growing that list anew in every prune cost 2.4 % of a batch
+// deduct's CPU (BENCHMARKS.md, "twenty-sixth session").
+const prunedKeptMax = 1 << 19
+
+// sparePruned returns the empty pruned-id list the last prune left, or
+// nil. The apply goroutine calls it, holding applyMu.
+func (l *Ledger) sparePruned() []prunedRequest {
+	s := l.prunedSpare
+	l.prunedSpare = nil
+	return s
+}
+
+// keepPruned keeps a batch's pruned-id list, emptied, for the next prune.
+func (l *Ledger) keepPruned(s []prunedRequest) {
+	if cap(s) == 0 || cap(s) > prunedKeptMax {
+		return
+	}
+	clear(s) // let the ids' strings go
+	l.prunedSpare = s[:0]
+}
+
 // updateMirrors applies a committed batch's changes to the mirrors. The
 // caller holds l.mu.
 func (a *applier) updateMirrors() {
@@ -285,12 +313,18 @@ func (a *applier) updateMirrors() {
 	for _, p := range a.prunedRequests {
 		l.requests.remove(p.request, p.at)
 	}
+	adds := l.addsSpare[:0]
 	for req, ch := range a.requestChanges {
 		if ch.order == "" {
 			l.requests.remove(req, ch.at)
 		} else {
-			l.requests.add(req, ch.at)
+			adds = append(adds, requestAdd{id: req, at: ch.at})
 		}
+	}
+	l.requests.addAll(adds)
+	if cap(adds) <= requestChangesKeptMax {
+		clear(adds) // let the ids' strings go
+		l.addsSpare = adds[:0]
 	}
 	for id, at := range a.holdChanges {
 		if at < 0 {

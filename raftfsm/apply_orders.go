@@ -2,10 +2,12 @@ package raftfsm
 
 import (
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"stockd/internal/wire"
 	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
+	"sync/atomic"
 )
 
 // orderSeq is orderid.Parse for a caller that needs the owner and the
@@ -211,6 +213,7 @@ func (a *applier) take(c *command.Take) (*Result, error) {
 	if a.feed.on {
 		a.feed.events = slices.Grow(a.feed.events, len(c.Entries)) // an event each, mostly
 	}
+	a.prefetchRequests(c.Entries)
 	for i := range c.Entries {
 		if err := a.takeEntry(c.Node, &c.Entries[i], &res.Takes[i]); err != nil {
 			return nil, err
@@ -223,6 +226,33 @@ func (a *applier) take(c *command.Take) (*Result, error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// prefetchRequests brings in the request filter's lines that judging the
+// entries' request ids reads (as requestIndex.addAll does for the adds):
+// a chunk of ids hashed first, then their lines read in a loop of a few
+// instructions each, so that the misses overlap.
+func (a *applier) prefetchRequests(entries []command.TakeEntry) {
+	f := a.ledger.reqFilter.Load()
+	if f == nil {
+		return
+	}
+	const chunk = 64
+	var words [chunk]*atomic.Uint64
+	for len(entries) > 0 {
+		n := 0
+		for i := range min(len(entries), chunk) {
+			if e := &entries[i]; e.RequestID != "" {
+				var buf [maxRequestKeyBytes]byte
+				words[n] = f.Line(maphash.Bytes(a.ledger.reqSeed, appendRequestKey(buf[:0], e.User, e.RequestID)))
+				n++
+			}
+		}
+		for _, w := range words[:n] {
+			a.prefetched += w.Load()
+		}
+		entries = entries[min(len(entries), chunk):]
+	}
 }
 
 // takeEntry judges one entry of node's Take into r.

@@ -210,6 +210,7 @@ type Ledger struct {
 	// ledger; reqFilter and buyerFilter answer "surely not" without a lock.
 	reqSeed   maphash.Seed
 	reqFilter atomic.Pointer[hashfilter.Filter]
+	noLine    atomic.Uint64 // RequestLine's word while reqFilter is nil
 	// legacyRequests: requests holds ids of the rules before scoped ids
 	// (requestIndex.legacy), which reads then look up too.
 	legacyRequests atomic.Bool
@@ -245,6 +246,12 @@ type Ledger struct {
 	// requestChangesSpare is the last batch's request changes map, empty,
 	// for the next (spareRequestChanges); the apply goroutine's alone.
 	requestChangesSpare map[string]requestChange
+	// prunedSpare is the last prune's pruned-id list, empty, for the next
+	// (sparePruned); the apply goroutine's alone.
+	prunedSpare []prunedRequest
+	// addsSpare is the last batch's list of request ids to index, empty,
+	// for the next (updateMirrors); the apply goroutine's alone.
+	addsSpare []requestAdd
 	// requestGroupsAtMax is the highest time (as the group key's uint64)
 	// any record of the requests-by-time bucket has been written at: no
 	// group exists above it, so a take's entry, whose time is mostly

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sort"
+	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -112,6 +113,19 @@ func (l *Ledger) MayHoldRequest(user, requestID []byte) bool {
 		return true
 	}
 	return l.legacyRequests.Load() && f.MayContain(maphash.Bytes(l.reqSeed, requestID))
+}
+
+// RequestLine returns a word of the filter line MayHoldRequest reads for
+// user and requestID (hashfilter.Filter.Line): reading it brings the line
+// in. Without a filter, a word of the ledger's own, which costs nothing
+// to read.
+func (l *Ledger) RequestLine(user, requestID []byte) *atomic.Uint64 {
+	f := l.reqFilter.Load()
+	if f == nil {
+		return &l.noLine
+	}
+	var buf [maxRequestKeyBytes]byte
+	return f.Line(maphash.Bytes(l.reqSeed, appendRequestKey(buf[:0], user, requestID)))
 }
 
 // MayHaveBought reports whether user may hold or have bought units of a

@@ -34,6 +34,8 @@ type requestIndex struct {
 	// find nothing on any node, so skipping it cannot make two nodes
 	// differ).
 	legacy int
+	// touched sums the words addAll read ahead, so that they are read.
+	touched uint64
 }
 
 // requestFilterLog2Bits sizes the request id filter: 2 MiB, two million
@@ -107,12 +109,47 @@ func candidateOf[T ~string | ~[]byte](r *requestIndex, h uint64, requestID T) (i
 	return r.byHash.Get(h)
 }
 
+// requestAdd is a request id on its way into the index (addAll).
+type requestAdd struct {
+	id string
+	at int64
+}
+
+// addAll adds request ids the ledger does not hold yet, as add would one
+// by one. Each id's filter line and map slot lie at a random place, and
+// a batch of takes adds hundreds: their lines are read first, a chunk at
+// a time, in a loop of a few instructions each, so that the misses
+// overlap, where added one by one each id waited for its own two.
+func (r *requestIndex) addAll(adds []requestAdd) {
+	const chunk = 64
+	var hs [chunk]uint64
+	for len(adds) > 0 {
+		n := min(len(adds), chunk)
+		for i := range n {
+			hs[i] = maphash.String(r.seed, adds[i].id)
+		}
+		var sum uint64
+		for _, h := range hs[:n] {
+			sum += r.filter.Line(h).Load() + r.byHash.Touch(h)
+		}
+		r.touched += sum
+		for i := range n {
+			r.addHashed(adds[i].id, hs[i], adds[i].at)
+		}
+		adds = adds[n:]
+	}
+}
+
 // add records a request id the ledger does not hold yet, created at at.
 func (r *requestIndex) add(requestID string, at int64) {
+	r.addHashed(requestID, maphash.String(r.seed, requestID), at)
+}
+
+// addHashed is add of an id whose hash is h.
+func (r *requestIndex) addHashed(requestID string, h uint64, at int64) {
 	if isLegacyRequestKey(requestID) {
 		r.legacy++
 	}
-	h := maphash.String(r.seed, requestID)
 	// A hash the filter has not seen is surely not in byHash: most are
 	// new, and skip a probe of the large map (the filter's block is one
 	// cache line, read once for both).

@@ -89,6 +89,15 @@ func (f *Filter) MayContain(h uint64) bool {
 	return true
 }
 
+// Line returns the first word of h's block: reading it brings in the cache
+// line that MayContain(h) reads. A caller with many questions to ask, such
+// as a batch of a hundred buyers, reads all their lines first, in a loop
+// that does little else (and sums the words into something it keeps, so
+// that no compiler drops the reads): the reads then overlap, where the
+// questions, each behind the work of the one before, waited for one miss
+// at a time.
+func (f *Filter) Line(h uint64) *atomic.Uint64 { return &f.block(h)[0] }
+
 // Adds is how many hashes were added (for deciding when to rebuild).
 func (f *Filter) Adds() uint64 { return f.adds.Load() }
 

@@ -67,3 +67,15 @@ func BenchmarkFilter_MayContain(b *testing.B) {
 		}
 	})
 }
+
+// TestFilter_LineIsInTheBlockMayContainReads: the word Line returns
+// starts the block of eight words, one cache line, that MayContain reads.
+func TestFilter_LineIsInTheBlockMayContainReads(t *testing.T) {
+	f := New(16)
+	for h := uint64(1); h < 1<<20; h = h*3 + 7 {
+		w, blk := f.Line(h), f.block(h)
+		if w != &blk[0] {
+			t.Fatalf("Line(%#x) is not the first word of its block", h)
+		}
+	}
+}

@@ -88,3 +88,16 @@ func TestMap_ShrinksWhenEmptied(t *testing.T) {
 		}
 	}
 }
+
+// TestMap_TouchReadsTheProbesFirstSlot: Touch reads the slot where a key's
+// probe starts, which holds the key when nothing collided with it.
+func TestMap_TouchReadsTheProbesFirstSlot(t *testing.T) {
+	m := New(0)
+	m.Put(12345, 1)
+	if got := m.Touch(12345); got != 12345 {
+		t.Fatalf("Touch(12345) = %d, want the key in its first slot", got)
+	}
+	if got := m.Touch(99999); got != 0 {
+		t.Fatalf("Touch of an empty slot = %d, want 0", got)
+	}
+}
