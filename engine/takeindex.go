@@ -81,7 +81,14 @@ func (x *takeIndex) getBytes(key []byte) (*pendingTake, bool) {
 	h := maphash.Bytes(x.seed, key)
 	st := x.stripe(h)
 	st.mu.Lock()
-	p := st.slots[x.find(st, h, string(key))].p
+	// find's loop, with the key compared as bytes: a string(key) passed
+	// to find would be a copy, allocated for keys over 32 bytes.
+	mask := len(st.slots) - 1
+	i := st.home(h)
+	for st.slots[i].p != nil && (st.slots[i].hash != h || x.key(st.slots[i].p) != string(key)) {
+		i = (i + 1) & mask
+	}
+	p := st.slots[i].p
 	st.mu.Unlock()
 	return p, p != nil
 }
