@@ -66,11 +66,12 @@ func (x *takeIndex) stripe(h uint64) *takeStripe { return &x.stripes[h%stripeCou
 func (st *takeStripe) home(h uint64) int { return int(h/stripeCount) & (len(st.slots) - 1) }
 
 // find returns the slot of the take filed under key (of hash h), or of the
-// free slot where its probe ended.
-func (x *takeIndex) find(st *takeStripe, h uint64, key string) int {
+// free slot where its probe ended. A []byte key is compared in place, not
+// copied to a string.
+func find[K string | []byte](x *takeIndex, st *takeStripe, h uint64, key K) int {
 	mask := len(st.slots) - 1
 	i := st.home(h)
-	for st.slots[i].p != nil && (st.slots[i].hash != h || x.key(st.slots[i].p) != key) {
+	for st.slots[i].p != nil && (st.slots[i].hash != h || x.key(st.slots[i].p) != string(key)) {
 		i = (i + 1) & mask
 	}
 	return i
@@ -81,14 +82,7 @@ func (x *takeIndex) getBytes(key []byte) (*pendingTake, bool) {
 	h := maphash.Bytes(x.seed, key)
 	st := x.stripe(h)
 	st.mu.Lock()
-	// find's loop, with the key compared as bytes: a string(key) passed
-	// to find would be a copy, allocated for keys over 32 bytes.
-	mask := len(st.slots) - 1
-	i := st.home(h)
-	for st.slots[i].p != nil && (st.slots[i].hash != h || x.key(st.slots[i].p) != string(key)) {
-		i = (i + 1) & mask
-	}
-	p := st.slots[i].p
+	p := st.slots[find(x, st, h, key)].p
 	st.mu.Unlock()
 	return p, p != nil
 }
@@ -97,7 +91,7 @@ func (x *takeIndex) get(key string) (*pendingTake, bool) {
 	h := maphash.String(x.seed, key)
 	st := x.stripe(h)
 	st.mu.Lock()
-	p := st.slots[x.find(st, h, key)].p
+	p := st.slots[find(x, st, h, key)].p
 	st.mu.Unlock()
 	return p, p != nil
 }
@@ -110,7 +104,7 @@ func (x *takeIndex) putIfAbsent(p *pendingTake) (*pendingTake, bool) {
 	st := x.stripe(h)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	i := x.find(st, h, x.key(p))
+	i := find(x, st, h, x.key(p))
 	if q := st.slots[i].p; q != nil {
 		return q, q == p
 	}

@@ -34,8 +34,8 @@ type requestIndex struct {
 	// find nothing on any node, so skipping it cannot make two nodes
 	// differ).
 	legacy int
-	// touched sums the words addAll read ahead, so that they are read.
-	touched uint64
+	// prefetched sums the words addAll read ahead, so that they are read.
+	prefetched uint64
 }
 
 // requestFilterLog2Bits sizes the request id filter: 2 MiB, two million
@@ -132,7 +132,7 @@ func (r *requestIndex) addAll(adds []requestAdd) {
 		for _, h := range hs[:n] {
 			sum += r.filter.Line(h).Load() + r.byHash.Touch(h)
 		}
-		r.touched += sum
+		r.prefetched += sum
 		for i := range n {
 			r.addHashed(adds[i].id, hs[i], adds[i].at)
 		}
