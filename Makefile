@@ -31,9 +31,13 @@ test: vet
 	$(GO) test -count=1 -run Allocate ./httpapi/ ./engine/ ./shard/
 	$(GO) test -race -count=1 -timeout 15m ./...
 
-# staticcheck, fetched through the module proxy on first use.
+# staticcheck, fetched through the module proxy on first use; and the
+# binary built for Windows and macOS, so that a Linux-only call outside a
+# build-tagged file is caught here (the tests themselves are Linux's).
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	GOOS=windows GOARCH=amd64 $(GO) build -o /dev/null .
+	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null .
 
 # Three stockd processes on loopback; the leader is killed with SIGKILL
 # mid-sale and restarted on its data dir. Then a rolling upgrade from the
