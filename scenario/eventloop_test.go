@@ -458,7 +458,7 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 	n := startLoopNode(t, 10, nil)
 	c := dialSmallReceiveBuffer(t, n.HTTPAddr())
 	r := &rawConn{t: t, c: c, br: bufio.NewReaderSize(c, 512)}
-	const requests = 40_000
+	requests := floodRequests(t)
 	var all strings.Builder
 	for i := range requests {
 		sku := "none" // sold out: 409
@@ -472,14 +472,14 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 		_, err := io.WriteString(c, all.String())
 		wrote <- err
 	}()
-	// Read nothing until the loop stops answering: the answers (about
-	// 7 MB) outgrow the socket's buffers and the loop's bound on unwritten
+	// Read nothing until the loop stops answering: the answers
+	// (floodRequests) outgrow the socket's buffers and the loop's bound on unwritten
 	// answers, so it must wait for this client, then serve the rest.
 	mc := testnode.ClientOf(n, 1)
 	var last float64 = -1
 	testnode.WaitFor(t, 30*time.Second, "the loop to wait for the client to read", func() bool {
 		served, _ := loopCounts(t, mc)
-		stalled := served == last && served < requests
+		stalled := served == last && served < float64(requests)
 		last = served
 		return stalled
 	})
@@ -495,7 +495,7 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 	if err := <-wrote; err != nil {
 		t.Fatalf("write the requests: %v", err)
 	}
-	if served, _ := loopCounts(t, mc); served != requests {
+	if served, _ := loopCounts(t, mc); served != float64(requests) {
 		t.Fatalf("the loop answered %v, want %d", served, requests)
 	}
 	testnode.CheckLedger(t, mc, "none")
@@ -508,7 +508,7 @@ func TestEventLoop_ClientThatNeverReadsIsClosedAfterTheWriteTimeout(t *testing.T
 	n := startLoopNode(t, 10, func(c *node.Config) { c.HTTP.WriteTimeout = time.Second })
 	c := dialSmallReceiveBuffer(t, n.HTTPAddr())
 	var all strings.Builder
-	const requests = 40_000
+	requests := floodRequests(t)
 	for i := range requests {
 		all.WriteString(deductReq("none", "", fmt.Sprintf(`{"user":"w%d","request_id":"w%d"}`, i, i)))
 	}
@@ -529,10 +529,36 @@ func TestEventLoop_ClientThatNeverReadsIsClosedAfterTheWriteTimeout(t *testing.T
 	if _, err := io.Copy(io.Discard, c); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("the client's connection stayed open: %v", err)
 	}
-	if served, _ := loopCounts(t, mc); served == 0 || served >= requests {
+	if served, _ := loopCounts(t, mc); served == 0 || served >= float64(requests) {
 		t.Fatalf("the loop answered %v of %d before closing, want some and not all", served, requests)
 	}
 	testnode.CheckLedger(t, mc, "none")
+}
+
+// floodRequests is how many deducts a client that does not read must
+// send for their answers (about 170 bytes each) to outgrow the node's
+// send buffer, the client's receive buffer and the loop's bound on
+// unwritten answers: 40,000 (about 7 MB of answers) where the kernel lets
+// a socket's send buffer grow to 4 MiB, as Linux does by default, and as
+// many more as a larger tcp_wmem allows.
+func floodRequests(t *testing.T) int {
+	t.Helper()
+	const base, baseBuffer = 40_000, 4 << 20
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_wmem")
+	if err != nil {
+		return base
+	}
+	f := strings.Fields(string(b))
+	var most int
+	if len(f) != 3 {
+		return base
+	}
+	if _, err := fmt.Sscan(f[2], &most); err != nil || most <= baseBuffer {
+		return base
+	}
+	n := base * ((most + baseBuffer - 1) / baseBuffer)
+	t.Logf("tcp_wmem lets a send buffer grow to %d bytes: %d requests", most, n)
+	return n
 }
 
 // loopConnections is the loop's stockd_http_event_loop_connections.
