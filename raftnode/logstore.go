@@ -109,6 +109,18 @@ func (s faultyLogStore) StoreLogs(ls []*raft.Log) error {
 // leaving r.getLastLog() in the wrong state if there was a truncation
 // above"). From then on it rejects every append for good. The guard
 // closes broken, and the node stops: a restart reads the log's true end.
+//
+// Before it closes broken the guard calls onBroken, which closes the
+// node's raft transport: a broken follower must not answer the leader
+// until it has restarted. Each of its rejections carries the stale last
+// index, so the leader steps its next index for the node down by one,
+// and in the second before the node stopped the leader walked it down to
+// 1 (the nemesis, seed 81177683). Restarted, the node had compacted its
+// log's head into a snapshot, so it rejected the entries from index 1
+// too, and the leader, which still had them, never sent a snapshot
+// instead: the node stayed at its snapshot's index for good. With the
+// transport closed the leader's appends fail as calls, which it retries
+// with backoff at the same index.
 type guardedLogStore struct {
 	raft.LogStore
 	truncated atomic.Bool // a suffix was deleted and no append has succeeded since
@@ -116,6 +128,7 @@ type guardedLogStore struct {
 	// bytes, for the snapshot policy's mean entry size (snapshots.go).
 	appended, appendedBytes atomic.Uint64
 	broken                  chan struct{}
+	onBroken                func() // closes the raft transport; may be nil
 	once                    sync.Once
 	logger                  *slog.Logger
 }
@@ -149,7 +162,10 @@ func (g *guardedLogStore) StoreLogs(ls []*raft.Log) error {
 		g.appendedBytes.Add(b)
 	case g.truncated.Load():
 		g.once.Do(func() {
-			g.logger.Error("raft log append failed right after its end was rewritten; raft now believes entries that are gone and rejects every append: this node stops, restart it once the disk can be written", "err", err)
+			g.logger.Error("raft log append failed right after its end was rewritten; raft now believes entries that are gone and rejects every append: this node closes its raft port and stops, restart it once the disk can be written", "err", err)
+			if g.onBroken != nil {
+				g.onBroken() // before raft answers the append that failed
+			}
 			close(g.broken)
 		})
 	}

@@ -90,6 +90,8 @@ func TestLogStore_GuardStopsAfterAFailedAppendFollowingATruncation(t *testing.T)
 				return nil
 			}}
 			g := newGuardedLogStore(faulty, testLogger(t))
+			var transportClosed bool
+			g.onBroken = func() { transportClosed = true }
 			var ls []*raft.Log
 			for i := uint64(1); i <= 10; i++ {
 				ls = append(ls, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand})
@@ -107,6 +109,11 @@ func TestLogStore_GuardStopsAfterAFailedAppendFollowingATruncation(t *testing.T)
 			full = true
 			if err := g.StoreLogs([]*raft.Log{{Index: 11, Term: 2, Type: raft.LogCommand}}); err == nil {
 				t.Fatal("append succeeded on a full disk")
+			}
+			// The transport is closed by the time the failed append
+			// returns, so that raft's rejection never reaches the leader.
+			if transportClosed != tc.broken {
+				t.Fatalf("transport closed: %v, want %v", transportClosed, tc.broken)
 			}
 			select {
 			case <-g.broken:

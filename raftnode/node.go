@@ -214,6 +214,7 @@ func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 		appends = faultyLogStore{LogStore: logStore, fault: cfg.LogFault}
 	}
 	guard := newGuardedLogStore(appends, logger)
+	guard.onBroken = closeTransport
 	cached, err := raft.NewLogCache(logCacheEntries, guard)
 	if err != nil {
 		return fail(fmt.Errorf("raft log cache: %w", err))
