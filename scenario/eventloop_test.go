@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -473,8 +474,9 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 		wrote <- err
 	}()
 	// Read nothing until the loop stops answering: the answers
-	// (floodRequests) outgrow the socket's buffers and the loop's bound on unwritten
-	// answers, so it must wait for this client, then serve the rest.
+	// (floodRequests) outgrow the socket's buffers and the loop's bound on
+	// unwritten answers, so it must wait for this client, then serve the
+	// rest.
 	mc := testnode.ClientOf(n, 1)
 	var last float64 = -1
 	testnode.WaitFor(t, 30*time.Second, "the loop to wait for the client to read", func() bool {
@@ -548,12 +550,12 @@ func floodRequests(t *testing.T) int {
 	if err != nil {
 		return base
 	}
-	f := strings.Fields(string(b))
-	var most int
+	f := strings.Fields(string(b)) // min, default, max
 	if len(f) != 3 {
 		return base
 	}
-	if _, err := fmt.Sscan(f[2], &most); err != nil || most <= baseBuffer {
+	most, err := strconv.Atoi(f[2])
+	if err != nil || most <= baseBuffer {
 		return base
 	}
 	n := base * ((most + baseBuffer - 1) / baseBuffer)
