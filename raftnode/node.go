@@ -466,7 +466,7 @@ func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 		}
 	}
 	if err != nil {
-		return nil, translateRaftError(err)
+		return nil, proposalError(f, err)
 	}
 	res, ok := f.Response().(*raftfsm.Result)
 	if !ok || res == nil {
@@ -482,6 +482,24 @@ func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 	*res = raftfsm.Result{}
 	out.Index = f.Index()
 	return &out, nil
+}
+
+// proposalError translates the error of a proposal's future. raft gives
+// an entry its index when it appends it to the leader's log, so an index
+// says the command may commit, or has: raft answers ErrRaftShutdown to a
+// committed batch it could not hand to the ledger before shutting down,
+// and ErrLeadershipLost to entries in flight, and neither means that
+// nothing was proposed. Without an index the command never reached the
+// log (not the leader, a leadership transfer, the queue full, raft
+// already down).
+func proposalError(f raft.ApplyFuture, err error) error {
+	if f.Index() != 0 {
+		return fmt.Errorf("%w: entry %d in the log: %v", ErrOutcomeUnknown, f.Index(), err)
+	}
+	if errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	}
+	return translateRaftError(err)
 }
 
 func translateRaftError(err error) error {

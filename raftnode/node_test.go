@@ -227,3 +227,71 @@ func TestNode_ProposalResultsAreNotKeptByRaft(t *testing.T) {
 	}
 	checkAudit(t, l, "a")
 }
+
+// TestNode_CommittedProposalCutOffByShutdownIsOutcomeUnknown: raft hands
+// committed entries to the ledger through a queue of 128 batches; a
+// leader whose ledger is slow fills it, and its leader loop then waits to
+// hand over the next committed batch. Shut down then, raft answers that
+// batch's proposals ErrRaftShutdown, which said "nothing was proposed"
+// (503 unavailable to the caller) for an entry that is committed: the
+// nemesis saw a confirm answered 503 that had sold its order (issue 57).
+// A proposal whose entry reached the log answers ErrOutcomeUnknown
+// unless it succeeded.
+func TestNode_CommittedProposalCutOffByShutdownIsOutcomeUnknown(t *testing.T) {
+	const fsmQueueBatches = 128 // raft's fsmMutateCh
+	n, l := startTestNode(t, t.TempDir())
+	defer l.Close()
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 10}})
+	// The first batch handed over sleeps in the ledger while the queue
+	// fills behind it.
+	l.SetApplyDelay(5 * time.Second)
+	type proposal struct {
+		inLog bool // its entry reached the leader's log
+		err   chan error
+	}
+	var sent []*proposal
+	for range 2 * fsmQueueBatches {
+		before := n.raft.LastIndex()
+		p := &proposal{err: make(chan error, 1)}
+		sent = append(sent, p)
+		go func() {
+			_, err := n.Propose(2, &command.Restock{SKU: "a", Qty: 1})
+			p.err <- err
+		}()
+		// One proposal at a time, so that each commits as a batch of
+		// its own.
+		deadline := time.Now().Add(time.Second)
+		for n.raft.LastIndex() == before && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if p.inLog = n.raft.LastIndex() != before; !p.inLog {
+			break // the leader loop waits on the full queue
+		}
+	}
+	if len(sent) < fsmQueueBatches+2 || sent[len(sent)-1].inLog {
+		t.Fatalf("%d proposals entered the log one by one and the leader loop never blocked: the test did not fill raft's queue", len(sent))
+	}
+	l.SetApplyDelay(0)
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	unknown := 0
+	for i, p := range sent {
+		var err error
+		select {
+		case err = <-p.err:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("proposal %d never returned after the shutdown", i)
+		}
+		switch {
+		case !p.inLog || err == nil:
+		case errors.Is(err, ErrOutcomeUnknown):
+			unknown++
+		default:
+			t.Errorf("proposal %d, committed, answered %v: as if nothing had been proposed", i, err)
+		}
+	}
+	if unknown == 0 {
+		t.Fatal("no committed proposal was cut off by the shutdown: the test did not exercise it")
+	}
+}

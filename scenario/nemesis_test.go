@@ -28,10 +28,13 @@ import (
 // cluster of real nodes, a sale running through them, and afterwards the
 // ledger's invariants plus a linearizability check of what buyers saw.
 //
-//	go test -run Nemesis ./scenario                      2 schedules, 3 nodes (the default suite)
-//	STOCKD_NEMESIS=20,5 go test -run Nemesis ./scenario  20 over three nodes, 5 over five
-//	go test -run Nemesis -seed 1234 ./scenario           replay one schedule (3 nodes; -nemesis.nodes 5)
-//	go test -run Nemesis -nemesis.faults crash,remove-join ./scenario   only these faults
+//	go test -run 'TestNemesis$' ./scenario                      2 schedules, 3 nodes (the default suite)
+//	STOCKD_NEMESIS=20,5 go test -run 'TestNemesis$' ./scenario  20 over three nodes, 5 over five
+//	go test -run 'TestNemesis$' ./scenario -seed 1234           replay one schedule (3 nodes; -nemesis.nodes 5)
+//	go test -run 'TestNemesis$' ./scenario -nemesis.faults crash,remove-join   only these faults
+//
+// The test's own flags (-seed, -nemesis.*) follow the package: go test
+// passes the flags after it to the test binary.
 var (
 	nemesisSeed   = flag.Uint64("seed", 0, "TestNemesis: replay the schedule of this seed only")
 	nemesisNodes  = flag.Int("nemesis.nodes", 3, "TestNemesis: cluster size for -seed")
@@ -84,7 +87,7 @@ func TestNemesis(t *testing.T) {
 			defer func() {
 				if t.Failed() {
 					nemesisTotals.violations.Add(1)
-					t.Logf("replay: go test -run Nemesis -seed %d -nemesis.nodes %d ./scenario", r.seed, r.nodes)
+					t.Logf("replay: %s", nemesisReplay(r.seed, r.nodes))
 				}
 			}()
 			runNemesis(t, r.nodes, r.seed)
@@ -93,6 +96,17 @@ func TestNemesis(t *testing.T) {
 	t.Logf("nemesis summary: %d schedules, %d faults injected, %d deducts, %d snapshots installed on running followers, %d schedules with violations",
 		nemesisTotals.schedules.Load(), nemesisTotals.faults.Load(), nemesisTotals.deducts.Load(),
 		nemesisTotals.restores.Load(), nemesisTotals.violations.Load())
+}
+
+// nemesisReplay is the command that replays one schedule, as a person
+// pastes it: the test's flags after the package, which go test hands to
+// the test binary (before it, go test refuses them).
+func nemesisReplay(seed uint64, nodes int) string {
+	cmd := fmt.Sprintf("go test -count=1 -v -run 'TestNemesis$' ./scenario -seed %d -nemesis.nodes %d", seed, nodes)
+	if *nemesisFaults != "" {
+		cmd += " -nemesis.faults " + *nemesisFaults
+	}
+	return cmd
 }
 
 // nemesisSale sizes one schedule's sale: demand above stock on the tv
@@ -238,7 +252,9 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	overlap, longest := maxOverlap(h.tvOps())
 	t.Logf("tv: at most %d calls in flight at once, the longest %s", overlap, longest.Round(time.Millisecond))
 	checkLinearizable(t, tvModel(tvUnits, tvUsers, tvBuyers, tvPerUser), h.tvOps(), "tv", h.explainTV)
-	checkLinearizable(t, holdModel(), h.boxOps(), "box", nil)
+	checkLinearizable(t, holdModel(), h.boxOps(), "box", func(part []porcupine.Operation) string {
+		return h.boxStory(c, part[0].Input.(holdIn).order)
+	})
 	t.Logf("clean: %d deducts, %d tv and %d box operations linearizable", h.deducts.Load(), len(h.tv), len(h.box))
 }
 
@@ -479,11 +495,16 @@ type nemesisHistory struct {
 	giveUp time.Time
 	late   atomic.Int64
 
-	mu           sync.Mutex
-	tv           []nemesisOp
-	box          []nemesisOp
-	tvWins       map[int]map[string]bool // buyer -> orders acknowledged to it (tv<buyer%tvSKUs>)
-	boxFate      map[string]string       // order -> sold, released, or "" when unknown
+	mu       sync.Mutex
+	tv       []nemesisOp
+	box      []nemesisOp
+	tvWins   map[int]map[string]bool // buyer -> orders acknowledged to it (tv<buyer%tvSKUs>)
+	boxFate  map[string]string       // order -> sold, released, or "" when unknown
+	boxBuyer map[string]int          // order -> the box buyer it was acknowledged to
+	// boxCalls is every call a box buyer made (deducts, confirms,
+	// cancels) with the node that answered and its answer: a failed
+	// check prints its order's story from them.
+	boxCalls     []boxCall
 	unknownCodes map[string]int
 	clients      map[string]*fasthttp.HostClient // by HTTP address
 	// tvCalls is every tv deduct call with the node that answered and
@@ -751,14 +772,15 @@ func (h *nemesisHistory) buyBox(c *testnode.Cluster, rng *rand.Rand, client, buy
 		if h.pastGiveUp() {
 			return
 		}
-		cl := h.Client(c, c.IDs[(buyer+attempt)%len(c.IDs)])
+		node := c.IDs[(buyer+attempt)%len(c.IDs)]
+		cl := h.Client(c, node)
 		if cl == nil {
 			continue
 		}
 		if called == 0 {
 			called = h.now()
 		}
-		code, out := nemesisCall(cl, "POST", "/v1/skus/box/deduct", body)
+		code, out := h.callBox(cl, boxCall{buyer: buyer, node: node, op: "deduct"}, "POST", "/v1/skus/box/deduct", body)
 		h.deducts.Add(1)
 		if code == 200 {
 			order, _ = out["order_id"].(string)
@@ -781,6 +803,10 @@ func (h *nemesisHistory) buyBox(c *testnode.Cluster, rng *rand.Rand, client, buy
 		h.boxFate = map[string]string{}
 	}
 	h.boxFate[order] = "released" // unless confirmed below
+	if h.boxBuyer == nil {
+		h.boxBuyer = map[string]int{}
+	}
+	h.boxBuyer[order] = buyer
 	h.mu.Unlock()
 	var op string
 	switch r := rng.IntN(4); {
@@ -793,12 +819,13 @@ func (h *nemesisHistory) buyBox(c *testnode.Cluster, rng *rand.Rand, client, buy
 	}
 	time.Sleep(time.Duration(rng.Int64N(int64(boxHoldTTL * 5 / 4))))
 	for attempt := range 40 {
-		cl := h.Client(c, c.IDs[(buyer+attempt+1)%len(c.IDs)])
+		node := c.IDs[(buyer+attempt+1)%len(c.IDs)]
+		cl := h.Client(c, node)
 		if cl == nil {
 			continue
 		}
 		call := h.now()
-		code, out := nemesisCall(cl, "POST", "/v1/orders/"+order+"/"+op, "")
+		code, out := h.callBox(cl, boxCall{buyer: buyer, node: node, op: op, order: order}, "POST", "/v1/orders/"+order+"/"+op, "")
 		ret := h.now()
 		o := holdOut{result: "unknown"}
 		errCode, _ := out["error"].(string)
@@ -869,26 +896,6 @@ func (h *nemesisHistory) tvAcked(t *testing.T) []map[string]bool {
 }
 
 func tvSKU(k int) string { return fmt.Sprintf("tv%d", k) }
-
-// checkBoxOrders reads every box order a buyer won on every node: a
-// confirmed one is sold, the rest released (cancelled or expired), once
-// every hold has ended.
-func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *testnode.Cluster) {
-	t.Helper()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for order, want := range h.boxFate {
-		for _, id := range c.IDs {
-			code, o := testnode.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, "")
-			if code != 200 {
-				t.Fatalf("won box order %s on %s: %d %v", order, id, code, o)
-			}
-			if want != "" && o["state"] != want {
-				t.Fatalf("box order %s on %s is %v, want %s", order, id, o["state"], want)
-			}
-		}
-	}
-}
 
 // tvOps is tv's history. A call with no answer may take effect until its
 // buyer's request id is known to have won: after that a take of it would
