@@ -67,9 +67,11 @@ test-crowd:
 # Seeded random fault schedules against an in-process cluster (DESIGN.md's
 # invariants and a linearizability check after each): 20 over three nodes
 # and 5 over five. A failure prints its seed and the command that replays
-# it. `make test` runs 2 of them.
+# it. `make test` runs 2 of them. NEMESIS=32,8 (make's variable, or the
+# environment's, so `NEMESIS=32,8 bash .ci/run` works) runs another count.
+NEMESIS ?= 20,5
 test-nemesis:
-	STOCKD_NEMESIS=20,5 $(GO) test -count=1 -v -timeout 15m -run 'Nemesis' ./scenario | scripts/nemesis-summary.sh
+	STOCKD_NEMESIS=$(NEMESIS) $(GO) test -count=1 -v -timeout 15m -run 'Nemesis' ./scenario | scripts/nemesis-summary.sh
 
 # Many more schedules, four in five over three nodes, the rest over five:
 # make soak SEEDS=500. Prints each failing schedule's replay command and a
