@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+
+	"stockd/httpapi/deductwire"
 )
 
 // Who may call what: three credentials, each guarding its
@@ -107,14 +109,12 @@ func (s *Server) admin(ctx *fasthttp.RequestCtx) bool {
 // token also passes). It runs on every deduct: a few byte compares, no
 // allocation.
 func (s *Server) service(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.ClientCerts || s.cfg.ServiceToken == "" || bearerIs(ctx, s.cfg.ServiceToken) || (s.cfg.AdminToken != "" && bearerIs(ctx, s.cfg.AdminToken)) {
+	if s.creds.Service(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)) {
 		return true
 	}
-	writeRaw(ctx, fasthttp.StatusUnauthorized, bodyNeedServiceToken)
+	writeRaw(ctx, fasthttp.StatusUnauthorized, deductwire.BodyNeedServiceToken)
 	return false
 }
-
-var bodyNeedServiceToken = precomputedError("unauthorized", "this call needs Authorization: Bearer <service token>")
 
 // peer checks that an internal call comes from another node: over the
 // node port on a cluster of node certificates, where a peer that names

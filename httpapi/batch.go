@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fastjson"
 
 	"stockd/engine"
+	"stockd/httpapi/deductwire"
 )
 
 // Batch deducts (docs/http.md): POST /v1/deducts carries up
@@ -65,7 +66,7 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	if len(ctx.Request.Header.PeekBytes(headerIdempotencyKey)) > 0 {
+	if len(ctx.Request.Header.Peek(deductwire.HeaderIdempotencyKey)) > 0 {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBatchIdemKey)
 		return
 	}
@@ -164,11 +165,11 @@ func (sc *batchScratch) reset(n int) {
 // request's byte slices are views into the parser's memory, which goes
 // back to its pool only after the batch's deducts have all answered.
 func batchItem(v *fastjson.Value) (req engine.DeductRequest, bad []byte) {
-	sku, ok := stringField(v, keySKU, true)
+	sku, ok := deductwire.StringField(v, keySKU, true)
 	if !ok || !validID(sku) {
 		return req, bodyBadSKU
 	}
-	user, requestID, qty, bad := deductFields(v)
+	user, requestID, qty, bad := deductwire.Fields(v)
 	if bad != nil {
 		return req, bad
 	}

@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
+
+	"stockd/httpapi/deductwire"
 )
 
-const contentTypeJSON = "application/json"
+const contentTypeJSON = deductwire.ContentTypeJSON
 
 // errorBody is the contract's error shape.
 type errorBody struct {
@@ -40,47 +41,10 @@ func writeRaw(ctx *fasthttp.RequestCtx, code int, body []byte) {
 }
 
 func precomputedError(errCode, detail string) []byte {
-	b, _ := json.Marshal(errorBody{Error: errCode, Detail: detail})
-	return append(b, '\n')
+	return deductwire.PrecomputedError(errCode, detail)
 }
 
-// appendJSONString appends s as a JSON string literal.
-func appendJSONString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			dst = append(dst, c)
-			i++
-			continue
-		}
-		if c < utf8.RuneSelf {
-			switch c {
-			case '"', '\\':
-				dst = append(dst, '\\', c)
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			dst = append(dst, `\ufffd`...)
-		} else {
-			dst = append(dst, s[i:i+size]...)
-		}
-		i += size
-	}
-	return append(dst, '"')
-}
+func appendJSONString(dst []byte, s string) []byte { return deductwire.AppendJSONString(dst, s) }
 
 func appendInt(dst []byte, n int64) []byte { return strconv.AppendInt(dst, n, 10) }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/engine"
+	"stockd/httpapi/deductwire"
 )
 
 // lotteryJSON is a lottery sale's part of GET /v1/skus/{sku}.
@@ -82,7 +83,7 @@ func (s *Server) handleEnter(ctx *fasthttp.RequestCtx, sku []byte) {
 	if !decodeBody(ctx, &req) {
 		return
 	}
-	if h := ctx.Request.Header.PeekBytes(headerIdempotencyKey); len(h) > 0 {
+	if h := ctx.Request.Header.Peek(deductwire.HeaderIdempotencyKey); len(h) > 0 {
 		if req.RequestID != "" && req.RequestID != string(h) {
 			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadIdemKey)
 			return

@@ -201,7 +201,7 @@ func (s *Server) writeOptionalMetrics(w *bytes.Buffer) {
 	}
 	metrics.WriteGaugeUint64(w, "stockd_http_event_loop_enabled", boolGauge(s.loop != nil))
 	if s.loop != nil {
-		s.loop.writeMetrics(w)
+		s.loop.WriteMetrics(w)
 	}
 	if s.cfg.BackupStats != nil {
 		b := s.cfg.BackupStats()

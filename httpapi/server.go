@@ -21,16 +21,11 @@ import (
 	"github.com/valyala/fasthttp/pprofhandler"
 
 	"stockd/engine"
+	"stockd/httpapi/deductwire"
 )
 
 // Limits of the wire format, each with its reason.
 const (
-	// MaxBodyBytes bounds a request body: the largest valid body (a sale
-	// config) is well under 1 KiB.
-	MaxBodyBytes = 16 << 10
-	// maxIDBytes bounds SKUs, users, request ids and order ids: ids, not
-	// documents.
-	maxIDBytes = 128
 	// maxSaleUnits bounds total and restock so sums stay far from overflow.
 	maxSaleUnits = 1 << 40
 )
@@ -210,8 +205,32 @@ type Server struct {
 	latency *latencyHistogram
 	version string
 	peers   *PeerClient
-	loop    *deductLoop // nil unless ServeDeductLoop
+	creds   deductwire.Credentials
+	loop    FrontDoor // nil unless SetFrontDoor
 }
+
+// FrontDoor is a server that takes some of the HTTP port's requests
+// before this one sees them and hands it the rest (the deduct event loop,
+// httpapi/eventloop): this server reports its metrics and stops it last.
+type FrontDoor interface {
+	// WriteMetrics appends its metrics in the Prometheus text format.
+	WriteMetrics(w *bytes.Buffer)
+	// Shutdown waits until none of its requests awaits an answer (or ctx
+	// ends), then closes its connections.
+	Shutdown(ctx context.Context) error
+}
+
+// SetFrontDoor tells the server that d serves in front of it. Call it
+// before Serve.
+func (s *Server) SetFrontDoor(d FrontDoor) { s.loop = d }
+
+// Credentials are the service routes' credentials as this server checks
+// them, for a front door that checks them too.
+func (s *Server) Credentials() deductwire.Credentials { return s.creds }
+
+// ObserveDeduct records a deduct's latency from start, for a front door
+// that answers deducts (the same histogram as the handlers').
+func (s *Server) ObserveDeduct(start time.Time) { s.latency.observe(start) }
 
 // New builds a server; Serve or Start runs it.
 func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, error) {
@@ -227,6 +246,7 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 		logger:  logger.With("component", "http"),
 		latency: newLatencyHistogram(),
 	}
+	s.creds = deductwire.Credentials{ServiceToken: cfg.ServiceToken, AdminToken: cfg.AdminToken, ClientCerts: cfg.ClientCerts}
 	s.peers = cfg.Peers
 	if s.peers == nil {
 		s.peers = NewPeerClient(PeerClientConfig{Secret: cfg.ClusterSecret})
@@ -279,7 +299,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("shut down http server: %w", err))
 	}
 	if s.loop != nil {
-		if err := s.loop.shutdown(ctx); err != nil {
+		if err := s.loop.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("shut down the deduct loop: %w", err))
 		}
 	}
@@ -293,7 +313,6 @@ var (
 	pathV1Consumers    = []byte("/v1/consumers/")
 	pathInternal       = []byte("/internal/v1/")
 	pathDebugPprof     = []byte("/debug/pprof/")
-	suffixDeduct       = []byte("/deduct")
 	suffixRestock      = []byte("/restock")
 	suffixAudit        = []byte("/audit")
 	suffixOrders       = []byte("/orders")
@@ -318,6 +337,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	method := ctx.Method()
 	if s.clientCertMissing(ctx, path) {
+		return
+	}
+	if sku, ok := deductwire.DeductSKU(path); ok {
+		// The route the event loop serves too, found by the same test.
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
+			s.handleDeduct(ctx, sku)
+		}
 		return
 	}
 	switch {
@@ -387,7 +413,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// routeSKU serves /v1/skus/{sku}[/deduct|/restock|/audit].
+// routeSKU serves /v1/skus/{sku}[/restock|/audit|...] (the deduct is
+// routed before, by deductwire.DeductSKU).
 func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 	if i := bytes.Index(rest, infixEntries); i >= 0 {
 		// A winner's standing names their order: guarded like orders.
@@ -408,10 +435,6 @@ func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 	case bytes.HasSuffix(rest, suffixDraw):
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleDraw(ctx, rest[:len(rest)-len(suffixDraw)])
-		}
-	case bytes.HasSuffix(rest, suffixDeduct):
-		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
-			s.handleDeduct(ctx, rest[:len(rest)-len(suffixDeduct)])
 		}
 	case bytes.HasSuffix(rest, suffixRestock):
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
@@ -514,22 +537,6 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "malformed http request")
-}
-
-// validID reports whether b is a usable id: 1..maxIDBytes of letters,
-// digits and . _ - : (no slashes, so ids cannot confuse routing).
-func validID(b []byte) bool {
-	if len(b) == 0 || len(b) > maxIDBytes {
-		return false
-	}
-	for _, c := range b {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-', c == ':':
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // fasthttpLogger sends fasthttp's connection errors (client resets, bodies

@@ -12,6 +12,7 @@ import (
 
 	"stockd/engine"
 	"stockd/httpapi"
+	"stockd/httpapi/eventloop"
 	"stockd/internal/coarsedeadline"
 	"stockd/raftfsm"
 	"stockd/raftnode"
@@ -88,7 +89,7 @@ func DefaultConfig() Config {
 		DrainTimeout: 10 * time.Second,
 		Version:      "dev",
 		Backups:      BackupSchedule{Interval: time.Hour, Keep: 24},
-		DeductLoop:   httpapi.DeductLoopAvailable,
+		DeductLoop:   eventloop.Available,
 		HTTP:         httpapi.DefaultConfig(),
 		Raft:         raftnode.DefaultConfig(),
 		Engine:       engine.DefaultConfig(),
@@ -329,10 +330,16 @@ func (n *Node) serveHTTP(cfg *Config, tlsState *nodeTLS, raw net.Listener) error
 	}
 	ln := raw
 	if loop {
-		handed, err := n.http.ServeDeductLoop(raw.(*net.TCPListener)) // listenHTTP's
+		h := cfg.HTTP
+		front, handed, err := eventloop.Serve(raw.(*net.TCPListener), eventloop.Config{ // listenHTTP's
+			Engine: n.engine, Credentials: n.http.Credentials(), MaxConns: h.MaxConns,
+			ReadTimeout: h.ReadTimeout, WriteTimeout: h.WriteTimeout, IdleTimeout: h.IdleTimeout,
+			Logger: n.logger, Observe: n.http.ObserveDeduct,
+		})
 		if err != nil {
 			return err
 		}
+		n.http.SetFrontDoor(front)
 		ln = handed
 	}
 	// Client TLS, when configured (never with the loop), goes on top.

@@ -1,4 +1,4 @@
-package httpapi
+package eventloop
 
 import (
 	"bytes"
@@ -12,7 +12,7 @@ import (
 
 // handoverListener is what fasthttp serves: the connections the loop
 // hands over.
-type handoverListener struct{ l *deductLoop }
+type handoverListener struct{ l *Loop }
 
 func (h handoverListener) Accept() (net.Conn, error) {
 	select {
@@ -44,13 +44,13 @@ func (h handoverListener) Close() error {
 
 // closeListener stops accepting and closes the listener, once: on the
 // loop, or after it ended.
-func (l *deductLoop) closeListener() {
+func (l *Loop) closeListener() {
 	l.lnOnce.Do(func() {
 		if !l.ended {
 			syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, l.lfd, nil)
 		}
 		if err := l.ln.Close(); err != nil {
-			l.s.logger.Warn("closing the http listener", "err", err)
+			l.logger.Warn("closing the http listener", "err", err)
 		}
 	})
 }
@@ -59,7 +59,7 @@ func (h handoverListener) Addr() net.Addr { return h.l.ln.Addr() }
 
 // handOver gives c, with what it has read, to fasthttp. The loop's, under
 // c.mu, with nothing in flight or unwritten.
-func (l *deductLoop) handOver(c *loopConn) {
+func (l *Loop) handOver(c *loopConn) {
 	l.handovs.Add(1)
 	if _, ok := l.conns[c.fd]; ok {
 		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, c.fd, nil)
@@ -71,7 +71,7 @@ func (l *deductLoop) handOver(c *loopConn) {
 	nc, err := net.FileConn(f)
 	f.Close()
 	if err != nil {
-		l.s.logger.Warn("could not hand a connection to the http server", "err", err)
+		l.logger.Warn("could not hand a connection to the http server", "err", err)
 		return
 	}
 	if len(c.in) > 0 {

@@ -1,11 +1,12 @@
-package httpapi
+package eventloop
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -14,15 +15,11 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fasthttp"
 
 	"stockd/engine"
+	"stockd/httpapi/deductwire"
 )
-
-// AsyncDeducter is an Engine that answers a deduct without blocking its
-// caller (engine.Engine.DeductAsync).
-type AsyncDeducter interface {
-	DeductAsync(req *engine.DeductRequest, res *engine.DeductResult, done func(*engine.DeductResult)) bool
-}
 
 // loopMaxHead bounds a request head the loop reads: fasthttp's read
 // buffer, which bounds the heads it takes (a longer one is answered 400
@@ -34,7 +31,7 @@ const loopMaxHead = 4096
 // it the loop reads no more of its pipelined requests until it does.
 const loopMaxOut = 64 << 10
 
-// deductLoop serves the single deduct (POST /v1/skus/{sku}/deduct) on one
+// Loop serves the single deduct (POST /v1/skus/{sku}/deduct) on one
 // goroutine for every connection, the way Redis serves its clients: it
 // parks in Go's scheduler on an epoll set of its own, reads each ready
 // connection, and hands the deduct to the engine without waiting for the
@@ -44,8 +41,8 @@ const loopMaxOut = 64 << 10
 // handed over, with the bytes read so far, to the fasthttp server, which
 // serves it from then on: the contract is fasthttp's everywhere, the loop
 // only takes the common request off its goroutines.
-type deductLoop struct {
-	s     *Server
+type Loop struct {
+	cfg   Config
 	eng   AsyncDeducter
 	ln    *net.TCPListener
 	lfd   int
@@ -59,6 +56,15 @@ type deductLoop struct {
 	// a round instead of two a request.
 	wokeAt time.Time
 	nextID atomic.Uint32
+	logger *slog.Logger
+
+	// The loop goroutine's, reused from one request to the next: the
+	// head's parse, and the deduct reader (what it reads points into req
+	// and c.in until the next request).
+	req    fasthttp.Request
+	br     *bufio.Reader
+	head   bytes.Reader
+	reader deductwire.Reader
 
 	open    atomic.Int64  // connections the loop holds
 	served  atomic.Uint64 // deducts it answered
@@ -81,7 +87,7 @@ type deductLoop struct {
 }
 
 type loopConn struct {
-	l    *deductLoop
+	l    *Loop
 	fd   int
 	hint uint32
 
@@ -111,42 +117,43 @@ type loopConn struct {
 	res engine.DeductResult
 }
 
-// DeductLoopAvailable says whether ServeDeductLoop can run here (it needs
-// epoll): the loop is on by default where it can be.
-const DeductLoopAvailable = true
+// Available says whether Serve can run here (it needs epoll): the loop
+// is on by default where it can be.
+const Available = true
 
-// ServeDeductLoop takes over accepting on ln: the loop serves plain
-// deducts itself and returns the listener the fasthttp server is to serve
-// (wrapped as the node wraps its listener), on which every other
-// connection arrives. Plain HTTP only. Call before Serve with that
-// listener.
-func (s *Server) ServeDeductLoop(ln *net.TCPListener) (net.Listener, error) {
-	ae, ok := s.engine.(AsyncDeducter)
-	if !ok {
-		return nil, errors.New("http: the engine cannot answer deducts asynchronously")
+// Serve takes over accepting on ln: the loop serves plain deducts itself
+// and returns the listener the fasthttp server is to serve (wrapped as
+// the node wraps its listener), on which every other connection arrives.
+// Plain HTTP only. Serve that listener, and stop the loop with Shutdown
+// after the fasthttp server.
+func Serve(ln *net.TCPListener, cfg Config) (*Loop, net.Listener, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, nil, err
 	}
 	rc, err := ln.SyscallConn()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	l := &deductLoop{s: s, eng: ae, ln: ln, conns: make(map[int]*loopConn),
-		handed: make(chan net.Conn, 1024), closed: make(chan struct{}), done: make(chan struct{})}
+	l := &Loop{cfg: cfg, eng: cfg.Engine, ln: ln, conns: make(map[int]*loopConn),
+		handed: make(chan net.Conn, 1024), closed: make(chan struct{}), done: make(chan struct{}),
+		br: newHeadReader()}
+	l.logger = cfg.Logger.With("component", "http-event-loop")
 	if err := rc.Control(func(fd uintptr) { l.lfd = int(fd) }); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if l.epfd, err = syscall.EpollCreate1(syscall.EPOLL_CLOEXEC); err != nil {
-		return nil, fmt.Errorf("http: epoll: %w", err)
+		return nil, nil, fmt.Errorf("http: epoll: %w", err)
 	}
 	efd, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if errno != 0 {
 		syscall.Close(l.epfd)
-		return nil, fmt.Errorf("http: eventfd: %w", errno)
+		return nil, nil, fmt.Errorf("http: eventfd: %w", errno)
 	}
 	l.efd = int(efd)
 	for _, fd := range []int{l.lfd, l.efd} {
 		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}); err != nil {
 			l.closeFDs()
-			return nil, fmt.Errorf("http: epoll: %w", err)
+			return nil, nil, fmt.Errorf("http: epoll: %w", err)
 		}
 	}
 	// The loop waits in Go's scheduler, not in a blocking epoll_wait: the
@@ -154,22 +161,21 @@ func (s *Server) ServeDeductLoop(ln *net.TCPListener) (net.Listener, error) {
 	// call would cost a hand-off of its P at each wake.
 	if err := syscall.SetNonblock(l.epfd, true); err != nil {
 		l.closeFDs()
-		return nil, err
+		return nil, nil, err
 	}
 	l.f = os.NewFile(uintptr(l.epfd), "deduct-loop-epoll")
 	epc, err := l.f.SyscallConn()
 	if err != nil {
 		l.closeFDs()
-		return nil, err
+		return nil, nil, err
 	}
-	s.loop = l
 	go l.run(epc)
 	go l.tick()
-	s.logger.Info("serving plain deducts on an event loop", "addr", ln.Addr().String())
-	return handoverListener{l}, nil
+	l.logger.Info("serving plain deducts on an event loop", "addr", ln.Addr().String())
+	return l, handoverListener{l}, nil
 }
 
-func (l *deductLoop) closeFDs() {
+func (l *Loop) closeFDs() {
 	if l.f != nil {
 		l.f.Close()
 	} else {
@@ -179,7 +185,7 @@ func (l *deductLoop) closeFDs() {
 }
 
 // wake runs set under l.mu and wakes the loop.
-func (l *deductLoop) wake(set func(*deductLoop)) {
+func (l *Loop) wake(set func(*Loop)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	set(l)
@@ -187,7 +193,7 @@ func (l *deductLoop) wake(set func(*deductLoop)) {
 }
 
 // signal wakes the loop. Under l.mu.
-func (l *deductLoop) signal() {
+func (l *Loop) signal() {
 	if !l.ended {
 		one := [8]byte{1}
 		syscall.Write(l.efd, one[:])
@@ -195,7 +201,7 @@ func (l *deductLoop) signal() {
 }
 
 // tick asks the loop to sweep idle and stalled connections once a second.
-func (l *deductLoop) tick() {
+func (l *Loop) tick() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -203,14 +209,14 @@ func (l *deductLoop) tick() {
 		case <-l.done:
 			return
 		case <-t.C:
-			l.wake(func(l *deductLoop) { l.sweep = true })
+			l.wake(func(l *Loop) { l.sweep = true })
 		}
 	}
 }
 
-// shutdown waits until no deduct of the loop awaits the ledger (or ctx
+// Shutdown waits until no deduct of the loop awaits the ledger (or ctx
 // ends), then closes its connections and ends it.
-func (l *deductLoop) shutdown(ctx context.Context) error {
+func (l *Loop) Shutdown(ctx context.Context) error {
 	l.mu.Lock()
 	l.stopping = true
 	if l.idle == nil {
@@ -227,12 +233,12 @@ func (l *deductLoop) shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = fmt.Errorf("deducts still awaiting the ledger: %w", ctx.Err())
 	}
-	l.wake(func(l *deductLoop) { l.stop = true })
+	l.wake(func(l *Loop) { l.stop = true })
 	<-l.done
 	return err
 }
 
-func (l *deductLoop) run(epc syscall.RawConn) {
+func (l *Loop) run(epc syscall.RawConn) {
 	defer close(l.done)
 	defer func() {
 		l.mu.Lock()
@@ -251,7 +257,7 @@ func (l *deductLoop) run(epc syscall.RawConn) {
 	scratch := make([]byte, 8)
 	for {
 		if err := epc.Read(wait); err != nil || (werr != nil && werr != syscall.EINTR) {
-			l.s.logger.Error("deduct loop stopped", "err", cmp.Or(err, werr))
+			l.logger.Error("deduct loop stopped", "err", cmp.Or(err, werr))
 			l.dropAll()
 			return
 		}
@@ -276,7 +282,7 @@ func (l *deductLoop) run(epc syscall.RawConn) {
 }
 
 // woken handles the loop's wake-ups; true when it is to end.
-func (l *deductLoop) woken() bool {
+func (l *Loop) woken() bool {
 	l.mu.Lock()
 	resumed, sweep, stop := l.resumed, l.sweep, l.stop
 	l.resumed, l.sweep = nil, false
@@ -299,7 +305,7 @@ func (l *deductLoop) woken() bool {
 	return stop
 }
 
-func (l *deductLoop) accept() {
+func (l *Loop) accept() {
 	for {
 		select {
 		case <-l.closed:
@@ -313,7 +319,7 @@ func (l *deductLoop) accept() {
 		_ = syscall.SetsockoptInt(nfd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
 		c := &loopConn{l: l, fd: nfd, hint: l.nextID.Add(1), in: make([]byte, 0, 512), body: make([]byte, 0, 512), lastRead: l.wokeAt}
 		c.settled = c.finish
-		if len(l.conns) >= l.s.cfg.MaxConns {
+		if len(l.conns) >= l.cfg.MaxConns {
 			// fasthttp applies the limit and answers.
 			c.mu.Lock()
 			l.handOver(c)
@@ -329,14 +335,15 @@ func (l *deductLoop) accept() {
 	}
 }
 
-func (l *deductLoop) writeMetrics(w *bytes.Buffer) {
+// WriteMetrics appends the loop's metrics in the Prometheus text format.
+func (l *Loop) WriteMetrics(w *bytes.Buffer) {
 	metrics.WriteGaugeUint64(w, "stockd_http_event_loop_connections", uint64(max(l.open.Load(), 0)))
 	metrics.WriteCounterUint64(w, "stockd_http_event_loop_deducts_total", l.served.Load())
 	metrics.WriteCounterUint64(w, "stockd_http_event_loop_handovers_total", l.handovs.Load())
 }
 
 // ready handles a connection's epoll events.
-func (l *deductLoop) ready(c *loopConn, events uint32) {
+func (l *Loop) ready(c *loopConn, events uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -392,7 +399,7 @@ func (l *deductLoop) ready(c *loopConn, events uint32) {
 }
 
 // drop closes c. The loop's, under c.mu.
-func (l *deductLoop) drop(c *loopConn) {
+func (l *Loop) drop(c *loopConn) {
 	if c.closed {
 		return
 	}
@@ -403,7 +410,7 @@ func (l *deductLoop) drop(c *loopConn) {
 	l.open.Add(-1)
 }
 
-func (l *deductLoop) dropAll() {
+func (l *Loop) dropAll() {
 	for _, c := range l.conns {
 		c.mu.Lock()
 		l.drop(c)
@@ -414,9 +421,9 @@ func (l *deductLoop) dropAll() {
 // sweepConns closes connections idle past the idle timeout, those part
 // way through a request past the read timeout, and those whose answer
 // has not been taken past the write timeout.
-func (l *deductLoop) sweepConns() {
+func (l *Loop) sweepConns() {
 	now := time.Now()
-	cfg := l.s.cfg
+	cfg := l.cfg
 	for _, c := range l.conns {
 		c.mu.Lock()
 		switch {
@@ -473,7 +480,7 @@ func (c *loopConn) flush() bool {
 // process serves the complete requests in c.in while none is in flight,
 // and hands c over at the first it does not serve. The loop's, under
 // c.mu.
-func (l *deductLoop) process(c *loopConn) {
+func (l *Loop) process(c *loopConn) {
 	if c.handoff {
 		if len(c.out) == 0 {
 			l.handOver(c)

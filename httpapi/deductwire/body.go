@@ -1,4 +1,4 @@
-package httpapi
+package deductwire
 
 // scanDeduct reads a deduct body of the shape nearly every client sends:
 // one JSON object whose keys are among user, qty and request_id, each at
