@@ -130,7 +130,7 @@ func (a *Answer) WriteTo(resp *fasthttp.Response) {
 
 // AppendHTTP appends the answer framed as HTTP/1.1 to dst, byte for byte
 // as the handlers' fasthttp server frames what WriteTo set (the event
-// loop's door; TestAnswer_FramedAsFasthttpFramesIt holds them together),
+// loop's door; httpapi/eventloop's TestDoors_AnswerTheSameRequestsAlike holds them together),
 // with Connection: close when closeConn.
 func (a *Answer) AppendHTTP(dst []byte, closeConn bool) []byte {
 	dst = append(dst, "HTTP/1.1 "...)

@@ -48,6 +48,16 @@ var allowed = map[string][]string{
 	"stockd/scenario": {},
 }
 
+// apart are packages under one top-level package that must not import
+// each other, though a package's own subpackages may otherwise: the two
+// HTTP doors (the handlers, the event loop) share deductwire's one reading
+// of a deduct and neither reaches into the other; node wires them.
+var apart = map[string][]string{
+	"stockd/httpapi":            {"stockd/httpapi/eventloop"},
+	"stockd/httpapi/eventloop":  {"stockd/httpapi"},
+	"stockd/httpapi/deductwire": {"stockd/httpapi", "stockd/httpapi/eventloop"},
+}
+
 // harness is the multi-node test harness: only tests import it.
 const harness = "stockd/internal/testnode"
 
@@ -115,6 +125,8 @@ func mayImport(from, to string) bool {
 		return false // tests only
 	case strings.HasPrefix(to, module+"/internal/"):
 		return true // leaf helpers; TestLayout_InternalHelpersAreLeaves checks them
+	case slices.Contains(apart[from], to):
+		return false
 	case from != module && top(from) == top(to):
 		return true // a package's own subpackages
 	}
@@ -172,7 +184,8 @@ var deductPath = []string{
 	"httpapi/deduct.go", "httpapi/batch.go", "engine/deduct.go", "engine/deduct_batch.go", "engine/pending.go",
 	"engine/committer.go", "engine/admission.go", "engine/pendingfilter.go", "shard/shard.go", "node/proposer.go",
 	"raftfsm/apply_orders.go", "raftfsm/apply.go",
-	"engine/deduct_async.go", "httpapi/deductloop_linux.go", "httpapi/deductloop_parse_linux.go",
+	"engine/deduct_async.go", "httpapi/eventloop/loop_linux.go", "httpapi/eventloop/parse_linux.go",
+	"httpapi/deductwire/read.go", "httpapi/deductwire/body.go", "httpapi/deductwire/answer.go",
 }
 
 func TestLayout_FilesAndFunctionsStayReadable(t *testing.T) {
@@ -252,6 +265,11 @@ func TestLayout_TheRulesRefuseWhatTheArrowsForbid(t *testing.T) {
 		{"stockd/engine", "stockd/raftnode", false},
 		{"stockd/raftfsm", "stockd/raftnode", false},
 		{"stockd/raftnode", "stockd/raftfsm", true},
+		{"stockd/httpapi", "stockd/httpapi/eventloop", false},
+		{"stockd/httpapi/eventloop", "stockd/httpapi", false},
+		{"stockd/httpapi/eventloop", "stockd/httpapi/deductwire", true},
+		{"stockd/httpapi", "stockd/httpapi/deductwire", true},
+		{"stockd/node", "stockd/httpapi/eventloop", true},
 	} {
 		if got := mayImport(c.from, c.to); got != c.ok {
 			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)

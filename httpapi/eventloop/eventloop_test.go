@@ -1,4 +1,4 @@
-package scenario
+package eventloop_test
 
 import (
 	"bufio"
