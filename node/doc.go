@@ -5,8 +5,13 @@
 //
 // Life of a deduct (wait=commit), hop by hop:
 //
-//  1. httpapi.Server.handleDeduct (a fasthttp goroutine) parses the body
-//     and calls engine.Engine.Deduct.
+//  1. One of two doors reads the request with deductwire.Reader: the
+//     event loop (httpapi/eventloop, on by default on Linux, plain HTTP),
+//     whose one goroutine reads the socket, parses the head with
+//     fasthttp's header parser and calls engine.Engine.DeductAsync; or
+//     httpapi.Server.handleDeduct on a fasthttp goroutine (HTTPS, the
+//     loop off, or a connection the loop handed over), which calls
+//     engine.Engine.Deduct and waits.
 //  2. The engine checks the sale's flags, takes a unit from a per-core
 //     bucket with a CAS, queues a pendingTake and waits on it.
 //  3. The engine's committer goroutine gathers queued takes into one
@@ -21,8 +26,10 @@
 //  5. raft commits the entry on a quorum; raftfsm.Ledger.ApplyBatch (the
 //     FSM goroutine) applies it on every node; the proposer's future
 //     returns the per-entry results.
-//  6. The committer settles each take; the waiting request goroutine wakes
-//     and writes the answer.
+//  6. The committer settles each take. At the loop's door the settling
+//     goroutine runs the take's callback, which writes deductwire's answer
+//     to the socket; at fasthttp's the waiting request goroutine wakes and
+//     writes the same answer.
 //
 // Errors are translated once, here: raft's and the wire's failures become
 // the engine's sentinels (ErrUnavailable: nothing applied, retry;
