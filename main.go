@@ -129,7 +129,7 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	fs.StringVar(&peers, "peers", "", "initial cluster id=raftaddr,...; omitted: a single-node cluster")
 	fs.StringVar(&cfg.Join, "join", "", "join an existing cluster through this node's HTTP URL")
 	fs.StringVar(&cfg.HTTP.AdminToken, "admin-token", "", "bearer token required for admin calls (none: admin calls only from loopback)")
-	fs.StringVar(&cfg.HTTP.ClusterSecret, "cluster-secret", "", "shared secret node-to-node calls carry on a loopback cluster without node certificates; required there with -peers or -join")
+	fs.StringVar(&cfg.ClusterSecret, "cluster-secret", "", "shared secret node-to-node calls carry on a loopback cluster without node certificates; required there with -peers or -join")
 	fs.StringVar(&cfg.TLS.NodeCert, "node-cert", "", "this node's certificate (PEM; its Common Name is the node id): raft and node-to-node calls on the -raft port over mutually authenticated TLS")
 	fs.StringVar(&cfg.TLS.NodeKey, "node-key", "", "the key of -node-cert (PEM)")
 	fs.StringVar(&cfg.TLS.NodeCA, "node-ca", "", "the CA bundle (PEM) that signs every member's node certificate")

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"bytes"
 	"crypto/subtle"
-	"strconv"
 
 	"github.com/valyala/fasthttp"
 
@@ -30,11 +29,6 @@ import (
 // headerRelayedLoopback, which the leader believes only beside a valid
 // cluster secret.
 const (
-	headerClusterSecret = "X-Stockd-Cluster-Secret"
-	headerPeerNode      = "X-Stockd-Node"
-	// headerCluster carries a restored cluster's identity on node-to-node
-	// calls (Config.ClusterID).
-	headerCluster         = "X-Stockd-Cluster"
 	headerRelayedLoopback = "X-Stockd-Relayed-Loopback"
 	// headerAppliedIndex, on an answer to a relayed call, is the leader's
 	// applied index once the call's command applied: the relaying node
@@ -51,33 +45,10 @@ func bearerIs(ctx *fasthttp.RequestCtx, want string) bool {
 }
 
 // PeerConn is a node-to-node connection whose certificate proved which
-// node it comes from (the node port's connections).
+// node it comes from (the node port's connections): it needs no client
+// certificate of the public kind.
 type PeerConn interface {
 	PeerID() string
-}
-
-// fromPeer reports whether the request comes from another node of the
-// cluster: over a node-port connection on a cluster of node certificates,
-// with the cluster secret on one without (never true without either).
-func (s *Server) fromPeer(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.PeerTLS {
-		_, ok := ctx.Conn().(PeerConn)
-		return ok
-	}
-	if s.cfg.ClusterSecret == "" {
-		return false
-	}
-	got := ctx.Request.Header.Peek(headerClusterSecret)
-	return subtle.ConstantTimeCompare(got, []byte(s.cfg.ClusterSecret)) == 1
-}
-
-// peerName is the node a peer's request comes from: its certificate's
-// name on a cluster of node certificates, the name it gives otherwise.
-func (s *Server) peerName(ctx *fasthttp.RequestCtx) string {
-	if pc, ok := ctx.Conn().(PeerConn); ok && s.cfg.PeerTLS {
-		return pc.PeerID()
-	}
-	return string(ctx.Request.Header.Peek(headerPeerNode))
 }
 
 // loopbackCaller reports whether the caller is a loopback client of this
@@ -86,7 +57,7 @@ func (s *Server) loopbackCaller(ctx *fasthttp.RequestCtx) bool {
 	if ctx.RemoteIP().IsLoopback() {
 		return true
 	}
-	return len(ctx.Request.Header.Peek(headerRelayedLoopback)) > 0 && s.fromPeer(ctx)
+	return len(ctx.Request.Header.Peek(headerRelayedLoopback)) > 0 && s.peers.FromPeer(ctx)
 }
 
 // admin checks the admin token, or without one, that the caller is local.
@@ -113,42 +84,6 @@ func (s *Server) service(ctx *fasthttp.RequestCtx) bool {
 		return true
 	}
 	writeRaw(ctx, fasthttp.StatusUnauthorized, deductwire.BodyNeedServiceToken)
-	return false
-}
-
-// peer checks that an internal call comes from another node: over the
-// node port on a cluster of node certificates, where a peer that names
-// another node than its certificate does is refused; with the cluster
-// secret otherwise. Without either the internal routes are not served.
-func (s *Server) peer(ctx *fasthttp.RequestCtx) bool {
-	if own := s.clusterID(); own != "" {
-		if said := string(ctx.Request.Header.Peek(headerCluster)); said != own {
-			s.logger.Warn("refused a node-to-node call of another cluster", "peer", string(ctx.Request.Header.Peek(headerPeerNode)), "peer_addr", ctx.RemoteAddr().String(), "its_cluster", said, "cluster", own, "path", string(ctx.Path()))
-			writeError(ctx, fasthttp.StatusForbidden, "other_cluster", "this node belongs to cluster "+own+"; the call names "+strconv.Quote(said))
-			return false
-		}
-	}
-	if s.cfg.PeerTLS {
-		pc, ok := ctx.Conn().(PeerConn)
-		if !ok {
-			writeError(ctx, fasthttp.StatusNotFound, "not_found", "internal routes are served on the node port only")
-			return false
-		}
-		if said := ctx.Request.Header.Peek(headerPeerNode); len(said) > 0 && string(said) != pc.PeerID() {
-			s.logger.Warn("refused a node-to-node call in another node's name", "peer", pc.PeerID(), "named", string(said), "peer_addr", ctx.RemoteAddr().String(), "path", string(ctx.Path()))
-			writeError(ctx, fasthttp.StatusForbidden, "forbidden", "node "+strconv.Quote(pc.PeerID())+" may not call in the name of "+strconv.Quote(string(said)))
-			return false
-		}
-		return true
-	}
-	if s.cfg.ClusterSecret == "" {
-		writeError(ctx, fasthttp.StatusNotFound, "not_found", "internal routes are off: this node has no -cluster-secret")
-		return false
-	}
-	if s.fromPeer(ctx) {
-		return true
-	}
-	writeError(ctx, fasthttp.StatusForbidden, "forbidden", "internal routes need the cluster secret")
 	return false
 }
 
@@ -186,7 +121,7 @@ var bodyNeedClientCert = precomputedError("client_certificate_required", "this n
 
 // adminOrPeer lets a joining node in with either credential.
 func (s *Server) adminOrPeer(ctx *fasthttp.RequestCtx) bool {
-	if s.fromPeer(ctx) {
+	if s.peers.FromPeer(ctx) {
 		return true
 	}
 	return s.admin(ctx)

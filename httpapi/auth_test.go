@@ -51,26 +51,28 @@ func (l leaderCluster) AddVoter(string, string) error {
 }
 func (l leaderCluster) RemoveServer(string) error { *l.changes++; return nil }
 
-// countingProposals counts forwarded commands that got past the route's
-// checks.
-type countingProposals struct{ changes *int }
-
-func (p countingProposals) HandleForwarded(string, []byte) (int, []byte) {
-	*p.changes++
-	return 200, nil
+// secretPeers is a node's Peers that hears a peer by the cluster secret
+// header (peer.Service's own checks are peer's tests).
+type secretPeers struct {
+	alone
+	secret string
 }
 
-// TestAuth_EveryStateChangingRoute calls every route that changes state
-// with no credential, a wrong one and the right one, from loopback and
-// from another machine's address, on a node with every credential set and
-// on one with none, and checks that a refused call changed nothing.
+func (p secretPeers) FromPeer(ctx *fasthttp.RequestCtx) bool {
+	return p.secret != "" && string(ctx.Request.Header.Peek("X-Stockd-Cluster-Secret")) == p.secret
+}
+
+// TestAuth_EveryStateChangingRoute calls every public route that changes
+// state with no credential, a wrong one and the right one, from loopback
+// and from another machine's address, on a node with every credential
+// set and on one with none, and checks that a refused call changed
+// nothing. (The internal routes' credentials are peer's tests.)
 func TestAuth_EveryStateChangingRoute(t *testing.T) {
 	const adminToken, serviceToken, secret = "admin-t", "service-t", "cluster-s"
 	type guard int
 	const (
 		guardAdmin guard = iota
 		guardService
-		guardPeer
 	)
 	routes := []struct {
 		method, path, body string
@@ -83,16 +85,15 @@ func TestAuth_EveryStateChangingRoute(t *testing.T) {
 		{"POST", "/v1/orders/n1-1-x/confirm", "", guardService},
 		{"POST", "/v1/orders/n1-1-x/cancel", "", guardService},
 		{"POST", "/v1/skus/a/deduct", `{"user":"u","request_id":"r"}`, guardService},
-		{"POST", "/internal/v1/propose", "x", guardPeer},
 	}
 	remoteOther := &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5000}
 	for _, configured := range []bool{true, false} {
 		cfg := DefaultConfig()
 		if configured {
-			cfg.AdminToken, cfg.ServiceToken, cfg.ClusterSecret = adminToken, serviceToken, secret
+			cfg.AdminToken, cfg.ServiceToken = adminToken, serviceToken
+			cfg.Peers = secretPeers{secret: secret}
 		}
 		eng := &countingEngine{fakeEngine: &fakeEngine{status: engine.StatusOK}}
-		cfg.Proposals = countingProposals{&eng.changes}
 		s, err := New(cfg, eng, leaderCluster{&eng.changes}, "test")
 		if err != nil {
 			t.Fatal(err)
@@ -101,7 +102,6 @@ func TestAuth_EveryStateChangingRoute(t *testing.T) {
 			for _, remote := range []net.Addr{loopback, remoteOther} {
 				for _, cred := range []string{"none", "wrong", "right"} {
 					ctx := newCtx(r.method, r.path, r.body, remote)
-					ctx.Request.Header.Set("X-Stockd-Wire", InternalWireVersion)
 					var want bool
 					switch r.guard {
 					case guardAdmin:
@@ -114,11 +114,6 @@ func TestAuth_EveryStateChangingRoute(t *testing.T) {
 							ctx.Request.Header.Set("Authorization", "Bearer "+serviceToken)
 						}
 						want = !configured || cred == "right"
-					case guardPeer:
-						if cred == "right" {
-							ctx.Request.Header.Set("X-Stockd-Cluster-Secret", secret)
-						}
-						want = configured && cred == "right"
 					}
 					if cred == "wrong" {
 						ctx.Request.Header.Set("Authorization", "Bearer nope")
@@ -148,7 +143,7 @@ func TestAuth_EveryStateChangingRoute(t *testing.T) {
 // believes it only beside the cluster secret.
 func TestAuth_RelayedLoopbackNeedsTheSecret(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.ClusterSecret = "cluster-s"
+	cfg.Peers = secretPeers{secret: "cluster-s"}
 	eng := &countingEngine{fakeEngine: &fakeEngine{}}
 	s, err := New(cfg, eng, leaderCluster{&eng.changes}, "test")
 	if err != nil {
@@ -160,7 +155,7 @@ func TestAuth_RelayedLoopbackNeedsTheSecret(t *testing.T) {
 		ctx := newCtx("PUT", "/v1/skus/a", `{"total":5}`, remote)
 		ctx.Request.Header.Set(headerRelayedLoopback, "1")
 		if secret != "" {
-			ctx.Request.Header.Set(headerClusterSecret, secret)
+			ctx.Request.Header.Set("X-Stockd-Cluster-Secret", secret)
 		}
 		before := eng.changes
 		s.handle(ctx)

@@ -388,7 +388,7 @@ func (s *Server) handleGetOrder(ctx *fasthttp.RequestCtx, id []byte) {
 // it, unless that is this node or the call was itself relayed. It reports
 // whether it wrote the answer.
 func (s *Server) relayOrderRead(ctx *fasthttp.RequestCtx, id string) bool {
-	if s.cluster == nil || len(ctx.Request.Header.Peek(headerPeerNode)) > 0 {
+	if s.cluster == nil || s.peers.FromPeer(ctx) {
 		return false
 	}
 	minter := s.engine.OrderOwner(id)
@@ -400,7 +400,7 @@ func (s *Server) relayOrderRead(ctx *fasthttp.RequestCtx, id string) bool {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("/v1/orders/" + id)
 	req.Header.SetBytesV(fasthttp.HeaderAuthorization, ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
-	if err := s.peers.do(minter, req, resp, peerStatusTimeout*3); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+	if err := s.peers.Do(minter, req, resp, peerStatusTimeout*3); err != nil || resp.StatusCode() != fasthttp.StatusOK {
 		return false
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
@@ -451,7 +451,7 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	target := st.CommitIndex
 	if st.Leader != st.NodeID {
 		var leader ClusterStatus
-		if s.peers.GetJSON(st.Leader, "/internal/v1/status", peerStatusTimeout, &leader) != nil {
+		if s.peers.Status(st.Leader, peerStatusTimeout, &leader) != nil {
 			notReady("leader " + st.Leader + " not reachable over http")
 			return
 		}

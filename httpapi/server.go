@@ -137,25 +137,22 @@ type Config struct {
 	ListenerTimeouts bool
 	// MaxConns bounds concurrent client connections.
 	MaxConns int
-	// ClusterSecret authenticates the internal routes nodes use among
-	// themselves; when empty those routes are not served.
-	ClusterSecret string
-	// PeerTLS: the cluster runs on node certificates. Internal calls are
-	// taken only from node-port connections (ServePeers), in the name
-	// their certificate gives; ClusterSecret is not used.
-	PeerTLS bool
 	// ClientCerts: the listener checks client certificates against a CA
 	// (-http-client-ca); every route but the probes needs one.
 	ClientCerts bool
 	// TLSExpiries, when set, lists the expiry of each certificate in use
 	// (for /metrics and the operator's page).
 	TLSExpiries func() []CertExpiry
-	// Peers carries this node's calls to other nodes; nil: plain TCP with
-	// ClusterSecret.
-	Peers *PeerClient
-	// Proposals serves commands followers forward (the leader's side of
-	// the internal wire); nil refuses them.
-	Proposals Proposals
+	// Peers carries this node's calls to other nodes and tells a peer's
+	// request (peer.Client and peer.Service); nil: a node alone, which
+	// relays nothing and hears no peer.
+	Peers Peers
+	// Internal serves the node-to-node routes (RouteInternal and below:
+	// peer.Service.Handle); nil answers them 404.
+	Internal fasthttp.RequestHandler
+	// InternalMaxBodyBytes is the internal routes' own body cap
+	// (peer.MaxBodyBytes), far above the public one.
+	InternalMaxBodyBytes int
 	// Backups takes copies of this node's ledger for GET /v1/backup; nil
 	// answers 503.
 	Backups Backups
@@ -163,8 +160,7 @@ type Config struct {
 	// in /metrics.
 	BackupStats func() BackupStats
 	// ClusterID, when set, is this node's cluster identity (a restored
-	// cluster's; "" for none): node-to-node calls and joins that name
-	// another are refused.
+	// cluster's; "" for none): joins that name another are refused.
 	ClusterID func() string
 }
 
@@ -204,7 +200,7 @@ type Server struct {
 	ln      net.Listener
 	latency *latencyHistogram
 	version string
-	peers   *PeerClient
+	peers   Peers
 	creds   deductwire.Credentials
 	loop    FrontDoor // nil unless SetFrontDoor
 }
@@ -249,7 +245,7 @@ func New(cfg Config, eng Engine, cluster Cluster, version string) (*Server, erro
 	s.creds = deductwire.Credentials{ServiceToken: cfg.ServiceToken, AdminToken: cfg.AdminToken, ClientCerts: cfg.ClientCerts}
 	s.peers = cfg.Peers
 	if s.peers == nil {
-		s.peers = NewPeerClient(PeerClientConfig{Secret: cfg.ClusterSecret})
+		s.peers = alone{}
 	}
 	s.fast = s.newFastServer(logger)
 	if cfg.ListenerTimeouts {
@@ -274,7 +270,7 @@ func (s *Server) newFastServer(logger *slog.Logger) *fasthttp.Server {
 		ErrorHandler:         s.handleTransportError,
 		Name:                 "stockd",
 		MaxRequestBodySize:   MaxBodyBytes,
-		HeaderReceived:       bodyLimitFor,
+		HeaderReceived:       s.bodyLimitFor,
 		ReadTimeout:          cfg.ReadTimeout,
 		WriteTimeout:         cfg.WriteTimeout,
 		IdleTimeout:          cfg.IdleTimeout,
@@ -311,7 +307,6 @@ var (
 	pathV1Orders       = []byte("/v1/orders/")
 	pathV1ClusterNodes = []byte("/v1/cluster/nodes/")
 	pathV1Consumers    = []byte("/v1/consumers/")
-	pathInternal       = []byte("/internal/v1/")
 	pathDebugPprof     = []byte("/debug/pprof/")
 	suffixRestock      = []byte("/restock")
 	suffixAudit        = []byte("/audit")
@@ -393,10 +388,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if s.allow(ctx, method, fasthttp.MethodDelete) && s.admin(ctx) {
 			s.handleRemoveNode(ctx, path[len(pathV1ClusterNodes):])
 		}
-	case bytes.HasPrefix(path, pathInternal):
-		if s.peer(ctx) {
-			s.handleInternal(ctx, path[len(pathInternal):])
+	case bytes.HasPrefix(path, RouteInternal):
+		if s.cfg.Internal == nil {
+			writeError(ctx, fasthttp.StatusNotFound, "not_found", "internal routes are off on this node")
+			return
 		}
+		s.cfg.Internal(ctx)
 	case string(path) == "/healthz":
 		writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ok": true, "version": s.version})
 	case string(path) == "/readyz":
@@ -502,8 +499,8 @@ func (s *Server) allow(ctx *fasthttp.RequestCtx, method []byte, want string) boo
 
 // bodyLimitFor gives the internal routes their own body cap: a forwarded
 // Take batch is far larger than any public request.
-func bodyLimitFor(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	if limit := bodyLimit(h.RequestURI()); limit != MaxBodyBytes {
+func (s *Server) bodyLimitFor(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if limit := s.bodyLimit(h.RequestURI()); limit != MaxBodyBytes {
 		return fasthttp.RequestConfig{MaxRequestBodySize: limit}
 	}
 	return fasthttp.RequestConfig{}
@@ -511,10 +508,10 @@ func bodyLimitFor(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 
 // bodyLimit is the body cap of a request URI: the internal routes' and the
 // batch route's own, else MaxBodyBytes.
-func bodyLimit(uri []byte) int {
+func (s *Server) bodyLimit(uri []byte) int {
 	switch {
-	case bytes.HasPrefix(uri, pathInternal):
-		return InternalMaxBodyBytes
+	case bytes.HasPrefix(uri, RouteInternal):
+		return max(s.cfg.InternalMaxBodyBytes, MaxBodyBytes)
 	case bytes.HasPrefix(uri, pathV1Deducts) && (len(uri) == len(pathV1Deducts) || uri[len(pathV1Deducts)] == '?'):
 		return BatchMaxBodyBytes
 	}
@@ -532,7 +529,7 @@ func (s *Server) handleTransportError(ctx *fasthttp.RequestCtx, err error) {
 		return
 	}
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		limit := bodyLimit(ctx.Request.Header.RequestURI())
+		limit := s.bodyLimit(ctx.Request.Header.RequestURI())
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body over %d bytes", limit))
 		return
 	}
@@ -564,7 +561,7 @@ func (s *Server) Serve(ln net.Listener) {
 func (s *Server) ServePeers(ln net.Listener) {
 	s.peerSrv = s.newFastServer(s.logger)
 	s.peerSrv.Name = "stockd-peer"
-	s.peerSrv.MaxRequestBodySize = InternalMaxBodyBytes
+	s.peerSrv.MaxRequestBodySize = max(s.cfg.InternalMaxBodyBytes, MaxBodyBytes)
 	go func() {
 		if err := s.peerSrv.Serve(ln); err != nil {
 			s.logger.Error("node port http server stopped", "err", err)

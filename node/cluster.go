@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"stockd/httpapi"
+	"stockd/peer"
 	"stockd/raftfsm"
 	"stockd/raftnode"
 )
@@ -17,7 +18,24 @@ import (
 type clusterView struct {
 	node   *raftnode.Node
 	ledger *raftfsm.Ledger
-	peers  *httpapi.PeerClient
+	peers  *peer.Client
+}
+
+// nodePeers is the HTTP layer's view of the node-to-node wire: the client
+// for the calls it relays, the service for telling a peer's request.
+type nodePeers struct {
+	*peer.Client
+	*peer.Service
+}
+
+var _ httpapi.Peers = nodePeers{}
+
+// peerView is what the peer service reads of this node.
+type peerView struct{ c *clusterView }
+
+func (v peerView) Status() any { return v.c.Status() }
+func (v peerView) LeaderReadIndex(ctx context.Context) (uint64, error) {
+	return v.c.LeaderReadIndex(ctx)
 }
 
 // rulesProbeTimeout bounds the leader's question to one voter about the
@@ -43,7 +61,7 @@ func (c *clusterView) VotersKnowRules(rules uint64) bool {
 			continue
 		}
 		var st httpapi.ClusterStatus
-		if err := c.peers.GetJSON(m.ID, "/internal/v1/status", rulesProbeTimeout, &st); err != nil || st.RulesKnown < rules {
+		if err := c.peers.Status(m.ID, rulesProbeTimeout, &st); err != nil || st.RulesKnown < rules {
 			return false
 		}
 	}
@@ -70,11 +88,11 @@ func (c *clusterView) ReadIndex(ctx context.Context) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(d))
 	}
-	var out httpapi.ReadIndexJSON
-	if err := c.peers.GetJSON(id, "/internal/v1/read-index", timeout, &out); err != nil {
+	index, err := c.peers.ReadIndex(id, timeout)
+	if err != nil {
 		return 0, fmt.Errorf("ask leader %s for a read index: %w", id, err)
 	}
-	return out.Index, nil
+	return index, nil
 }
 
 // httpAddrOf is the HTTP address node id registered in the ledger (the

@@ -1,7 +1,8 @@
 // Package node runs one stockd node: it wires the ledger, the raft node,
-// the engine and the HTTP server together, owns the Proposer through which
-// every write reaches the log, and serves the leader's side of the
-// internal forwarding wire.
+// the engine, the two HTTP doors (httpapi's handlers and the event loop
+// in front of them) and the node-to-node wire (peer) together, and owns
+// the Proposer through which every write reaches the log (and which
+// decides, on the leader, what a forwarded command may do).
 //
 // Life of a deduct (wait=commit), hop by hop:
 //
@@ -19,10 +20,10 @@
 //     Proposer.Propose on a goroutine of its own, a few in flight.
 //  4. Proposer.Propose encodes the command once. On the leader it goes
 //     straight to raft (raftnode.Node.ProposeEncoded). On a follower it is
-//     POSTed to the leader's /internal/v1/propose (httpapi.PeerClient),
-//     where Proposer.HandleForwarded decodes, checks and proposes it and
-//     sends back the encoded Result; the follower then waits until its
-//     own ledger has applied that index.
+//     POSTed to the leader's /internal/v1/propose (peer.Client.Propose),
+//     where peer.Service checks the caller and Proposer.HandleForwarded
+//     decodes, checks and proposes it and sends back the encoded Result;
+//     the follower then waits until its own ledger has applied that index.
 //  5. raft commits the entry on a quorum; raftfsm.Ledger.ApplyBatch (the
 //     FSM goroutine) applies it on every node; the proposer's future
 //     returns the per-entry results.

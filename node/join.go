@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"stockd/httpapi"
+	"stockd/peer"
 	"stockd/raftfsm"
 	"stockd/raftnode"
 )
@@ -33,17 +33,10 @@ func joinCluster(cfg Config, raftAddr string, tlsCfg *tls.Config, voters []raftn
 	// The joiner's cluster and index: a node holding another cluster's
 	// state is refused (a fresh one has neither).
 	body, _ := json.Marshal(map[string]any{"id": cfg.ID, "raft_addr": raftAddr, "cluster": ledger.ClusterID(), "applied_index": ledger.AppliedIndex()})
-	headers := map[string]string{}
-	if cfg.HTTP.AdminToken != "" {
-		headers["Authorization"] = "Bearer " + cfg.HTTP.AdminToken
-	}
-	if cfg.HTTP.ClusterSecret != "" {
-		headers["X-Stockd-Cluster-Secret"] = cfg.HTTP.ClusterSecret
-	}
-	url := strings.TrimRight(cfg.Join, "/") + "/v1/cluster/join"
+	base := strings.TrimRight(cfg.Join, "/")
 	deadline := time.Now().Add(joinAttemptsTimeout)
 	for {
-		code, answer, err := httpapi.PostJSON(url, body, headers, tlsCfg, joinCallTimeout)
+		code, answer, err := peer.Join(base, body, cfg.HTTP.AdminToken, cfg.ClusterSecret, tlsCfg, joinCallTimeout)
 		if err == nil && code == 200 {
 			logger.Info("joined cluster", "via", cfg.Join)
 			return nil

@@ -14,6 +14,7 @@ import (
 	"stockd/httpapi"
 	"stockd/httpapi/eventloop"
 	"stockd/internal/coarsedeadline"
+	"stockd/peer"
 	"stockd/raftfsm"
 	"stockd/raftnode"
 )
@@ -38,6 +39,10 @@ type Config struct {
 	// TLS names the node's certificates: node certificates for every
 	// node-to-node call, HTTPS for clients.
 	TLS TLSFiles
+	// ClusterSecret authenticates node-to-node calls on a cluster without
+	// node certificates (-cluster-secret); empty there, those calls are
+	// not served.
+	ClusterSecret string
 	// InsecurePlaintextCluster lets a node whose raft address other
 	// machines reach run without node certificates, on plain TCP and the
 	// cluster secret (it logs a warning).
@@ -73,7 +78,7 @@ type Config struct {
 	// StreamLayer and PeerDial carry raft and node-to-node HTTP instead of
 	// plain TCP (tests cut links with them).
 	StreamLayer raftnode.StreamLayer
-	PeerDial    httpapi.DialFunc
+	PeerDial    peer.DialFunc
 }
 
 // drainTimeoutMax keeps a stop within what a process supervisor waits
@@ -114,7 +119,7 @@ func (c *Config) heldByNode() string {
 		return "the logger (set Config.Logger)"
 	case c.Engine.AdvertiseHTTP != "":
 		return "the advertised HTTP address (set Config.AdvertiseHTTP)"
-	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Proposals != nil, c.HTTP.Backups != nil, c.HTTP.BackupStats != nil, c.HTTP.ClusterID != nil:
+	case c.Engine.Cluster != nil, c.Raft.StreamLayer != nil, c.HTTP.Peers != nil, c.HTTP.Internal != nil, c.HTTP.Backups != nil, c.HTTP.BackupStats != nil, c.HTTP.ClusterID != nil:
 		return "the wiring between the parts (Start makes it; tests set Config.StreamLayer)"
 	}
 	return ""
@@ -258,7 +263,7 @@ func Start(cfg Config) (*Node, error) {
 			rcfg.Advertise = p.Addr
 		}
 	}
-	pcfg := httpapi.PeerClientConfig{Self: cfg.ID, Secret: cfg.HTTP.ClusterSecret, Resolve: view.httpAddrOf, Dial: cfg.PeerDial, Cluster: ledger.ClusterID}
+	pcfg := peer.ClientConfig{Self: cfg.ID, Secret: cfg.ClusterSecret, Resolve: view.httpAddrOf, Dial: cfg.PeerDial, Cluster: ledger.ClusterID}
 	if port := tlsState.port; port != nil {
 		rcfg.StreamLayer, rcfg.Advertise = port.RaftLayer(), port.RaftLayer().Addr().String()
 		pcfg.Resolve, pcfg.Dial = view.raftAddrOf, tlsState.peerDial
@@ -270,12 +275,14 @@ func Start(cfg Config) (*Node, error) {
 	if tlsState.port != nil {
 		tlsState.port.SetMembers(members(n.raft))
 	}
-	peers := httpapi.NewPeerClient(pcfg)
+	peers := peer.NewClient(pcfg)
 	view.peers = peers
 	proposer := &Proposer{raft: n.raft, ledger: ledger, peers: peers, logger: logger.With("component", "proposer", "node", cfg.ID)}
 	n.proposer = proposer
+	service := peer.NewService(peer.ServiceConfig{Secret: cfg.ClusterSecret, TLS: tlsState.port != nil,
+		ClusterID: ledger.ClusterID, Node: peerView{view}, Proposals: proposer, Logger: logger})
 	hcfg := cfg.HTTP
-	hcfg.Logger, hcfg.Peers, hcfg.Proposals = logger, peers, proposer
+	hcfg.Logger, hcfg.Peers, hcfg.Internal, hcfg.InternalMaxBodyBytes = logger, nodePeers{peers, service}, service.Handle, peer.MaxBodyBytes
 	hcfg.Backups = nodeBackups{ledger: ledger, node: cfg.ID, version: cfg.Version}
 	hcfg.ClusterID = ledger.ClusterID
 	if cfg.Backups.Dir != "" {
@@ -283,7 +290,7 @@ func Start(cfg Config) (*Node, error) {
 			logger: logger.With("component", "backup", "node", cfg.ID)}
 		hcfg.BackupStats = n.backups.stats
 	}
-	hcfg.PeerTLS, hcfg.ClientCerts, hcfg.TLSExpiries = tlsState.port != nil, tlsState.httpCA != nil, tlsState.expiries
+	hcfg.ClientCerts, hcfg.TLSExpiries = tlsState.httpCA != nil, tlsState.expiries
 	if n.http, err = httpapi.New(hcfg, n.engine, view, cfg.Version); err != nil {
 		return fail(err)
 	}

@@ -176,7 +176,7 @@ func TestConfig_ValidateNamesWhatCannotWork(t *testing.T) {
 		{func(c *Config) { c.Raft.RaftBind = "0.0.0.0:7000" }, "needs node certificates: make certificates with `stockd cert ca"},
 		{func(c *Config) { c.Raft.RaftBind = "10.1.2.3:7000" }, "to run on plain TCP anyway pass -insecure-plaintext-cluster"},
 		{func(c *Config) {
-			c.HTTP.ClusterSecret = "s"
+			c.ClusterSecret = "s"
 			c.Peers = []Peer{{ID: "n1", Addr: "192.0.2.1:7000"}}
 		}, "-raft 192.0.2.1:7000 is reachable from other machines"},
 		{func(c *Config) { c.TLS.NodeCert = "n1.pem" }, "need all three of -node-cert, -node-key and -node-ca"},
@@ -184,7 +184,7 @@ func TestConfig_ValidateNamesWhatCannotWork(t *testing.T) {
 		{func(c *Config) { c.TLS.HTTPClientCA = "ca.pem" }, "give -http-cert and -http-key too"},
 		{func(c *Config) {
 			c.TLS = TLSFiles{NodeCert: "a", NodeKey: "b", NodeCA: "c"}
-			c.HTTP.ClusterSecret = "s"
+			c.ClusterSecret = "s"
 		}, "drop the secret"},
 		{func(c *Config) { c.DrainTimeout = 0 }, "drain timeout"},
 		{func(c *Config) { c.HTTP.Addr = ":8080" }, "need -admin-token"},
@@ -202,7 +202,7 @@ func TestConfig_ValidateNamesWhatCannotWork(t *testing.T) {
 		t.Fatalf("the test's own config: %v", err)
 	}
 	// The opt-out: plain TCP on a reachable address, with the secret.
-	cfg.Raft.RaftBind, cfg.InsecurePlaintextCluster, cfg.HTTP.ClusterSecret = "0.0.0.0:7000", true, "s"
+	cfg.Raft.RaftBind, cfg.InsecurePlaintextCluster, cfg.ClusterSecret = "0.0.0.0:7000", true, "s"
 	cfg.Peers = []Peer{{ID: cfg.ID, Addr: "192.0.2.1:7000"}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("-insecure-plaintext-cluster: %v", err)

@@ -2,7 +2,6 @@ package node
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,7 @@ import (
 	"time"
 
 	"stockd/engine"
-	"stockd/httpapi"
+	"stockd/peer"
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/raftnode"
@@ -29,15 +28,15 @@ const (
 type Proposer struct {
 	raft   *raftnode.Node
 	ledger *raftfsm.Ledger
-	peers  *httpapi.PeerClient
+	peers  *peer.Client
 	logger *slog.Logger
 }
 
 // Propose implements engine.Proposer.
 func (p *Proposer) Propose(atUnixNano int64, c command.Command) (*raftfsm.Result, error) {
 	b := command.EncodeCommand(nil, atUnixNano, c)
-	if len(b) > httpapi.InternalMaxBodyBytes {
-		return nil, fmt.Errorf("%w: %s command of %d bytes, the most is %d", engine.ErrTooLarge, c.Op(), len(b), httpapi.InternalMaxBodyBytes)
+	if len(b) > peer.MaxBodyBytes {
+		return nil, fmt.Errorf("%w: %s command of %d bytes, the most is %d", engine.ErrTooLarge, c.Op(), len(b), peer.MaxBodyBytes)
 	}
 	if p.raft.IsLeader() {
 		res, err := p.raft.ProposeEncoded(b)
@@ -71,18 +70,18 @@ func (p *Proposer) forward(op command.Op, b []byte) (*raftfsm.Result, error) {
 	}
 	status, answer, err := p.peers.Propose(leader, b, forwardTimeout)
 	if err != nil {
-		if errors.Is(err, httpapi.ErrNotSent) {
+		if errors.Is(err, peer.ErrNotSent) {
 			return nil, fmt.Errorf("%w: forward %s to %s: %v", engine.ErrUnavailable, op, leader, err)
 		}
 		return nil, fmt.Errorf("%w: forward %s to %s: %v", engine.ErrOutcomeUnknown, op, leader, err)
 	}
 	switch status {
 	case http.StatusOK:
-	case httpapi.ProposeNotLeader, httpapi.ProposeUnavailable:
+	case peer.ProposeNotLeader, peer.ProposeUnavailable:
 		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrUnavailable, leader, status, bytes.TrimSpace(answer))
-	case httpapi.ProposeTooLarge:
+	case peer.ProposeTooLarge:
 		return nil, fmt.Errorf("%w: leader %s: %s", engine.ErrTooLarge, leader, bytes.TrimSpace(answer))
-	case httpapi.ProposeMalformed, httpapi.ProposeForbidden, http.StatusUnauthorized, http.StatusNotFound:
+	case peer.ProposeMalformed, peer.ProposeForbidden, http.StatusUnauthorized, http.StatusNotFound:
 		p.logger.Error("leader refused a forwarded command", "op", op, "leader", leader, "status", status, "answer", string(bytes.TrimSpace(answer)))
 		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrRejected, leader, status, bytes.TrimSpace(answer))
 	default: // 504 and anything unexpected: the command may have entered the log
@@ -95,7 +94,7 @@ func (p *Proposer) forward(op command.Op, b []byte) (*raftfsm.Result, error) {
 	return res, nil
 }
 
-// HandleForwarded implements httpapi.Proposals: it runs on the leader for
+// HandleForwarded implements peer.Proposals: it runs on the leader for
 // a command node fromNode forwarded (the caller passed the cluster secret).
 // A peer may send only what a peer sends: its own takes, lease requests,
 // returns and registration. Admin and order calls travel as relayed HTTP
@@ -104,14 +103,14 @@ func (p *Proposer) forward(op command.Op, b []byte) (*raftfsm.Result, error) {
 // they came.
 func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 	if !p.raft.IsLeader() {
-		return httpapi.ProposeNotLeader, errorBody("not_leader", "this node is not the leader")
+		return peer.ProposeNotLeader, peer.ErrorBody("not_leader", "this node is not the leader")
 	}
 	_, c, err := command.DecodeCommand(body)
 	if err != nil {
-		return httpapi.ProposeMalformed, errorBody("bad_request", err.Error())
+		return peer.ProposeMalformed, peer.ErrorBody("bad_request", err.Error())
 	}
 	if why := peerMayNotSend(fromNode, c); why != "" {
-		return httpapi.ProposeForbidden, errorBody("forbidden", why) // the HTTP layer logs it, with the peer's address
+		return peer.ProposeForbidden, peer.ErrorBody("forbidden", why) // the HTTP layer logs it, with the peer's address
 	}
 	// raft keeps the slice: the request's buffer is reused after the call.
 	res, err := p.raft.ProposeEncoded(bytes.Clone(body))
@@ -119,11 +118,11 @@ func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 	case err == nil:
 		return http.StatusOK, raftfsm.EncodeResult(nil, res)
 	case errors.Is(err, raftnode.ErrOutcomeUnknown):
-		return httpapi.ProposeOutcomeUnknown, errorBody("outcome_unknown", err.Error())
+		return peer.ProposeOutcomeUnknown, peer.ErrorBody("outcome_unknown", err.Error())
 	case errors.Is(err, raftnode.ErrNotLeader):
-		return httpapi.ProposeNotLeader, errorBody("not_leader", err.Error())
+		return peer.ProposeNotLeader, peer.ErrorBody("not_leader", err.Error())
 	default:
-		return httpapi.ProposeUnavailable, errorBody("unavailable", err.Error())
+		return peer.ProposeUnavailable, peer.ErrorBody("unavailable", err.Error())
 	}
 }
 
@@ -153,9 +152,4 @@ func peerMayNotSend(from string, c command.Command) string {
 		return fmt.Sprintf("node %q may not send a %s in the name of node %q", from, c.Op(), node)
 	}
 	return ""
-}
-
-func errorBody(code, detail string) []byte {
-	b, _ := json.Marshal(map[string]string{"error": code, "detail": detail})
-	return append(b, '\n')
 }

@@ -54,11 +54,11 @@ func (c *Config) transportProblem() error {
 		return errors.New("HTTPS needs both -http-cert and -http-key")
 	case f.HTTPClientCA != "" && f.HTTPCert == "":
 		return errors.New("-http-client-ca checks client certificates over HTTPS: give -http-cert and -http-key too")
-	case nodeCerts && c.HTTP.ClusterSecret != "":
+	case nodeCerts && c.ClusterSecret != "":
 		return errors.New("-cluster-secret is for clusters without node certificates: with -node-cert the certificates prove who calls; drop the secret")
 	case nodeCerts && c.StreamLayer != nil:
 		return errors.New("node: a test stream layer and node certificates exclude each other")
-	case !nodeCerts && (len(c.Peers) > 0 || c.Join != "") && c.HTTP.ClusterSecret == "":
+	case !nodeCerts && (len(c.Peers) > 0 || c.Join != "") && c.ClusterSecret == "":
 		return errors.New("a cluster (-peers or -join) needs node certificates (-node-cert, -node-key, -node-ca) or, on loopback, -cluster-secret (or STOCKD_CLUSTER_SECRET): the same secret on every node, for example from `openssl rand -hex 32`; node-to-node calls carry it")
 	case !nodeCerts && !c.InsecurePlaintextCluster && c.StreamLayer == nil && !loopbackOnly(c.raftAdvertise()):
 		return fmt.Errorf("-raft %s is reachable from other machines, so node-to-node traffic needs node certificates: %s; to run on plain TCP anyway pass -insecure-plaintext-cluster", c.raftAdvertise(), certHowTo)

@@ -46,7 +46,7 @@ func TestClient_OverHTTPSWithClientCertificates(t *testing.T) {
 	inProcCerts(t, certs, "n1")
 	f := func(name string) string { return filepath.Join(certs, name) }
 	cfg := testnode.NodeConfig(t, "n1", filepath.Join(dir, "n1"), 200*time.Millisecond)
-	cfg.HTTP.ClusterSecret = ""
+	cfg.ClusterSecret = ""
 	cfg.TLS = node.TLSFiles{NodeCert: f("n1.pem"), NodeKey: f("n1-key.pem"), NodeCA: f("ca.pem"),
 		HTTPCert: f("n1.pem"), HTTPKey: f("n1-key.pem"), HTTPClientCA: f("ca.pem")}
 	n, err := node.Start(cfg)

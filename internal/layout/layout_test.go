@@ -30,8 +30,11 @@ const module = "stockd"
 // import shard and engine for its in-process strategies; shard and raftfsm
 // import nothing of ours but what they own.
 var allowed = map[string][]string{
-	"stockd":          {"node", "bench", "feed", "backup"},
-	"stockd/node":     {"httpapi", "engine", "raftfsm", "raftnode"},
+	"stockd":      {"node", "bench", "feed", "backup"},
+	"stockd/node": {"httpapi", "peer", "engine", "raftfsm", "raftnode"},
+	// The node-to-node wire, both ends: it speaks HTTP and knows none of
+	// the public contract (httpapi reaches it through httpapi.Peers).
+	"stockd/peer":     {},
 	"stockd/raftnode": {"raftfsm"},
 	"stockd/httpapi":  {"engine"},
 	"stockd/engine":   {"shard", "raftfsm"},
@@ -270,6 +273,11 @@ func TestLayout_TheRulesRefuseWhatTheArrowsForbid(t *testing.T) {
 		{"stockd/httpapi/eventloop", "stockd/httpapi/deductwire", true},
 		{"stockd/httpapi", "stockd/httpapi/deductwire", true},
 		{"stockd/node", "stockd/httpapi/eventloop", true},
+		{"stockd/node", "stockd/peer", true},
+		{"stockd/httpapi", "stockd/peer", false},
+		{"stockd/peer", "stockd/httpapi", false},
+		{"stockd/peer", "stockd/node", false},
+		{"stockd/engine", "stockd/peer", false},
 	} {
 		if got := mayImport(c.from, c.to); got != c.ok {
 			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)

@@ -95,7 +95,7 @@ func NodeConfig(tb testing.TB, id, dir string, raftTimeout time.Duration) node.C
 	cfg := node.DefaultConfig()
 	cfg.ID, cfg.DataDir = id, dir
 	cfg.HTTP.Addr, cfg.Raft.RaftBind = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.HTTP.ClusterSecret = ClusterSecret
+	cfg.ClusterSecret = ClusterSecret
 	cfg.Engine.BucketsPerSKU = 2
 	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
 	cfg.Logger = slog.New(slog.NewTextHandler(newTBWriter(tb), &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
