@@ -10,7 +10,6 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -567,25 +566,4 @@ func (s *Server) ServePeers(ln net.Listener) {
 			s.logger.Error("node port http server stopped", "err", err)
 		}
 	}()
-}
-
-// PostJSON posts body to url and returns the status and answer; a node
-// uses it to join a cluster. tlsCfg checks an https URL's server (nil:
-// the system's roots).
-func PostJSON(url string, body []byte, headers map[string]string, tlsCfg *tls.Config, timeout time.Duration) (int, string, error) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(url)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType(contentTypeJSON)
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	req.SetBody(body)
-	c := &fasthttp.Client{TLSConfig: tlsCfg}
-	if err := c.DoTimeout(req, resp, timeout); err != nil {
-		return 0, "", err
-	}
-	return resp.StatusCode(), string(bytes.TrimSpace(resp.Body())), nil
 }
