@@ -33,21 +33,19 @@ type certConn struct {
 func (c certConn) PeerID() string { return c.id }
 
 func newCtx(method, path string, conn net.Conn, headers ...string) *fasthttp.RequestCtx {
-	var req fasthttp.Request
+	ctx := &fasthttp.RequestCtx{}
+	if conn != nil {
+		ctx.Init2(conn, nil, false)
+	} else {
+		ctx.Init(&fasthttp.Request{}, &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 7001}, nil)
+	}
+	req := &ctx.Request
 	req.Header.SetMethod(method)
 	req.SetRequestURI(path)
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
 	req.SetBodyString("command")
-	ctx := &fasthttp.RequestCtx{}
-	remote := &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 7001}
-	if conn != nil {
-		ctx.Init2(conn, nil, false)
-		ctx.Request = req
-	} else {
-		ctx.Init(&req, remote, nil)
-	}
 	return ctx
 }
 
