@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 
 	"stockd/engine"
 	"stockd/httpapi/deductwire"
@@ -33,9 +32,6 @@ const (
 
 var (
 	pathV1Deducts = []byte("/v1/deducts")
-	keyDeducts    = "deducts"
-	keySKU        = "sku"
-	bodyBadBatch  = precomputedError("bad_request", `the body must be a JSON object with a "deducts" array of at most 1000 objects`)
 	// bodyBatchIdemKey: one header cannot name a hundred requests.
 	bodyBatchIdemKey = precomputedError("bad_request", "Idempotency-Key names one request: in a batch, each item carries its own request_id")
 )
@@ -45,38 +41,21 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		return
 	}
-	p, v := parseObject(ctx, bodyBadBatch)
-	if p == nil {
-		return
-	}
-	defer deductParsers.Put(p)
-	list := v.Get(keyDeducts)
-	if list == nil || list.Type() != fastjson.TypeArray {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadBatch)
-		return
-	}
-	items, _ := list.Array()
-	if len(items) > BatchMaxItems {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadBatch)
-		return
-	}
-	for _, it := range items {
-		if it.Type() != fastjson.TypeObject {
-			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadBatch)
-			return
-		}
-	}
-	if len(ctx.Request.Header.Peek(deductwire.HeaderIdempotencyKey)) > 0 {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBatchIdemKey)
-		return
-	}
-
 	sc := batchScratches.Get().(*batchScratch)
 	defer batchScratches.Put(sc)
+	items, bad := sc.read.ReadBatch(ctx.PostBody(), BatchMaxItems, sc.items[:0])
+	sc.items = items
+	if bad == nil && deductwire.IdempotencyKeyGiven(&ctx.Request.Header) {
+		bad = bodyBatchIdemKey
+	}
+	if bad != nil {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bad)
+		return
+	}
 	sc.reset(len(items))
 	hint := uint32(ctx.ConnID())
-	for i, it := range items {
-		req, bad := batchItem(it)
+	for i := range items {
+		req, bad := items[i].Req, items[i].Bad
 		if bad != nil {
 			sc.answers[i] = batchAnswer{fasthttp.StatusBadRequest, bad}
 			continue
@@ -89,6 +68,7 @@ func (s *Server) handleBatchDeduct(ctx *fasthttp.RequestCtx) {
 	results := sc.results[:len(sc.reqs)]
 	s.engine.DeductBatch(sc.reqs, results)
 	clear(sc.reqs) // keep no view into the request past the handler
+	clear(sc.items)
 	s.latency.observeN(time.Since(start), len(results))
 	// One buffer carved into each item's answer (an answer that outgrows
 	// its part gets its own).
@@ -137,6 +117,8 @@ type batchAnswer struct {
 // batchScratch is one batch call's working memory, pooled: a batch of a
 // hundred buyers would otherwise allocate it all afresh each time.
 type batchScratch struct {
+	read    deductwire.Reader
+	items   []deductwire.BatchItem
 	answers []batchAnswer
 	reqs    []engine.DeductRequest
 	at      []int // reqs[j] is item at[j]
@@ -158,20 +140,4 @@ func (sc *batchScratch) reset(n int) {
 	clear(sc.results)
 	sc.bufs = slices.Grow(sc.bufs[:0], n*itemAnswerBytes)[:n*itemAnswerBytes]
 	sc.out = slices.Grow(sc.out[:0], 64+n*160)
-}
-
-// batchItem reads one item as the single deduct route reads its body (the
-// SKU in the item instead of the path); bad is the item's 400 answer. The
-// request's byte slices are views into the parser's memory, which goes
-// back to its pool only after the batch's deducts have all answered.
-func batchItem(v *fastjson.Value) (req engine.DeductRequest, bad []byte) {
-	sku, ok := deductwire.StringField(v, keySKU, true)
-	if !ok || !validID(sku) {
-		return req, bodyBadSKU
-	}
-	user, requestID, qty, bad := deductwire.Fields(v)
-	if bad != nil {
-		return req, bad
-	}
-	return engine.DeductRequest{SKU: sku, User: user, RequestID: requestID, Qty: qty}, nil
 }

@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 
 	"stockd/engine"
 	"stockd/httpapi/deductwire"
@@ -15,7 +14,6 @@ import (
 // httpapi uses for them.
 var (
 	bodyBadSKU     = deductwire.BodyBadSKU
-	bodyBadIdemKey = deductwire.BodyBadIdemKey
 	bodyUnknownSKU = deductwire.BodyUnknownSKU
 )
 
@@ -34,10 +32,7 @@ type deductScratch struct {
 	buf  []byte
 }
 
-var (
-	deductScratchPool sync.Pool
-	deductParsers     fastjson.ParserPool
-)
+var deductScratchPool sync.Pool
 
 // handleDeduct serves POST /v1/skus/{sku}/deduct, whose credentials the
 // router checked: deductwire reads it and answers it, as at the event
@@ -77,20 +72,6 @@ func waitArg(ctx *fasthttp.RequestCtx) (noWait, ok bool) {
 func deductAnswer(res *engine.DeductResult, buf []byte) (code int, body []byte, retryAfter int64) {
 	a := deductwire.Result(res, buf)
 	return a.Status, a.Body, a.RetryAfter
-}
-
-// parseObject parses the request's body with a pooled parser, which the
-// caller puts back once done with v. A body that is not a JSON object is
-// answered 400 with bad, and p is nil.
-func parseObject(ctx *fasthttp.RequestCtx, bad []byte) (p *fastjson.Parser, v *fastjson.Value) {
-	p = deductParsers.Get()
-	v, err := p.ParseBytes(ctx.PostBody())
-	if err != nil || v.Type() != fastjson.TypeObject {
-		deductParsers.Put(p)
-		writeRaw(ctx, fasthttp.StatusBadRequest, bad)
-		return nil, nil
-	}
-	return p, v
 }
 
 // validID reports whether b is a usable id (deductwire.ValidID).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -280,12 +281,30 @@ func parseStoredTime(ctx *fasthttp.RequestCtx, field, v string) (time.Time, bool
 	case err != nil:
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", field+" must be RFC 3339, like 2026-11-30T12:00:00Z")
 		return time.Time{}, false
+	case fractionDigits(v) > 9:
+		// time.Parse drops what lies past the nanosecond without a word.
+		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", field+" "+v+" is more precise than the ledger stores: at most 9 fractional digits (nanoseconds)")
+		return time.Time{}, false
 	case at.Before(engine.StoredTimeMin) || at.After(engine.StoredTimeMax):
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("%s %s is outside the times the ledger stores exactly (%s to %s)",
 			field, v, engine.StoredTimeMin.Format(time.RFC3339Nano), engine.StoredTimeMax.Format(time.RFC3339Nano)))
 		return time.Time{}, false
 	}
 	return at, true
+}
+
+// fractionDigits counts the digits of an RFC 3339 time's fraction of a
+// second.
+func fractionDigits(v string) int {
+	i := strings.IndexByte(v, '.')
+	if i < 0 {
+		return 0
+	}
+	n := 0
+	for i++; i < len(v) && v[i] >= '0' && v[i] <= '9'; i++ {
+		n++
+	}
+	return n
 }
 
 func (s *Server) handleRestock(ctx *fasthttp.RequestCtx, sku []byte) {

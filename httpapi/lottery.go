@@ -79,21 +79,13 @@ func (s *Server) handleEnter(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
 		return
 	}
-	var req enterRequest
-	if !decodeBody(ctx, &req) {
+	var read deductwire.Reader
+	user, requestID, bad := read.ReadEntry(&ctx.Request)
+	if bad != nil {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bad)
 		return
 	}
-	if h := ctx.Request.Header.Peek(deductwire.HeaderIdempotencyKey); len(h) > 0 {
-		if req.RequestID != "" && req.RequestID != string(h) {
-			writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadIdemKey)
-			return
-		}
-		req.RequestID = string(h)
-	}
-	if !validID([]byte(req.User)) || (req.RequestID != "" && !validID([]byte(req.RequestID))) {
-		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "user and request_id must be 1 to 128 letters, digits or . _ - :")
-		return
-	}
+	req := enterRequest{User: string(user), RequestID: string(requestID)}
 	entry, err := s.engine.Enter(context.Background(), string(sku), req.User, req.RequestID)
 	if err != nil {
 		writeLotteryError(ctx, err)
@@ -134,8 +126,12 @@ func writeLotteryError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 func (s *Server) handleEntryStatus(ctx *fasthttp.RequestCtx, sku, user []byte) {
-	if !validID(sku) || !validID(user) {
-		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "sku and user must be 1 to 128 letters, digits or . _ - :")
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return
+	}
+	if !deductwire.ValidUserID(user) { // the path's user, percent-decoded: as an entry's body gave it
+		writeRaw(ctx, fasthttp.StatusBadRequest, deductwire.BodyBadUser)
 		return
 	}
 	st, o, ok, err := s.engine.EntryStatus(string(sku), string(user))

@@ -461,15 +461,20 @@ func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
 	}{
 		{"POST", "/v1/skus/later/enter", `{"user":"a"}`, 425, "not_started"},
 		{"POST", "/v1/skus/later/enter", `{"user":""}`, 400, "bad_request"},
-		{"POST", "/v1/skus/later/enter", `{"user":"a b"}`, 400, "bad_request"},
-		{"POST", "/v1/skus/later/enter", `{"user":"a","extra":1}`, 400, "bad_request"},
+		// A user id follows the deduct's rule: any UTF-8 text without
+		// control characters, given once; an entry takes no qty.
+		{"POST", "/v1/skus/later/enter", `{"user":"a b"}`, 425, "not_started"},
+		{"POST", "/v1/skus/later/enter", `{"user":"a\u0000"}`, 400, "bad_request"},
+		{"POST", "/v1/skus/later/enter", `{"user":"a","user":"b"}`, 400, "bad_request"},
+		{"POST", "/v1/skus/later/enter", `{"user":"a","qty":2}`, 400, "bad_request"},
 		{"POST", "/v1/skus/later/enter", `not json`, 400, "bad_request"},
 		{"POST", "/v1/skus/nope/enter", `{"user":"a"}`, 404, "unknown_sku"},
 		{"GET", "/v1/skus/later/enter", ``, 405, ""},
 		{"GET", "/v1/skus/later/draw", ``, 409, "not_drawn"},
 		{"GET", "/v1/skus/nope/draw", ``, 404, "not_found"},
 		{"GET", "/v1/skus/later/entries/a", ``, 404, "not_found"},
-		{"GET", "/v1/skus/later/entries/a%20b", ``, 400, "bad_request"},
+		{"GET", "/v1/skus/later/entries/a%20b", ``, 404, "not_found"},
+		{"GET", "/v1/skus/later/entries/a%00b", ``, 400, "bad_request"},
 		{"GET", "/v1/skus/nope/entries", ``, 404, "not_found"},
 	} {
 		code, body := testnode.Call(t, cl, tc.method, tc.path, tc.body)

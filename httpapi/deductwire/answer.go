@@ -31,13 +31,23 @@ var (
 	BodyRateLimited = PrecomputedError("rate_limited", "too many requests; retry after the given seconds")
 	BodyTryAgain    = PrecomputedError("try_again", "the last units are still held by other nodes; retry after the given seconds")
 	BodyBadJSON     = PrecomputedError("bad_request", `body must be a JSON object {"user": string, "qty": integer, "request_id": string}`)
-	BodyBadUser     = PrecomputedError("bad_request", "user must be a non-empty string of at most 128 bytes")
-	BodyBadQty      = PrecomputedError("bad_request", "qty must be an integer from 1 to "+strconv.Itoa(engine.MaxQtyPerDeduct))
-	BodyBadReqID    = PrecomputedError("bad_request", "request_id must be a string of at most 128 bytes, without control characters")
+	BodyBadUser     = PrecomputedError("bad_request", "user must be a string of 1 to 128 bytes of UTF-8 text without control characters")
+	BodyBadQty      = PrecomputedError("bad_request", "qty must be an integer from 1 to "+strconv.Itoa(engine.MaxQtyPerDeduct)+", written as one (no fraction, exponent or leading zero)")
+	BodyBadReqID    = PrecomputedError("bad_request", "request_id must be a string of at most 128 bytes of UTF-8 text without control characters")
+	BodyEmptyReqID  = PrecomputedError("bad_request", "request_id is empty: leave the field out for a call without one")
 	BodyBadIdemKey  = PrecomputedError("bad_request", "the Idempotency-Key header and the body's request_id differ: send one, or both the same")
-	BodyReused      = PrecomputedError("request_id_reused", "this user already used this request_id for another sku or qty (or a lottery entry); nothing changed: use a new request_id for a new purchase")
-	BodyBadSKU      = PrecomputedError("bad_request", "sku must be 1 to 128 letters, digits or . _ - :")
-	BodyBadWait     = PrecomputedError("bad_request", "wait must be commit or none")
+	// BodyEmptyIdemKey and BodyRepeatedIdemKey: the header must name one
+	// request id.
+	BodyEmptyIdemKey    = PrecomputedError("bad_request", "the Idempotency-Key header is empty: leave it out for a call without a request id")
+	BodyRepeatedIdemKey = PrecomputedError("bad_request", "the Idempotency-Key header is given more than once: send it once")
+	BodyRepeatedWait    = PrecomputedError("bad_request", "wait is given more than once in the query: send it once")
+	// BodyEntryQty: a lottery entry is one per user, for no quantity.
+	BodyEntryQty = PrecomputedError("bad_request", "an entry takes no qty: one entry a user")
+	// BodyBadBatch answers a batch body that is not one.
+	BodyBadBatch = PrecomputedError("bad_request", `the body must be a JSON object with a "deducts" array of at most 1000 objects`)
+	BodyReused   = PrecomputedError("request_id_reused", "this user already used this request_id for another sku or qty (or a lottery entry); nothing changed: use a new request_id for a new purchase")
+	BodyBadSKU   = PrecomputedError("bad_request", "sku must be 1 to 128 letters, digits or . _ - :")
+	BodyBadWait  = PrecomputedError("bad_request", "wait must be commit or none")
 	// BodyNeedServiceToken answers 401 a call without the service
 	// credential.
 	BodyNeedServiceToken = PrecomputedError("unauthorized", "this call needs Authorization: Bearer <service token>")
@@ -149,6 +159,29 @@ func (a *Answer) AppendHTTP(dst []byte, closeConn bool) []byte {
 	dst = append(dst, "\r\n\r\n"...)
 	return append(dst, a.Body...)
 }
+
+// bodyRepeated is the 400 answer to a body that gives field twice.
+func bodyRepeated(field string) []byte {
+	switch field {
+	case keyUser:
+		return bodyRepeatedUser
+	case keyQty:
+		return bodyRepeatedQty
+	case keyRequestID:
+		return bodyRepeatedReqID
+	case keySKU:
+		return bodyRepeatedSKU
+	}
+	return bodyRepeatedDeducts
+}
+
+var (
+	bodyRepeatedUser    = PrecomputedError("bad_request", "user is given more than once in the body: send it once")
+	bodyRepeatedQty     = PrecomputedError("bad_request", "qty is given more than once in the body: send it once")
+	bodyRepeatedReqID   = PrecomputedError("bad_request", "request_id is given more than once in the body: send it once")
+	bodyRepeatedSKU     = PrecomputedError("bad_request", "sku is given more than once in the item: send it once")
+	bodyRepeatedDeducts = PrecomputedError("bad_request", "deducts is given more than once in the body: send it once")
+)
 
 // errorBody is the contract's error shape.
 type errorBody struct {

@@ -1,36 +1,59 @@
 package deductwire
 
 import (
+	"encoding/json"
 	"testing"
-
-	"github.com/valyala/fastjson"
 )
 
-// scanDeduct, the deduct handler's fast path, answers only where the full
-// parser agrees: the same user, request id and qty, or the same refusal.
-func FuzzScanDeduct_AgreesWithTheParser(f *testing.F) {
+// FuzzReadDeduct_OneMeaning: a body the reader takes means one thing. It
+// is JSON, encoding/json reads the same user, request id and qty from it,
+// and those values, encoded again, are taken and read back the same.
+func FuzzReadDeduct_OneMeaning(f *testing.F) {
 	for _, seed := range []string{
 		`{"user":"u","qty":1,"request_id":"r"}`, `{"user":"u"}`, `{}`, ` { "qty" : 7 , "user" : "a b" } `,
 		`{"user":"","qty":0}`, `{"user":"u","qty":01}`, `{"user":"u","qty":1e2}`, `{"user":"u","qty":-1}`,
 		`{"user":"u","user":"v"}`, `{"user":"u","sku":"x"}`, `{"user":"\u0075"}`, `{"user":"u"} x`,
-		`{"user":"u","request_id":"a` + "\x01" + `"}`, `{"user":"u","qty":99999999999999999999}`, `{"user":"u",}`,
+		`{"user":"u","request_id":"a\u0001"}`, `{"user":"u","qty":99999999999999999999}`, `{"user":"u",}`,
+		`{"user":"\ud800"}`, `{"user":"\ud83d\ude00"}`, "{\"user\":\"\xff\"}", `{"user":"bob@x.com","x":[1,{"y":null}]}`,
+		`{"user":"\ufffd"}`, `{"user":"a\u0000b"}`, `{"us\u0065r":"u"}`, `{"user":"u","request_id":""}`,
 	} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fb, ok := scanDeduct(body)
-		if !ok {
+		var scratch []byte
+		got, bad := readDeduct(body, &scratch, false)
+		if bad != nil {
 			return
 		}
-		u1, r1, q1, bad1 := fb.check()
-		var p fastjson.Parser
-		v, err := p.ParseBytes(body)
-		if err != nil || v.Type() != fastjson.TypeObject {
-			t.Fatalf("body %q: scanned as %+v, but the parser refuses it (%v)", body, fb, err)
+		if !json.Valid(body) {
+			t.Fatalf("body %q: taken, but it is not JSON", body)
 		}
-		u2, r2, q2, bad2 := Fields(v)
-		if string(u1) != string(u2) || string(r1) != string(r2) || q1 != q2 || string(bad1) != string(bad2) {
-			t.Fatalf("body %q: scan gives %q %q %d %s, the parser %q %q %d %s", body, u1, r1, q1, bad1, u2, r2, q2, bad2)
+		var std struct {
+			User      *string          `json:"user"`
+			RequestID *string          `json:"request_id"`
+			Qty       *json.RawMessage `json:"qty"`
+		}
+		if err := json.Unmarshal(body, &std); err != nil || std.User == nil {
+			t.Fatalf("body %q: taken as %q, but encoding/json reads %+v (%v)", body, got.user, std, err)
+		}
+		rid := ""
+		if std.RequestID != nil {
+			rid = *std.RequestID
+		}
+		if *std.User != string(got.user) || rid != string(got.requestID) {
+			t.Fatalf("body %q: read as user %q request id %q, encoding/json reads %q %q", body, got.user, got.requestID, *std.User, rid)
+		}
+		again := map[string]any{"user": string(got.user), "qty": got.qty}
+		if got.hasRequestID {
+			again["request_id"] = string(got.requestID)
+		}
+		b, err := json.Marshal(again)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, bad := readDeduct(b, &scratch, false)
+		if bad != nil || string(back.user) != string(got.user) || string(back.requestID) != string(got.requestID) || back.qty != got.qty {
+			t.Fatalf("body %q: read as %+v; encoded again as %s it reads %+v (%s)", body, got, b, back, bad)
 		}
 	})
 }

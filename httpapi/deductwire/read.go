@@ -5,7 +5,6 @@ import (
 	"crypto/subtle"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 
 	"stockd/engine"
 )
@@ -28,10 +27,7 @@ var (
 	infixEntries = []byte("/entries/")
 	argWait      = []byte("wait")
 	bearerPrefix = []byte("Bearer ")
-
-	keyUser      = "user"
-	keyQty       = "qty"
-	keyRequestID = "request_id"
+	keyDeducts   = "deducts"
 )
 
 // HeaderIdempotencyKey may carry a deduct's (or a lottery entry's)
@@ -76,7 +72,7 @@ func (c *Credentials) Service(auth []byte) bool {
 // has one; the handlers take one from a pool); what Read returns points
 // into the request and the Reader until its next Read.
 type Reader struct {
-	parser fastjson.Parser
+	scratch []byte // decoded strings that had escapes, until the next Read
 }
 
 // Read reads the deduct in req, whose path DeductSKU matched with sku,
@@ -92,34 +88,50 @@ func (r *Reader) Read(req *fasthttp.Request, sku []byte, dst *engine.DeductReque
 	if bad != nil {
 		return fasthttp.StatusBadRequest, bad
 	}
-	var user, requestID []byte
-	var qty int64
-	if f, ok := scanDeduct(req.Body()); ok {
-		user, requestID, qty, bad = f.check()
-	} else {
-		v, err := r.parser.ParseBytes(req.Body())
-		if err != nil || v.Type() != fastjson.TypeObject {
-			return fasthttp.StatusBadRequest, BodyBadJSON
-		}
-		user, requestID, qty, bad = Fields(v)
-	}
+	r.scratch = r.scratch[:0]
+	f, bad := readDeduct(req.Body(), &r.scratch, false)
+	requestID := f.requestID
 	if bad == nil {
 		requestID, bad = IdempotencyKey(&req.Header, requestID)
 	}
 	if bad != nil {
 		return fasthttp.StatusBadRequest, bad
 	}
-	*dst = engine.DeductRequest{SKU: sku, User: user, RequestID: requestID, Qty: qty, NoWait: noWait}
+	*dst = engine.DeductRequest{SKU: sku, User: f.user, RequestID: requestID, Qty: f.qty, NoWait: noWait}
 	return 0, nil
 }
 
+// ReadEntry reads a lottery entry's body ({"user", "request_id"?}, or
+// the request id in the Idempotency-Key header) by the deduct's rules:
+// the same ids are valid, and mean the same, on both routes.
+func (r *Reader) ReadEntry(req *fasthttp.Request) (user, requestID []byte, bad []byte) {
+	r.scratch = r.scratch[:0]
+	f, bad := readDeduct(req.Body(), &r.scratch, false)
+	if bad == nil && f.hasQty {
+		bad = BodyEntryQty
+	}
+	if bad == nil {
+		requestID, bad = IdempotencyKey(&req.Header, f.requestID)
+	}
+	return f.user, requestID, bad
+}
+
 // Wait reads the ?wait=commit|none argument of a deduct (single or
-// batch); bad is the 400 answer to another value.
+// batch); bad is the 400 answer to another value, or to wait given twice.
 func Wait(args *fasthttp.Args) (noWait bool, bad []byte) {
-	switch string(args.PeekBytes(argWait)) {
-	case "", "commit":
+	var v []byte
+	n := 0
+	for k, val := range args.All() {
+		if string(k) == string(argWait) {
+			v, n = val, n+1
+		}
+	}
+	switch {
+	case n > 1:
+		return false, BodyRepeatedWait
+	case string(v) == "" || string(v) == "commit":
 		return false, nil
-	case "none":
+	case string(v) == "none":
 		return true, nil
 	}
 	return false, BodyBadWait
@@ -127,12 +139,23 @@ func Wait(args *fasthttp.Args) (noWait bool, bad []byte) {
 
 // IdempotencyKey merges the Idempotency-Key header into the body's
 // request id: the header alone names it, both must agree. bad is the 400
-// answer to a header that is not a valid id or differs from the body.
+// answer to a header that is empty, given twice, not a valid id, or
+// unlike the body's.
 func IdempotencyKey(h *fasthttp.RequestHeader, requestID []byte) ([]byte, []byte) {
-	key := h.Peek(HeaderIdempotencyKey)
+	var key []byte
+	n := 0
+	for k, v := range h.All() {
+		if string(k) == HeaderIdempotencyKey {
+			key, n = v, n+1
+		}
+	}
 	switch {
-	case len(key) == 0:
+	case n == 0:
 		return requestID, nil
+	case n > 1:
+		return nil, BodyRepeatedIdemKey
+	case len(key) == 0:
+		return nil, BodyEmptyIdemKey
 	case !ValidRequestID(key):
 		return nil, BodyBadReqID
 	case len(requestID) > 0 && string(key) != string(requestID):
@@ -141,60 +164,98 @@ func IdempotencyKey(h *fasthttp.RequestHeader, requestID []byte) ([]byte, []byte
 	return key, nil
 }
 
-// Fields reads a deduct's user, request id and qty (absent: one unit)
-// from a parsed body or batch item; bad is the 400 answer to a field that
-// is not right. The byte slices point into v.
-func Fields(v *fastjson.Value) (user, requestID []byte, qty int64, bad []byte) {
-	user, ok := StringField(v, keyUser, true)
-	if !ok || len(user) > MaxIDBytes {
-		return nil, nil, 0, BodyBadUser
-	}
-	requestID, ok = StringField(v, keyRequestID, false)
-	if !ok || !ValidRequestID(requestID) {
-		return nil, nil, 0, BodyBadReqID
-	}
-	qty = 1
-	if q := v.Get(keyQty); q != nil {
-		n, err := q.Int64()
-		if err != nil || q.Type() != fastjson.TypeNumber || n < 1 || n > engine.MaxQtyPerDeduct {
-			return nil, nil, 0, BodyBadQty
+// IdempotencyKeyGiven reports whether the request carries an
+// Idempotency-Key header, empty or not.
+func IdempotencyKeyGiven(h *fasthttp.RequestHeader) bool {
+	for k := range h.All() {
+		if string(k) == HeaderIdempotencyKey {
+			return true
 		}
-		qty = n
 	}
-	return user, requestID, qty, nil
+	return false
 }
 
-// check is Fields for a body scanDeduct read: the same answers to the
-// same values (FuzzScanDeduct_AgreesWithTheParser).
-func (f *deductBody) check() (user, requestID []byte, qty int64, bad []byte) {
-	if !f.hasUser || len(f.user) == 0 || len(f.user) > MaxIDBytes {
-		return nil, nil, 0, BodyBadUser
-	}
-	if !ValidRequestID(f.requestID) {
-		return nil, nil, 0, BodyBadReqID
-	}
-	qty = 1
-	if f.hasQty {
-		if f.qty < 1 || f.qty > engine.MaxQtyPerDeduct {
-			return nil, nil, 0, BodyBadQty
-		}
-		qty = f.qty
-	}
-	return f.user, f.requestID, qty, nil
+// BatchItem is one item of a batch as read: the deduct to run (its wait
+// mode and hint left to the caller), or the item's 400 answer.
+type BatchItem struct {
+	Req engine.DeductRequest
+	Bad []byte
 }
 
-// StringField reads key as a string. A missing key is ok unless required;
-// a key of another type is not.
-func StringField(v *fastjson.Value, key string, required bool) ([]byte, bool) {
-	f := v.Get(key)
-	if f == nil {
-		return nil, !required
+// ReadBatch reads a batch body, {"deducts": [item, ...]} with at most
+// maxItems items, each read as a single deduct's body is (with its sku):
+// the items into dst, or the 400 answer to the whole body. What it
+// returns points into body and r until the next read.
+func (r *Reader) ReadBatch(body []byte, maxItems int, dst []BatchItem) ([]BatchItem, []byte) {
+	r.scratch = r.scratch[:0]
+	x := lexer{b: body, scratch: &r.scratch}
+	i := x.space(0)
+	if i >= len(body) || body[i] != '{' {
+		return dst, BodyBadBatch
 	}
-	b, err := f.StringBytes()
-	if err != nil || (required && len(b) == 0) {
-		return nil, false
+	seen := false
+	for i = x.space(i + 1); i < len(body) && body[i] != '}'; {
+		var key []byte
+		if key, i = x.str(i); i < 0 {
+			return dst, BodyBadBatch
+		}
+		if i = x.space(i); i >= len(body) || body[i] != ':' {
+			return dst, BodyBadBatch
+		}
+		i = x.space(i + 1)
+		if string(key) == keyDeducts {
+			if seen {
+				return dst, bodyRepeated(keyDeducts)
+			}
+			seen = true
+			var bad []byte
+			if dst, i, bad = r.batchItems(&x, i, maxItems, dst); bad != nil {
+				return dst, bad
+			}
+		} else if i = x.skip(i, 0); i < 0 {
+			return dst, BodyBadBatch
+		}
+		if i = x.space(i); i < len(body) && body[i] == ',' {
+			i = x.space(i + 1)
+		} else if i >= len(body) || body[i] != '}' {
+			return dst, BodyBadBatch
+		}
 	}
-	return b, true
+	if !seen || i >= len(body) || x.space(i+1) != len(body) {
+		return dst, BodyBadBatch
+	}
+	return dst, nil
+}
+
+// batchItems reads the deducts array at x.b[i].
+func (r *Reader) batchItems(x *lexer, i, maxItems int, dst []BatchItem) ([]BatchItem, int, []byte) {
+	if i >= len(x.b) || x.b[i] != '[' {
+		return dst, -1, BodyBadBatch
+	}
+	i = x.space(i + 1)
+	if i < len(x.b) && x.b[i] == ']' {
+		return dst, i + 1, nil
+	}
+	for {
+		loose := lexer{b: x.b, loose: true}
+		end := loose.skip(i, 0)
+		if end < 0 || x.b[i] != '{' || len(dst) == maxItems {
+			return dst, -1, BodyBadBatch
+		}
+		f, bad := readDeduct(x.b[i:end], &r.scratch, true)
+		dst = append(dst, BatchItem{Req: engine.DeductRequest{SKU: f.sku, User: f.user, RequestID: f.requestID, Qty: f.qty}, Bad: bad})
+		if i = x.space(end); i >= len(x.b) {
+			return dst, -1, BodyBadBatch
+		}
+		switch x.b[i] {
+		case ',':
+			i = x.space(i + 1)
+		case ']':
+			return dst, i + 1, nil
+		default:
+			return dst, -1, BodyBadBatch
+		}
+	}
 }
 
 // ValidID reports whether b is a usable id: 1..MaxIDBytes of letters,
@@ -207,20 +268,6 @@ func ValidID(b []byte) bool {
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-', c == ':':
 		default:
-			return false
-		}
-	}
-	return true
-}
-
-// ValidRequestID reports whether id is at most MaxIDBytes without control
-// characters (the ledger keys user-scoped ids with a 0x00 byte in front).
-func ValidRequestID(id []byte) bool {
-	if len(id) > MaxIDBytes {
-		return false
-	}
-	for _, c := range id {
-		if c < 0x20 || c == 0x7f {
 			return false
 		}
 	}

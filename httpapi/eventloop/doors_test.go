@@ -200,7 +200,7 @@ func TestDoors_AnswerTheSameRequestsAlike(t *testing.T) {
 		{"wait=none", post("tv/deduct?wait=none", u("u4"), auth), 1, 0},
 		{"wait empty", post("tv/deduct?wait=", u("u5"), auth), 1, 0},
 		{"a bad wait", post("tv/deduct?wait=later", u("u6"), auth), 1, 0},
-		{"two waits: the first counts", post("tv/deduct?wait=none&wait=commit", u("u7"), auth), 1, 0},
+		{"wait given twice", post("tv/deduct?wait=none&wait=commit", u("u7"), auth), 1, 0},
 		{"a percent-encoded wait", post("tv/deduct?wait=%6eone", u("u8"), auth), 1, 0},
 		{"another query argument", post("tv/deduct?x=1&wait=none", u("u9"), auth), 1, 0},
 		{"sold out", post("none/deduct", u("u10"), auth), 1, 0},
