@@ -191,13 +191,24 @@ func (e *Engine) orderCommand(c command.Command) (raftfsm.Order, error) {
 	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
 		return o, nil
 	case raftfsm.OutcomeNotFound:
-		return o, ErrNotFound
+		return o, fmt.Errorf("%w: no order %q", ErrNotFound, orderOf(c))
 	case raftfsm.OutcomeExpired:
 		return o, ErrExpired
 	case raftfsm.OutcomeInvalidState:
 		return o, ErrInvalidState
 	}
 	return o, fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+}
+
+// orderOf is the order a confirm or a release names.
+func orderOf(c command.Command) string {
+	switch c := c.(type) {
+	case *command.Confirm:
+		return c.OrderID
+	case *command.Release:
+		return c.OrderID
+	}
+	return ""
 }
 
 // Reclaim returns all of node's leases to available (after it left the

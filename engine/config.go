@@ -20,7 +20,7 @@ var (
 	ErrConflict     = errors.New("sale exists with another config")
 	ErrInvalid      = errors.New("invalid request")
 	ErrClosed       = errors.New("engine closed")
-	ErrNotFound     = errors.New("order not found")
+	ErrNotFound     = errors.New("not found")
 	ErrExpired      = errors.New("hold expired")
 	ErrInvalidState = errors.New("order state does not allow this")
 	ErrTooManySKUs  = errors.New("too many skus")

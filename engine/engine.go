@@ -52,7 +52,11 @@ type Engine struct {
 
 	// commitBlocked opens the breaker: wait=commit deducts answer 503 at
 	// once instead of queueing while no proposal can commit.
-	commitBlocked       atomic.Bool
+	commitBlocked atomic.Bool
+	// breakerClosedOnce: the breaker has closed since the start (the
+	// janitor's); before that, an open breaker is a node finding its
+	// leader, not a warning.
+	breakerClosedOnce   bool
 	consecutiveFailures atomic.Int64
 	failOpenUntilNanos  atomic.Int64
 

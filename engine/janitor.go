@@ -106,9 +106,13 @@ func (e *Engine) updateBreaker() {
 	failing := e.cfg.Now().UnixNano() < e.failOpenUntilNanos.Load()
 	blocked := !healthy || failing
 	if e.commitBlocked.Swap(blocked) != blocked {
-		if blocked {
+		switch {
+		case blocked && !e.breakerClosedOnce:
+			e.logger.Info("commit breaker open until this node has a leader it can commit through: wait=commit deducts answer 503 meanwhile")
+		case blocked:
 			e.logger.Warn("commit breaker open: wait=commit deducts answer 503", "raft_healthy", healthy, "failing_proposals", failing)
-		} else {
+		default:
+			e.breakerClosedOnce = true
 			e.logger.Info("commit breaker closed")
 		}
 	}

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/engine"
+	"stockd/httpapi/deductwire"
 )
 
 // The order feed's routes (docs/feed-and-lottery.md): GET /v1/events,
@@ -312,12 +312,11 @@ func streamNDJSON(ctx *fasthttp.RequestCtx, flushEvery int, run func(emit func(a
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		lines := 0
 		line := func(v any) error {
-			b, err := json.Marshal(v)
+			b, err := deductwire.MarshalLine(v) // ends with its newline
 			if err != nil {
 				return err
 			}
 			w.Write(b)
-			w.WriteByte('\n')
 			return nil
 		}
 		end := run(func(v any) error {

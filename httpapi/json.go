@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"bytes"
-	"encoding/json"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -19,13 +18,13 @@ type errorBody struct {
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
-	b, err := json.Marshal(v)
+	b, err := deductwire.MarshalLine(v)
 	if err != nil {
-		code, b = fasthttp.StatusInternalServerError, []byte(`{"error":"internal","detail":"encode response"}`)
+		code, b = fasthttp.StatusInternalServerError, []byte(`{"error":"internal","detail":"encode response"}`+"\n")
 	}
 	ctx.SetStatusCode(code)
 	ctx.SetContentType(contentTypeJSON)
-	ctx.SetBody(append(b, '\n'))
+	ctx.SetBody(b)
 }
 
 func writeError(ctx *fasthttp.RequestCtx, code int, errCode, detail string) {

@@ -412,6 +412,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // routeSKU serves /v1/skus/{sku}[/restock|/audit|...] (the deduct is
 // routed before, by deductwire.DeductSKU).
 func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
+	if len(rest) > 0 && rest[len(rest)-1] == '/' {
+		// No route ends in a slash: /v1/skus/p/restock/ is none of them,
+		// not a read of a sale named "p/restock/" (405 "use GET").
+		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no such route (no route ends in /)")
+		return
+	}
 	if i := bytes.Index(rest, infixEntries); i >= 0 {
 		// A winner's standing names their order: guarded like orders.
 		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"stockd/internal/pki"
 	"stockd/internal/testnode"
 	"stockd/raftfsm/command"
 )
@@ -76,17 +77,25 @@ func TestNonLoopbackRaftNeedsCertificates(t *testing.T) {
 // usages), as an operator's own tooling might.
 func opensslNodeCert(t *testing.T, dir, id, sans string) {
 	t.Helper()
+	opensslCert(t, dir, dir, id, "subjectAltName="+sans+"\n")
+}
+
+// opensslCert makes cn's certificate and key in out (out/cn.pem,
+// out/cn-key.pem) with the openssl command line, signed by caDir's CA,
+// with the extensions ext (an openssl extfile's lines).
+func opensslCert(t *testing.T, caDir, out, cn, ext string) {
+	t.Helper()
 	if _, err := exec.LookPath("openssl"); err != nil {
 		t.Skip("openssl is not installed: the test mixes its certificates with stockd cert's")
 	}
-	ext := filepath.Join(dir, id+".ext")
-	if err := os.WriteFile(ext, []byte("subjectAltName="+sans+"\n"), 0o600); err != nil {
+	extFile := filepath.Join(out, cn+".ext")
+	if err := os.WriteFile(extFile, []byte(ext), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	key, csr, cert := filepath.Join(dir, id+"-key.pem"), filepath.Join(dir, id+".csr"), filepath.Join(dir, id+".pem")
+	key, csr, cert := filepath.Join(out, cn+"-key.pem"), filepath.Join(out, cn+".csr"), filepath.Join(out, cn+".pem")
 	for _, args := range [][]string{
-		{"req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-subj", "/CN=" + id, "-out", csr},
-		{"x509", "-req", "-in", csr, "-CA", filepath.Join(dir, "ca.pem"), "-CAkey", filepath.Join(dir, "ca-key.pem"), "-CAcreateserial", "-days", "30", "-extfile", ext, "-out", cert},
+		{"req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-subj", "/CN=" + cn, "-out", csr},
+		{"x509", "-req", "-in", csr, "-CA", filepath.Join(caDir, "ca.pem"), "-CAkey", filepath.Join(caDir, "ca-key.pem"), "-CAcreateserial", "-days", "30", "-extfile", extFile, "-out", cert},
 	} {
 		if out, err := exec.Command("openssl", args...).CombinedOutput(); err != nil {
 			t.Fatalf("openssl %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -128,6 +137,26 @@ func signed(t *testing.T, dir, cn string, notBefore, notAfter time.Time, foreign
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+}
+
+// stockdClientCert makes a client certificate named name with stockd
+// cert client's own code, signed by caDir's CA, in a folder of its own.
+func stockdClientCert(t *testing.T, caDir, name string) tls.Certificate {
+	t.Helper()
+	out := t.TempDir()
+	if err := pki.Main([]string{"client", "-ca", caDir, "-name", name, "-out", out}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	return loadPair(t, out, name)
+}
+
+// opensslClientCert makes a certificate for clients only (clientAuth)
+// named name with openssl, signed by caDir's CA.
+func opensslClientCert(t *testing.T, caDir, name string) tls.Certificate {
+	t.Helper()
+	out := t.TempDir()
+	opensslCert(t, caDir, out, name, "extendedKeyUsage=clientAuth\nsubjectAltName=IP:127.0.0.1\n")
+	return loadPair(t, out, name)
 }
 
 // loadPair reads dir/<name>.pem and its key.
@@ -231,7 +260,12 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 		{"a node certificate from another CA", signed(t, sec.dir, other, now.Add(-time.Hour), now.Add(time.Hour), true), "unknown authority"},
 		{"an expired node certificate", signed(t, sec.dir, other, now.Add(-48*time.Hour), now.Add(-24*time.Hour), false), "expired"},
 		{"a certificate naming a node that is not a member", signed(t, sec.dir, "n9", now.Add(-time.Hour), now.Add(time.Hour), false), `node \"n9\" is not a member`},
-		{"a client certificate of the service (not a member)", loadPair(t, sec.dir, "client"), `node \"client\" is not a member`},
+		{"a client certificate of the service", loadPair(t, sec.dir, "client"), `the certificate naming \"client\" is not a node certificate`},
+		// A client certificate signed by the node CA and named after a
+		// member, by stockd cert client and by openssl (clientAuth only):
+		// not a node certificate, whatever its name.
+		{"stockd cert client named after a member", stockdClientCert(t, sec.dir, other), `the certificate naming \"` + other + `\" is not a node certificate`},
+		{"an openssl client-only certificate named after a member", opensslClientCert(t, sec.dir, other), `the certificate naming \"` + other + `\" is not a node certificate`},
 	} {
 		if code, body := testnode.CallQuiet(nodePortClient(sec, leaderPort, c.cert), "GET", statusPath, ""); code != 0 {
 			t.Errorf("%s: the node port answered %d %v", c.what, code, body)

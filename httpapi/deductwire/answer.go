@@ -1,6 +1,7 @@
 package deductwire
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 	"time"
@@ -106,11 +107,11 @@ func Result(res *engine.DeductResult, buf []byte) Answer {
 		return Answer{Status: fasthttp.StatusUnprocessableEntity, Body: BodyReused}
 	case engine.StatusNotStarted:
 		left := time.Until(res.StartAt)
-		b, _ := json.Marshal(map[string]any{
+		b, _ := MarshalLine(map[string]any{
 			"error": "not_started", "detail": "the sale opens at start_at",
 			"start_at": res.StartAt.UTC().Format(time.RFC3339Nano), "starts_in_ms": left.Milliseconds(),
 		})
-		return Answer{Status: StatusTooEarly, Body: append(b, '\n'), RetryAfter: int64(left.Seconds()) + 1}
+		return Answer{Status: StatusTooEarly, Body: b, RetryAfter: int64(left.Seconds()) + 1}
 	case engine.StatusRateLimited, engine.StatusTryAgain:
 		// Retry-After is in whole seconds; round up so a client never
 		// comes back early.
@@ -191,8 +192,21 @@ type errorBody struct {
 
 // PrecomputedError is an error body made once, for an answer given often.
 func PrecomputedError(errCode, detail string) []byte {
-	b, _ := json.Marshal(errorBody{Error: errCode, Detail: detail})
-	return append(b, '\n')
+	b, _ := MarshalLine(errorBody{Error: errCode, Detail: detail})
+	return b
+}
+
+// MarshalLine encodes v as one line of JSON that reads as written: `<`,
+// `>` and `&` stay themselves (encoding/json escapes them for HTML pages
+// by default, and an answer is no page).
+func MarshalLine(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // ErrorJSON appends an error body to buf.

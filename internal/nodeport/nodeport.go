@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -115,12 +116,30 @@ func (p *Port) Addr() net.Addr { return p.ln.Addr() }
 func (p *Port) Refused() uint64 { return p.refused.Load() }
 
 // checkClient judges a peer whose chain Go has verified against the node
-// CA: it must name a member.
+// CA: it must be a node certificate (the serverAuth usage, which `stockd
+// cert node` gives and `stockd cert client` does not: a client
+// certificate signed by the same CA never passes as a node), and name a
+// member.
 func (p *Port) checkClient(cs tls.ConnectionState) error {
 	if len(cs.PeerCertificates) == 0 {
 		return errors.New("no client certificate")
 	}
-	return p.checkMember(cs.PeerCertificates[0].Subject.CommonName)
+	leaf := cs.PeerCertificates[0]
+	if !nodeCertificate(leaf) {
+		return fmt.Errorf("the certificate naming %q is not a node certificate: it lacks the serverAuth usage (a client certificate signed by the node CA)", leaf.Subject.CommonName)
+	}
+	return p.checkMember(leaf.Subject.CommonName)
+}
+
+// nodeCertificate reports whether c may serve as a node: it carries the
+// serverAuth usage, or any usage, or names no extended usage at all (as
+// an openssl certificate made with nothing but a CN and SANs does, which
+// X.509 leaves unrestricted). A certificate for clients only is none.
+func nodeCertificate(c *x509.Certificate) bool {
+	if len(c.ExtKeyUsage) == 0 && len(c.UnknownExtKeyUsage) == 0 {
+		return true
+	}
+	return slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageServerAuth) || slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageAny)
 }
 
 func (p *Port) checkMember(id string) error {

@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -249,4 +251,66 @@ func TestPort_ACAChangeThroughABundle(t *testing.T) {
 	if !gotIn(withNew) {
 		t.Fatal("with the new CA alone: the new CA's certificate was refused")
 	}
+}
+
+// TestPort_RefusesAClientCertificateNamedAfterAMember: `stockd cert
+// client` signs with the node CA, so a client certificate can carry a
+// member's name; it lacks the serverAuth usage a node certificate has,
+// and the port refuses it at the handshake, saying why.
+func TestPort_RefusesAClientCertificateNamedAfterAMember(t *testing.T) {
+	dir := t.TempDir()
+	if err := pki.Main([]string{"ca", "-out", dir}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	b, err := nodeport.Listen("127.0.0.1:0", "127.0.0.1:0", "n2", store(t, dir, "n2"), slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	b.SetMembers(func(id string) bool { return id == "n1" || id == "n2" })
+	if err := pki.Main([]string{"client", "-ca", dir, "-name", "n1", "-out", dir}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	client, err := certs.Load("node", certs.Files{Cert: filepath.Join(dir, "n1.pem"), Key: filepath.Join(dir, "n1-key.pem"), CA: filepath.Join(dir, "ca.pem")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	impostor := listen(t, client, "n1", "n1", "n2")
+	c, err := impostor.Dial(context.Background(), b.Addr().String(), nodeport.ProtoHTTP, time.Second)
+	if err == nil {
+		// TLS 1.3: the client finishes first; the refusal shows on read.
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		c.Close()
+	}
+	if err == nil {
+		t.Fatal("a client certificate named n1 got in as node n1")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.Refused() < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := logs.String(); b.Refused() != 1 || !strings.Contains(got, "not a node certificate") || !strings.Contains(got, "serverAuth") {
+		t.Fatalf("refused %d; the log says %q, want the reason", b.Refused(), got)
+	}
+}
+
+// syncBuffer is a log sink the port's goroutines write to while the test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
