@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,4 +228,25 @@ func TestHandler_RateLimitedSaysWhenToRetry(t *testing.T) {
 	f(0, "1")
 	f(100*time.Millisecond, "1")
 	f(2500*time.Millisecond, "3")
+}
+
+// TestServer_DetailsSayWhatHappened: a path ending in a slash is no
+// route (not a read of a sale with a slash in its name), and an answer's
+// detail reads as written, angle brackets included.
+func TestServer_DetailsSayWhatHappened(t *testing.T) {
+	s, _ := newTestServer(t, "svc")
+	if code, out := do(s, "POST", "/v1/skus/p/restock/", `{"qty":1}`, loopback); code != 404 || out["error"] != "not_found" {
+		t.Fatalf("POST /v1/skus/p/restock/: %d %v, want 404 not_found", code, out)
+	}
+	cfg := DefaultConfig()
+	cfg.ServiceToken = "svc"
+	guarded, err := New(cfg, &fakeEngine{}, nil, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := newCtx("POST", "/v1/skus/p/deduct", `{"user":"u"}`, loopback)
+	guarded.handle(ctx)
+	if body := string(ctx.Response.Body()); ctx.Response.StatusCode() != 401 || !strings.Contains(body, "Bearer <service token>") {
+		t.Fatalf("a deduct without the token: %d %s, want 401 whose detail reads <service token> as written", ctx.Response.StatusCode(), body)
+	}
 }
