@@ -106,6 +106,12 @@ func (a *applier) draw(c *command.Draw) (*Result, error) {
 	}
 	lt := s.Lottery
 	lt.DrawnAtUnixNano = a.at
+	if lt.Entries == 0 && a.rules >= RulesEmptyDrawCloses {
+		// Nobody can win, and a lottery takes no deducts: no unit can
+		// reach a buyer, so the sale closes with its units available.
+		a.closeSale(&command.CloseSale{SKU: c.SKU})
+		return &Result{Outcome: OutcomeOK}, nil
+	}
 	rk := a.ledger.ranking(c.SKU, lt)
 	winners := min(s.Available, lt.Entries)
 	for r := range winners {

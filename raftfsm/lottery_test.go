@@ -294,3 +294,37 @@ func TestLottery_KeysSharingTheirFirstBytesRankByTheWholeKey(t *testing.T) {
 		}
 	}
 }
+
+// TestLottery_DrawnWithNoEntriesCloses: no entrant can win, and a
+// lottery takes no deducts, so under RulesEmptyDrawCloses the draw closes
+// the sale with its units available; under the rules before, the same log
+// leaves it open (what such a ledger always did), so that nodes of both
+// versions apply the log alike.
+func TestLottery_DrawnWithNoEntriesCloses(t *testing.T) {
+	f := func(rules uint64, wantClosed bool) {
+		t.Helper()
+		tl := newTestLedger(t)
+		tl.applyTyped(0, &SetRules{Rules: rules})
+		secret := bytes.Repeat([]byte{7}, LotterySecretBytes)
+		cfg := SaleConfig{Total: 3, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
+		if r := tl.applyTyped(1, &CreateSale{SKU: "empty", Sale: cfg, Secret: secret}); r.Outcome != OutcomeOK {
+			t.Fatalf("create: %s %s", r.Outcome, r.Detail)
+		}
+		if r := tl.applyTyped(200, &Draw{SKU: "empty"}); r.Outcome != OutcomeOK || r.Qty != 0 {
+			t.Fatalf("rules %d: the draw: %s %d", rules, r.Outcome, r.Qty)
+		}
+		row, _, ok := tl.l.SKU("empty")
+		if !ok {
+			t.Fatalf("rules %d: the sale is gone", rules)
+		}
+		if row.Closed() != wantClosed || row.Available != 3 || row.Sold != 0 || !row.Lottery.Drawn() {
+			t.Fatalf("rules %d: after an empty draw: closed %v, %d available, %d sold; want closed %v with 3 available", rules, row.Closed(), row.Available, row.Sold, wantClosed)
+		}
+		if r := tl.applyTyped(300, &Draw{SKU: "empty"}); r.Outcome != OutcomeSame {
+			t.Fatalf("rules %d: the draw again: %s, want same", rules, r.Outcome)
+		}
+		checkAudit(t, tl.l, "empty")
+	}
+	f(RulesNamedPurges, false)
+	f(RulesEmptyDrawCloses, true)
+}

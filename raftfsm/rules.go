@@ -29,8 +29,12 @@ const (
 	// removes the same whatever its file's format; the PurgeArchived steps
 	// of earlier rules, which walk the file, are refused.
 	RulesNamedPurges uint64 = 2
+	// RulesEmptyDrawCloses: a lottery drawn with no entries closes, its
+	// units available, as a closed sale reads; under earlier rules it
+	// stayed open while every deduct was answered lottery_sale.
+	RulesEmptyDrawCloses uint64 = 3
 	// RulesCurrent is the newest rules this binary applies.
-	RulesCurrent = RulesNamedPurges
+	RulesCurrent = RulesEmptyDrawCloses
 )
 
 // keyRules holds the ledger's rules in the meta bucket (big-endian

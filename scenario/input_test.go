@@ -159,3 +159,27 @@ func TestInput_TimesAndQueriesOfOneMeaning(t *testing.T) {
 		}
 	}
 }
+
+// TestLottery_DrawnWithNoEntriesReadsClosed: a lottery that closes its
+// entries with nobody in it reads closed, its units available, and a
+// deduct is told closed, not lottery_sale.
+func TestLottery_DrawnWithNoEntriesReadsClosed(t *testing.T) {
+	n := testnode.StartNode(t, t.TempDir())
+	cl := testnode.ClientOf(n, 1)
+	closeAt := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
+	if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/empty", `{"total":4,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
+		t.Fatalf("create: %d %v", code, out)
+	}
+	var v map[string]any
+	testnode.WaitFor(t, 20*time.Second, "the empty lottery drawn", func() bool {
+		_, v = testnode.Call(t, cl, "GET", "/v1/skus/empty", "")
+		return v["state"] == "closed"
+	})
+	if v["available"] != 4.0 || v["sold"] != 0.0 {
+		t.Fatalf("the empty lottery after its draw: %v, want its 4 units available", v)
+	}
+	if code, out := testnode.Call(t, cl, "POST", "/v1/skus/empty/deduct", `{"user":"late"}`); code != 409 || out["error"] != "closed" {
+		t.Fatalf("a deduct on it: %d %v, want 409 closed", code, out)
+	}
+	testnode.CheckLedger(t, cl, "empty")
+}
