@@ -260,12 +260,6 @@ func (s *Server) handleSaleOrders(ctx *fasthttp.RequestCtx, sku []byte) {
 		return
 	}
 	args := ctx.QueryArgs()
-	for _, name := range []string{"state", "after"} {
-		if len(args.PeekMulti(name)) > 1 {
-			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", name+" is given more than once in the query: send it once")
-			return
-		}
-	}
 	state, after := string(args.Peek("state")), string(args.Peek("after"))
 	switch state {
 	case "", "held", "sold", "released":

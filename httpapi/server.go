@@ -333,6 +333,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if s.clientCertMissing(ctx, path) {
 		return
 	}
+	if bad := deductwire.RepeatedArg(ctx.QueryArgs()); bad != nil {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bad) // every route: no argument takes two values
+		return
+	}
 	if sku, ok := deductwire.DeductSKU(path); ok {
 		// The route the event loop serves too, found by the same test.
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {

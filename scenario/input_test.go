@@ -153,6 +153,8 @@ func TestInput_TimesAndQueriesOfOneMeaning(t *testing.T) {
 		t.Fatalf("nine fractional digits: %d %v, want 201 reading back as sent", code, out)
 	}
 	f("GET", "/v1/skus/c/orders?state=sold&state=held", "", "state")
+	f("GET", "/v1/events?limit=5&limit=6", "", "limit")
+	f("GET", "/v1/skus/c?consistency=linearizable&consistency=local", "", "consistency")
 	for _, sku := range []string{"a", "b"} {
 		if code, _ := testnode.Call(t, cl, "GET", "/v1/skus/"+sku, ""); code != 404 {
 			t.Fatalf("sale %s was made from a refused config: %d", sku, code)

@@ -41,7 +41,7 @@ var (
 	// request id.
 	BodyEmptyIdemKey    = PrecomputedError("bad_request", "the Idempotency-Key header is empty: leave it out for a call without a request id")
 	BodyRepeatedIdemKey = PrecomputedError("bad_request", "the Idempotency-Key header is given more than once: send it once")
-	BodyRepeatedWait    = PrecomputedError("bad_request", "wait is given more than once in the query: send it once")
+	BodyTooManyArgs     = PrecomputedError("bad_request", "the query carries more than 32 arguments")
 	// BodyEntryQty: a lottery entry is one per user, for no quantity.
 	BodyEntryQty = PrecomputedError("bad_request", "an entry takes no qty: one entry a user")
 	// BodyBadBatch answers a batch body that is not one.

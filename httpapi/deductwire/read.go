@@ -116,19 +116,44 @@ func (r *Reader) ReadEntry(req *fasthttp.Request) (user, requestID []byte, bad [
 	return f.user, requestID, bad
 }
 
-// Wait reads the ?wait=commit|none argument of a deduct (single or
-// batch); bad is the 400 answer to another value, or to wait given twice.
-func Wait(args *fasthttp.Args) (noWait bool, bad []byte) {
-	var v []byte
-	n := 0
-	for k, val := range args.All() {
-		if string(k) == string(argWait) {
-			v, n = val, n+1
-		}
+// queryArgsMax bounds the query arguments a request may carry: no route
+// takes more than four, and finding a repeated one is quadratic.
+const queryArgsMax = 32
+
+// RepeatedArg is the 400 answer to a query that gives an argument twice
+// (no argument of the contract takes several values) or carries more
+// than queryArgsMax of them; nil for a query of one meaning. Both doors
+// and every route apply it.
+func RepeatedArg(args *fasthttp.Args) []byte {
+	n := args.Len()
+	if n < 2 {
+		return nil
 	}
-	switch {
-	case n > 1:
-		return false, BodyRepeatedWait
+	if n > queryArgsMax {
+		return BodyTooManyArgs
+	}
+	i := 0
+	for k := range args.All() {
+		j := 0
+		for other := range args.All() {
+			if j > i && string(k) == string(other) {
+				return ErrorJSON(nil, "bad_request", string(k)+" is given more than once in the query: send it once")
+			}
+			j++
+		}
+		i++
+	}
+	return nil
+}
+
+// Wait reads the ?wait=commit|none argument of a deduct (single or
+// batch); bad is the 400 answer to another value, or to a query that
+// gives an argument twice.
+func Wait(args *fasthttp.Args) (noWait bool, bad []byte) {
+	if bad := RepeatedArg(args); bad != nil {
+		return false, bad
+	}
+	switch v := args.PeekBytes(argWait); {
 	case string(v) == "" || string(v) == "commit":
 		return false, nil
 	case string(v) == "none":
