@@ -1,12 +1,8 @@
 package scenario
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -19,26 +15,12 @@ import (
 // its status and JSON body.
 func rawCall(t *testing.T, addr, raw string) (int, map[string]any) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("read the answer to %q: %v", raw, err)
-	}
-	defer resp.Body.Close()
+	answers, _ := testnode.RawExchange(t, addr, raw, 0, 1)
 	var out map[string]any
-	b, _ := io.ReadAll(resp.Body)
-	if err := json.Unmarshal(b, &out); err != nil {
-		t.Fatalf("answer %d %q is not JSON", resp.StatusCode, b)
+	if err := json.Unmarshal([]byte(answers[0].Body), &out); err != nil {
+		t.Fatalf("answer %d %q is not JSON", answers[0].Status, answers[0].Body)
 	}
-	return resp.StatusCode, out
+	return answers[0].Status, out
 }
 
 func rawPost(path, body string, headers ...string) string {

@@ -282,44 +282,54 @@ func (x *lexer) skip(i, depth int) int {
 	return -1
 }
 
+// object reads the object at x.b[i] member by member: member reads the
+// value of key at index j and returns the index after it, or an answer
+// that ends the read. It returns the index after the object, or the
+// answer (malformed for bytes that are not an object).
+func (x *lexer) object(i int, malformed []byte, member func(key []byte, j int) (int, []byte)) (int, []byte) {
+	if i >= len(x.b) || x.b[i] != '{' {
+		return -1, malformed
+	}
+	if i = x.space(i + 1); i < len(x.b) && x.b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		var key []byte
+		if key, i = x.str(i); i < 0 {
+			return -1, malformed
+		}
+		if i = x.space(i); i >= len(x.b) || x.b[i] != ':' {
+			return -1, malformed
+		}
+		var bad []byte
+		if i, bad = member(key, x.space(i+1)); bad != nil {
+			return -1, bad
+		}
+		if i = x.space(i); i >= len(x.b) {
+			return -1, malformed
+		}
+		switch x.b[i] {
+		case '}':
+			return i + 1, nil
+		case ',':
+			i = x.space(i + 1)
+		default:
+			return -1, malformed
+		}
+	}
+}
+
 // readDeduct reads a deduct's body (a batch item's when withSKU): its
 // fields, or the 400 answer that names what is wrong.
 func readDeduct(body []byte, scratch *[]byte, withSKU bool) (f deductBody, bad []byte) {
 	x := lexer{b: body, scratch: scratch}
-	i := x.space(0)
-	if i >= len(body) || body[i] != '{' {
-		return f, BodyBadJSON
-	}
-	i = x.space(i + 1)
-	if i < len(body) && body[i] == '}' {
-		i++
-	} else {
-		for {
-			var key []byte
-			if key, i = x.str(i); i < 0 {
-				return f, BodyBadJSON
-			}
-			if i = x.space(i); i >= len(body) || body[i] != ':' {
-				return f, BodyBadJSON
-			}
-			i = x.space(i + 1)
-			if i, bad = f.field(&x, key, i, withSKU); bad != nil {
-				return f, bad
-			}
-			if i = x.space(i); i >= len(body) {
-				return f, BodyBadJSON
-			}
-			if body[i] == '}' {
-				i++
-				break
-			}
-			if body[i] != ',' {
-				return f, BodyBadJSON
-			}
-			i = x.space(i + 1)
-		}
-	}
-	if x.space(i) != len(body) {
+	end, bad := x.object(x.space(0), BodyBadJSON, func(key []byte, j int) (int, []byte) {
+		return f.field(&x, key, j, withSKU)
+	})
+	switch {
+	case bad != nil:
+		return f, bad
+	case x.space(end) != len(body):
 		return f, BodyBadJSON
 	}
 	return f, f.check(withSKU)

@@ -214,39 +214,26 @@ type BatchItem struct {
 func (r *Reader) ReadBatch(body []byte, maxItems int, dst []BatchItem) ([]BatchItem, []byte) {
 	r.scratch = r.scratch[:0]
 	x := lexer{b: body, scratch: &r.scratch}
-	i := x.space(0)
-	if i >= len(body) || body[i] != '{' {
-		return dst, BodyBadBatch
-	}
 	seen := false
-	for i = x.space(i + 1); i < len(body) && body[i] != '}'; {
-		var key []byte
-		if key, i = x.str(i); i < 0 {
-			return dst, BodyBadBatch
-		}
-		if i = x.space(i); i >= len(body) || body[i] != ':' {
-			return dst, BodyBadBatch
-		}
-		i = x.space(i + 1)
-		if string(key) == keyDeducts {
-			if seen {
-				return dst, bodyRepeated(keyDeducts)
+	end, bad := x.object(x.space(0), BodyBadBatch, func(key []byte, j int) (int, []byte) {
+		if string(key) != keyDeducts {
+			if j = x.skip(j, 0); j < 0 {
+				return -1, BodyBadBatch
 			}
-			seen = true
-			var bad []byte
-			if dst, i, bad = r.batchItems(&x, i, maxItems, dst); bad != nil {
-				return dst, bad
-			}
-		} else if i = x.skip(i, 0); i < 0 {
-			return dst, BodyBadBatch
+			return j, nil
 		}
-		if i = x.space(i); i < len(body) && body[i] == ',' {
-			i = x.space(i + 1)
-		} else if i >= len(body) || body[i] != '}' {
-			return dst, BodyBadBatch
+		if seen {
+			return -1, bodyRepeated(keyDeducts)
 		}
-	}
-	if !seen || i >= len(body) || x.space(i+1) != len(body) {
+		seen = true
+		var bad []byte
+		dst, j, bad = r.batchItems(&x, j, maxItems, dst)
+		return j, bad
+	})
+	switch {
+	case bad != nil:
+		return dst, bad
+	case !seen || x.space(end) != len(body):
 		return dst, BodyBadBatch
 	}
 	return dst, nil

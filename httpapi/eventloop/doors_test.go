@@ -1,13 +1,10 @@
 package eventloop_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"reflect"
 	"strings"
 	"testing"
@@ -16,6 +13,7 @@ import (
 	"stockd/engine"
 	"stockd/httpapi"
 	"stockd/httpapi/eventloop"
+	"stockd/internal/testnode"
 	"stockd/raftfsm"
 )
 
@@ -117,57 +115,6 @@ func startDoors(t *testing.T) doors {
 	return d
 }
 
-// answer is what a door answered, as a client reads it.
-type answer struct {
-	Status int
-	Header http.Header
-	Body   string
-}
-
-// exchange sends raw in pieces of at most split bytes (0: at once) on a
-// new connection and reads want answers, then whether the door closed the
-// connection.
-func exchange(t *testing.T, addr, raw string, split, want int) ([]answer, bool) {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	for rest := raw; len(rest) > 0; {
-		n := len(rest)
-		if split > 0 {
-			n = min(n, split)
-		}
-		if _, err := io.WriteString(c, rest[:n]); err != nil {
-			t.Fatalf("send: %v", err)
-		}
-		rest = rest[n:]
-	}
-	br := bufio.NewReader(c)
-	var out []answer
-	for range want {
-		resp, err := http.ReadResponse(br, nil)
-		for err == nil && resp.StatusCode == http.StatusContinue {
-			resp, err = http.ReadResponse(br, nil)
-		}
-		if err != nil {
-			t.Fatalf("read answer %d of %d: %v", len(out)+1, want, err)
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Header.Del("Date")
-		out = append(out, answer{resp.StatusCode, resp.Header, string(b)})
-	}
-	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond)) // a door that closes does so right after its answer
-	_, err = br.ReadByte()
-	return out, err == io.EOF
-}
-
 // post is a deduct's request: path after /v1/skus/, headers, body.
 func post(path, body string, headers ...string) string {
 	var h strings.Builder
@@ -261,8 +208,8 @@ func TestDoors_AnswerTheSameRequestsAlike(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
-				viaHandlers, closedHandlers := exchange(t, d.handlers, tc.raw, tc.split, tc.answers)
-				viaLoop, closedLoop := exchange(t, d.loop, tc.raw, tc.split, tc.answers)
+				viaHandlers, closedHandlers := testnode.RawExchange(t, d.handlers, tc.raw, tc.split, tc.answers)
+				viaLoop, closedLoop := testnode.RawExchange(t, d.loop, tc.raw, tc.split, tc.answers)
 				if !reflect.DeepEqual(viaHandlers, viaLoop) || closedHandlers != closedLoop {
 					t.Errorf("handlers: %+v (closed: %v)\nloop:     %+v (closed: %v)", viaHandlers, closedHandlers, viaLoop, closedLoop)
 				}
