@@ -339,25 +339,29 @@ func readDeduct(body []byte, scratch *[]byte, withSKU bool) (f deductBody, bad [
 func (f *deductBody) field(x *lexer, key []byte, i int, withSKU bool) (int, []byte) {
 	var dup bool
 	var next int
+	// text reads a string field into dst; badValue is its answer to a
+	// value that is not text.
+	text := func(dst *[]byte, has *bool, badValue []byte) []byte {
+		dup = *has
+		if *dst, next = x.str(i); next < 0 {
+			return bodyNotJSONOr(x, i, badValue)
+		}
+		*has = true
+		return nil
+	}
 	switch {
 	case string(key) == keyUser:
-		dup = f.hasUser
-		if f.user, next = x.str(i); next < 0 {
-			return -1, bodyNotJSONOr(x, i, BodyBadUser)
+		if bad := text(&f.user, &f.hasUser, BodyBadUser); bad != nil {
+			return -1, bad
 		}
-		f.hasUser = true
 	case string(key) == keyRequestID:
-		dup = f.hasRequestID
-		if f.requestID, next = x.str(i); next < 0 {
-			return -1, bodyNotJSONOr(x, i, BodyBadReqID)
+		if bad := text(&f.requestID, &f.hasRequestID, BodyBadReqID); bad != nil {
+			return -1, bad
 		}
-		f.hasRequestID = true
 	case string(key) == keySKU && withSKU:
-		dup = f.hasSKU
-		if f.sku, next = x.str(i); next < 0 {
-			return -1, bodyNotJSONOr(x, i, BodyBadSKU)
+		if bad := text(&f.sku, &f.hasSKU, BodyBadSKU); bad != nil {
+			return -1, bad
 		}
-		f.hasSKU = true
 	case string(key) == keyQty:
 		dup = f.hasQty
 		var integer bool
