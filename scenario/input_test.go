@@ -52,6 +52,7 @@ func TestInput_OneMeaningOrRefused(t *testing.T) {
 		{"a qty with a leading zero", "", `{"user":"u1","qty":01}`, "qty", nil},
 		{"a fractional qty", "", `{"user":"u1","qty":1.0}`, "qty", nil},
 		{"an empty request_id", "", `{"user":"u1","request_id":""}`, "request_id", nil},
+		{"request_id in other letter case", "", `{"user":"u1","Request_id":"a"}`, "request_id", nil},
 		{"an empty Idempotency-Key", "", `{"user":"u1"}`, "Idempotency-Key", []string{"Idempotency-Key:"}},
 		{"two Idempotency-Keys", "", `{"user":"u1"}`, "Idempotency-Key", []string{"Idempotency-Key: a", "Idempotency-Key: b"}},
 		{"wait given twice", "?wait=none&wait=commit", `{"user":"u1"}`, "wait", nil},

@@ -161,6 +161,12 @@ func (a *Answer) AppendHTTP(dst []byte, closeConn bool) []byte {
 	return append(dst, a.Body...)
 }
 
+// bodyMiscased is the 400 answer to a key that is field in other letter
+// case.
+func bodyMiscased(field string) []byte {
+	return ErrorJSON(nil, "bad_request", field+" is written in other letter case: field names are lower case")
+}
+
 // bodyRepeated is the 400 answer to a body that gives field twice.
 func bodyRepeated(field string) []byte {
 	switch field {

@@ -1,6 +1,7 @@
 package deductwire
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -373,6 +374,12 @@ func (f *deductBody) field(x *lexer, key []byte, i int, withSKU bool) (int, []by
 		}
 		f.hasQty = true
 	default:
+		if known := caseOf(key); known != "" {
+			// Decoders that match keys without regard to case (Go's
+			// encoding/json among them) read "Request_id" as request_id:
+			// ignored here, it would mean a call without one.
+			return -1, bodyMiscased(known)
+		}
 		if next = x.skip(i, 0); next < 0 {
 			return -1, BodyBadJSON
 		}
@@ -382,6 +389,16 @@ func (f *deductBody) field(x *lexer, key []byte, i int, withSKU bool) (int, []by
 		return -1, bodyRepeated(string(key))
 	}
 	return next, nil
+}
+
+// caseOf is the field key names in other letter case ("" for none).
+func caseOf(key []byte) string {
+	for _, k := range [...]string{keyUser, keyQty, keyRequestID, keySKU} {
+		if string(key) != k && strings.EqualFold(string(key), k) {
+			return k
+		}
+	}
+	return ""
 }
 
 // bodyNotJSONOr is the answer to a known field whose value is not what

@@ -172,6 +172,7 @@ func TestDoors_AnswerTheSameRequestsAlike(t *testing.T) {
 		{"a repeated key", post("tv/deduct", `{"user":"u23","user":"u24"}`, auth), 1, 0},
 		{"an escaped user", post("tv/deduct", `{"user":"\u0075\u0032\u0035"}`, auth), 1, 0},
 		{"another key", post("tv/deduct", `{"user":"u26","sku":"tv"}`, auth), 1, 0},
+		{"a field in other letter case", post("tv/deduct", `{"user":"u26","QTY":2}`, auth), 1, 0},
 		{"a control character in the request id", post("tv/deduct", `{"user":"u27","request_id":"a\u0001"}`, auth), 1, 0},
 		{"bytes after the object", post("tv/deduct", `{"user":"u28"} x`, auth), 1, 0},
 		{"Idempotency-Key alone", post("tv/deduct", u("u29"), auth, "Idempotency-Key: k1"), 1, 0},
