@@ -101,6 +101,9 @@ func (e *Engine) Restock(sku string, qty int64) error {
 	if err != nil {
 		return err
 	}
+	if res.Outcome == raftfsm.OutcomeOK {
+		e.holdAck() // no node may answer sold_out once this is answered
+	}
 	return saleOutcome(sku, res)
 }
 
@@ -158,6 +161,7 @@ func (e *Engine) propose(c command.Command) (*raftfsm.Result, error) {
 	res, err := e.proposer.Propose(e.cfg.Now().UnixNano(), c)
 	switch {
 	case err == nil:
+		e.noteAnswered(res.Index)
 		return res, nil
 	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUnavailable), errors.Is(err, ErrTooLarge), errors.Is(err, ErrRejected):
 		return nil, fmt.Errorf("%s: %w", c.Op(), err)
@@ -186,6 +190,12 @@ func (e *Engine) orderCommand(c command.Command) (raftfsm.Order, error) {
 	var o raftfsm.Order
 	if res.Order != nil {
 		o = *res.Order
+	}
+	if res.Outcome == raftfsm.OutcomeOK || res.Outcome == raftfsm.OutcomeSame {
+		// No node may answer the order held, or its units sold out or
+		// past the buyer's limit, once this is answered (vouch.go). A
+		// repeat waits too: its first call may still be in its hold.
+		e.holdAck()
 	}
 	switch res.Outcome {
 	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:

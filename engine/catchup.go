@@ -90,6 +90,7 @@ func (e *Engine) catchUpOnce() error {
 	ctx, cancel := context.WithTimeout(context.Background(), catchUpWait)
 	defer cancel()
 	e.metrics.catchUpRounds.Add(1)
+	started := e.mono()
 	index, err := e.cfg.Cluster.ReadIndex(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: cannot confirm with the leader: %v", ErrUnavailable, err)
@@ -97,6 +98,7 @@ func (e *Engine) catchUpOnce() error {
 	if err := e.ledger.WaitApplied(ctx, index); err != nil {
 		return fmt.Errorf("%w: this node has not applied log index %d yet: %v", ErrUnavailable, index, err)
 	}
+	e.vouchedFrom(started)
 	return nil
 }
 

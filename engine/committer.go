@@ -153,6 +153,7 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 	case err == nil:
 		e.consecutiveFailures.Store(0)
 		now := instant{e.cfg.Now(), time.Now()}
+		e.noteAnswered(res.Index)
 		for i, p := range batch {
 			e.settle(p, res.Takes[i], now)
 		}
@@ -254,6 +255,14 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult, now instant) {
 		r = DeductResult{Status: StatusOK, Order: tr.Order}
 		s.lastWinNanos.Store(now.now.UnixNano())
 	case raftfsm.OutcomeSame:
+		if tr.Order.User != p.entry.User {
+			// Under the rules before scoped request ids the ledger
+			// answers a request id with whatever order holds it, another
+			// user's too: never handed to this one. Nothing was taken.
+			e.putBack(s, p.hint, qty)
+			reusedRequestID(&r)
+			break
+		}
 		if tr.Order.ID != p.entry.OrderID {
 			// The request id already bought elsewhere (another node, or an
 			// earlier run): this unit was not needed. A wait=none buyer

@@ -79,6 +79,10 @@ type DeductRequest struct {
 	// to await without blocking.
 	async    bool
 	repeatOf *pendingTake
+	// deferred is set, with no answer in res, when an async deduct's
+	// answer needs a catch-up round first (vouchAnswer): DeductAsync then
+	// runs it on a goroutine.
+	deferred bool
 }
 
 // instant is one reading of the engine's clock (now, a test's in tests)
@@ -257,6 +261,14 @@ func (e *Engine) answeredBeforeStock(s *sale, req *DeductRequest, res *DeductRes
 		if len(req.RequestID) > 0 && e.mayBeRepeat(req) && e.answerRepeat(req, res) {
 			return true
 		}
+		// Stock may have come back on another node (vouch.go); after a
+		// catch-up the take path judges it again on the ledger.
+		switch e.vouchAnswer(req, res) {
+		case vouchJudge:
+			return false
+		case vouchDeferred, vouchRefused:
+			return true
+		}
 		res.Status = StatusSoldOut
 		e.noteSoldOut(s)
 		return true
@@ -264,16 +276,31 @@ func (e *Engine) answeredBeforeStock(s *sale, req *DeductRequest, res *DeductRes
 	// A repeat buyer of a per_user sale is turned away here once the ledger
 	// has committed their purchases; the ledger stays the final word for
 	// concurrent attempts.
-	if s.perUser > 0 && e.ledger.MayHaveBought(req.SKU, req.User) && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser {
+	if s.perUser > 0 && e.overUserLimit(s, req) {
 		// The purchase that reached the limit may be this very request
 		// id's, committed since the repeat check above: its answer then.
 		if len(req.RequestID) > 0 && e.answerRepeat(req, res) {
+			return true
+		}
+		// A hold of theirs may have been cancelled on another node.
+		switch e.vouchAnswer(req, res) {
+		case vouchJudge:
+			if !e.overUserLimit(s, req) {
+				return false
+			}
+		case vouchDeferred, vouchRefused:
 			return true
 		}
 		res.Status = StatusUserLimit
 		return true
 	}
 	return false
+}
+
+// overUserLimit reports whether the ledger shows req's buyer past the
+// sale's per_user limit with req's units.
+func (e *Engine) overUserLimit(s *sale, req *DeductRequest) bool {
+	return e.ledger.MayHaveBought(req.SKU, req.User) && e.ledger.BoughtBytes(req.SKU, req.User)+req.Qty > s.perUser
 }
 
 // repeatWait is how long a repeat waits for the first attempt of its
@@ -335,9 +362,20 @@ func (e *Engine) answerFromLedger(req *DeductRequest, res *DeductResult) bool {
 		res.Status, res.Detail = StatusUnavailable, "order of a repeated request id is unreadable"
 		return true
 	}
-	if o.SKU != string(req.SKU) || o.Qty != req.Qty {
+	if o.User != string(req.User) || o.SKU != string(req.SKU) || o.Qty != req.Qty {
+		// Under the rules before scoped request ids, another user's
+		// order can hold this id: never handed to this one.
 		reusedRequestID(res)
 		return true
+	}
+	if o.State == raftfsm.OrderHeld {
+		// It may have been confirmed or cancelled on another node.
+		switch e.vouchAnswer(req, res) {
+		case vouchJudge:
+			return e.answerFromLedger(req, res)
+		case vouchDeferred, vouchRefused:
+			return true
+		}
 	}
 	res.Status, res.Order = StatusOK, o
 	return true
@@ -386,6 +424,13 @@ func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 			// this one, repeats share this attempt) may have taken the
 			// last unit: its answer, not sold_out.
 			if len(req.RequestID) > 0 && e.answerFromLedger(req, res) {
+				return false
+			}
+			// Stock may have come back on another node (vouch.go).
+			switch e.vouchAnswer(req, res) {
+			case vouchJudge:
+				continue
+			case vouchRefused:
 				return false
 			}
 			e.updateSoldOut(s)

@@ -26,6 +26,12 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 	req.async = true
 	s = e.admitTo(s, req, res)
 	req.async = false
+	if req.deferred {
+		// Its answer needs a catch-up with the leader first (vouch.go).
+		req.deferred = false
+		e.onGoroutine(req, done, e.Deduct)
+		return false
+	}
 	var w waiter
 	switch {
 	case req.repeatOf != nil:

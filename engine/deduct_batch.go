@@ -8,17 +8,23 @@ import (
 
 // DeductBatch runs reqs as Deduct would, into res (same length), without
 // a goroutine for each: every deduct whose units are in the buckets joins
-// the commit pipeline at once, then all are awaited together; those that
-// must wait for units run on their own goroutines. A gateway's batch of a
-// hundred buyers thus costs the node one wait, not a hundred.
+// the commit pipeline at once, then all are awaited together. A gateway's
+// batch of a hundred buyers thus costs the node one wait, not a hundred.
+//
+// Items are judged in item order: no later item wins a unit an earlier
+// one could have won. Once an item of a SKU must wait for units, the
+// later items of that SKU queue behind it on one goroutine a SKU (a
+// batchLine), each trying for a unit after the one before it has one or
+// has its answer; and once an item of a SKU is turned away for now (429,
+// 503), so is every later item of that SKU.
 func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 	waiters := make([]waiter, len(reqs))
-	var slow sync.WaitGroup
 	clock := instant{e.cfg.Now(), time.Now()}
 	slots := make([]pendingTake, len(reqs))
 	reused := reusedInBatch(reqs, e.batchSeed)
 	e.prefetchRequests(reqs)
 	var caught batchCatchUp
+	var lines map[string]*batchLine // by SKU; nil until one is needed
 	for i := range reqs {
 		req, r := &reqs[i], &res[i]
 		*r = DeductResult{}
@@ -28,21 +34,26 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 			e.metrics.countDeduct(r.Status, req.Hint)
 			continue
 		}
+		if l := lines[string(req.SKU)]; l != nil {
+			if len(l.items) > 0 {
+				l.items = append(l.items, i)
+				continue
+			}
+			l.refuse(e, req, r)
+			continue
+		}
 		s := e.admit(req, r)
 		if s == nil {
 			e.metrics.countDeduct(r.Status, req.Hint)
+			if stopsLine(r.Status) {
+				lines = addLine(lines, req.SKU, &batchLine{stop: *r})
+			}
 			continue
 		}
 		w := e.startAttempt(s, req, r, false)
 		if w.limit == needSlow {
-			slow.Add(1)
 			req.clock = instant{} // it waits for units: its own clock readings
-			go func() {
-				defer slow.Done()
-				defer e.admission.done()
-				e.attempt(s, req, r)
-				e.metrics.countDeduct(r.Status, req.Hint)
-			}()
+			lines = addLine(lines, req.SKU, &batchLine{sale: s, items: []int{i}})
 			continue
 		}
 		if w.p == nil {
@@ -51,6 +62,18 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 		}
 		waiters[i] = w
 	}
+	var slow sync.WaitGroup
+	for _, l := range lines {
+		if len(l.items) == 0 {
+			continue
+		}
+		slow.Add(1)
+		go func() {
+			defer slow.Done()
+			l.run(e, reqs, res, waiters)
+		}()
+	}
+	slow.Wait()
 	for i, w := range waiters {
 		if w.p == nil {
 			continue
@@ -59,7 +82,74 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 		e.admission.done()
 		e.metrics.countDeduct(res[i].Status, reqs[i].Hint)
 	}
-	slow.Wait()
+}
+
+// batchLine is one SKU's items of a batch from the first that had to wait
+// for units on, run in item order (DeductBatch); or, with no items, the
+// answer that turned an item of the SKU away for now, which every later
+// one gets too.
+type batchLine struct {
+	sale  *sale // the first item's, admitted already
+	items []int
+	stop  DeductResult
+}
+
+func addLine(lines map[string]*batchLine, sku []byte, l *batchLine) map[string]*batchLine {
+	if lines == nil {
+		lines = make(map[string]*batchLine)
+	}
+	lines[string(sku)] = l
+	return lines
+}
+
+// stopsLine reports whether an answer turns an item away for now (so the
+// later items of its SKU must not win instead of it).
+func stopsLine(s Status) bool {
+	return s == StatusRateLimited || s == StatusTryAgain || s == StatusUnavailable
+}
+
+// refuse answers an item of a stopped line with the answer that stopped it.
+func (l *batchLine) refuse(e *Engine, req *DeductRequest, r *DeductResult) {
+	*r = l.stop
+	if r.Detail == "" {
+		r.Detail = "an earlier item of this batch for this sku was turned away for now; items are judged in order"
+	}
+	e.metrics.countDeduct(r.Status, req.Hint)
+}
+
+// run tries the line's items one after the other, each for a unit (waiting
+// for one if need be) before the next; the commits are awaited after,
+// all together, by DeductBatch.
+func (l *batchLine) run(e *Engine, reqs []DeductRequest, res []DeductResult, waiters []waiter) {
+	stopped := false
+	for n, i := range l.items {
+		req, r := &reqs[i], &res[i]
+		if stopped {
+			l.refuse(e, req, r)
+			continue
+		}
+		s := l.sale
+		if n > 0 {
+			req.clock = instant{}
+			if s = e.admit(req, r); s == nil {
+				e.metrics.countDeduct(r.Status, req.Hint)
+				if stopped = stopsLine(r.Status); stopped {
+					l.stop = *r
+				}
+				continue
+			}
+		}
+		w := e.startAttempt(s, req, r, true)
+		if w.p == nil {
+			e.admission.done()
+			e.metrics.countDeduct(r.Status, req.Hint)
+			if stopped = stopsLine(r.Status); stopped {
+				l.stop = *r
+			}
+			continue
+		}
+		waiters[i] = w
+	}
 }
 
 // prefetchRequests brings in the filter lines that admit reads to tell

@@ -71,7 +71,13 @@ type Engine struct {
 	drainWatch sync.Once
 	closed     atomic.Bool
 	catchUps   catchUps
-	stop       chan struct{}
+	// born is the engine's start on the monotonic clock, from which
+	// vouchedUntil counts (vouch.go); answered is the highest log index
+	// of a write this node has answered.
+	born         time.Time
+	vouchedUntil atomic.Int64
+	answered     atomic.Uint64
+	stop         chan struct{}
 	// stopped is done once stop is closed, for waits that take a context.
 	stopped    context.Context
 	endStopped context.CancelFunc
@@ -115,6 +121,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		drainLost:    make(chan struct{}),
 		entryQueue:   make(chan *pendingEntry, entryQueueMax),
 		poll:         newPoller(),
+		born:         time.Now(),
 		stop:         make(chan struct{}),
 		metrics:      newMetrics(),
 		admission:    newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),

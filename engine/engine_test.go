@@ -732,8 +732,9 @@ func (c *upgradingCluster) VotersKnowRules(uint64) bool {
 }
 
 // TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem: during a rolling
-// upgrade the ledger keeps its rules (request ids global: another user's
-// id answers the first order, as the earlier version did); once every
+// upgrade the ledger keeps its rules (request ids global: the id names
+// alice's order whoever sends it), but no answer hands alice's order to
+// bob: he gets request_id_reused and nothing is sold to him. Once every
 // voter knows the new rules the leader switches them through the log, and
 // the same call is then another user's own request.
 func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
@@ -751,9 +752,13 @@ func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
 	if r := tn.ledger.Rules(); r != raftfsm.RulesGlobalRequestIDs {
 		t.Fatalf("rules switched to %d while a voter does not know them", r)
 	}
-	// The earlier rules: bob's r-1 is alice's request.
-	if bob := tn.deduct("a", "bob", "r-1", 1, false); bob.Status != StatusOK || bob.Order.ID != first.Order.ID {
-		t.Fatalf("bob's r-1 before the switch: %s %s, want alice's order %s", bob.Status, bob.Order.ID, first.Order.ID)
+	// The earlier rules: bob's r-1 names alice's order, which he is not
+	// told of, whether the ledger answers (a repeat it knows) or the take
+	// does (the ledger's answer to his take).
+	for range 2 {
+		if bob := tn.deduct("a", "bob", "r-1", 1, false); bob.Status != StatusRequestIDReused || bob.Order.ID != "" {
+			t.Fatalf("bob's r-1 before the switch: %s %q, want request_id_reused and no order", bob.Status, bob.Order.ID)
+		}
 	}
 	cluster.votersKnow.Store(true)
 	waitUntil(t, "the rules switched", func() bool { return tn.ledger.Rules() == raftfsm.RulesCurrent })
@@ -769,6 +774,33 @@ func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
 	}
 	if a := tn.checkLedger("a"); a.Row.Sold != 2 {
 		t.Fatalf("sold %d, want 2 (alice, carol)", a.Row.Sold)
+	}
+}
+
+// TestEngine_LegacyRulesTakeOfAnotherUsersIDIsRefused: under the rules
+// before scoped request ids, a take whose id the ledger holds for another
+// user comes back with that user's order; the engine answers
+// request_id_reused instead and puts its unit back.
+func TestEngine_LegacyRulesTakeOfAnotherUsersIDIsRefused(t *testing.T) {
+	cluster := &upgradingCluster{}
+	cluster.healthy.Store(true)
+	tn := startTestNode(t, t.TempDir(), func(c *Config) { c.Cluster = cluster })
+	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 10}); err != nil {
+		t.Fatal(err)
+	}
+	first := tn.deduct("a", "alice", "r-1", 1, false)
+	if first.Status != StatusOK {
+		t.Fatalf("alice: %s", first.Status)
+	}
+	p := &pendingTake{sale: tn.engine.lookupSale([]byte("a")), entry: command.TakeEntry{SKU: "a", User: "bob", RequestID: "r-1", Qty: 1, OrderID: "n1-x-1"}}
+	before := p.sale.buckets.Units()
+	tn.engine.settle(p, raftfsm.TakeResult{Outcome: raftfsm.OutcomeSame, Order: first.Order}, instant{now: time.Now(), real: time.Now()})
+	r, done := p.outcome()
+	if !done || r.Status != StatusRequestIDReused || r.Order.ID != "" {
+		t.Fatalf("bob's take answered %v %s %q, want request_id_reused and no order", done, r.Status, r.Order.ID)
+	}
+	if after := p.sale.buckets.Units(); after != before+1 {
+		t.Fatalf("buckets %d after the refused take, want %d (its unit back)", after, before+1)
 	}
 }
 

@@ -13,6 +13,9 @@ import (
 type SKUView struct {
 	Row   raftfsm.SKU
 	State string // upcoming, open, sold_out
+	// Applied is the ledger's applied index when the row was read: the
+	// row holds every entry up to it.
+	Applied uint64
 }
 
 // Sale states.
@@ -25,11 +28,12 @@ const (
 
 // SKU reads a sale from the local ledger.
 func (e *Engine) SKU(sku string) (SKUView, bool) {
+	applied := e.ledger.AppliedIndex()
 	row, _, ok := e.ledger.SKU(sku)
 	if !ok {
 		return SKUView{}, false
 	}
-	v := SKUView{Row: row, State: StateOpen}
+	v := SKUView{Row: row, State: StateOpen, Applied: applied}
 	switch {
 	case row.Closed():
 		v.State = StateClosed
@@ -59,6 +63,17 @@ func (e *Engine) SKUViews() []SKUView {
 // ledger turned down (state released, reason turned_down_<why>).
 func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
 	o, ok, err := e.ledger.Order(id)
+	if err == nil && ok && o.State == raftfsm.OrderHeld {
+		// It may have been confirmed or cancelled through another node:
+		// held is said only when this node can vouch for it (vouch.go).
+		caughtUp, verr := e.vouch()
+		if verr != nil {
+			return o, false, fmt.Errorf("cannot confirm that order %s is still held: %w", id, verr)
+		}
+		if caughtUp {
+			return e.ledger.Order(id)
+		}
+	}
 	if err != nil || ok {
 		return o, ok, err
 	}

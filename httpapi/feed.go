@@ -77,6 +77,9 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
+	if !s.readGate(ctx) {
+		return
+	}
 	// Not the RequestCtx as the context: a timer derived from it may fire
 	// after the handler returned and fasthttp reused it (a data race). The
 	// wait is bounded, and the engine's stop ends it too.

@@ -50,6 +50,8 @@ type skuResponse struct {
 	// Stale: this node cannot reach a leader now; the figures are its last
 	// applied state.
 	Stale bool `json:"stale,omitempty"`
+	// AppliedIndex: the figures hold every log entry up to this one.
+	AppliedIndex uint64 `json:"applied_index"`
 }
 
 func skuJSON(v engine.SKUView) skuResponse {
@@ -72,6 +74,7 @@ func skuJSON(v engine.SKUView) skuResponse {
 		out.ClosedAt = time.Unix(0, r.ClosedAtUnixNano).UTC().Format(time.RFC3339Nano)
 	}
 	out.Archived, out.ArchivedOrders, out.ArchiveDone = r.Archived, r.ArchivedOrders, r.PurgeDone
+	out.AppliedIndex = v.Applied
 	out.Mode, out.Lottery = r.Config.Mode, lotteryView(&r)
 	return out
 }
@@ -101,6 +104,9 @@ type orderResponse struct {
 	CreatedAt string `json:"created_at,omitempty"`
 	ExpiresAt string `json:"expires_at,omitempty"`
 	Released  string `json:"release_reason,omitempty"`
+	// AppliedIndex: the answer holds every log entry up to this one (0 on
+	// a write's answer).
+	AppliedIndex uint64 `json:"applied_index,omitempty"`
 }
 
 func orderJSON(o engine.Order) orderResponse {
@@ -147,9 +153,36 @@ func (s *Server) caughtUp(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
-// saleCaughtUp reads sale sku, caught up with the cluster before it finds
-// none (caughtUp); answered reports that it wrote a 503 itself.
+// readGate runs before every read of the ledger a GET serves (a sale, an
+// order, an entry, an audit, a draw, the orders and entries streams, the
+// events): the node's ledger first holds every write this node has
+// answered, so that it never contradicts itself; with
+// consistency=linearizable, every write the cluster acknowledged before
+// the call. It reports false having answered 400 or 503.
+func (s *Server) readGate(ctx *fasthttp.RequestCtx) bool {
+	args := ctx.QueryArgs()
+	linearizable := false
+	if args.Has("consistency") {
+		if string(args.Peek("consistency")) != "linearizable" {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "consistency must be linearizable, or absent for this node's own view")
+			return false
+		}
+		linearizable = true
+	}
+	if err := s.engine.ReadFresh(context.Background(), linearizable); err != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", err.Error())
+		return false
+	}
+	return true
+}
+
+// saleCaughtUp reads sale sku after the read gate, caught up with the
+// cluster before it finds none (caughtUp); answered reports that it wrote
+// a 400 or 503 itself.
 func (s *Server) saleCaughtUp(ctx *fasthttp.RequestCtx, sku []byte) (v engine.SKUView, ok, answered bool) {
+	if !s.readGate(ctx) {
+		return v, false, true
+	}
 	if v, ok = s.engine.SKU(string(sku)); ok {
 		return v, true, false
 	}
@@ -339,6 +372,18 @@ func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeRaw(ctx, fasthttp.StatusNotFound, bodyUnknownSKU)
 		return
 	}
+	if v.State == engine.StateSoldOut {
+		// Units may have come back on another node: sold out is said
+		// only when the node can vouch for it (as a deduct's sold_out).
+		caughtUp, err := s.engine.Vouch()
+		if err != nil {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", "cannot confirm that this sale is sold out: "+err.Error())
+			return
+		}
+		if caughtUp {
+			v, _ = s.engine.SKU(string(sku))
+		}
+	}
 	// Remaining stock changes every instant of a sale; a second of caching
 	// lets a CDN absorb the refresh storm.
 	ctx.Response.Header.Set("Cache-Control", "public, max-age=1")
@@ -348,6 +393,9 @@ func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
 }
 
 func (s *Server) handleAudit(ctx *fasthttp.RequestCtx, sku []byte) {
+	if !s.readGate(ctx) {
+		return
+	}
 	a, local, ok, err := s.engine.Audit(string(sku))
 	if err == nil && !ok {
 		if !s.caughtUp(ctx) {
@@ -380,11 +428,16 @@ func (s *Server) handleGetOrder(ctx *fasthttp.RequestCtx, id []byte) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "order id must be 1 to 128 letters, digits or . _ - :")
 		return
 	}
+	if !s.readGate(ctx) {
+		return
+	}
+	applied := s.engine.AppliedIndex()
 	o, ok, err := s.engine.Order(string(id))
 	if err == nil && !ok {
 		if !s.caughtUp(ctx) {
 			return
 		}
+		applied = s.engine.AppliedIndex()
 		o, ok, err = s.engine.Order(string(id))
 	}
 	if err != nil {
@@ -400,7 +453,9 @@ func (s *Server) handleGetOrder(ctx *fasthttp.RequestCtx, id []byte) {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no order with this id")
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, orderJSON(o))
+	out := orderJSON(o)
+	out.AppliedIndex = applied
+	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
 // relayOrderRead asks the node that minted order id (its id prefix) for
@@ -485,5 +540,28 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 		time.Sleep(10 * time.Millisecond)
 		st = s.cluster.Status()
 	}
+	if rules, known := s.rulesBar(); rules < known {
+		notReady(fmt.Sprintf("the ledger runs rules %d while every voter knows rules %d: the leader switches them in a moment", rules, known))
+		return
+	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true, "leader": st.Leader, "applied_index": st.AppliedIndex})
+}
+
+// rulesBar returns the rules this node's ledger runs and the newest every
+// voter knows (each asked, as for /v1/cluster). A new cluster is not ready
+// until its ledger runs them, so its first answers follow them. A voter
+// that does not answer may run an older binary: it lowers the bar to the
+// first rules, so a cluster with a voter down still serves (under
+// whichever rules its ledger runs; none hands one user's order to
+// another).
+func (s *Server) rulesBar() (rules, known uint64) {
+	cs := s.clusterStatus()
+	known = cs.RulesKnown
+	for _, n := range cs.Nodes {
+		if !n.Reachable {
+			return cs.LedgerRules, 0
+		}
+		known = min(known, n.RulesKnown)
+	}
+	return cs.LedgerRules, known
 }

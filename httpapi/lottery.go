@@ -63,6 +63,9 @@ type entryResponse struct {
 	Position   int64  `json:"position,omitempty"`
 	Rank       int64  `json:"rank,omitempty"`
 	EnteredAt  string `json:"entered_at"`
+	// AppliedIndex: the answer holds every log entry up to this one (0 on
+	// an entry's answer).
+	AppliedIndex uint64 `json:"applied_index,omitempty"`
 }
 
 func entryJSON(st engine.EntryStatus, o *engine.Order) entryResponse {
@@ -134,11 +137,16 @@ func (s *Server) handleEntryStatus(ctx *fasthttp.RequestCtx, sku, user []byte) {
 		writeRaw(ctx, fasthttp.StatusBadRequest, deductwire.BodyBadUser)
 		return
 	}
+	if !s.readGate(ctx) {
+		return
+	}
+	applied := s.engine.AppliedIndex()
 	st, o, ok, err := s.engine.EntryStatus(string(sku), string(user))
 	if err == nil && !ok {
 		if !s.caughtUp(ctx) {
 			return
 		}
+		applied = s.engine.AppliedIndex()
 		st, o, ok, err = s.engine.EntryStatus(string(sku), string(user))
 	}
 	if err != nil {
@@ -149,7 +157,9 @@ func (s *Server) handleEntryStatus(ctx *fasthttp.RequestCtx, sku, user []byte) {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no entry of this user in this lottery")
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, entryJSON(st, o))
+	out := entryJSON(st, o)
+	out.AppliedIndex = applied
+	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
 // entryLine is one line of GET /v1/skus/{sku}/entries.
@@ -214,6 +224,7 @@ type drawResponse struct {
 	ClosedAt       string `json:"closed_at"`
 	DrawnAt        string `json:"drawn_at"`
 	Algorithm      string `json:"algorithm"`
+	AppliedIndex   uint64 `json:"applied_index"`
 }
 
 // drawAlgorithm names the draw's function, so a recomputation knows which
@@ -238,6 +249,6 @@ func (s *Server) handleDraw(ctx *fasthttp.RequestCtx, sku []byte) {
 		SKU: v.Row.SKU, Entries: lt.Entries, Winners: lt.Winners, Promoted: lt.Promoted,
 		SeedCommitment: hex.EncodeToString(lt.SeedCommitment), Seed: hex.EncodeToString(lt.Seed),
 		EntriesHash: hex.EncodeToString(lt.EntriesHash), ClosedAt: stamp(v.Row.Config.EntriesCloseAtUnixNano),
-		DrawnAt: stamp(lt.DrawnAtUnixNano), Algorithm: drawAlgorithm,
+		DrawnAt: stamp(lt.DrawnAtUnixNano), Algorithm: drawAlgorithm, AppliedIndex: v.Applied,
 	})
 }

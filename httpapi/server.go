@@ -62,6 +62,14 @@ type Engine interface {
 	// CatchUp returns once this node's ledger holds every write the
 	// cluster acknowledged before the call, or an error saying why not.
 	CatchUp(ctx context.Context) error
+	// ReadFresh makes the ledger fit for a read: holding every write this
+	// node answered, or (linearizable) every write the cluster
+	// acknowledged before the call.
+	ReadFresh(ctx context.Context, linearizable bool) error
+	// Vouch returns once this node may answer from its own ledger as if
+	// every acknowledged write were in it (caughtUp: it caught up first,
+	// read again), or an error when it cannot.
+	Vouch() (caughtUp bool, err error)
 	// The order feed.
 	Events(ctx context.Context, after engine.Cursor, limit int, wait time.Duration) (engine.FeedPage, error)
 	Feed() (engine.FeedView, error)

@@ -55,6 +55,8 @@ func (f *fakeEngine) Reclaim(string) (int64, error)             { return 0, nil 
 func (f *fakeEngine) AppliedIndex() uint64                      { return 0 }
 func (f *fakeEngine) WaitApplied(context.Context, uint64) error { return nil }
 func (f *fakeEngine) CatchUp(context.Context) error             { return nil }
+func (f *fakeEngine) ReadFresh(context.Context, bool) error     { return nil }
+func (f *fakeEngine) Vouch() (bool, error)                      { return false, nil }
 func (f *fakeEngine) OrderOwner(string) string                  { return "" }
 func (f *fakeEngine) Events(context.Context, engine.Cursor, int, time.Duration) (engine.FeedPage, error) {
 	return engine.FeedPage{}, nil
