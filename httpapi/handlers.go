@@ -549,19 +549,28 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 
 // rulesBar returns the rules this node's ledger runs and the newest every
 // voter knows (each asked, as for /v1/cluster). A new cluster is not ready
-// until its ledger runs them, so its first answers follow them. A voter
-// that does not answer may run an older binary: it lowers the bar to the
-// first rules, so a cluster with a voter down still serves (under
-// whichever rules its ledger runs; none hands one user's order to
-// another).
+// until its ledger runs them, so its first answers follow them.
+//
+// A voter that registered its address and does not answer may be an older
+// binary on its way to an upgrade: it lowers the bar to the first rules,
+// so that a cluster in a rolling upgrade keeps serving with a node down
+// (under whichever rules its ledger runs; none hands one user's order to
+// another). A voter that has not registered yet (a new cluster's first
+// second) has no say: the ledger's rules must reach this binary's first,
+// which the leader switches as soon as every voter answers.
 func (s *Server) rulesBar() (rules, known uint64) {
 	cs := s.clusterStatus()
+	if cs.LedgerRules >= cs.RulesKnown {
+		return cs.LedgerRules, cs.RulesKnown
+	}
 	known = cs.RulesKnown
 	for _, n := range cs.Nodes {
-		if !n.Reachable {
+		switch {
+		case n.Reachable:
+			known = min(known, n.RulesKnown)
+		case n.HTTPAddr != "":
 			return cs.LedgerRules, 0
 		}
-		known = min(known, n.RulesKnown)
 	}
 	return cs.LedgerRules, known
 }

@@ -156,3 +156,38 @@ request = function()
 end
 LUA
 }
+
+# start_cluster BIN DIR [serve flags...]: three stockd nodes n1..n3 on
+# free loopback ports (a cluster secret between them), data and logs
+# under DIR; appends their PIDs to pids (stopped on exit), sets
+# cluster_pids (n1 n2 n3), leader_url and follower_url (a follower's),
+# and returns once every node is ready and a sale created through the
+# leader reads the same on the follower.
+start_cluster() {
+  local bin=$1 dir=$2 i peers="" id leader
+  shift 2
+  local http=() raft=()
+  for i in 1 2 3; do http+=("$(free_port)"); raft+=("$(free_port)"); done
+  for i in 1 2 3; do peers="$peers${peers:+,}n$i=127.0.0.1:${raft[$((i - 1))]}"; done
+  cluster_pids=() cluster_urls=()
+  mkdir -p "$dir"
+  for i in 1 2 3; do
+    ${server_pin[@]+"${server_pin[@]}"} "$bin" serve -id "n$i" -http "127.0.0.1:${http[$((i - 1))]}" -raft "127.0.0.1:${raft[$((i - 1))]}" \
+      -data "$dir/n$i" -peers "$peers" -cluster-secret bench-ab -log-level warn "$@" >"$dir/n$i.log" 2>&1 &
+    cluster_pids+=("$!"); pids+=("$!")
+    cluster_urls+=("http://127.0.0.1:${http[$((i - 1))]}")
+  done
+  for i in 0 1 2; do
+    for _ in $(seq 1 300); do
+      curl -sf "${cluster_urls[$i]}/readyz" >/dev/null 2>&1 && break
+      sleep 0.05
+    done
+    curl -sf "${cluster_urls[$i]}/readyz" >/dev/null || { echo "n$((i + 1)) of the cluster in $dir was not ready in 15 s" >&2; tail -20 "$dir/n$((i + 1)).log" >&2; exit 1; }
+  done
+  leader=$(curl -sf "${cluster_urls[0]}/v1/cluster" | sed -n 's/.*"leader":"\([^"]*\)".*/\1/p')
+  for i in 1 2 3; do
+    id="n$i"
+    if [ "$id" = "$leader" ]; then leader_url=${cluster_urls[$((i - 1))]}; else follower_url=${cluster_urls[$((i - 1))]}; fi
+  done
+  [ -n "${leader_url:-}" ] && [ -n "${follower_url:-}" ] || { echo "no leader found in the cluster in $dir" >&2; exit 1; }
+}
