@@ -49,9 +49,12 @@ lint:
 # three hosts in network namespaces (root and iproute2 needed; skipped
 # without, saying why); and stockd backup mid-sale from a follower and the
 # leader, each restored with stockd restore into a fresh three-process
-# cluster that sells the rest.
+# cluster that sells the rest. And answers that stay true: a write through
+# one node and the next call on another at once, 50 times for each kind
+# of write; 100 fresh clusters used the instant they are ready; batches
+# of 1,000 buyers over 300 units won by exactly the first 300.
 test-multiproc:
-	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded|TLS|BackupRestore)' ./scenario
+	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded|TLS|BackupRestore|AnswersStayTrue|FreshCluster|BatchJudged)' ./scenario
 
 # One node filled with a million sold orders and their request ids; fails
 # when its peak resident memory (VmHWM) passes 384 MiB.
