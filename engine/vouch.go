@@ -177,6 +177,10 @@ func (e *Engine) ReadFresh(ctx context.Context, linearizable bool) error {
 	if e.ledger.AppliedIndex() >= index {
 		return nil
 	}
+	if e.commitBlocked.Load() {
+		// Cut off from the leader, it will not learn the commit soon.
+		return fmt.Errorf("%w: this node answered a write at log index %d it has not applied, and reaches no leader now", ErrUnavailable, index)
+	}
 	ctx, cancel := context.WithTimeout(ctx, catchUpWait)
 	defer cancel()
 	if err := e.ledger.WaitApplied(ctx, index); err != nil {

@@ -160,20 +160,31 @@ func (s *Server) caughtUp(ctx *fasthttp.RequestCtx) bool {
 // consistency=linearizable, every write the cluster acknowledged before
 // the call. It reports false having answered 400 or 503.
 func (s *Server) readGate(ctx *fasthttp.RequestCtx) bool {
+	_, ok := s.gate(ctx, false)
+	return ok
+}
+
+// gate is readGate; with staleOK, a node that cannot apply what it
+// answered in time (cut off from its leader) serves its last applied
+// state anyway and reports stale: a sale's figures, marked so.
+func (s *Server) gate(ctx *fasthttp.RequestCtx, staleOK bool) (stale, ok bool) {
 	args := ctx.QueryArgs()
 	linearizable := false
 	if args.Has("consistency") {
 		if string(args.Peek("consistency")) != "linearizable" {
 			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "consistency must be linearizable, or absent for this node's own view")
-			return false
+			return false, false
 		}
 		linearizable = true
 	}
 	if err := s.engine.ReadFresh(context.Background(), linearizable); err != nil {
+		if staleOK && !linearizable {
+			return true, true
+		}
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", err.Error())
-		return false
+		return false, false
 	}
-	return true
+	return false, true
 }
 
 // saleCaughtUp reads sale sku after the read gate, caught up with the
@@ -183,6 +194,11 @@ func (s *Server) saleCaughtUp(ctx *fasthttp.RequestCtx, sku []byte) (v engine.SK
 	if !s.readGate(ctx) {
 		return v, false, true
 	}
+	return s.saleOrCatchUp(ctx, sku)
+}
+
+// saleOrCatchUp is saleCaughtUp past the gate.
+func (s *Server) saleOrCatchUp(ctx *fasthttp.RequestCtx, sku []byte) (v engine.SKUView, ok, answered bool) {
 	if v, ok = s.engine.SKU(string(sku)); ok {
 		return v, true, false
 	}
@@ -364,7 +380,13 @@ func (s *Server) handleRestock(ctx *fasthttp.RequestCtx, sku []byte) {
 }
 
 func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
-	v, ok, answered := s.saleCaughtUp(ctx, sku)
+	// Cut off from the leader, a node still shows a sale's figures,
+	// marked stale, though they may lack a take it answered.
+	stale, ok := s.gate(ctx, true)
+	if !ok {
+		return
+	}
+	v, ok, answered := s.saleOrCatchUp(ctx, sku)
 	if answered {
 		return
 	}
@@ -388,7 +410,7 @@ func (s *Server) handleGetSKU(ctx *fasthttp.RequestCtx, sku []byte) {
 	// lets a CDN absorb the refresh storm.
 	ctx.Response.Header.Set("Cache-Control", "public, max-age=1")
 	out := skuJSON(v)
-	out.Stale = !s.engine.LeaderReachable()
+	out.Stale = stale || !s.engine.LeaderReachable()
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
