@@ -17,7 +17,7 @@ type followerCluster struct {
 	cut    atomic.Bool
 }
 
-func (c *followerCluster) IsLeader() bool                { return false }
+func (c *followerCluster) IsLeader() bool               { return false }
 func (c *followerCluster) MemberIDs() ([]string, error) { return []string{"n1", "n2", "n3"}, nil }
 func (c *followerCluster) ReadIndex(context.Context) (uint64, error) {
 	c.rounds.Add(1)
