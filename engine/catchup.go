@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +29,10 @@ type catchUps struct {
 	mu      sync.Mutex
 	running bool
 	next    *catchUpRound // the round misses arriving now wait for
+	// busy mirrors running for a reader that must not take mu (a
+	// follower's sold-out answers, which start the next round near the
+	// end of their window).
+	busy atomic.Bool
 }
 
 type catchUpRound struct {
@@ -46,15 +51,7 @@ func (e *Engine) catchUp(ctx context.Context) error {
 	defer cancel()
 	c := &e.catchUps
 	c.mu.Lock()
-	if c.next == nil {
-		c.next = &catchUpRound{done: make(chan struct{})}
-	}
-	r := c.next
-	if !c.running {
-		c.running = true
-		c.next = nil
-		go e.runCatchUps(r)
-	}
+	r := e.joinRoundLocked()
 	c.mu.Unlock()
 	e.metrics.catchUps.Add(1)
 	select {
@@ -65,6 +62,24 @@ func (e *Engine) catchUp(ctx context.Context) error {
 	case <-e.stop:
 		return fmt.Errorf("%w: node is shutting down", ErrUnavailable)
 	}
+}
+
+// joinRoundLocked returns the round a caller arriving now waits for (one
+// that starts after it arrived), starting it unless a round runs: the
+// running one then starts it when it ends. c.mu is held.
+func (e *Engine) joinRoundLocked() *catchUpRound {
+	c := &e.catchUps
+	if c.next == nil {
+		c.next = &catchUpRound{done: make(chan struct{})}
+	}
+	r := c.next
+	if !c.running {
+		c.running = true
+		c.busy.Store(true)
+		c.next = nil
+		go e.runCatchUps(r)
+	}
+	return r
 }
 
 // runCatchUps runs round r, then the rounds misses queued meanwhile, until
@@ -79,6 +94,7 @@ func (e *Engine) runCatchUps(r *catchUpRound) {
 		c.next = nil
 		if r == nil {
 			c.running = false
+			c.busy.Store(false)
 			c.mu.Unlock()
 			return
 		}

@@ -96,17 +96,14 @@ func (e *Engine) Vouch() (caughtUp bool, err error) { return e.vouch() }
 // refreshVouch starts a catch-up round unless one runs, without waiting.
 func (e *Engine) refreshVouch() {
 	c := &e.catchUps
+	if c.busy.Load() {
+		return // the round running now extends the window
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.running {
-		return
+	if !c.running {
+		e.joinRoundLocked()
 	}
-	r := c.next
-	if r == nil {
-		r = &catchUpRound{done: make(chan struct{})}
-	}
-	c.running, c.next = true, nil
-	go e.runCatchUps(r)
 }
 
 // vouchVerdict is what a deduct's definite negative answer may do.
