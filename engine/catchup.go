@@ -38,12 +38,22 @@ type catchUps struct {
 type catchUpRound struct {
 	done chan struct{}
 	err  error
+	// lease: the leader may vouch on its lease (LeaseReadIndex) rather
+	// than a quorum round; only rounds that vouch.go starts for itself
+	// and that nobody else waits for.
+	lease bool
 }
 
 // catchUp returns once this node's ledger holds every write the cluster
 // acknowledged before the call, or an error (no leader, no quorum, the
 // wait ran out). A node without a cluster is always caught up.
 func (e *Engine) catchUp(ctx context.Context) error {
+	return e.catchUpWith(ctx, false)
+}
+
+// catchUpWith is catchUp; with lease the round may rest on the leader's
+// lease (a vouch; catchUpRound.lease).
+func (e *Engine) catchUpWith(ctx context.Context, lease bool) error {
 	if e.cfg.Cluster == nil {
 		return nil
 	}
@@ -51,7 +61,7 @@ func (e *Engine) catchUp(ctx context.Context) error {
 	defer cancel()
 	c := &e.catchUps
 	c.mu.Lock()
-	r := e.joinRoundLocked()
+	r := e.joinRoundLocked(lease)
 	c.mu.Unlock()
 	e.metrics.catchUps.Add(1)
 	select {
@@ -67,12 +77,13 @@ func (e *Engine) catchUp(ctx context.Context) error {
 // joinRoundLocked returns the round a caller arriving now waits for (one
 // that starts after it arrived), starting it unless a round runs: the
 // running one then starts it when it ends. c.mu is held.
-func (e *Engine) joinRoundLocked() *catchUpRound {
+func (e *Engine) joinRoundLocked(lease bool) *catchUpRound {
 	c := &e.catchUps
 	if c.next == nil {
-		c.next = &catchUpRound{done: make(chan struct{})}
+		c.next = &catchUpRound{done: make(chan struct{}), lease: lease}
 	}
 	r := c.next
+	r.lease = r.lease && lease // one caller that needs the quorum round gets it
 	if !c.running {
 		c.running = true
 		c.busy.Store(true)
@@ -87,7 +98,7 @@ func (e *Engine) joinRoundLocked() *catchUpRound {
 func (e *Engine) runCatchUps(r *catchUpRound) {
 	c := &e.catchUps
 	for {
-		r.err = e.catchUpOnce()
+		r.err = e.catchUpOnce(r.lease)
 		close(r.done)
 		c.mu.Lock()
 		r = c.next
@@ -102,12 +113,16 @@ func (e *Engine) runCatchUps(r *catchUpRound) {
 	}
 }
 
-func (e *Engine) catchUpOnce() error {
+func (e *Engine) catchUpOnce(lease bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), catchUpWait)
 	defer cancel()
 	e.metrics.catchUpRounds.Add(1)
 	started := e.mono()
-	index, err := e.cfg.Cluster.ReadIndex(ctx)
+	readIndex := e.cfg.Cluster.ReadIndex
+	if lease {
+		readIndex = e.cfg.Cluster.LeaseReadIndex
+	}
+	index, err := readIndex(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: cannot confirm with the leader: %v", ErrUnavailable, err)
 	}

@@ -200,6 +200,9 @@ type Cluster interface {
 	// before the call has reached; it may ask the leader over the network.
 	// A node that has applied it may answer "there is no such thing".
 	ReadIndex(ctx context.Context) (uint64, error)
+	// LeaseReadIndex is ReadIndex on the leader's lease instead of a
+	// quorum round (vouch.go).
+	LeaseReadIndex(ctx context.Context) (uint64, error)
 }
 
 // DefaultConfig returns the knobs for node id n1.

@@ -71,6 +71,10 @@ type stalledReads struct {
 	release chan struct{}
 }
 
+func (c *stalledReads) LeaseReadIndex(ctx context.Context) (uint64, error) {
+	return c.ReadIndex(ctx)
+}
+
 func (c *stalledReads) ReadIndex(ctx context.Context) (uint64, error) {
 	select {
 	case <-c.release:

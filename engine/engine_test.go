@@ -649,6 +649,11 @@ func (c *switchableCluster) Unreachable() map[string]time.Time { return nil }
 func (c *switchableCluster) MemberIDs() ([]string, error)      { return []string{"n1"}, nil }
 func (c *switchableCluster) VotersKnowRules(uint64) bool       { return true }
 
+// LeaseReadIndex is ReadIndex: alone, there is no quorum to ask.
+func (c *switchableCluster) LeaseReadIndex(ctx context.Context) (uint64, error) {
+	return c.ReadIndex(ctx)
+}
+
 // ReadIndex: alone, the node's own ledger holds every write.
 func (c *switchableCluster) ReadIndex(context.Context) (uint64, error) {
 	if !c.healthy.Load() {

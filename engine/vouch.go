@@ -21,7 +21,7 @@ import (
 //     A follower vouches for vouchFor after a catch-up round that started
 //     then (it asked the leader for a read index and applied it): the
 //     round covers every write acknowledged before it started. Under load
-//     a round runs in the background as the window nears its end, so
+//     a round runs in the background once half the window is left, so
 //     buyers do not wait for one.
 //   - A write that can make such an answer untrue (restock, cancel,
 //     confirm) is answered ackHold after it applied, on a cluster of more
@@ -32,7 +32,7 @@ import (
 // apart over ackHold (ackHold is vouchFor and a quarter), as a raft
 // leader's lease does.
 const (
-	vouchFor = 20 * time.Millisecond
+	vouchFor = 40 * time.Millisecond
 	ackHold  = vouchFor + vouchFor/4
 )
 
@@ -66,7 +66,10 @@ func (e *Engine) vouchedNow() bool {
 	if now >= until {
 		return false
 	}
-	if now > until-int64(vouchFor)/4 {
+	if now > until-int64(vouchFor)/2 {
+		// Half the window left: the next round starts now, so that it
+		// ends before this window does even on a busy machine (a lapsed
+		// window makes the buyers behind it wait for a round).
 		e.refreshVouch()
 	}
 	return true
@@ -83,7 +86,7 @@ func (e *Engine) vouch() (caughtUp bool, err error) {
 	if e.commitBlocked.Load() {
 		return false, fmt.Errorf("%w: this node reaches no leader and cannot tell whether other nodes changed this since", ErrUnavailable)
 	}
-	if err := e.catchUp(context.Background()); err != nil {
+	if err := e.catchUpWith(context.Background(), true); err != nil {
 		return true, err
 	}
 	return true, nil
@@ -102,7 +105,7 @@ func (e *Engine) refreshVouch() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.running {
-		e.joinRoundLocked()
+		e.joinRoundLocked(true)
 	}
 }
 

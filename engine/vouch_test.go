@@ -19,6 +19,10 @@ type followerCluster struct {
 
 func (c *followerCluster) IsLeader() bool               { return false }
 func (c *followerCluster) MemberIDs() ([]string, error) { return []string{"n1", "n2", "n3"}, nil }
+func (c *followerCluster) LeaseReadIndex(ctx context.Context) (uint64, error) {
+	return c.ReadIndex(ctx)
+}
+
 func (c *followerCluster) ReadIndex(context.Context) (uint64, error) {
 	c.rounds.Add(1)
 	if c.cut.Load() {

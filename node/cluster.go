@@ -34,7 +34,10 @@ var _ httpapi.Peers = nodePeers{}
 type peerView struct{ c *clusterView }
 
 func (v peerView) Status() any { return v.c.Status() }
-func (v peerView) LeaderReadIndex(ctx context.Context) (uint64, error) {
+func (v peerView) LeaderReadIndex(ctx context.Context, lease bool) (uint64, error) {
+	if lease {
+		return v.c.node.LeaseReadIndex()
+	}
 	return v.c.LeaderReadIndex(ctx)
 }
 
@@ -77,7 +80,20 @@ func (c *clusterView) LeaderReadIndex(ctx context.Context) (uint64, error) {
 // the call has reached: the leader's own, or the one it answers on
 // GET /internal/v1/read-index.
 func (c *clusterView) ReadIndex(ctx context.Context) (uint64, error) {
+	return c.readIndex(ctx, false)
+}
+
+// LeaseReadIndex is ReadIndex on the leader's lease (raftnode's
+// LeaseReadIndex): no quorum round.
+func (c *clusterView) LeaseReadIndex(ctx context.Context) (uint64, error) {
+	return c.readIndex(ctx, true)
+}
+
+func (c *clusterView) readIndex(ctx context.Context, lease bool) (uint64, error) {
 	if c.node.IsLeader() {
+		if lease {
+			return c.node.LeaseReadIndex()
+		}
 		return c.node.ReadIndex(ctx)
 	}
 	id, _ := c.node.Leader()
@@ -88,7 +104,7 @@ func (c *clusterView) ReadIndex(ctx context.Context) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(d))
 	}
-	index, err := c.peers.ReadIndex(id, timeout)
+	index, err := c.peers.ReadIndex(id, timeout, lease)
 	if err != nil {
 		return 0, fmt.Errorf("ask leader %s for a read index: %w", id, err)
 	}

@@ -132,10 +132,16 @@ func (c *Client) Status(id string, timeout time.Duration, out any) error {
 }
 
 // ReadIndex asks the leader, node id, for an index every write the
-// cluster acknowledged before the call has reached.
-func (c *Client) ReadIndex(id string, timeout time.Duration) (uint64, error) {
+// cluster acknowledged before the call has reached; with lease, one it
+// vouches for on its lease instead of a quorum round (a leader of a
+// version before that ignores the argument and asks its quorum).
+func (c *Client) ReadIndex(id string, timeout time.Duration, lease bool) (uint64, error) {
 	var out readIndexJSON
-	if err := c.getJSON(id, routeReadIndex, timeout, &out); err != nil {
+	path := routeReadIndex
+	if lease {
+		path += "?" + argLease
+	}
+	if err := c.getJSON(id, path, timeout, &out); err != nil {
 		return 0, err
 	}
 	return out.Index, nil

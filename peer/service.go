@@ -25,8 +25,9 @@ type Node interface {
 	// route (httpapi.ClusterStatus).
 	Status() any
 	// LeaderReadIndex is, on the leader, an index every write the cluster
-	// acknowledged before the call has reached; an error elsewhere.
-	LeaderReadIndex(ctx context.Context) (uint64, error)
+	// acknowledged before the call has reached; an error elsewhere. With
+	// lease, on the leader's lease rather than a quorum round.
+	LeaderReadIndex(ctx context.Context, lease bool) (uint64, error)
 }
 
 // Conn is a node-to-node connection whose certificate proved which node
@@ -194,7 +195,7 @@ func (s *Service) handlePropose(ctx *fasthttp.RequestCtx) {
 func (s *Service) handleReadIndex(ctx *fasthttp.RequestCtx) {
 	wait, cancel := context.WithTimeout(context.Background(), readIndexWait)
 	defer cancel()
-	index, err := s.cfg.Node.LeaderReadIndex(wait)
+	index, err := s.cfg.Node.LeaderReadIndex(wait, ctx.QueryArgs().Has(argLease))
 	if err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "unavailable", err.Error())
 		return

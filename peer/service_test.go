@@ -20,7 +20,12 @@ func (p *countingProposals) HandleForwarded(from string, _ []byte) (int, []byte)
 type fakeNode struct{}
 
 func (fakeNode) Status() any { return map[string]string{"node_id": "n1"} }
-func (fakeNode) LeaderReadIndex(context.Context) (uint64, error) {
+
+// LeaderReadIndex answers 42 on a quorum round, 43 on the lease.
+func (fakeNode) LeaderReadIndex(_ context.Context, lease bool) (uint64, error) {
+	if lease {
+		return 43, nil
+	}
 	return 42, nil
 }
 
@@ -112,8 +117,9 @@ func TestService_ProposalsHearTheCallersName(t *testing.T) {
 func TestService_StatusAndReadIndex(t *testing.T) {
 	s := NewService(ServiceConfig{Secret: "s", Node: fakeNode{}})
 	for path, want := range map[string]string{
-		routeStatus:    `{"node_id":"n1"}` + "\n",
-		routeReadIndex: `{"index":42}` + "\n",
+		routeStatus:                     `{"node_id":"n1"}` + "\n",
+		routeReadIndex:                  `{"index":42}` + "\n",
+		routeReadIndex + "?" + argLease: `{"index":43}` + "\n",
 	} {
 		ctx := newCtx("GET", path, nil, headerSecret, "s")
 		s.Handle(ctx)

@@ -32,6 +32,9 @@ const (
 	routePropose   = RoutePrefix + "propose"
 	routeStatus    = RoutePrefix + "status"
 	routeReadIndex = RoutePrefix + "read-index"
+	// argLease asks the read index route for the leader's lease instead
+	// of a quorum round.
+	argLease = "lease"
 )
 
 // Headers every node-to-node call carries.

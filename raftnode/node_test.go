@@ -295,3 +295,35 @@ func TestNode_CommittedProposalCutOffByShutdownIsOutcomeUnknown(t *testing.T) {
 		t.Fatal("no committed proposal was cut off by the shutdown: the test did not exercise it")
 	}
 }
+
+// TestNode_ReadIndexOnTheQuorumAndOnTheLease: a leader of a caught-up term
+// answers both with its applied index, which holds a write it just
+// applied; a leader that has stepped down answers neither.
+func TestNode_ReadIndexOnTheQuorumAndOnTheLease(t *testing.T) {
+	n, l := startTestNode(t, t.TempDir())
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 3}})
+	applied := l.AppliedIndex()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	quorum, err := n.ReadIndex(ctx)
+	if err != nil || quorum < applied {
+		t.Fatalf("ReadIndex: %d %v, want at least %d", quorum, err, applied)
+	}
+	lease, err := n.LeaseReadIndex()
+	if err != nil || lease < applied {
+		t.Fatalf("LeaseReadIndex: %d %v, want at least %d", lease, err, applied)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.LeaseReadIndex(); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("LeaseReadIndex after shutdown: %v, want ErrNotLeader", err)
+	}
+	if _, err := n.ReadIndex(ctx); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("ReadIndex after shutdown: %v, want ErrNotLeader", err)
+	}
+	checkAudit(t, l, "a")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
