@@ -20,7 +20,10 @@ import (
 //     quorum steps down within its lease, before another can be elected.
 //     A follower vouches for vouchFor after a catch-up round that started
 //     then (it asked the leader for a read index and applied it): the
-//     round covers every write acknowledged before it started. Under load
+//     round covers every write acknowledged before it started. Its rounds
+//     ask for the index the leader vouches for on its lease (the same
+//     argument), not a quorum round, so a window costs the leader nothing
+//     but the question. Under load
 //     a round runs in the background once half the window is left, so
 //     buyers do not wait for one.
 //   - A write that can make such an answer untrue (restock, cancel,
