@@ -736,13 +736,11 @@ func (c *upgradingCluster) VotersKnowRules(uint64) bool {
 	return c.votersKnow.Load()
 }
 
-// TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem: during a rolling
-// upgrade the ledger keeps its rules (request ids global: the id names
-// alice's order whoever sends it), but no answer hands alice's order to
-// bob: he gets request_id_reused and nothing is sold to him. Once every
-// voter knows the new rules the leader switches them through the log, and
-// the same call is then another user's own request.
-func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
+// startUpgradingWithAlice starts a node whose voters do not know the
+// newest rules (its ledger keeps the first ones) with sale "a" of 10
+// units, of which alice bought one with request id r-1.
+func startUpgradingWithAlice(t *testing.T) (*testNode, *upgradingCluster, DeductResult) {
+	t.Helper()
 	cluster := &upgradingCluster{}
 	cluster.healthy.Store(true)
 	tn := startTestNode(t, t.TempDir(), func(c *Config) { c.Cluster = cluster })
@@ -753,6 +751,17 @@ func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
 	if first.Status != StatusOK {
 		t.Fatalf("alice: %s", first.Status)
 	}
+	return tn, cluster, first
+}
+
+// TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem: during a rolling
+// upgrade the ledger keeps its rules (request ids global: the id names
+// alice's order whoever sends it), but no answer hands alice's order to
+// bob: he gets request_id_reused and nothing is sold to him. Once every
+// voter knows the new rules the leader switches them through the log, and
+// the same call is then another user's own request.
+func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
+	tn, cluster, first := startUpgradingWithAlice(t)
 	waitUntil(t, "the janitor asks the voters three times", func() bool { return cluster.asked.Load() >= 3 })
 	if r := tn.ledger.Rules(); r != raftfsm.RulesGlobalRequestIDs {
 		t.Fatalf("rules switched to %d while a voter does not know them", r)
@@ -787,16 +796,7 @@ func TestEngine_RulesSwitchOnlyOnceEveryVoterKnowsThem(t *testing.T) {
 // user comes back with that user's order; the engine answers
 // request_id_reused instead and puts its unit back.
 func TestEngine_LegacyRulesTakeOfAnotherUsersIDIsRefused(t *testing.T) {
-	cluster := &upgradingCluster{}
-	cluster.healthy.Store(true)
-	tn := startTestNode(t, t.TempDir(), func(c *Config) { c.Cluster = cluster })
-	if _, err := tn.engine.CreateSale("a", SaleSpec{Total: 10}); err != nil {
-		t.Fatal(err)
-	}
-	first := tn.deduct("a", "alice", "r-1", 1, false)
-	if first.Status != StatusOK {
-		t.Fatalf("alice: %s", first.Status)
-	}
+	tn, _, first := startUpgradingWithAlice(t)
 	p := &pendingTake{sale: tn.engine.lookupSale([]byte("a")), entry: command.TakeEntry{SKU: "a", User: "bob", RequestID: "r-1", Qty: 1, OrderID: "n1-x-1"}}
 	before := p.sale.buckets.Units()
 	tn.engine.settle(p, raftfsm.TakeResult{Outcome: raftfsm.OutcomeSame, Order: first.Order}, instant{now: time.Now(), real: time.Now()})

@@ -41,6 +41,16 @@ func (c procCaller) deduct(id, sku, user, requestID string) (int, string, map[st
 	return code, errCode, out
 }
 
+// mustDeduct is deduct that fails the test unless it is answered 200.
+func (c procCaller) mustDeduct(id, sku, user, requestID, what string) map[string]any {
+	c.t.Helper()
+	code, _, out := c.deduct(id, sku, user, requestID)
+	if code != 200 {
+		c.t.Fatalf("%s: %s answered %d %v", what, id, code, out)
+	}
+	return out
+}
+
 func (c procCaller) mustWrite(id, method, path, body string) map[string]any {
 	c.t.Helper()
 	code, out := c.call(id, method, path, body)
@@ -103,11 +113,7 @@ func TestMultiProcess_AnswersStayTrueAfterAWriteElsewhere(t *testing.T) {
 
 	t.Run("cancel then deduct on another node", func(t *testing.T) {
 		c := procCaller{t, p}
-		code, _, out := c.deduct(ids[0], "cancelled", "holder-0", "r")
-		if code != 200 {
-			t.Fatalf("first hold: %d %v", code, out)
-		}
-		held := out["order_id"].(string)
+		held := c.mustDeduct(ids[0], "cancelled", "holder-0", "r", "first hold")["order_id"].(string)
 		for i := range truthRounds {
 			writer, buyer, reader := node(i), node(i+1), node(i+2)
 			if code, e, out := c.deduct(buyer, "cancelled", fmt.Sprintf("probe-%d", i), "p"); code != 409 || e != "sold_out" {
@@ -131,10 +137,7 @@ func TestMultiProcess_AnswersStayTrueAfterAWriteElsewhere(t *testing.T) {
 		for i := range truthRounds {
 			first, buyer, canceller := node(i), node(i+1), node(i+2)
 			user := fmt.Sprintf("u-%d", i)
-			code, _, out := c.deduct(first, "peruser", user, "r-1")
-			if code != 200 {
-				t.Fatalf("round %d: first hold: %d %v", i, code, out)
-			}
+			out := c.mustDeduct(first, "peruser", user, "r-1", fmt.Sprintf("round %d: first hold", i))
 			if code, e, out := c.deduct(buyer, "peruser", user, "r-2"); code != 409 || e != "user_limit" {
 				t.Fatalf("round %d: second unit while the first is held: %s answered %d %v, want user_limit", i, buyer, code, out)
 			}
@@ -152,9 +155,9 @@ func TestMultiProcess_AnswersStayTrueAfterAWriteElsewhere(t *testing.T) {
 		for i := range truthRounds {
 			buyer, reader, confirmer := node(i), node(i+1), node(i+2)
 			user := fmt.Sprintf("c-%d", i)
-			code, _, out := c.deduct(buyer, "confirmed", user, "r")
-			if code != 200 || out["state"] != "held" {
-				t.Fatalf("round %d: hold: %d %v", i, code, out)
+			out := c.mustDeduct(buyer, "confirmed", user, "r", fmt.Sprintf("round %d: hold", i))
+			if out["state"] != "held" {
+				t.Fatalf("round %d: hold: %v", i, out)
 			}
 			id := out["order_id"].(string)
 			if code, o := c.call(reader, "GET", "/v1/orders/"+id, ""); code != 200 || o["state"] != "held" {
@@ -178,10 +181,7 @@ func TestMultiProcess_AnswersStayTrueAfterAWriteElsewhere(t *testing.T) {
 		c := procCaller{t, p}
 		for i := range truthRounds {
 			buyer, other := node(i), node(i+1)
-			code, _, out := c.deduct(buyer, "self", fmt.Sprintf("s-%d", i), "r")
-			if code != 200 {
-				t.Fatalf("round %d: deduct on %s: %d %v", i, buyer, code, out)
-			}
+			out := c.mustDeduct(buyer, "self", fmt.Sprintf("s-%d", i), "r", fmt.Sprintf("round %d: deduct", i))
 			ack("self", out)
 			if code, sku := c.call(buyer, "GET", "/v1/skus/self", ""); code != 200 || sku["sold"].(float64) < float64(i+1) {
 				t.Fatalf("round %d: %s answered %d sales, then read the sale %d %v", i, buyer, i+1, code, sku)
