@@ -98,10 +98,11 @@ func TestMultiProcess_RollingUpgradeSwitchesTheRulesLast(t *testing.T) {
 			break
 		}
 		// Some nodes run the previous version: the ledger keeps its
-		// rules, and bob's r-1 (sent to the upgraded node) is alice's.
+		// rules, under which bob's r-1 names alice's order. The upgraded
+		// node does not hand it to him: 422, and nothing is sold.
 		code, bob := buy(id, "tablet", "bob", "r-1", 2)
-		if code != 200 || bob["order_id"] != alice["order_id"] {
-			t.Fatalf("with %d of 3 nodes upgraded, bob's r-1: %d %v, want alice's order %v", i+1, code, bob, alice["order_id"])
+		if code != 422 || bob["error"] != "request_id_reused" || bob["order_id"] != nil {
+			t.Fatalf("with %d of 3 nodes upgraded, bob's r-1: %d %v, want 422 request_id_reused (the id names alice's order %v)", i+1, code, bob, alice["order_id"])
 		}
 		if r := rulesOf(id); r != 0 {
 			t.Fatalf("with %d of 3 nodes upgraded, %s reports ledger rules %v", i+1, id, r)
