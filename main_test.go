@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 func TestApplyEnv_FlagWinsOverEnvironment(t *testing.T) {
@@ -103,13 +103,13 @@ func TestCert_SubcommandWritesACAAndANodeCertificate(t *testing.T) {
 }
 
 func TestBackup_SubcommandFetchesAndVerifies(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	c := testnode.ClientOf(n, 2)
-	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/s", `{"total":100}`); code != 201 {
+	n := nodetest.StartNode(t, t.TempDir())
+	c := nodetest.ClientOf(n, 2)
+	if code, out := nodetest.Call(t, c, "PUT", "/v1/skus/s", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
 	for i := range 20 {
-		if code, out := testnode.Call(t, c, "POST", "/v1/skus/s/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
+		if code, out := nodetest.Call(t, c, "POST", "/v1/skus/s/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
 			t.Fatalf("deduct: %d %v", code, out)
 		}
 	}
@@ -152,9 +152,9 @@ func TestBackup_SubcommandFetchesAndVerifies(t *testing.T) {
 }
 
 func TestRestore_SubcommandRefusesAndBuilds(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	c := testnode.ClientOf(n, 2)
-	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/s", `{"total":100}`); code != 201 {
+	n := nodetest.StartNode(t, t.TempDir())
+	c := nodetest.ClientOf(n, 2)
+	if code, out := nodetest.Call(t, c, "PUT", "/v1/skus/s", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
 	dir := t.TempDir()
@@ -208,7 +208,7 @@ func TestRestore_SubcommandRefusesAndBuilds(t *testing.T) {
 }
 
 func TestHealth_SaysReadyOrWhyNot(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
+	n := nodetest.StartNode(t, t.TempDir())
 	f := func(wantCode int, want string, args ...string) {
 		t.Helper()
 		var stdout, stderr bytes.Buffer

@@ -10,22 +10,22 @@ import (
 	"time"
 
 	"stockd/feed"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // TestFeed_ThroughAFollowerOfARealCluster: the consumer reads a three-node
 // cluster's feed through a follower. It prints each sale's event once,
 // in the feed's order, and its acknowledgement reaches every node.
 func TestFeed_ThroughAFollowerOfARealCluster(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader, follower := c.Leader(), c.Follower()
-	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/cap", `{"total":20}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(leader), "PUT", "/v1/skus/cap", `{"total":20}`); code != 201 {
 		t.Fatalf("create: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, c, "cap")
+	nodetest.WaitSaleEverywhere(t, c, "cap")
 	orders := map[string]bool{}
 	for b := range 12 {
-		code, body := testnode.Call(t, c.Client(c.NodeIDs()[b%3]), "POST", "/v1/skus/cap/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
+		code, body := nodetest.Call(t, c.Client(c.NodeIDs()[b%3]), "POST", "/v1/skus/cap/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
 		if code != 200 {
 			t.Fatalf("deduct %d: %d %v", b, code, body)
 		}
@@ -54,11 +54,11 @@ func TestFeed_ThroughAFollowerOfARealCluster(t *testing.T) {
 		last = e.Cursor
 	}
 	for _, id := range c.NodeIDs() {
-		testnode.WaitFor(t, 10*time.Second, "the acknowledgement on "+id, func() bool {
-			_, st := testnode.CallQuiet(c.Client(id), "GET", "/v1/consumers", "")
+		nodetest.WaitFor(t, 10*time.Second, "the acknowledgement on "+id, func() bool {
+			_, st := nodetest.CallQuiet(c.Client(id), "GET", "/v1/consumers", "")
 			cs, _ := st["consumers"].([]any)
 			return len(cs) == 1 && cs[0].(map[string]any)["cursor"] == last
 		})
-		testnode.CheckLedger(t, c.Client(id), "cap")
+		nodetest.CheckLedger(t, c.Client(id), "cap")
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // TestCluster_AFollowerForwardsAndTheLeaderDiesMidSale: three nodes over
@@ -14,16 +14,16 @@ import (
 // Every order a buyer was told about is on every node, each once, and the
 // ledger's law holds everywhere.
 func TestCluster_AFollowerForwardsAndTheLeaderDiesMidSale(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader, follower := c.Leader(), c.Follower()
-	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/skus/mug", `{"total":40}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(follower), "PUT", "/v1/skus/mug", `{"total":40}`); code != 201 {
 		t.Fatalf("create through a follower: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, c, "mug")
+	nodetest.WaitSaleEverywhere(t, c, "mug")
 	acked := map[string]int{} // order id -> buyer
 	buy := func(via string, from, to int) {
 		for b := from; b < to; b++ {
-			code, body := testnode.CallQuiet(c.Client(via), "POST", "/v1/skus/mug/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
+			code, body := nodetest.CallQuiet(c.Client(via), "POST", "/v1/skus/mug/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
 			if code != 200 {
 				continue // 503 while the cluster elects; the buyer may retry
 			}
@@ -36,19 +36,19 @@ func TestCluster_AFollowerForwardsAndTheLeaderDiesMidSale(t *testing.T) {
 	}
 	buy(follower, 0, 15)
 	c.Crash(leader)
-	testnode.WaitFor(t, 20*time.Second, "a new leader", func() bool { l := c.Leader(); return l != "" && l != leader })
+	nodetest.WaitFor(t, 20*time.Second, "a new leader", func() bool { l := c.Leader(); return l != "" && l != leader })
 	buy(follower, 15, 30)
 	c.Start(leader, nil)
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 	buy(leader, 30, 50)
 	if len(acked) < 15 || len(acked) > 40 {
 		t.Fatalf("%d orders acknowledged of 40 units for 50 buyers", len(acked))
 	}
 	var sold []float64
-	testnode.WaitFor(t, 20*time.Second, "every node at the same count", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "every node at the same count", func() bool {
 		sold = sold[:0]
 		for _, id := range c.NodeIDs() {
-			_, a := testnode.CallQuiet(c.Client(id), "GET", "/v1/skus/mug/audit", "")
+			_, a := nodetest.CallQuiet(c.Client(id), "GET", "/v1/skus/mug/audit", "")
 			if a == nil {
 				return false
 			}
@@ -57,9 +57,9 @@ func TestCluster_AFollowerForwardsAndTheLeaderDiesMidSale(t *testing.T) {
 		return sold[0] == sold[1] && sold[1] == sold[2] && sold[0] >= float64(len(acked))
 	})
 	for _, id := range c.NodeIDs() {
-		testnode.CheckLedger(t, c.Client(id), "mug")
+		nodetest.CheckLedger(t, c.Client(id), "mug")
 		for order := range acked {
-			if code, body := testnode.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, ""); code != 200 || body["state"] != "sold" {
+			if code, body := nodetest.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, ""); code != 200 || body["state"] != "sold" {
 				t.Fatalf("acknowledged order %s on %s: %d %v", order, id, code, body)
 			}
 		}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 )
 
 // openLoad sends deducts at a fixed rate, whatever the answers (an open
@@ -36,7 +36,7 @@ func openLoad(c *fasthttp.HostClient, sku string, perSecond, total int) []loadAn
 		go func() {
 			defer wg.Done()
 			start := time.Now()
-			code, body := testnode.CallWithin(c, 20*time.Second, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"open-%d"}`, i, i))
+			code, body := nodetest.CallWithin(c, 20*time.Second, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"open-%d"}`, i, i))
 			a := loadAnswer{code: code, took: time.Since(start)}
 			if body != nil {
 				a.errCode, _ = body["error"].(string)
@@ -58,7 +58,7 @@ func TestAdmission_ASlowLedgerTurnsIntoFast429sNotTimeouts(t *testing.T) {
 	const rate, total = 600, 2400
 	for _, adaptive := range []bool{true, false} {
 		t.Run(fmt.Sprintf("adaptive=%v", adaptive), func(t *testing.T) {
-			cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+			cfg := nodetest.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
 			cfg.FaultApplyDelay = 50 * time.Millisecond
 			cfg.Engine.TakeBatchBytesMax = 1 << 10 // about a dozen takes a batch
 			cfg.Engine.CommitWait = 2 * time.Second
@@ -71,9 +71,9 @@ func TestAdmission_ASlowLedgerTurnsIntoFast429sNotTimeouts(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { n.Stop(context.Background()) })
-			cl := testnode.ClientOf(n, 1024)
-			testnode.WaitFor(t, 10*time.Second, "node ready", func() bool { code, _ := testnode.Call(t, cl, "GET", "/readyz", ""); return code == 200 })
-			if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/slow", `{"total":100000}`); code != 201 {
+			cl := nodetest.ClientOf(n, 1024)
+			nodetest.WaitFor(t, 10*time.Second, "node ready", func() bool { code, _ := nodetest.Call(t, cl, "GET", "/readyz", ""); return code == 200 })
+			if code, body := nodetest.Call(t, cl, "PUT", "/v1/skus/slow", `{"total":100000}`); code != 201 {
 				t.Fatalf("create sale: %d %v", code, body)
 			}
 			answers := openLoad(cl, "slow", rate, total)
@@ -135,7 +135,7 @@ func TestAdmission_ASlowLedgerTurnsIntoFast429sNotTimeouts(t *testing.T) {
 				}
 			}
 			// Whatever was answered, the ledger holds every acknowledged order once.
-			a := testnode.CheckLedger(t, cl, "slow")
+			a := nodetest.CheckLedger(t, cl, "slow")
 			if a["sold"].(float64) < float64(len(won)) {
 				t.Fatalf("%d orders acknowledged, the ledger sold %v", len(won), a["sold"])
 			}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // stockdCmd runs the stockd binary bin with args and fails the test with
@@ -40,10 +40,10 @@ func TestMultiProcess_BackupRestore(t *testing.T) {
 	bin := buildStockd(t, t.TempDir())
 	src := startProcClusterOf(t, bin)
 	leader := src.Leader()
-	if code, out := testnode.Call(t, src.Client(leader), "PUT", "/v1/skus/bk", fmt.Sprintf(`{"total":%d,"per_user":1}`, units)); code != 201 {
+	if code, out := nodetest.Call(t, src.Client(leader), "PUT", "/v1/skus/bk", fmt.Sprintf(`{"total":%d,"per_user":1}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
-	testnode.WaitSaleEverywhere(t, src, "bk")
+	nodetest.WaitSaleEverywhere(t, src, "bk")
 
 	var mu sync.Mutex
 	acked := map[string]string{} // order id -> user, in the order answered
@@ -58,7 +58,7 @@ func TestMultiProcess_BackupRestore(t *testing.T) {
 			for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
 				b := next.Add(1)
 				user := fmt.Sprintf("u%d", b)
-				code, out := testnode.CallQuiet(c, "POST", "/v1/skus/bk/deduct", fmt.Sprintf(`{"user":%q,"request_id":"r%d"}`, user, b))
+				code, out := nodetest.CallQuiet(c, "POST", "/v1/skus/bk/deduct", fmt.Sprintf(`{"user":%q,"request_id":"r%d"}`, user, b))
 				switch {
 				case code == 200:
 					mu.Lock()
@@ -78,14 +78,14 @@ func TestMultiProcess_BackupRestore(t *testing.T) {
 		defer mu.Unlock()
 		return append([]string(nil), ackedOrder...)
 	}
-	testnode.WaitFor(t, time.Minute, "1,500 wins", func() bool { return len(snapshot()) >= 1500 })
+	nodetest.WaitFor(t, time.Minute, "1,500 wins", func() bool { return len(snapshot()) >= 1500 })
 	// A consumer acknowledges a cursor before the backups.
 	_, page, body := readEvents(src.Client(leader), "0", 100, 0)
 	if len(page.Events) != 100 {
 		t.Fatalf("the feed's first page: %s", body)
 	}
 	ackAt := page.Events[99].Cursor
-	if code, out := testnode.Call(t, src.Client(leader), "PUT", "/v1/consumers/shop", fmt.Sprintf(`{"cursor":%q}`, ackAt)); code != 200 {
+	if code, out := nodetest.Call(t, src.Client(leader), "PUT", "/v1/consumers/shop", fmt.Sprintf(`{"cursor":%q}`, ackAt)); code != 200 {
 		t.Fatalf("ack: %d %v", code, out)
 	}
 
@@ -125,7 +125,7 @@ func TestMultiProcess_BackupRestore(t *testing.T) {
 	if n := failed.Load(); n > 0 {
 		t.Fatalf("%d deducts failed", n)
 	}
-	final := testnode.CheckLedger(t, src.Client(leader), "bk")
+	final := nodetest.CheckLedger(t, src.Client(leader), "bk")
 	if final["sold"].(float64) != units || len(acked) != units {
 		t.Fatalf("the sale ended with %v sold and %d wins acknowledged, want %d", final["sold"], len(acked), units)
 	}
@@ -147,13 +147,13 @@ func TestMultiProcess_BackupRestore(t *testing.T) {
 		dst.startAll()
 		dl := dst.Leader()
 		for _, id := range dst.ids {
-			a := testnode.CheckLedger(t, dst.Client(id), "bk")
+			a := nodetest.CheckLedger(t, dst.Client(id), "bk")
 			if a["sold"].(float64) != float64(want.Sold) || a["orders"].(float64) != float64(want.Sold) || a["total"].(float64) != units {
 				t.Fatalf("%s restored, %s: %v; the backup at %d sold %d", b.name, id, a, h.AppliedIndex, want.Sold)
 			}
 		}
 		for _, id := range b.before {
-			if code, o := testnode.Call(t, dst.Client(dl), "GET", "/v1/orders/"+id, ""); code != 200 || o["state"] != "sold" || o["user"] != acked[id] {
+			if code, o := nodetest.Call(t, dst.Client(dl), "GET", "/v1/orders/"+id, ""); code != 200 || o["state"] != "sold" || o["user"] != acked[id] {
 				t.Fatalf("%s restored: order %s acknowledged before the backup: %d %v", b.name, id, code, o)
 			}
 		}
@@ -165,7 +165,7 @@ func TestMultiProcess_BackupRestore(t *testing.T) {
 		left := units - int(want.Sold)
 		won := 0
 		for i, deadline := 0, time.Now().Add(time.Minute); won < left && time.Now().Before(deadline); i++ {
-			code, out := testnode.CallQuiet(dst.Client(dst.ids[i%3]), "POST", "/v1/skus/bk/deduct", fmt.Sprintf(`{"user":"new%d","request_id":"nr%d"}`, i, i))
+			code, out := nodetest.CallQuiet(dst.Client(dst.ids[i%3]), "POST", "/v1/skus/bk/deduct", fmt.Sprintf(`{"user":"new%d","request_id":"nr%d"}`, i, i))
 			switch {
 			case code == 200:
 				won++
@@ -175,15 +175,15 @@ func TestMultiProcess_BackupRestore(t *testing.T) {
 				t.Fatalf("%s restored: deduct: %d %v", b.name, code, out)
 			}
 		}
-		if code, out := testnode.Call(t, dst.Client(dl), "POST", "/v1/skus/bk/deduct", `{"user":"one-more","request_id":"one-more"}`); won != left || code != 409 {
+		if code, out := nodetest.Call(t, dst.Client(dl), "POST", "/v1/skus/bk/deduct", `{"user":"one-more","request_id":"one-more"}`); won != left || code != 409 {
 			t.Fatalf("%s restored: %d more units sold, the backup had %d left; then %d %v", b.name, won, left, code, out)
 		}
 		for _, id := range dst.ids {
-			testnode.WaitFor(t, 10*time.Second, id+" applied the rest of the sale", func() bool {
-				_, a := testnode.CallQuiet(dst.Client(id), "GET", "/v1/skus/bk", "")
+			nodetest.WaitFor(t, 10*time.Second, id+" applied the rest of the sale", func() bool {
+				_, a := nodetest.CallQuiet(dst.Client(id), "GET", "/v1/skus/bk", "")
 				return a != nil && a["sold"] == float64(units)
 			})
-			testnode.CheckLedger(t, dst.Client(id), "bk")
+			nodetest.CheckLedger(t, dst.Client(id), "bk")
 		}
 		t.Logf("%s: restored at index %d with %d sold; sold the %d left", b.name, h.AppliedIndex, want.Sold, left)
 		dst.stopAll()

@@ -17,8 +17,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/backup"
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 	"stockd/raftfsm"
 )
 
@@ -29,11 +29,11 @@ func fetchBackup(t *testing.T, c *fasthttp.HostClient, query string) ([]byte, ui
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, "/v1/backup"+query))
+	req.SetRequestURI(nodetest.URL(c, "/v1/backup"+query))
 	if err := c.DoTimeout(req, resp, time.Minute); err != nil {
 		t.Fatalf("GET /v1/backup%s: %v", query, err)
 	}
-	testnode.Record(req, resp)
+	nodetest.Record(req, resp)
 	if resp.StatusCode() != 200 {
 		t.Fatalf("GET /v1/backup%s: %d %s", query, resp.StatusCode(), resp.Body())
 	}
@@ -81,12 +81,12 @@ func openBackup(t *testing.T, file []byte) (raftfsm.BackupHeader, *raftfsm.Ledge
 // and ends; no unit is sold twice.
 func TestBackup_MidSale(t *testing.T) {
 	const units = 6000
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader, follower := c.Leader(), c.Follower()
-	if code, out := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/bk", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, out := nodetest.Call(t, c.Client(leader), "PUT", "/v1/skus/bk", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
-	testnode.WaitSaleEverywhere(t, c, "bk")
+	nodetest.WaitSaleEverywhere(t, c, "bk")
 
 	var mu sync.Mutex
 	var acked []string // order ids, in the order their wins were answered
@@ -106,7 +106,7 @@ func TestBackup_MidSale(t *testing.T) {
 				default:
 				}
 				b := next.Add(1)
-				code, out := testnode.CallQuiet(cl, "POST", "/v1/skus/bk/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
+				code, out := nodetest.CallQuiet(cl, "POST", "/v1/skus/bk/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
 				switch {
 				case code == 200:
 					mu.Lock()
@@ -125,7 +125,7 @@ func TestBackup_MidSale(t *testing.T) {
 		defer mu.Unlock()
 		return append([]string(nil), acked...)
 	}
-	testnode.WaitFor(t, 30*time.Second, "a thousand wins", func() bool { return len(ackedSoFar()) >= 1000 })
+	nodetest.WaitFor(t, 30*time.Second, "a thousand wins", func() bool { return len(ackedSoFar()) >= 1000 })
 
 	type taken struct {
 		name   string
@@ -154,7 +154,7 @@ func TestBackup_MidSale(t *testing.T) {
 	if n := failed.Load(); n > 0 {
 		t.Fatalf("%d deducts failed", n)
 	}
-	final := testnode.CheckLedger(t, c.Client(leader), "bk")
+	final := nodetest.CheckLedger(t, c.Client(leader), "bk")
 	if final["sold"].(float64) != units {
 		t.Fatalf("the sale ended with %v sold, want %d", final["sold"], units)
 	}
@@ -190,31 +190,31 @@ func TestBackup_MidSale(t *testing.T) {
 		t.Fatalf("%d wins acknowledged, %d sold", len(seen), units)
 	}
 	for _, id := range c.IDs {
-		testnode.CheckLedger(t, c.Client(id), "bk")
+		nodetest.CheckLedger(t, c.Client(id), "bk")
 	}
 }
 
 // TestBackup_NeedsTheAdminToken: a node with an admin token gives a
 // backup to no one else.
 func TestBackup_NeedsTheAdminToken(t *testing.T) {
-	n := testnode.StartNodeWith(t, t.TempDir(), func(cfg *node.Config) { cfg.HTTP.AdminToken = "admin-secret" })
-	c := testnode.ClientOf(n, 2)
-	if code, out := testnode.Call(t, c, "GET", "/v1/backup", ""); code != 401 || out["error"] != "unauthorized" {
+	n := nodetest.StartNodeWith(t, t.TempDir(), func(cfg *node.Config) { cfg.HTTP.AdminToken = "admin-secret" })
+	c := nodetest.ClientOf(n, 2)
+	if code, out := nodetest.Call(t, c, "GET", "/v1/backup", ""); code != 401 || out["error"] != "unauthorized" {
 		t.Fatalf("a backup without the admin token: %d %v", code, out)
 	}
-	if code, out := testnode.Call(t, c, "POST", "/v1/backup", ""); code != 405 {
+	if code, out := nodetest.Call(t, c, "POST", "/v1/backup", ""); code != 405 {
 		t.Fatalf("POST /v1/backup: %d %v", code, out)
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	for _, q := range []string{"?catch_up=maybe", ""} {
-		req.SetRequestURI(testnode.URL(c, "/v1/backup"+q))
+		req.SetRequestURI(nodetest.URL(c, "/v1/backup"+q))
 		req.Header.Set("Authorization", "Bearer admin-secret")
 		if err := c.Do(req, resp); err != nil {
 			t.Fatal(err)
 		}
-		testnode.Record(req, resp)
+		nodetest.Record(req, resp)
 		want := 200
 		if q != "" {
 			want = 400
@@ -236,19 +236,19 @@ func TestBackup_NeedsTheAdminToken(t *testing.T) {
 // sells; a consumer resumes at its cursor, and a cursor from the source
 // past the backup gets 410.
 func TestRestore_BackupIntoANewCluster(t *testing.T) {
-	src := testnode.StartCluster(t)
+	src := nodetest.StartCluster(t)
 	lc := src.Client(src.Leader())
-	if code, out := testnode.Call(t, lc, "PUT", "/v1/skus/rs", `{"total":500,"per_user":2}`); code != 201 {
+	if code, out := nodetest.Call(t, lc, "PUT", "/v1/skus/rs", `{"total":500,"per_user":2}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
-	if code, out := testnode.Call(t, lc, "PUT", "/v1/skus/held", `{"total":50,"hold_ttl":"10m"}`); code != 201 {
+	if code, out := nodetest.Call(t, lc, "PUT", "/v1/skus/held", `{"total":50,"hold_ttl":"10m"}`); code != 201 {
 		t.Fatalf("create held sale: %d %v", code, out)
 	}
-	testnode.WaitSaleEverywhere(t, src, "rs")
-	testnode.WaitSaleEverywhere(t, src, "held")
+	nodetest.WaitSaleEverywhere(t, src, "rs")
+	nodetest.WaitSaleEverywhere(t, src, "held")
 	orders := map[string]string{} // request id -> order id, won before the backup
 	deduct := func(c *fasthttp.HostClient, sku, user, rid string) (int, map[string]any) {
-		return testnode.Call(t, c, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":%q,"request_id":%q}`, user, rid))
+		return nodetest.Call(t, c, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":%q,"request_id":%q}`, user, rid))
 	}
 	for i := range 60 {
 		c := src.Client(src.IDs[i%3])
@@ -264,19 +264,19 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 	} else {
 		heldOrder = out["order_id"].(string)
 	}
-	_, heldBefore := testnode.Call(t, lc, "GET", "/v1/orders/"+heldOrder, "")
+	_, heldBefore := nodetest.Call(t, lc, "GET", "/v1/orders/"+heldOrder, "")
 	// A consumer acknowledges a cursor before the backup.
 	_, page, body := readEvents(lc, "0", 10, 0)
 	if len(page.Events) != 10 {
 		t.Fatalf("the feed's first page: %s", body)
 	}
 	ackAt := page.Events[9].Cursor
-	if code, out := testnode.Call(t, lc, "PUT", "/v1/consumers/shop", fmt.Sprintf(`{"cursor":%q}`, ackAt)); code != 200 {
+	if code, out := nodetest.Call(t, lc, "PUT", "/v1/consumers/shop", fmt.Sprintf(`{"cursor":%q}`, ackAt)); code != 200 {
 		t.Fatalf("ack: %d %v", code, out)
 	}
 
 	file, index := fetchBackup(t, src.Client(src.Follower()), "?catch_up=true")
-	_, srcRow := testnode.Call(t, lc, "GET", "/v1/skus/rs", "")
+	_, srcRow := nodetest.Call(t, lc, "GET", "/v1/skus/rs", "")
 	// The source sells on after the backup: none of this is in the copy.
 	for i := range 20 {
 		if code, out := deduct(lc, "rs", fmt.Sprintf("late%d", i), fmt.Sprintf("late-r%d", i)); code != 200 {
@@ -290,21 +290,21 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 	if err := os.WriteFile(backupPath, file, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dst := testnode.StartClusterPrepared(t, 3, restoreEach(t, backupPath, nil), nil)
+	dst := nodetest.StartClusterPrepared(t, 3, restoreEach(t, backupPath, nil), nil)
 	dc := dst.Client(dst.Leader())
 
 	// The state at the backup's index, on every node.
 	for _, id := range dst.IDs {
 		c := dst.Client(id)
-		_, row := testnode.Call(t, c, "GET", "/v1/skus/rs", "")
+		_, row := nodetest.Call(t, c, "GET", "/v1/skus/rs", "")
 		if row["sold"] != srcRow["sold"] || row["total"] != srcRow["total"] || row["held"] != srcRow["held"] {
 			t.Fatalf("%s: restored %v, the source at the backup %v", id, row, srcRow)
 		}
-		a := testnode.CheckLedger(t, c, "rs")
+		a := nodetest.CheckLedger(t, c, "rs")
 		if a["orders"].(float64) != float64(len(orders)) {
 			t.Fatalf("%s: %v orders restored, want %d", id, a["orders"], len(orders))
 		}
-		testnode.CheckLedger(t, c, "held")
+		nodetest.CheckLedger(t, c, "held")
 	}
 	// Every request id answers its order; a late one of the source is new here.
 	for rid, oid := range orders {
@@ -319,12 +319,12 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 		t.Fatalf("u0's third unit: %d %v, want 409 user_limit", code, out)
 	}
 	// The hold kept its deadline.
-	_, heldAfter := testnode.Call(t, dc, "GET", "/v1/orders/"+heldOrder, "")
+	_, heldAfter := nodetest.Call(t, dc, "GET", "/v1/orders/"+heldOrder, "")
 	if heldAfter["state"] != "held" || heldAfter["expires_at"] != heldBefore["expires_at"] {
 		t.Fatalf("the held order restored as %v, was %v", heldAfter, heldBefore)
 	}
 	// The consumer's cursor came along and resumes.
-	_, cons := testnode.Call(t, dc, "GET", "/v1/consumers", "")
+	_, cons := nodetest.Call(t, dc, "GET", "/v1/consumers", "")
 	if !strings.Contains(fmt.Sprint(cons), ackAt) {
 		t.Fatalf("consumers after the restore: %v, want shop at %s", cons, ackAt)
 	}
@@ -356,7 +356,7 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 			t.Fatalf("a deduct on the restored cluster: %d %v", code, out)
 		}
 	}
-	a := testnode.CheckLedger(t, dc, "rs")
+	a := nodetest.CheckLedger(t, dc, "rs")
 	for n := range a["leased"].(map[string]any) {
 		if !slices.Contains(dst.IDs, n) {
 			t.Fatalf("units leased to %s, not a node of the restored cluster: %v", n, a)
@@ -366,7 +366,7 @@ func TestRestore_BackupIntoANewCluster(t *testing.T) {
 		t.Fatalf("sold %v after 30 more, the backup had %v", a["sold"], srcRow["sold"])
 	}
 	for _, id := range dst.IDs {
-		testnode.CheckLedger(t, dst.Client(id), "rs")
+		nodetest.CheckLedger(t, dst.Client(id), "rs")
 	}
 }
 
@@ -379,12 +379,12 @@ func TestBackup_Scheduled(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "backups")
 	full := &atomic.Bool{}
 	logs := &logBuffer{}
-	n := testnode.StartNodeWith(t, t.TempDir(), func(cfg *node.Config) {
+	n := nodetest.StartNodeWith(t, t.TempDir(), func(cfg *node.Config) {
 		cfg.Backups = node.BackupSchedule{Dir: dir, Interval: 150 * time.Millisecond, Keep: keep, FaultFull: full}
 		cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
-	c := testnode.ClientOf(n, 8)
-	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/sch", `{"total":1000000}`); code != 201 {
+	c := nodetest.ClientOf(n, 8)
+	if code, out := nodetest.Call(t, c, "PUT", "/v1/skus/sch", `{"total":1000000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
 	var wins, failed atomic.Int64
@@ -399,7 +399,7 @@ func TestBackup_Scheduled(t *testing.T) {
 				return
 			default:
 			}
-			switch code, _ := testnode.CallQuiet(c, "POST", "/v1/skus/sch/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code {
+			switch code, _ := nodetest.CallQuiet(c, "POST", "/v1/skus/sch/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code {
 			case 200:
 				wins.Add(1)
 			case 429:
@@ -443,7 +443,7 @@ func TestBackup_Scheduled(t *testing.T) {
 			last = h.AppliedIndex
 		}
 	}
-	testnode.WaitFor(t, 30*time.Second, "six scheduled backups", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "six scheduled backups", func() bool {
 		return metricFloat(t, c, "stockd_backups_total") >= 6
 	})
 	checkFiles("after six backups")
@@ -454,10 +454,10 @@ func TestBackup_Scheduled(t *testing.T) {
 	// The backup disk fills up.
 	full.Store(true)
 	failuresBefore, winsBefore := metricFloat(t, c, "stockd_backup_failures_total"), wins.Load()
-	testnode.WaitFor(t, 30*time.Second, "three failed backups", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "three failed backups", func() bool {
 		return metricFloat(t, c, "stockd_backup_failures_total") >= failuresBefore+3
 	})
-	testnode.WaitFor(t, 30*time.Second, "deducts while the backup disk is full", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "deducts while the backup disk is full", func() bool {
 		return wins.Load() > winsBefore+100
 	})
 	if !strings.Contains(logs.String(), "scheduled backup failed; the sale goes on") || !strings.Contains(logs.String(), "no space left on device") {
@@ -466,7 +466,7 @@ func TestBackup_Scheduled(t *testing.T) {
 	checkFiles("while the disk is full")
 	full.Store(false)
 	takenBefore := metricFloat(t, c, "stockd_backups_total")
-	testnode.WaitFor(t, 30*time.Second, "a backup once there is room", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "a backup once there is room", func() bool {
 		return metricFloat(t, c, "stockd_backups_total") > takenBefore
 	})
 	close(stop)
@@ -475,7 +475,7 @@ func TestBackup_Scheduled(t *testing.T) {
 	if n := failed.Load(); n > 0 {
 		t.Fatalf("%d deducts failed", n)
 	}
-	a := testnode.CheckLedger(t, c, "sch")
+	a := nodetest.CheckLedger(t, c, "sch")
 	if a["sold"].(float64) != float64(wins.Load()) {
 		t.Fatalf("sold %v, %d wins answered", a["sold"], wins.Load())
 	}
@@ -490,14 +490,14 @@ func TestBackup_Scheduled(t *testing.T) {
 // refused. The restored cluster keeps its leader, term and members, and
 // sells on.
 func TestRestore_TheOldClusterCannotJoinOrDisturbIt(t *testing.T) {
-	src := testnode.StartCluster(t)
+	src := nodetest.StartCluster(t)
 	sl := src.Client(src.Leader())
-	if code, out := testnode.Call(t, sl, "PUT", "/v1/skus/id", `{"total":1000}`); code != 201 {
+	if code, out := nodetest.Call(t, sl, "PUT", "/v1/skus/id", `{"total":1000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
-	testnode.WaitSaleEverywhere(t, src, "id")
+	nodetest.WaitSaleEverywhere(t, src, "id")
 	for i := range 20 {
-		if code, out := testnode.Call(t, sl, "POST", "/v1/skus/id/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
+		if code, out := nodetest.Call(t, sl, "POST", "/v1/skus/id/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
 			t.Fatalf("deduct: %d %v", code, out)
 		}
 	}
@@ -507,19 +507,19 @@ func TestRestore_TheOldClusterCannotJoinOrDisturbIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := map[string]*logBuffer{}
-	dst := testnode.StartClusterPrepared(t, 3, restoreEach(t, backupPath, func(id string) { logs[id] = &logBuffer{} }), func(cfg *node.Config) {
+	dst := nodetest.StartClusterPrepared(t, 3, restoreEach(t, backupPath, func(id string) { logs[id] = &logBuffer{} }), func(cfg *node.Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(logs[cfg.ID], &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
 	dl := dst.Leader()
-	_, before := testnode.Call(t, dst.Client(dl), "GET", "/v1/cluster", "")
+	_, before := nodetest.Call(t, dst.Client(dl), "GET", "/v1/cluster", "")
 	target := dst.Follower()
 
 	// The old cluster's leader takes a node of the restored one for a new
 	// voter of its own and replicates to it.
-	if code, out := testnode.Call(t, sl, "POST", "/v1/cluster/join", fmt.Sprintf(`{"id":"n9","raft_addr":%q}`, dst.RaftAddr[target])); code != 200 {
+	if code, out := nodetest.Call(t, sl, "POST", "/v1/cluster/join", fmt.Sprintf(`{"id":"n9","raft_addr":%q}`, dst.RaftAddr[target])); code != 200 {
 		t.Fatalf("the old cluster adds the voter: %d %v", code, out)
 	}
-	testnode.WaitFor(t, 20*time.Second, "the restored node to refuse the old leader's raft connections", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "the restored node to refuse the old leader's raft connections", func() bool {
 		return strings.Contains(logs[target].String(), "refused a raft connection of another cluster")
 	})
 	if !strings.Contains(logs[target].String(), "reason=\"it names no cluster\"") {
@@ -530,9 +530,9 @@ func TestRestore_TheOldClusterCannotJoinOrDisturbIt(t *testing.T) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(dst.Client(dl), "/internal/v1/propose"))
+	req.SetRequestURI(nodetest.URL(dst.Client(dl), "/internal/v1/propose"))
 	req.Header.SetMethod("POST")
-	req.Header.Set("X-Stockd-Cluster-Secret", testnode.ClusterSecret)
+	req.Header.Set("X-Stockd-Cluster-Secret", nodetest.ClusterSecret)
 	req.Header.Set("X-Stockd-Node", "n1")
 	req.SetBodyString("x")
 	if err := dst.Client(dl).Do(req, resp); err != nil || resp.StatusCode() != 403 || !bytes.Contains(resp.Body(), []byte("other_cluster")) {
@@ -540,42 +540,42 @@ func TestRestore_TheOldClusterCannotJoinOrDisturbIt(t *testing.T) {
 	}
 
 	// One of its nodes, holding its state, asks to join.
-	_, srcNode := testnode.Call(t, sl, "GET", "/v1/cluster", "")
+	_, srcNode := nodetest.Call(t, sl, "GET", "/v1/cluster", "")
 	joinBody := fmt.Sprintf(`{"id":"n7","raft_addr":"127.0.0.1:9","cluster":"","applied_index":%v}`, srcNode["applied_index"])
 	req.Reset()
 	resp.Reset()
-	req.SetRequestURI(testnode.URL(dst.Client(dl), "/v1/cluster/join"))
+	req.SetRequestURI(nodetest.URL(dst.Client(dl), "/v1/cluster/join"))
 	req.Header.SetMethod("POST")
-	req.Header.Set("X-Stockd-Cluster-Secret", testnode.ClusterSecret)
+	req.Header.Set("X-Stockd-Cluster-Secret", nodetest.ClusterSecret)
 	req.SetBodyString(joinBody)
 	if err := dst.Client(dl).Do(req, resp); err != nil || resp.StatusCode() != 409 || !bytes.Contains(resp.Body(), []byte("other_cluster")) {
 		t.Fatalf("a join by the old cluster's node: %v %d %s", err, resp.StatusCode(), resp.Body())
 	}
 
 	// The restored cluster is as it was, and sells.
-	_, after := testnode.Call(t, dst.Client(dl), "GET", "/v1/cluster", "")
+	_, after := nodetest.Call(t, dst.Client(dl), "GET", "/v1/cluster", "")
 	if after["leader"] != before["leader"] || after["term"] != before["term"] || len(after["nodes"].([]any)) != 3 {
 		t.Fatalf("the restored cluster before %v, after %v", before, after)
 	}
 	for i := range 20 {
-		if code, out := testnode.Call(t, dst.Client(dst.IDs[i%3]), "POST", "/v1/skus/id/deduct", fmt.Sprintf(`{"user":"new%d","request_id":"nr%d"}`, i, i)); code != 200 {
+		if code, out := nodetest.Call(t, dst.Client(dst.IDs[i%3]), "POST", "/v1/skus/id/deduct", fmt.Sprintf(`{"user":"new%d","request_id":"nr%d"}`, i, i)); code != 200 {
 			t.Fatalf("a deduct on the restored cluster: %d %v", code, out)
 		}
 	}
 	for _, id := range dst.IDs {
-		testnode.WaitFor(t, 10*time.Second, id+" applied the new wins", func() bool {
-			_, a := testnode.CallQuiet(dst.Client(id), "GET", "/v1/skus/id", "")
+		nodetest.WaitFor(t, 10*time.Second, id+" applied the new wins", func() bool {
+			_, a := nodetest.CallQuiet(dst.Client(id), "GET", "/v1/skus/id", "")
 			return a != nil && a["sold"] == 40.0
 		})
-		testnode.CheckLedger(t, dst.Client(id), "id")
+		nodetest.CheckLedger(t, dst.Client(id), "id")
 	}
 }
 
 // restoreEach is a cluster's prepare step: stockd restore of the backup
 // at backupPath into every node's data dir, the cluster's nodes its
 // voters; then each(id), when set.
-func restoreEach(t *testing.T, backupPath string, each func(id string)) func(c *testnode.Cluster) {
-	return func(c *testnode.Cluster) {
+func restoreEach(t *testing.T, backupPath string, each func(id string)) func(c *nodetest.Cluster) {
+	return func(c *nodetest.Cluster) {
 		var peers []string
 		for _, p := range c.Peers {
 			peers = append(peers, p.ID+"="+p.Addr)

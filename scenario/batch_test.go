@@ -3,7 +3,7 @@ package scenario
 import (
 	"encoding/json"
 	"fmt"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +25,7 @@ func postBatch(t *testing.T, c *fasthttp.HostClient, body string) (int, []batchI
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, "/v1/deducts"))
+	req.SetRequestURI(nodetest.URL(c, "/v1/deducts"))
 	req.Header.SetMethod("POST")
 	req.SetBodyString(body)
 	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
@@ -59,8 +59,8 @@ func batchItems(prefix string) []string {
 }
 
 func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	cl := testnode.ClientOf(n, 16)
+	n := nodetest.StartNode(t, t.TempDir())
+	cl := nodetest.ClientOf(n, 16)
 	// Ten sales each for the batch and for single deducts: five of 100
 	// units (enough for their 100 buyers), five of 10 (sold out).
 	for _, prefix := range []string{"b", "s"} {
@@ -69,7 +69,7 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 			if k >= 5 {
 				total = 10
 			}
-			if code, body := testnode.Call(t, cl, "PUT", fmt.Sprintf("/v1/skus/%s%d", prefix, k), fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
+			if code, body := nodetest.Call(t, cl, "PUT", fmt.Sprintf("/v1/skus/%s%d", prefix, k), fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
 				t.Fatalf("create sale: %d %v", code, body)
 			}
 		}
@@ -98,7 +98,7 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 		if strings.Contains(it.SKU, " ") || it.SKU == "" {
 			path = "/v1/skus/not-a-sku/deduct" // the path cannot carry it; compare the batch's 400 below
 		}
-		single, out := testnode.Call(t, cl, "POST", path, item)
+		single, out := nodetest.Call(t, cl, "POST", path, item)
 		errCode, _ := out["error"].(string)
 		b := results[i]
 		bsku := strings.Replace(it.SKU, "s", "b", 1)
@@ -158,7 +158,7 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 		}
 	}
 	for k := range 10 {
-		a := testnode.CheckLedger(t, cl, fmt.Sprintf("b%d", k))
+		a := nodetest.CheckLedger(t, cl, fmt.Sprintf("b%d", k))
 		want := float64(min(buyers[fmt.Sprintf("b%d", k)], 100))
 		if k >= 5 {
 			want = 10
@@ -190,8 +190,8 @@ func TestBatch_EachItemAnsweredAsTheSingleDeductWouldBe(t *testing.T) {
 // add up to the stock.
 func TestBatch_RacingBatchesOverThreeNodes(t *testing.T) {
 	const units, buyers, perBatch = 300, 600, 50
-	c := testnode.StartCluster(t)
-	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/rb", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	c := nodetest.StartCluster(t)
+	if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/rb", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "rb")

@@ -2,7 +2,7 @@ package scenario
 
 import (
 	"fmt"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,17 +13,17 @@ import (
 // happened: a sale made through the leader a moment ago is not "unknown"
 // on a follower that trails it, since clients take a 404 as final. Here
 // the follower trails for as long as the test wants: every byte to and
-// from it is held (testnode.FaultNet.Stall) while the sale is made.
+// from it is held (nodetest.FaultNet.Stall) while the sale is made.
 
 // stalledFollower starts a cluster, stalls a follower and creates sku
 // through the leader, which commits it with the other follower. It
 // returns the cluster and the stalled follower's id.
-func stalledFollower(t *testing.T, sku string, units int) (*testnode.Cluster, string) {
+func stalledFollower(t *testing.T, sku string, units int) (*nodetest.Cluster, string) {
 	t.Helper()
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader, follower := c.Leader(), c.Follower()
 	c.Net.Stall(follower)
-	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(leader), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create %s: %d %v", sku, code, body)
 	}
 	if _, _, ok := c.Node(follower).Ledger().SKU(sku); ok {
@@ -45,10 +45,10 @@ func TestCatchUp_FollowerSellsASaleItHasNotAppliedYet(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		code, body := testnode.CallQuiet(c.Client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u1","request_id":"r1"}`)
+		code, body := nodetest.CallQuiet(c.Client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u1","request_id":"r1"}`)
 		done <- answer{code, body}
 	}()
-	testnode.WaitFor(t, 10*time.Second, "the deduct to start catching up", func() bool { return eng.MetricsSnapshot().CatchUps > before })
+	nodetest.WaitFor(t, 10*time.Second, "the deduct to start catching up", func() bool { return eng.MetricsSnapshot().CatchUps > before })
 	c.Net.Resume(follower)
 	a := <-done
 	if a.code != 200 || a.body["sku"] != "fresh" {
@@ -66,7 +66,7 @@ func TestCatchUp_FollowerSellsASaleItHasNotAppliedYet(t *testing.T) {
 func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 	c, follower := stalledFollower(t, "fresh", 5)
 	leader := c.Leader()
-	code, won := testnode.Call(t, c.Client(leader), "POST", "/v1/skus/fresh/deduct", `{"user":"u1"}`)
+	code, won := nodetest.Call(t, c.Client(leader), "POST", "/v1/skus/fresh/deduct", `{"user":"u1"}`)
 	if code != 200 {
 		t.Fatalf("deduct on the leader: %d %v", code, won)
 	}
@@ -74,19 +74,19 @@ func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 	paths := []string{"/v1/skus/fresh", "/v1/orders/" + order, "/v1/skus/fresh/audit"}
 	for _, p := range paths {
 		// The stalled follower cannot reach the leader: it says so.
-		if code, body := testnode.CallQuiet(c.Client(follower), "GET", p, ""); code != 503 {
+		if code, body := nodetest.CallQuiet(c.Client(follower), "GET", p, ""); code != 503 {
 			t.Fatalf("GET %s on %s, cut off: %d %v (want 503, never 404)", p, follower, code, body)
 		}
 	}
-	if code, body := testnode.CallQuiet(c.Client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u2"}`); code != 503 {
+	if code, body := nodetest.CallQuiet(c.Client(follower), "POST", "/v1/skus/fresh/deduct", `{"user":"u2"}`); code != 503 {
 		t.Fatalf("deduct on %s, cut off: %d %v (want 503, never 404)", follower, code, body)
 	}
 	c.Net.Resume(follower)
 	// Cut off for seconds, it has lost the leader: 503 until it finds it
 	// again, then 200; never 404.
 	for _, p := range paths {
-		testnode.WaitFor(t, 20*time.Second, "GET "+p+" on the healed follower", func() bool {
-			code, body := testnode.CallQuiet(c.Client(follower), "GET", p, "")
+		nodetest.WaitFor(t, 20*time.Second, "GET "+p+" on the healed follower", func() bool {
+			code, body := nodetest.CallQuiet(c.Client(follower), "GET", p, "")
 			if code != 200 && code != 503 {
 				t.Fatalf("GET %s on %s, healing: %d %v", p, follower, code, body)
 			}
@@ -94,7 +94,7 @@ func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 		})
 	}
 	for _, p := range []string{"/v1/skus/never", "/v1/orders/n9-never"} {
-		if code, body := testnode.Call(t, c.Client(follower), "GET", p, ""); code != 404 {
+		if code, body := nodetest.Call(t, c.Client(follower), "GET", p, ""); code != 404 {
 			t.Fatalf("GET %s: %d %v (want 404)", p, code, body)
 		}
 	}
@@ -105,7 +105,7 @@ func TestCatchUp_ReadsOnATrailingFollowerNeverSay404(t *testing.T) {
 // index each. A batch's unknown SKUs share one round; concurrent misses
 // share rounds too.
 func TestCatchUp_MissesShareRounds(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	createSaleEverywhere(t, c, "real", 100)
 	follower := c.Follower()
 	eng := c.Node(follower).Engine()
@@ -139,7 +139,7 @@ func TestCatchUp_MissesShareRounds(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for i := range each {
-				codes[w*each+i], _ = testnode.CallQuiet(c.Client(follower), "POST", fmt.Sprintf("/v1/skus/ghost-%d-%d/deduct", w, i), `{"user":"u"}`)
+				codes[w*each+i], _ = nodetest.CallQuiet(c.Client(follower), "POST", fmt.Sprintf("/v1/skus/ghost-%d-%d/deduct", w, i), `{"user":"u"}`)
 			}
 		})
 	}

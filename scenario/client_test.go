@@ -14,8 +14,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/client"
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 	"stockd/raftfsm"
 )
 
@@ -23,7 +23,7 @@ import (
 // by request id.
 func ledgerOrders(t *testing.T, node *fasthttp.HostClient, sku string) map[string][]string {
 	t.Helper()
-	body := testnode.GetRaw(t, node, "/v1/skus/"+sku+"/orders")
+	body := nodetest.GetRaw(t, node, "/v1/skus/"+sku+"/orders")
 	out := map[string][]string{}
 	sc := bufio.NewScanner(bytes.NewReader([]byte(body)))
 	for sc.Scan() {
@@ -131,7 +131,7 @@ func clientOfCluster(t *testing.T, endpoint string, members int) *client.Client 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	testnode.WaitFor(t, 10*time.Second, "the client to find the cluster's members", func() bool { return len(cl.Members()) == members })
+	nodetest.WaitFor(t, 10*time.Second, "the client to find the cluster's members", func() bool { return len(cl.Members()) == members })
 	return cl
 }
 
@@ -139,7 +139,7 @@ func clientOfCluster(t *testing.T, endpoint string, members int) *client.Client 
 // test's end.
 func startClientNode(t *testing.T) (*node.Node, *client.Client) {
 	t.Helper()
-	n := testnode.StartNode(t, t.TempDir())
+	n := nodetest.StartNode(t, t.TempDir())
 	cl, err := client.New(client.Config{Endpoints: []string{"http://" + n.HTTPAddr()}})
 	if err != nil {
 		t.Fatal(err)
@@ -155,12 +155,12 @@ func startClientNode(t *testing.T) (*node.Node, *client.Client) {
 // the client reported are the ledger's orders, no request id has two, and
 // the ledgers obey the law.
 func TestClient_LeaderCrashedMidSale(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	const units, buyers, workers = 300, 600, 200
-	if code, body := testnode.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, c, "phone")
+	nodetest.WaitSaleEverywhere(t, c, "phone")
 	cl := clientOfCluster(t, "http://"+c.Node("n1").HTTPAddr(), 3)
 
 	leader := ""
@@ -173,7 +173,7 @@ func TestClient_LeaderCrashedMidSale(t *testing.T) {
 			c.Start(leader, nil)
 		}
 	})
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 	audit := checkClusterLedgers(t, c, "phone", nil)
 	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, c.Client(c.Leader()), "phone"), audit)
 	orders := len(reported)
@@ -252,7 +252,7 @@ func TestClient_CallsBesideDeduct(t *testing.T) {
 	if _, err := cl.Deduct(ctx, client.Deduct{SKU: "tv", User: "erin"}); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("deduct after close: %v", err)
 	}
-	testnode.CheckLedger(t, testnode.ClientOf(n, 1), "tv")
+	nodetest.CheckLedger(t, nodetest.ClientOf(n, 1), "tv")
 }
 
 // TestClient_DeductBatch: a batch over two requests of the route's limit,
@@ -289,7 +289,7 @@ func TestClient_DeductBatch(t *testing.T) {
 			t.Fatalf("item %d: %v", i, r.Err)
 		}
 	}
-	a, b := testnode.CheckLedger(t, testnode.ClientOf(n, 1), "a"), testnode.CheckLedger(t, testnode.ClientOf(n, 1), "b")
+	a, b := nodetest.CheckLedger(t, nodetest.ClientOf(n, 1), "a"), nodetest.CheckLedger(t, nodetest.ClientOf(n, 1), "b")
 	if sold := int(a["sold"].(float64) + b["sold"].(float64)); wins != 1201 || sold != wins {
 		t.Fatalf("%d wins reported, %d sold; want 1201 (1200 of a, 1 of b)", wins, sold)
 	}
@@ -299,7 +299,7 @@ func TestClient_DeductBatch(t *testing.T) {
 // through client.NewSharded: each SKU exists and sells only on its own
 // cluster, and the wins are the two ledgers' sold units.
 func TestClient_ShardedOverTwoClusters(t *testing.T) {
-	east, west := testnode.StartNode(t, t.TempDir()), testnode.StartNode(t, t.TempDir())
+	east, west := nodetest.StartNode(t, t.TempDir()), nodetest.StartNode(t, t.TempDir())
 	nodes := map[string]*node.Node{"east": east, "west": west}
 	s, err := client.NewSharded([]client.Config{
 		{Name: "east", Endpoints: []string{"http://" + east.HTTPAddr()}},
@@ -338,12 +338,12 @@ func TestClient_ShardedOverTwoClusters(t *testing.T) {
 	for k := range 10 {
 		sku := fmt.Sprintf("sku%d", k)
 		for name, n := range nodes {
-			code, _ := testnode.Call(t, testnode.ClientOf(n, 1), "GET", "/v1/skus/"+sku, "")
+			code, _ := nodetest.Call(t, nodetest.ClientOf(n, 1), "GET", "/v1/skus/"+sku, "")
 			if own := name == s.ClusterOf(sku); own != (code == 200) {
 				t.Fatalf("%s on %s: %d (its cluster is %s)", sku, name, code, s.ClusterOf(sku))
 			}
 			if code == 200 {
-				sold += int(testnode.CheckLedger(t, testnode.ClientOf(n, 1), sku)["sold"].(float64))
+				sold += int(nodetest.CheckLedger(t, nodetest.ClientOf(n, 1), sku)["sold"].(float64))
 			}
 		}
 	}
@@ -360,15 +360,15 @@ func TestClient_ShardedOverTwoClusters(t *testing.T) {
 // refuses a client without them (401, ErrUnauthorized) and serves one
 // with them.
 func TestClient_TokensOnANode(t *testing.T) {
-	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg := nodetest.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
 	cfg.HTTP.ServiceToken, cfg.HTTP.AdminToken = "svc-token", "adm-token"
 	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Stop(context.Background())
-	testnode.WaitFor(t, 10*time.Second, "node ready", func() bool {
-		code, _ := testnode.CallQuiet(testnode.ClientOf(n, 1), "GET", "/readyz", "")
+	nodetest.WaitFor(t, 10*time.Second, "node ready", func() bool {
+		code, _ := nodetest.CallQuiet(nodetest.ClientOf(n, 1), "GET", "/readyz", "")
 		return code == 200 && n.Ledger().Rules() == raftfsm.RulesCurrent
 	})
 	ctx := context.Background()

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"stockd/httpapi"
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 
@@ -29,7 +29,7 @@ type buyerResult struct {
 // from workers goroutines. A buyer whose answer is not final (no node
 // reachable, 503, 504) retries with the same request_id on the next node,
 // a bounded number of times.
-func buyWave(sc testnode.SalesCluster, sku string, from, to, workers int, acked *atomic.Int64) map[int]buyerResult {
+func buyWave(sc nodetest.SalesCluster, sku string, from, to, workers int, acked *atomic.Int64) map[int]buyerResult {
 	ids := sc.NodeIDs()
 	var mu sync.Mutex
 	results := map[int]buyerResult{}
@@ -46,7 +46,7 @@ func buyWave(sc testnode.SalesCluster, sku string, from, to, workers int, acked 
 					if cl == nil {
 						continue
 					}
-					code, out := testnode.CallQuiet(cl, "POST", "/v1/skus/"+sku+"/deduct", body)
+					code, out := nodetest.CallQuiet(cl, "POST", "/v1/skus/"+sku+"/deduct", body)
 					res = buyerResult{code: code}
 					if out != nil {
 						res.errCode, _ = out["error"].(string)
@@ -73,15 +73,15 @@ func buyWave(sc testnode.SalesCluster, sku string, from, to, workers int, acked 
 // checkClusterLedgers waits until every node has applied the same index,
 // then asserts that their ledgers are identical, obey the conservation law,
 // and hold every acknowledged order; it returns the common audit.
-func checkClusterLedgers(t *testing.T, sc testnode.SalesCluster, sku string, acked map[string]bool) map[string]any {
+func checkClusterLedgers(t *testing.T, sc nodetest.SalesCluster, sku string, acked map[string]bool) map[string]any {
 	t.Helper()
 	ids := sc.NodeIDs()
 	var audits map[string]map[string]any
-	testnode.WaitFor(t, 20*time.Second, "all nodes at the same applied index", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "all nodes at the same applied index", func() bool {
 		audits = map[string]map[string]any{}
 		var index float64 = -1
 		for _, id := range ids {
-			code, a := testnode.Call(t, sc.Client(id), "GET", "/v1/skus/"+sku+"/audit", "")
+			code, a := nodetest.Call(t, sc.Client(id), "GET", "/v1/skus/"+sku+"/audit", "")
 			if code != 200 {
 				return false
 			}
@@ -99,7 +99,7 @@ func checkClusterLedgers(t *testing.T, sc testnode.SalesCluster, sku string, ack
 		if a["ok"] != true {
 			t.Fatalf("%s: audit failed: %v", id, a)
 		}
-		testnode.CheckLedger(t, sc.Client(id), sku) // conservation law, recomputed here
+		nodetest.CheckLedger(t, sc.Client(id), sku) // conservation law, recomputed here
 		for _, k := range []string{"total", "available", "held", "sold", "orders"} {
 			if a[k] != ref[k] {
 				t.Fatalf("ledgers differ on %s: %s has %v, %s has %v", k, id, a[k], ids[0], ref[k])
@@ -144,13 +144,13 @@ func ackedOrders(t *testing.T, waves ...map[int]buyerResult) map[string]bool {
 // sellOut runs the cluster's sale to its end: once leases left idle have
 // come back, buyers on every node take what is left, so nothing can stay
 // stranded on one node.
-func sellOut(t *testing.T, sc testnode.SalesCluster, sku string, units, firstBuyer int) map[int]buyerResult {
+func sellOut(t *testing.T, sc nodetest.SalesCluster, sku string, units, firstBuyer int) map[int]buyerResult {
 	t.Helper()
 	all := map[int]buyerResult{}
 	next := firstBuyer
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, a := testnode.Call(t, sc.Client(sc.NodeIDs()[0]), "GET", "/v1/skus/"+sku+"/audit", "")
+		_, a := nodetest.Call(t, sc.Client(sc.NodeIDs()[0]), "GET", "/v1/skus/"+sku+"/audit", "")
 		if a["sold"].(float64)+a["held"].(float64) >= float64(units) {
 			return all
 		}
@@ -164,11 +164,11 @@ func sellOut(t *testing.T, sc testnode.SalesCluster, sku string, units, firstBuy
 	}
 }
 
-func testClusterSale(t *testing.T, fault func(c *testnode.Cluster, acked *atomic.Int64)) {
+func testClusterSale(t *testing.T, fault func(c *nodetest.Cluster, acked *atomic.Int64)) {
 	const units, buyers = 5000, 8000
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader := c.Leader()
-	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale through %s (leader %s): %d %v", c.IDs[0], leader, code, body)
 	}
 	// The first buyers arrive in a calm cluster; the fault strikes while
@@ -183,7 +183,7 @@ func testClusterSale(t *testing.T, fault func(c *testnode.Cluster, acked *atomic
 	for b, r := range second {
 		first[b] = r
 	}
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 	rest := sellOut(t, c, "tv", units, buyers)
 
 	acked := ackedOrders(t, first, rest)
@@ -198,7 +198,7 @@ func testClusterSale(t *testing.T, fault func(c *testnode.Cluster, acked *atomic
 }
 
 func TestCluster_LeaderStoppedAndRestartedMidSale(t *testing.T) {
-	testClusterSale(t, func(c *testnode.Cluster, acked *atomic.Int64) {
+	testClusterSale(t, func(c *nodetest.Cluster, acked *atomic.Int64) {
 		leader := c.Leader()
 		if leader == "" {
 			t.Error("no leader mid-sale")
@@ -207,14 +207,14 @@ func TestCluster_LeaderStoppedAndRestartedMidSale(t *testing.T) {
 		c.Crash(leader)
 		t.Logf("crashed leader %s after %d acknowledgements", leader, acked.Load())
 		at := acked.Load()
-		testnode.WaitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+300 })
+		nodetest.WaitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+300 })
 		c.Start(leader, nil)
 		t.Logf("restarted %s after %d acknowledgements", leader, acked.Load())
 	})
 }
 
 func TestCluster_FollowerPartitionedAndHealedMidSale(t *testing.T) {
-	testClusterSale(t, func(c *testnode.Cluster, acked *atomic.Int64) {
+	testClusterSale(t, func(c *nodetest.Cluster, acked *atomic.Int64) {
 		leader := c.Leader()
 		var follower string
 		for _, id := range c.IDs {
@@ -228,22 +228,22 @@ func TestCluster_FollowerPartitionedAndHealedMidSale(t *testing.T) {
 		// Cut off from the quorum, it refuses wait=commit deducts at once
 		// (503, not a 504 after a commit wait) and still answers reads.
 		probe := 0
-		testnode.WaitFor(t, 10*time.Second, "the isolated follower's breaker open", func() bool {
+		nodetest.WaitFor(t, 10*time.Second, "the isolated follower's breaker open", func() bool {
 			probe++
-			code, body := testnode.CallQuiet(c.Client(follower), "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"cut-off-%d","request_id":"cut-off-%d"}`, probe, probe))
+			code, body := nodetest.CallQuiet(c.Client(follower), "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"cut-off-%d","request_id":"cut-off-%d"}`, probe, probe))
 			return code == 503 && body["error"] == "unavailable"
 		})
-		if code, sku := testnode.CallQuiet(c.Client(follower), "GET", "/v1/skus/tv", ""); code != 200 || sku["stale"] != true {
+		if code, sku := nodetest.CallQuiet(c.Client(follower), "GET", "/v1/skus/tv", ""); code != 200 || sku["stale"] != true {
 			t.Errorf("read on the isolated follower: %d %v, want 200 and stale", code, sku)
 		}
 		// Stay cut off past the reclaim deadline, so the leader takes the
 		// follower's leases back while the others keep selling.
-		testnode.WaitFor(t, 30*time.Second, "the leader reclaims the follower's leases", func() bool {
+		nodetest.WaitFor(t, 30*time.Second, "the leader reclaims the follower's leases", func() bool {
 			l := c.Leader()
 			if l == "" {
 				return false
 			}
-			_, a := testnode.Call(t, c.Client(l), "GET", "/v1/skus/tv/audit", "")
+			_, a := nodetest.Call(t, c.Client(l), "GET", "/v1/skus/tv/audit", "")
 			leased, _ := a["leased"].(map[string]any)
 			return leased[follower] == nil
 		})
@@ -256,24 +256,24 @@ func TestCluster_FollowerPartitionedAndHealedMidSale(t *testing.T) {
 // visits and checks that buyers on the other nodes get them once the idle
 // period has passed.
 func TestCluster_StrandedStockComesBack(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	const units = 200
-	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/lamp", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/lamp", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	testnode.WaitFor(t, 10*time.Second, "the sale visible on n3", func() bool {
-		code, _ := testnode.Call(t, c.Client("n3"), "GET", "/v1/skus/lamp", "")
+	nodetest.WaitFor(t, 10*time.Second, "the sale visible on n3", func() bool {
+		code, _ := nodetest.Call(t, c.Client("n3"), "GET", "/v1/skus/lamp", "")
 		return code == 200
 	})
 	// One purchase on n3 makes it lease a chunk; nobody buys there again.
-	if code, body := testnode.Call(t, c.Client("n3"), "POST", "/v1/skus/lamp/deduct", `{"user":"early","request_id":"early"}`); code != 200 {
+	if code, body := nodetest.Call(t, c.Client("n3"), "POST", "/v1/skus/lamp/deduct", `{"user":"early","request_id":"early"}`); code != 200 {
 		t.Fatalf("deduct on n3: %d %v", code, body)
 	}
 	leasedAt := time.Now()
 	var returnedAfter atomic.Int64
 	go func() {
 		for time.Since(leasedAt) < 20*time.Second {
-			code, a := testnode.CallQuiet(c.Client("n1"), "GET", "/v1/skus/lamp/audit", "")
+			code, a := nodetest.CallQuiet(c.Client("n1"), "GET", "/v1/skus/lamp/audit", "")
 			if leased, _ := a["leased"].(map[string]any); code == 200 && leased["n3"] == nil {
 				returnedAfter.Store(int64(time.Since(leasedAt)))
 				return
@@ -295,7 +295,7 @@ func TestCluster_StrandedStockComesBack(t *testing.T) {
 			for try := 0; try < 500 && sold.Load() < units; try++ {
 				b := w*1000 + try
 				node := []string{"n1", "n2"}[b%2]
-				code, body := testnode.CallQuiet(c.Client(node), "POST", "/v1/skus/lamp/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"s%d"}`, b, b))
+				code, body := nodetest.CallQuiet(c.Client(node), "POST", "/v1/skus/lamp/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"s%d"}`, b, b))
 				switch {
 				case code == 200:
 					sold.Add(1)
@@ -326,13 +326,13 @@ func TestCluster_StrandedStockComesBack(t *testing.T) {
 		t.Fatalf("ledger: %v", a)
 	}
 	t.Logf("n3's idle lease went back after %s; longest run of sold_out answers a buyer saw before winning: %s (lease idle return %s)",
-		time.Duration(returnedAfter.Load()).Round(time.Millisecond), time.Duration(longestSoldOutRun.Load()).Round(time.Millisecond), testnode.LeaseIdleReturn)
+		time.Duration(returnedAfter.Load()).Round(time.Millisecond), time.Duration(longestSoldOutRun.Load()).Round(time.Millisecond), nodetest.LeaseIdleReturn)
 }
 
 // TestCluster_RemoveAndJoin removes a follower that holds a lease (its
 // units go back to available at once) and adds a new node with -join.
 func TestCluster_RemoveAndJoin(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader := c.Leader()
 	var followers []string
 	for _, id := range c.IDs {
@@ -341,23 +341,23 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 		}
 	}
 	victim, via := followers[0], followers[1]
-	if code, body := testnode.Call(t, c.Client(via), "PUT", "/v1/skus/desk", `{"total":100}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(via), "PUT", "/v1/skus/desk", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	testnode.WaitFor(t, 10*time.Second, "the sale visible on "+victim, func() bool {
-		code, _ := testnode.Call(t, c.Client(victim), "GET", "/v1/skus/desk", "")
+	nodetest.WaitFor(t, 10*time.Second, "the sale visible on "+victim, func() bool {
+		code, _ := nodetest.Call(t, c.Client(victim), "GET", "/v1/skus/desk", "")
 		return code == 200
 	})
-	if code, body := testnode.Call(t, c.Client(victim), "POST", "/v1/skus/desk/deduct", `{"user":"a","request_id":"a"}`); code != 200 {
+	if code, body := nodetest.Call(t, c.Client(victim), "POST", "/v1/skus/desk/deduct", `{"user":"a","request_id":"a"}`); code != 200 {
 		t.Fatalf("deduct on %s: %d %v", victim, code, body)
 	}
 	// Remove the victim through the other follower: the call is relayed
 	// to the leader.
-	code, body := testnode.Call(t, c.Client(via), "DELETE", "/v1/cluster/nodes/"+victim, "")
+	code, body := nodetest.Call(t, c.Client(via), "DELETE", "/v1/cluster/nodes/"+victim, "")
 	if code != 200 {
 		t.Fatalf("remove %s via %s: %d %v", victim, via, code, body)
 	}
-	_, a := testnode.Call(t, c.Client(leader), "GET", "/v1/skus/desk/audit", "")
+	_, a := nodetest.Call(t, c.Client(leader), "GET", "/v1/skus/desk/audit", "")
 	if leased, _ := a["leased"].(map[string]any); leased[victim] != nil {
 		t.Fatalf("%s still holds a lease after removal: %v", victim, a)
 	}
@@ -373,8 +373,8 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 	c.Net.Own(c.RaftAddr["n4"], "n4")
 	joinVia := "http://" + c.Node(via).HTTPAddr()
 	c.StartWith("n4", ln, func(cfg *node.Config) { cfg.Peers, cfg.Join = nil, joinVia })
-	testnode.WaitReady(t, c)
-	_, st := testnode.Call(t, c.Client("n4"), "GET", "/v1/cluster", "")
+	nodetest.WaitReady(t, c)
+	_, st := nodetest.Call(t, c.Client("n4"), "GET", "/v1/cluster", "")
 	members := map[string]bool{}
 	for _, n := range st["nodes"].([]any) {
 		members[n.(map[string]any)["id"].(string)] = true
@@ -382,7 +382,7 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 	if len(members) != 3 || !members[leader] || !members[via] || !members["n4"] {
 		t.Fatalf("members after remove and join: %v", members)
 	}
-	if code, body := testnode.Call(t, c.Client("n4"), "POST", "/v1/skus/desk/deduct", `{"user":"b","request_id":"b"}`); code != 200 {
+	if code, body := nodetest.Call(t, c.Client("n4"), "POST", "/v1/skus/desk/deduct", `{"user":"b","request_id":"b"}`); code != 200 {
 		t.Fatalf("deduct on the joined node: %d %v", code, body)
 	}
 	a = checkClusterLedgers(t, c, "desk", nil)
@@ -394,10 +394,10 @@ func TestCluster_RemoveAndJoin(t *testing.T) {
 // TestCluster_PerUserLimitUnderARace sends one user's concurrent deducts,
 // with distinct request ids, to all three nodes: the limit holds exactly.
 func TestCluster_PerUserLimitUnderARace(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	for _, limit := range []int{1, 2} {
 		sku := fmt.Sprintf("limited-%d", limit)
-		if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":100,"per_user":%d}`, limit)); code != 201 {
+		if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":100,"per_user":%d}`, limit)); code != 201 {
 			t.Fatalf("create %s: %d %v", sku, code, body)
 		}
 		waitForSaleEverywhere(t, c, sku)
@@ -409,7 +409,7 @@ func TestCluster_PerUserLimitUnderARace(t *testing.T) {
 			go func(i int) {
 				defer wg.Done()
 				node := c.IDs[i%len(c.IDs)]
-				code, body := testnode.Call(t, c.Client(node), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"alice","request_id":"%s-%d"}`, sku, i))
+				code, body := nodetest.Call(t, c.Client(node), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"alice","request_id":"%s-%d"}`, sku, i))
 				mu.Lock()
 				outcomes[fmt.Sprintf("%d %v", code, body["error"])]++
 				mu.Unlock()
@@ -426,11 +426,11 @@ func TestCluster_PerUserLimitUnderARace(t *testing.T) {
 	}
 }
 
-func waitForSaleEverywhere(t *testing.T, c *testnode.Cluster, sku string) {
+func waitForSaleEverywhere(t *testing.T, c *nodetest.Cluster, sku string) {
 	t.Helper()
-	testnode.WaitFor(t, 10*time.Second, "sale "+sku+" on every node", func() bool {
+	nodetest.WaitFor(t, 10*time.Second, "sale "+sku+" on every node", func() bool {
 		for _, id := range c.IDs {
-			if code, _ := testnode.Call(t, c.Client(id), "GET", "/v1/skus/"+sku, ""); code != 200 {
+			if code, _ := nodetest.Call(t, c.Client(id), "GET", "/v1/skus/"+sku, ""); code != 200 {
 				return false
 			}
 		}
@@ -444,8 +444,8 @@ func waitForSaleEverywhere(t *testing.T, c *testnode.Cluster, sku string) {
 // first holds expire. At the end every unit is sold to a buyer who paid.
 func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 	const units, holdTTL = 200, 2 * time.Second
-	c := testnode.StartCluster(t)
-	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/shoe", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
+	c := nodetest.StartCluster(t)
+	if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/shoe", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "shoe")
@@ -458,7 +458,7 @@ func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 			if cl == nil {
 				continue
 			}
-			code, body := testnode.CallQuiet(cl, "POST", "/v1/orders/"+order+"/confirm", "")
+			code, body := nodetest.CallQuiet(cl, "POST", "/v1/orders/"+order+"/confirm", "")
 			switch {
 			case code == 200 && body["state"] == "sold":
 				confirmed.Add(1)
@@ -486,15 +486,15 @@ func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 	time.Sleep(time.Until(start.Add(holdTTL - 100*time.Millisecond)))
 	leader := c.Leader()
 	c.Crash(leader)
-	testnode.WaitFor(t, 10*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+	nodetest.WaitFor(t, 10*time.Second, "a new leader", func() bool { return c.Leader() != "" })
 	c.Start(leader, nil)
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 
 	// Later buyers take the expired units and pay at once.
 	next := 1000
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, a := testnode.Call(t, c.Client("n1"), "GET", "/v1/skus/shoe/audit", "")
+		_, a := nodetest.Call(t, c.Client("n1"), "GET", "/v1/skus/shoe/audit", "")
 		if a["sold"].(float64) == units {
 			break
 		}
@@ -521,8 +521,8 @@ func TestCluster_HoldsExpireThroughALeaderCrash(t *testing.T) {
 // TestCluster_RequestIDReplayedAfterFailover buys through a follower, kills
 // the leader, and replays the same request id on every node.
 func TestCluster_RequestIDReplayedAfterFailover(t *testing.T) {
-	c := testnode.StartCluster(t)
-	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/cup", `{"total":10}`); code != 201 {
+	c := nodetest.StartCluster(t)
+	if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/cup", `{"total":10}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "cup")
@@ -533,16 +533,16 @@ func TestCluster_RequestIDReplayedAfterFailover(t *testing.T) {
 			follower = id
 		}
 	}
-	code, first := testnode.Call(t, c.Client(follower), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
+	code, first := nodetest.Call(t, c.Client(follower), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
 	if code != 200 {
 		t.Fatalf("deduct: %d %v", code, first)
 	}
 	c.Crash(leader)
-	testnode.WaitFor(t, 10*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+	nodetest.WaitFor(t, 10*time.Second, "a new leader", func() bool { return c.Leader() != "" })
 	c.Start(leader, nil)
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 	for _, id := range c.IDs {
-		code, again := testnode.Call(t, c.Client(id), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
+		code, again := nodetest.Call(t, c.Client(id), "POST", "/v1/skus/cup/deduct", `{"user":"bob","request_id":"bob-1"}`)
 		if code != 200 || again["order_id"] != first["order_id"] {
 			t.Fatalf("replay on %s: %d %v, want the original order %v", id, code, again, first["order_id"])
 		}
@@ -554,13 +554,13 @@ func TestCluster_RequestIDReplayedAfterFailover(t *testing.T) {
 
 func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 	const takes = 2000
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader := c.Leader()
 	follower := c.IDs[0]
 	if follower == leader {
 		follower = c.IDs[1]
 	}
-	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/skus/big", fmt.Sprintf(`{"total":%d}`, takes)); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(follower), "PUT", "/v1/skus/big", fmt.Sprintf(`{"total":%d}`, takes)); code != 201 {
 		t.Fatalf("create sale through %s: %d %v", follower, code, body)
 	}
 	p := c.Node(follower).Proposer()
@@ -594,7 +594,7 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 
 // proposeAs sends an encoded command to node to's internal route as node
 // from would, with the given cluster secret.
-func proposeAs(t *testing.T, c *testnode.Cluster, to, from, secret string, cmd command.Command) (int, string) {
+func proposeAs(t *testing.T, c *nodetest.Cluster, to, from, secret string, cmd command.Command) (int, string) {
 	t.Helper()
 	headers := map[string]string{"X-Stockd-Node": from}
 	if secret != "" {
@@ -625,7 +625,7 @@ func postCommand(t *testing.T, hc *fasthttp.HostClient, addr string, cmd []byte,
 }
 
 func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader := c.Leader()
 	var follower, other string
 	for _, id := range c.IDs {
@@ -637,12 +637,12 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 			other = id
 		}
 	}
-	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/gem", `{"total":100}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(leader), "PUT", "/v1/skus/gem", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, c, "gem")
+	nodetest.WaitSaleEverywhere(t, c, "gem")
 	// The other node holds a lease a forged take could spend.
-	if code, body := testnode.Call(t, c.Client(other), "POST", "/v1/skus/gem/deduct", `{"user":"real","request_id":"real"}`); code != 200 {
+	if code, body := nodetest.Call(t, c.Client(other), "POST", "/v1/skus/gem/deduct", `{"user":"real","request_id":"real"}`); code != 200 {
 		t.Fatalf("deduct on %s: %d %v", other, code, body)
 	}
 	before := checkClusterLedgers(t, c, "gem", nil)
@@ -654,11 +654,11 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 		}
 	}
 	forged := &command.Take{Node: other, Entries: []command.TakeEntry{{SKU: "gem", Qty: 1, User: "thief", OrderID: other + "-forged"}}}
-	f("take in another node's name", testnode.ClusterSecret, forged, 403)
-	f("lease in another node's name", testnode.ClusterSecret, &command.Lease{Node: other, SKU: "gem", Want: 50}, 403)
-	f("return in another node's name", testnode.ClusterSecret, &command.Return{Node: other, SKU: "gem", Qty: 1}, 403)
-	f("restock from a peer", testnode.ClusterSecret, &command.Restock{SKU: "gem", Qty: 1000}, 403)
-	f("reclaim from a peer", testnode.ClusterSecret, &command.Reclaim{Node: other}, 403)
+	f("take in another node's name", nodetest.ClusterSecret, forged, 403)
+	f("lease in another node's name", nodetest.ClusterSecret, &command.Lease{Node: other, SKU: "gem", Want: 50}, 403)
+	f("return in another node's name", nodetest.ClusterSecret, &command.Return{Node: other, SKU: "gem", Qty: 1}, 403)
+	f("restock from a peer", nodetest.ClusterSecret, &command.Restock{SKU: "gem", Qty: 1000}, 403)
+	f("reclaim from a peer", nodetest.ClusterSecret, &command.Reclaim{Node: other}, 403)
 	f("take with a wrong secret", "wrong", &command.Take{Node: follower, Entries: forged.Entries}, 403)
 	f("take without a secret", "", &command.Take{Node: follower, Entries: forged.Entries}, 403)
 	after := checkClusterLedgers(t, c, "gem", nil)
@@ -671,7 +671,7 @@ func TestCluster_PeerCannotWriteInAnotherNodesName(t *testing.T) {
 		t.Fatalf("a refused call changed leases: %v -> %v", before["leased"], after["leased"])
 	}
 	// Its own registration, in its own name, is what a peer may send.
-	f("own registration", testnode.ClusterSecret, &command.Register{Node: follower, Addr: c.Node(follower).HTTPAddr()}, 200)
+	f("own registration", nodetest.ClusterSecret, &command.Register{Node: follower, Addr: c.Node(follower).HTTPAddr()}, 200)
 }
 
 // answerLoser is a peer connection that, while lose is set, loses every
@@ -697,7 +697,7 @@ func (c answerLoser) Read(p []byte) (int, error) {
 // outcome_unknown, and a retry must find the order sold.
 func TestCluster_RelayedConfirmWithALostAnswerIsOutcomeUnknown(t *testing.T) {
 	var lose atomic.Bool
-	c := testnode.StartClusterWith(t, func(cfg *node.Config) {
+	c := nodetest.StartClusterWith(t, func(cfg *node.Config) {
 		dial := cfg.PeerDial
 		cfg.PeerDial = func(addr string) (net.Conn, error) {
 			conn, err := dial(addr)
@@ -712,29 +712,29 @@ func TestCluster_RelayedConfirmWithALostAnswerIsOutcomeUnknown(t *testing.T) {
 	if follower == leader {
 		follower = c.IDs[1]
 	}
-	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/lamp", `{"total":10,"hold_ttl":"1m"}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(leader), "PUT", "/v1/skus/lamp", `{"total":10,"hold_ttl":"1m"}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, c, "lamp")
-	code, out := testnode.Call(t, c.Client(follower), "POST", "/v1/skus/lamp/deduct", `{"user":"a","request_id":"a"}`)
+	nodetest.WaitSaleEverywhere(t, c, "lamp")
+	code, out := nodetest.Call(t, c.Client(follower), "POST", "/v1/skus/lamp/deduct", `{"user":"a","request_id":"a"}`)
 	if code != 200 || out["state"] != "held" {
 		t.Fatalf("hold on %s: %d %v", follower, code, out)
 	}
 	order := out["order_id"].(string)
 
 	lose.Store(true)
-	code, out = testnode.CallQuiet(c.Client(follower), "POST", "/v1/orders/"+order+"/confirm", "")
+	code, out = nodetest.CallQuiet(c.Client(follower), "POST", "/v1/orders/"+order+"/confirm", "")
 	lose.Store(false)
 	if code != 504 || out["error"] != "outcome_unknown" {
 		t.Fatalf("confirm relayed with its answer lost: %d %v, want 504 outcome_unknown", code, out)
 	}
 	// The leader got the confirm and applies it whatever became of the
 	// answer.
-	testnode.WaitFor(t, 10*time.Second, "the order sold on the leader", func() bool {
-		_, o := testnode.Call(t, c.Client(leader), "GET", "/v1/orders/"+order, "")
+	nodetest.WaitFor(t, 10*time.Second, "the order sold on the leader", func() bool {
+		_, o := nodetest.Call(t, c.Client(leader), "GET", "/v1/orders/"+order, "")
 		return o["state"] == "sold"
 	})
-	if code, o := testnode.Call(t, c.Client(follower), "POST", "/v1/orders/"+order+"/confirm", ""); code != 200 || o["state"] != "sold" {
+	if code, o := nodetest.Call(t, c.Client(follower), "POST", "/v1/orders/"+order+"/confirm", ""); code != 200 || o["state"] != "sold" {
 		t.Fatalf("confirm retried: %d %v", code, o)
 	}
 	a := checkClusterLedgers(t, c, "lamp", map[string]bool{order: true})

@@ -8,7 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strings"
 	"sync"
 	"testing"
@@ -179,7 +179,7 @@ func short(err error) string {
 }
 
 func TestMain(m *testing.M) {
-	testnode.Record = contractLog.record // the harness's calls too
+	nodetest.Record = contractLog.record // the harness's calls too
 	code := m.Run()
 	if code == 0 {
 		if err := contractLog.check(); err != nil {

@@ -6,7 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,10 +99,10 @@ func TestMultiProcess_CrowdOverThreeNodes(t *testing.T) {
 // crowdOverThreeNodes is the crowd test on nodes started with extraArgs.
 func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
 	p := startProcCluster(t, append([]string{"-drain-timeout", crowdDrainTimeout.String()}, extraArgs...)...)
-	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/crowd", fmt.Sprintf(`{"total":%d}`, crowdUnits)); code != 201 {
+	if code, body := nodetest.Call(t, p.Client("n1"), "PUT", "/v1/skus/crowd", fmt.Sprintf(`{"total":%d}`, crowdUnits)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, p, "crowd")
+	nodetest.WaitSaleEverywhere(t, p, "crowd")
 	clients := make([]*fasthttp.HostClient, len(p.ids))
 	for i, id := range p.ids {
 		clients[i] = &fasthttp.HostClient{Addr: p.httpAddr[id], MaxConns: crowdConns, ReadTimeout: 30 * time.Second, WriteTimeout: 10 * time.Second}
@@ -203,7 +203,7 @@ func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
 	var row map[string]any
 	deadline := lastBuyer.Add(5 * time.Second)
 	for {
-		_, row = testnode.CallQuiet(p.Client(p.Leader()), "GET", "/v1/skus/crowd/audit", "")
+		_, row = nodetest.CallQuiet(p.Client(p.Leader()), "GET", "/v1/skus/crowd/audit", "")
 		if row != nil && row["sold"].(float64)+row["held"].(float64) == crowdUnits {
 			break
 		}
@@ -216,7 +216,7 @@ func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
 
 	// Followers that reach the leader answer current, not stale, reads.
 	for _, id := range p.ids {
-		if code, sku := testnode.CallQuiet(p.Client(id), "GET", "/v1/skus/crowd", ""); code != 200 || sku["stale"] == true {
+		if code, sku := nodetest.CallQuiet(p.Client(id), "GET", "/v1/skus/crowd", ""); code != 200 || sku["stale"] == true {
 			t.Errorf("%s after the sale: %d %v, want a current read", id, code, sku)
 		}
 	}
@@ -225,7 +225,7 @@ func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
 	loop := !slices.Contains(extraArgs, "-http-event-loop=false")
 	for _, id := range p.ids {
 		var served float64
-		for _, line := range strings.Split(testnode.GetRaw(t, p.Client(id), "/metrics"), "\n") {
+		for _, line := range strings.Split(nodetest.GetRaw(t, p.Client(id), "/metrics"), "\n") {
 			fmt.Sscanf(line, "stockd_http_event_loop_deducts_total %g", &served)
 		}
 		if loop && served < crowdBuyers/float64(len(p.ids)) {
@@ -243,10 +243,10 @@ func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
 
 	// SIGTERM under full load: a second sale with more stock than anyone
 	// buys, all connections busy, and every node told to stop at once.
-	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/stream", `{"total":10000000}`); code != 201 {
+	if code, body := nodetest.Call(t, p.Client("n1"), "PUT", "/v1/skus/stream", `{"total":10000000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, p, "stream")
+	nodetest.WaitSaleEverywhere(t, p, "stream")
 	var loaded atomic.Int64
 	stop := make(chan struct{})
 	loadDeadline := time.Now().Add(30 * time.Second)
@@ -277,7 +277,7 @@ func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
 			}
 		}()
 	}
-	testnode.WaitFor(t, 20*time.Second, "the second sale under load", func() bool { return loaded.Load() >= 5000 })
+	nodetest.WaitFor(t, 20*time.Second, "the second sale under load", func() bool { return loaded.Load() >= 5000 })
 	stops := p.terminateAll(crowdDrainTimeout + 2*time.Second)
 	close(stop)
 	wg.Wait()
@@ -288,7 +288,7 @@ func crowdOverThreeNodes(t *testing.T, extraArgs ...string) {
 
 // checkOrdersEverywhere reads every acknowledged order on every node, from
 // a few goroutines, and fails on one that is missing or not sold or held.
-func checkOrdersEverywhere(t *testing.T, sc testnode.SalesCluster, acked map[string]bool) {
+func checkOrdersEverywhere(t *testing.T, sc nodetest.SalesCluster, acked map[string]bool) {
 	t.Helper()
 	const readers = 32
 	orders := make(chan string)
@@ -300,7 +300,7 @@ func checkOrdersEverywhere(t *testing.T, sc testnode.SalesCluster, acked map[str
 			defer wg.Done()
 			for order := range orders {
 				for _, id := range sc.NodeIDs() {
-					code, o := testnode.CallQuiet(sc.Client(id), "GET", "/v1/orders/"+order, "")
+					code, o := nodetest.CallQuiet(sc.Client(id), "GET", "/v1/orders/"+order, "")
 					if code != 200 || (o["state"] != "sold" && o["state"] != "held") {
 						if bad.Add(1) <= 5 {
 							t.Errorf("acknowledged order %s on %s: %d %v", order, id, code, o)

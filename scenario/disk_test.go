@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 )
 
 // diskFull is a switch a test flips to make writes fail with ENOSPC.
@@ -27,13 +27,13 @@ func (d *diskFull) fault() error {
 
 // startDiskCluster starts size nodes whose raft logs fail every append
 // while their switch is on; tune adjusts each config further.
-func startDiskCluster(t *testing.T, size int, tune func(*node.Config)) (*testnode.Cluster, map[string]*diskFull) {
+func startDiskCluster(t *testing.T, size int, tune func(*node.Config)) (*nodetest.Cluster, map[string]*diskFull) {
 	t.Helper()
 	disks := map[string]*diskFull{}
 	for i := 1; i <= size; i++ {
 		disks[fmt.Sprintf("n%d", i)] = &diskFull{}
 	}
-	c := testnode.StartClusterOf(t, size, func(cfg *node.Config) {
+	c := nodetest.StartClusterOf(t, size, func(cfg *node.Config) {
 		cfg.Raft.LogFault = disks[cfg.ID].fault
 		if tune != nil {
 			tune(cfg)
@@ -44,12 +44,12 @@ func startDiskCluster(t *testing.T, size int, tune func(*node.Config)) (*testnod
 
 // createSaleEverywhere creates a plain sale of total units and waits until
 // every running node knows it.
-func createSaleEverywhere(t *testing.T, c *testnode.Cluster, sku string, total int) {
+func createSaleEverywhere(t *testing.T, c *nodetest.Cluster, sku string, total int) {
 	t.Helper()
-	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, total)); code != 201 {
 		t.Fatalf("create sale %s: %d %v", sku, code, body)
 	}
-	testnode.WaitSaleEverywhere(t, c, sku)
+	nodetest.WaitSaleEverywhere(t, c, sku)
 }
 
 // TestDisk_LedgerWritesFailMidSale: a node's ledger.db stops being
@@ -59,11 +59,11 @@ func createSaleEverywhere(t *testing.T, c *testnode.Cluster, sku string, total i
 // write; after a restart its ledger holds everything.
 func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 	const units = 3000
-	c := testnode.StartCluster(t)
-	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	c := nodetest.StartCluster(t)
+	if code, body := nodetest.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, c, "tv")
+	nodetest.WaitSaleEverywhere(t, c, "tv")
 	waves := []map[int]buyerResult{buyWave(c, "tv", 0, 300, 12, nil)}
 	next := 300
 
@@ -78,8 +78,8 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 		full := &diskFull{}
 		c.Node(victim).Ledger().SetPersistFault(full.fault)
 		full.on.Store(true)
-		testnode.WaitFor(t, 10*time.Second, "the "+role+" "+victim+" refusing deducts with its disk full", func() bool {
-			code, out := testnode.CallQuiet(c.Client(victim), "POST", "/v1/skus/tv/deduct",
+		nodetest.WaitFor(t, 10*time.Second, "the "+role+" "+victim+" refusing deducts with its disk full", func() bool {
+			code, out := nodetest.CallQuiet(c.Client(victim), "POST", "/v1/skus/tv/deduct",
 				fmt.Sprintf(`{"user":"probe%d","request_id":"probe%d"}`, next, next))
 			next++
 			return code == 503 && out["error"] == "unavailable"
@@ -89,7 +89,7 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 			if id == victim {
 				continue
 			}
-			if code, out := testnode.Call(t, c.Client(id), "POST", "/v1/skus/tv/deduct",
+			if code, out := nodetest.Call(t, c.Client(id), "POST", "/v1/skus/tv/deduct",
 				fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, next, next)); code != 200 {
 				t.Fatalf("%s with %s's disk full: %d %v", id, victim, code, out)
 			}
@@ -101,8 +101,8 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 			t.Fatalf("%s: no failed ledger write counted", victim)
 		}
 		full.on.Store(false)
-		testnode.WaitFor(t, 10*time.Second, victim+" selling again once it can write", func() bool {
-			code, _ := testnode.CallQuiet(c.Client(victim), "POST", "/v1/skus/tv/deduct",
+		nodetest.WaitFor(t, 10*time.Second, victim+" selling again once it can write", func() bool {
+			code, _ := nodetest.CallQuiet(c.Client(victim), "POST", "/v1/skus/tv/deduct",
 				fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, next, next))
 			next++
 			return code == 200
@@ -122,7 +122,7 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 		t.Fatalf("stop %s: %v", victim, err)
 	}
 	c.StartWith(victim, nil, nil)
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 	checkClusterLedgers(t, c, "tv", acked)
 }
 
@@ -131,24 +131,24 @@ func TestDisk_LedgerWritesFailMidSale(t *testing.T) {
 // being in the log, and selling resumes when the disk has room again.
 func TestDisk_RaftLogAppendsFail(t *testing.T) {
 	full := &diskFull{}
-	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg := nodetest.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
 	cfg.Raft.LogFault = full.fault
 	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Stop(context.Background())
-	c := testnode.ClientOf(n, 16)
-	testnode.WaitFor(t, 10*time.Second, "node ready", func() bool {
-		code, _ := testnode.Call(t, c, "GET", "/readyz", "")
+	c := nodetest.ClientOf(n, 16)
+	nodetest.WaitFor(t, 10*time.Second, "node ready", func() bool {
+		code, _ := nodetest.Call(t, c, "GET", "/readyz", "")
 		return code == 200
 	})
-	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
+	if code, body := nodetest.Call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	acked := map[string]bool{}
 	buy := func(i int) (int, map[string]any) {
-		code, out := testnode.CallQuiet(c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
+		code, out := nodetest.CallQuiet(c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
 		if code == 200 {
 			acked[out["order_id"].(string)] = true
 		}
@@ -161,7 +161,7 @@ func TestDisk_RaftLogAppendsFail(t *testing.T) {
 	}
 	full.on.Store(true)
 	i := 10
-	testnode.WaitFor(t, 15*time.Second, "deducts refused with 503 while the log cannot grow", func() bool {
+	nodetest.WaitFor(t, 15*time.Second, "deducts refused with 503 while the log cannot grow", func() bool {
 		code, _ := buy(i)
 		i++
 		return code == 503
@@ -173,7 +173,7 @@ func TestDisk_RaftLogAppendsFail(t *testing.T) {
 		i++
 	}
 	full.on.Store(false)
-	testnode.WaitFor(t, 15*time.Second, "deducts sold again", func() bool {
+	nodetest.WaitFor(t, 15*time.Second, "deducts sold again", func() bool {
 		code, _ := buy(i)
 		i++
 		return code == 200
@@ -184,12 +184,12 @@ func TestDisk_RaftLogAppendsFail(t *testing.T) {
 	for k := 10; k < i; k++ {
 		buy(k)
 	}
-	a := testnode.CheckLedger(t, c, "tv")
+	a := nodetest.CheckLedger(t, c, "tv")
 	if int(a["sold"].(float64)) != len(acked) {
 		t.Fatalf("sold %v, acknowledged %d", a["sold"], len(acked))
 	}
 	for order := range acked {
-		if code, o := testnode.Call(t, c, "GET", "/v1/orders/"+order, ""); code != 200 || o["state"] != "sold" {
+		if code, o := nodetest.Call(t, c, "GET", "/v1/orders/"+order, ""); code != 200 || o["state"] != "sold" {
 			t.Fatalf("acknowledged order %s: %d %v", order, code, o)
 		}
 	}
@@ -242,13 +242,13 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 	} {
 		t.Run(damage.name, func(t *testing.T) {
 			dir := t.TempDir()
-			n := testnode.StartNode(t, dir)
-			c := testnode.ClientOf(n, 4)
-			if code, body := testnode.Call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
+			n := nodetest.StartNode(t, dir)
+			c := nodetest.ClientOf(n, 4)
+			if code, body := nodetest.Call(t, c, "PUT", "/v1/skus/tv", `{"total":100}`); code != 201 {
 				t.Fatalf("create sale: %d %v", code, body)
 			}
 			for i := range 20 {
-				if code, out := testnode.Call(t, c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d"}`, i)); code != 200 {
+				if code, out := nodetest.Call(t, c, "POST", "/v1/skus/tv/deduct", fmt.Sprintf(`{"user":"u%d"}`, i)); code != 200 {
 					t.Fatalf("deduct: %d %v", code, out)
 				}
 			}
@@ -259,7 +259,7 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 			if err := damage.do(ledger); err != nil {
 				t.Fatal(err)
 			}
-			n2, err := node.Start(testnode.NodeConfig(t, "n1", dir, 200*time.Millisecond))
+			n2, err := node.Start(nodetest.NodeConfig(t, "n1", dir, 200*time.Millisecond))
 			if err == nil {
 				n2.Stop(context.Background())
 				t.Fatalf("a node started on a %s ledger.db", damage.name)
@@ -274,8 +274,8 @@ func TestDisk_DamagedLedgerAtStart(t *testing.T) {
 			if err := os.Rename(ledger, ledger+".damaged"); err != nil {
 				t.Fatal(err)
 			}
-			n3 := testnode.StartNode(t, dir)
-			a := testnode.CheckLedger(t, testnode.ClientOf(n3, 1), "tv")
+			n3 := nodetest.StartNode(t, dir)
+			a := nodetest.CheckLedger(t, nodetest.ClientOf(n3, 1), "tv")
 			if a["sold"] != 20.0 || a["orders"] != 20.0 {
 				t.Fatalf("rebuilt ledger: %v, want the 20 orders sold before", a)
 			}
@@ -305,14 +305,14 @@ func TestDisk_FollowerCatchesUpAfterItsDiskRefusedAppends(t *testing.T) {
 		done := make(chan map[int]buyerResult, 1)
 		go func() { done <- buyWave(c, "tv", next, next+600, 16, nil) }()
 		disks[follower].on.Store(true)
-		testnode.WaitFor(t, 10*time.Second, follower+" refusing appends", func() bool {
+		nodetest.WaitFor(t, 10*time.Second, follower+" refusing appends", func() bool {
 			return c.Node(follower).Raft().Status().AppliedIndex < c.Node(c.Leader()).Raft().Status().CommitIndex
 		})
 		time.Sleep(300 * time.Millisecond) // the fault's length, not a wait for a condition
 		disks[follower].on.Store(false)
 		waves = append(waves, <-done)
 		next += 600
-		testnode.WaitFor(t, 20*time.Second, fmt.Sprintf("round %d: %s caught up with the leader", round, follower), func() bool {
+		nodetest.WaitFor(t, 20*time.Second, fmt.Sprintf("round %d: %s caught up with the leader", round, follower), func() bool {
 			l := c.Node(c.Leader())
 			return l != nil && c.Node(follower).Raft().Status().AppliedIndex >= l.Raft().Status().CommitIndex
 		})
@@ -347,22 +347,22 @@ func TestDisk_NewLeaderWithoutAQuorumReadsStale(t *testing.T) {
 	if err := c.Node(old).Raft().TransferLeadershipTo(heir, c.RaftAddr[heir]); err != nil {
 		t.Fatalf("transfer leadership from %s: %v", old, err)
 	}
-	testnode.WaitFor(t, 10*time.Second, heir+" leading", func() bool { return c.Node(heir).Raft().IsLeader() })
+	nodetest.WaitFor(t, 10*time.Second, heir+" leading", func() bool { return c.Node(heir).Raft().IsLeader() })
 	for range 5 {
-		code, sku := testnode.Call(t, c.Client(heir), "GET", "/v1/skus/tv", "")
+		code, sku := nodetest.Call(t, c.Client(heir), "GET", "/v1/skus/tv", "")
 		if code != 200 || sku["stale"] != true {
 			t.Fatalf("read on a leader that has not committed in its term: %d %v, want stale", code, sku)
 		}
-		if code, out := testnode.CallQuiet(c.Client(heir), "POST", "/v1/skus/tv/deduct", `{"user":"u","request_id":"r"}`); code == 200 {
+		if code, out := nodetest.CallQuiet(c.Client(heir), "POST", "/v1/skus/tv/deduct", `{"user":"u","request_id":"r"}`); code == 200 {
 			t.Fatalf("deduct acknowledged by a leader that cannot commit: %v", out)
 		}
 	}
 	disks[old].on.Store(false)
-	testnode.WaitFor(t, 15*time.Second, heir+" fresh once it can commit", func() bool {
-		_, sku := testnode.CallQuiet(c.Client(heir), "GET", "/v1/skus/tv", "")
+	nodetest.WaitFor(t, 15*time.Second, heir+" fresh once it can commit", func() bool {
+		_, sku := nodetest.CallQuiet(c.Client(heir), "GET", "/v1/skus/tv", "")
 		return sku != nil && sku["stale"] == nil
 	})
 	c.StartWith(down, nil, nil)
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 	checkClusterLedgers(t, c, "tv", nil)
 }

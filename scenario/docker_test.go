@@ -17,7 +17,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // needDocker skips the test, saying why, when no Docker engine answers.
@@ -143,7 +143,7 @@ func TestDocker_Image(t *testing.T) {
 			t.Logf("the container's log:\n%s", out)
 		}
 	}()
-	testnode.WaitFor(t, 90*time.Second, "the container healthy", func() bool {
+	nodetest.WaitFor(t, 90*time.Second, "the container healthy", func() bool {
 		return docker(t, "inspect", "-f", "{{.State.Health.Status}}", name) == "healthy"
 	})
 	addr := strings.TrimPrefix(docker(t, "port", name, "8080/tcp"), "0.0.0.0:")
@@ -159,12 +159,12 @@ func TestDocker_Image(t *testing.T) {
 		t.Fatalf("create a sale in the container: %v %d %s", err, resp.StatusCode(), resp.Body())
 	}
 	for i := range 60 {
-		code, out := testnode.Call(t, cl, "POST", "/v1/skus/box/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
+		code, out := nodetest.Call(t, cl, "POST", "/v1/skus/box/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
 		if (i < 50 && code != 200) || (i >= 50 && (code != 409 || out["error"] != "sold_out")) {
 			t.Fatalf("deduct %d in the container: %d %v", i, code, out)
 		}
 	}
-	if a := testnode.CheckLedger(t, cl, "box"); a["sold"].(float64) != 50 {
+	if a := nodetest.CheckLedger(t, cl, "box"); a["sold"].(float64) != 50 {
 		t.Fatalf("sold %v, want 50", a["sold"])
 	}
 	start := time.Now()
@@ -258,7 +258,7 @@ func TestDocker_Compose(t *testing.T) {
 	for n, p := range ports {
 		clients[n] = &fasthttp.HostClient{Addr: "127.0.0.1:" + p, ReadTimeout: 10 * time.Second, MaxConns: 16}
 	}
-	testnode.WaitFor(t, 2*time.Minute, "three healthy containers", func() bool {
+	nodetest.WaitFor(t, 2*time.Minute, "three healthy containers", func() bool {
 		for _, id := range container {
 			if docker(t, "inspect", "-f", "{{.State.Health.Status}}", id) != "healthy" {
 				return false
@@ -301,7 +301,7 @@ func TestDocker_Compose(t *testing.T) {
 				b := next.Add(1)
 				body := fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b)
 				for try := 0; time.Now().Before(stopBuying); try++ {
-					code, out := testnode.CallQuiet(clients[names[(w+try)%3]], "POST", "/v1/skus/cmp/deduct", body)
+					code, out := nodetest.CallQuiet(clients[names[(w+try)%3]], "POST", "/v1/skus/cmp/deduct", body)
 					if code == 200 {
 						mu.Lock()
 						if orders[out["order_id"].(string)] {
@@ -323,24 +323,24 @@ func TestDocker_Compose(t *testing.T) {
 			}
 		}()
 	}
-	testnode.WaitFor(t, time.Minute, "300 wins", func() bool { return wins.Load() >= 300 })
+	nodetest.WaitFor(t, time.Minute, "300 wins", func() bool { return wins.Load() >= 300 })
 	docker(t, "kill", container["n2"])
-	testnode.WaitFor(t, time.Minute, "wins while n2 is down", func() bool { return wins.Load() >= 800 })
+	nodetest.WaitFor(t, time.Minute, "wins while n2 is down", func() bool { return wins.Load() >= 800 })
 	docker(t, "start", container["n2"])
 	network := project + "_stockd"
 	docker(t, "network", "disconnect", network, container["n3"])
-	testnode.WaitFor(t, time.Minute, "wins while n3 is cut off", func() bool { return wins.Load() >= 1500 })
+	nodetest.WaitFor(t, time.Minute, "wins while n3 is cut off", func() bool { return wins.Load() >= 1500 })
 	docker(t, "network", "connect", "--alias", "n3", network, container["n3"])
 	wg.Wait()
 	if wins.Load() != units {
 		t.Fatalf("%d wins answered for %d units", wins.Load(), units)
 	}
 	for _, n := range []string{"n1", "n2", "n3"} {
-		testnode.WaitFor(t, time.Minute, n+" caught up with the sale", func() bool {
-			_, a := testnode.CallQuiet(clients[n], "GET", "/v1/skus/cmp/audit", "")
+		nodetest.WaitFor(t, time.Minute, n+" caught up with the sale", func() bool {
+			_, a := nodetest.CallQuiet(clients[n], "GET", "/v1/skus/cmp/audit", "")
 			return a != nil && a["ok"] == true && a["sold"] == float64(units)
 		})
-		testnode.CheckLedger(t, clients[n], "cmp")
+		nodetest.CheckLedger(t, clients[n], "cmp")
 	}
 
 	start := time.Now()

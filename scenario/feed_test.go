@@ -16,8 +16,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/feed"
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 )
 
 // feedEvent is one event of GET /v1/events as a consumer reads it.
@@ -58,7 +58,7 @@ func readEvents(c *fasthttp.HostClient, after string, limit int, wait time.Durat
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, fmt.Sprintf("/v1/events?after=%s&limit=%d&wait=%s", after, limit, wait)))
+	req.SetRequestURI(nodetest.URL(c, fmt.Sprintf("/v1/events?after=%s&limit=%d&wait=%s", after, limit, wait)))
 	if err := c.DoTimeout(req, resp, wait+5*time.Second); err != nil {
 		return 0, feedPage{}, err.Error()
 	}
@@ -77,7 +77,7 @@ func readEvents(c *fasthttp.HostClient, after string, limit int, wait time.Durat
 // tally of held and sold units.
 type feedConsumer struct {
 	t    *testing.T
-	c    *testnode.Cluster
+	c    *nodetest.Cluster
 	name string
 
 	mu     sync.Mutex
@@ -104,7 +104,7 @@ func newFeedTally() feedTally {
 	return feedTally{seen: map[uint64]feedEvent{}, orders: map[string]feedEvent{}, held: map[string]int64{}, sold: map[string]int64{}}
 }
 
-func newFeedConsumer(t *testing.T, c *testnode.Cluster, name string, startNode int) *feedConsumer {
+func newFeedConsumer(t *testing.T, c *nodetest.Cluster, name string, startNode int) *feedConsumer {
 	return &feedConsumer{t: t, c: c, name: name, cursor: "0", node: startNode, feedTally: newFeedTally()}
 }
 
@@ -152,7 +152,7 @@ func (f *feedConsumer) step() int {
 		// Acknowledged through whichever node answers (followers relay).
 		for attempt := 0; attempt < len(f.c.IDs); attempt++ {
 			if ac := f.c.Client(f.c.IDs[(f.node+attempt)%len(f.c.IDs)]); ac != nil {
-				if code, _ := testnode.CallQuiet(ac, "PUT", "/v1/consumers/"+f.name, `{"cursor":"`+cursor+`"}`); code == 200 {
+				if code, _ := nodetest.CallQuiet(ac, "PUT", "/v1/consumers/"+f.name, `{"cursor":"`+cursor+`"}`); code == 200 {
 					break
 				}
 			}
@@ -214,8 +214,8 @@ func (f *feedTally) add(t *testing.T, e feedEvent) {
 // tally of held and sold units is the ledger's.
 func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 	const units, holdTTL = 240, 1500 * time.Millisecond
-	c := testnode.StartCluster(t)
-	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/feed", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
+	c := nodetest.StartCluster(t)
+	if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/feed", fmt.Sprintf(`{"total":%d,"hold_ttl":"%s"}`, units, holdTTL)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "feed")
@@ -271,7 +271,7 @@ func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 					if cl == nil {
 						continue
 					}
-					code, _ := testnode.CallQuiet(cl, "POST", "/v1/orders/"+order+"/"+op, "")
+					code, _ := nodetest.CallQuiet(cl, "POST", "/v1/orders/"+order+"/"+op, "")
 					if code == 200 {
 						if op == "confirm" {
 							confirmed.Add(1)
@@ -294,7 +294,7 @@ func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 
 	// Kill the node the consumer reads from, mid-sale.
 	victim := cons.reading()
-	testnode.WaitFor(t, 20*time.Second, "the consumer to read part of the sale", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "the consumer to read part of the sale", func() bool {
 		cons.mu.Lock()
 		defer cons.mu.Unlock()
 		return len(cons.seen) > 50
@@ -304,7 +304,7 @@ func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 	second := buyWave(c, "feed", 1000, 1200, 12, nil)
 	settle(second)
 	// The victim stays down until the consumer has gone on elsewhere.
-	testnode.WaitFor(t, 30*time.Second, "the consumer to read on from another node", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "the consumer to read on from another node", func() bool {
 		cons.mu.Lock()
 		defer cons.mu.Unlock()
 		return cons.moves > 0 && cons.readElsewhere > 0
@@ -312,23 +312,23 @@ func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 	third := buyWave(c, "feed", 2000, 2200, 12, nil)
 	settle(third)
 	c.Start(victim, nil)
-	testnode.WaitReady(t, c)
+	nodetest.WaitReady(t, c)
 
 	// Every hold left to expire expires; then the consumer catches up.
-	testnode.WaitFor(t, 30*time.Second, "every hold confirmed, cancelled or expired", func() bool {
-		_, a := testnode.Call(t, c.Client(c.IDs[0]), "GET", "/v1/skus/feed/audit", "")
+	nodetest.WaitFor(t, 30*time.Second, "every hold confirmed, cancelled or expired", func() bool {
+		_, a := nodetest.Call(t, c.Client(c.IDs[0]), "GET", "/v1/skus/feed/audit", "")
 		return a["held"] == 0.0
 	})
 	acked := ackedOrders(t, first, second, third)
 	a := checkClusterLedgers(t, c, "feed", nil) // released orders are neither sold nor held
 	var head string
-	testnode.WaitFor(t, 10*time.Second, "the feed's head", func() bool {
+	nodetest.WaitFor(t, 10*time.Second, "the feed's head", func() bool {
 		code, p, _ := readEvents(c.Client(c.IDs[0]), "0", 1, 0)
 		head = p.Head
 		return code == 200 && head != "0"
 	})
 	_, headSeq := feedSeq(t, head)
-	testnode.WaitFor(t, 30*time.Second, "the consumer to reach the head", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "the consumer to reach the head", func() bool {
 		cons.mu.Lock()
 		defer cons.mu.Unlock()
 		return cons.last[1] >= headSeq
@@ -365,8 +365,8 @@ func TestFeed_ConsumerMovesToAnotherNodeWhenItsNodeDies(t *testing.T) {
 
 	// The consumer's acknowledged cursor is replicated: every node reports it.
 	for _, id := range c.IDs {
-		testnode.WaitFor(t, 10*time.Second, id+" to report the consumer's cursor", func() bool {
-			_, out := testnode.Call(t, c.Client(id), "GET", "/v1/consumers", "")
+		nodetest.WaitFor(t, 10*time.Second, id+" to report the consumer's cursor", func() bool {
+			_, out := nodetest.Call(t, c.Client(id), "GET", "/v1/consumers", "")
 			cs, _ := out["consumers"].([]any)
 			return len(cs) == 1 && cs[0].(map[string]any)["cursor"] == cons.cursor && cs[0].(map[string]any)["lag_events"] == 0.0
 		})
@@ -409,7 +409,7 @@ func metricFloat(t *testing.T, c *fasthttp.HostClient, name string) float64 {
 func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 	const eventCap = 50
 	logs := &logBuffer{}
-	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg := nodetest.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
 	cfg.Engine.FeedRetention = time.Millisecond // only the consumer holds events
 	cfg.Engine.FeedCap = eventCap
 	cfg.Engine.FeedPruneInterval = 20 * time.Millisecond
@@ -419,20 +419,20 @@ func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Stop(context.Background()) })
-	cl := testnode.ClientOf(n, 4)
-	testnode.WaitFor(t, 10*time.Second, "node ready", func() bool { code, _ := testnode.Call(t, cl, "GET", "/readyz", ""); return code == 200 })
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/cap", `{"total":1000}`); code != 201 {
+	cl := nodetest.ClientOf(n, 4)
+	nodetest.WaitFor(t, 10*time.Second, "node ready", func() bool { code, _ := nodetest.Call(t, cl, "GET", "/readyz", ""); return code == 200 })
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/skus/cap", `{"total":1000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	buy := func(from, to int) {
 		for b := from; b < to; b++ {
-			if code, body := testnode.Call(t, cl, "POST", "/v1/skus/cap/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)); code != 200 {
+			if code, body := nodetest.Call(t, cl, "POST", "/v1/skus/cap/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)); code != 200 {
 				t.Fatalf("deduct %d: %d %v", b, code, body)
 			}
 		}
 	}
 	// The consumer registers before the sale: it holds every event.
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"0"}`); code != 200 {
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"0"}`); code != 200 {
 		t.Fatalf("register: %d %v", code, body)
 	}
 	buy(0, 10)
@@ -441,16 +441,16 @@ func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 		t.Fatalf("first read: %d, %d events", code, len(page.Events))
 	}
 	slow := page.Events[9].Cursor // the consumer acknowledges 10 events, then stops
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"`+slow+`"}`); code != 200 {
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"`+slow+`"}`); code != 200 {
 		t.Fatalf("ack: %d %v", code, body)
 	}
 	buy(10, 30)
 	consumers := func() map[string]any {
-		_, out := testnode.Call(t, cl, "GET", "/v1/consumers", "")
+		_, out := nodetest.Call(t, cl, "GET", "/v1/consumers", "")
 		return out
 	}
 	// The leader prunes what the consumer acknowledged, and no further.
-	testnode.WaitFor(t, 10*time.Second, "pruning up to the consumer's cursor", func() bool { return consumers()["floor"] == slow })
+	nodetest.WaitFor(t, 10*time.Second, "pruning up to the consumer's cursor", func() bool { return consumers()["floor"] == slow })
 	if out := consumers(); out["retained_events"] != 20.0 {
 		t.Fatalf("after pruning to the consumer: %v", out)
 	}
@@ -461,7 +461,7 @@ func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 	// Past the cap the oldest events go even though the consumer has not
 	// read them.
 	buy(30, 90)
-	testnode.WaitFor(t, 10*time.Second, "pruning down to the cap", func() bool { return consumers()["retained_events"] == float64(eventCap) })
+	nodetest.WaitFor(t, 10*time.Second, "pruning down to the cap", func() bool { return consumers()["retained_events"] == float64(eventCap) })
 	out := consumers()
 	if _, floor := feedSeq(t, out["floor"].(string)); floor != 90-eventCap {
 		t.Fatalf("floor %v, want event %d", out["floor"], 90-eventCap)
@@ -487,7 +487,7 @@ func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 	if code, _, body := readEvents(cl, slow, 10, 0); code != 410 || !strings.Contains(body, "cursor_expired") {
 		t.Fatalf("read after an expired cursor: %d %s", code, body)
 	}
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"`+slow+`"}`); code != 410 {
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/consumers/slow", `{"cursor":"`+slow+`"}`); code != 410 {
 		t.Fatalf("ack of an expired cursor: %d %v", code, body)
 	}
 	// From the start, a reader gets what is kept; bad cursors are 400.
@@ -501,11 +501,11 @@ func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 		}
 	}
 	// Dropping the consumer lets retention go back to time alone.
-	if code, body := testnode.Call(t, cl, "DELETE", "/v1/consumers/slow", ""); code != 200 {
+	if code, body := nodetest.Call(t, cl, "DELETE", "/v1/consumers/slow", ""); code != 200 {
 		t.Fatalf("drop: %d %v", code, body)
 	}
-	testnode.WaitFor(t, 10*time.Second, "time retention once the consumer is gone", func() bool { return consumers()["retained_events"] == 0.0 })
-	testnode.CheckLedger(t, cl, "cap")
+	nodetest.WaitFor(t, 10*time.Second, "time retention once the consumer is gone", func() bool { return consumers()["retained_events"] == 0.0 })
+	nodetest.CheckLedger(t, cl, "cap")
 }
 
 // TestFeed_ExampleConsumerPrintsAndAcknowledges runs `stockd feed`, the
@@ -513,14 +513,14 @@ func TestFeed_AConsumerHoldsRetentionUpToTheCapAndNoFurther(t *testing.T) {
 // line, acknowledges them, starts the next run where the last stopped, and
 // skips a node that does not answer.
 func TestFeed_ExampleConsumerPrintsAndAcknowledges(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	cl := testnode.ClientOf(n, 2)
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/ex", `{"total":100}`); code != 201 {
+	n := nodetest.StartNode(t, t.TempDir())
+	cl := nodetest.ClientOf(n, 2)
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/skus/ex", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	buy := func(from, to int) {
 		for b := from; b < to; b++ {
-			if code, body := testnode.Call(t, cl, "POST", "/v1/skus/ex/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)); code != 200 {
+			if code, body := nodetest.Call(t, cl, "POST", "/v1/skus/ex/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b)); code != 200 {
 				t.Fatalf("deduct %d: %d %v", b, code, body)
 			}
 		}
@@ -567,16 +567,16 @@ func TestFeed_ExampleConsumerPrintsAndAcknowledges(t *testing.T) {
 	if len(second) != 3 || second[0].Cursor == first[6].Cursor {
 		t.Fatalf("second run printed %+v; it should start after the acknowledged cursor %s", second, first[6].Cursor)
 	}
-	_, out := testnode.Call(t, cl, "GET", "/v1/consumers", "")
+	_, out := nodetest.Call(t, cl, "GET", "/v1/consumers", "")
 	cs := out["consumers"].([]any)
 	if len(cs) != 1 || cs[0].(map[string]any)["cursor"] != second[2].Cursor {
 		t.Fatalf("consumers after two runs: %v", out)
 	}
-	reconcile(t, cl, "ex", nil, testnode.CheckLedger(t, cl, "ex"))
-	if code, _ := testnode.Call(t, cl, "GET", "/v1/skus/nope/orders", ""); code != 404 {
+	reconcile(t, cl, "ex", nil, nodetest.CheckLedger(t, cl, "ex"))
+	if code, _ := nodetest.Call(t, cl, "GET", "/v1/skus/nope/orders", ""); code != 404 {
 		t.Fatalf("orders of an unknown sale: %d", code)
 	}
-	if code, _ := testnode.Call(t, cl, "GET", "/v1/skus/ex/orders?state=lost", ""); code != 400 {
+	if code, _ := nodetest.Call(t, cl, "GET", "/v1/skus/ex/orders?state=lost", ""); code != 400 {
 		t.Fatalf("orders in a bad state: %d", code)
 	}
 }
@@ -585,7 +585,7 @@ func TestFeed_ExampleConsumerPrintsAndAcknowledges(t *testing.T) {
 // have applied the same index) and fails unless every node serves the same
 // events, each once and in log order, and they tally to the sale's held
 // and sold units in audit.
-func checkFeedEverywhere(t *testing.T, sc testnode.SalesCluster, sku string, audit map[string]any) {
+func checkFeedEverywhere(t *testing.T, sc nodetest.SalesCluster, sku string, audit map[string]any) {
 	t.Helper()
 	var ref []feedEvent
 	for i, id := range sc.NodeIDs() {
@@ -632,7 +632,7 @@ func streamOrders(t *testing.T, c *fasthttp.HostClient, sku, query string) ([]ma
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, "/v1/skus/"+sku+"/orders?"+query))
+	req.SetRequestURI(nodetest.URL(c, "/v1/skus/"+sku+"/orders?"+query))
 	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -712,15 +712,15 @@ func reconcile(t *testing.T, c *fasthttp.HostClient, sku string, books map[strin
 // orders then leave every node's ledger and its totals stay.
 func TestFeed_ClosedSaleArchivedAcrossTheCluster(t *testing.T) {
 	const units = 150
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	cl := c.Client(c.IDs[0])
 	for _, sku := range []string{"old", "new"} {
-		if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+		if code, body := nodetest.Call(t, cl, "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 			t.Fatalf("create %s: %d %v", sku, code, body)
 		}
 		waitForSaleEverywhere(t, c, sku)
 	}
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/consumers/shop", `{"cursor":"0"}`); code != 200 {
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/consumers/shop", `{"cursor":"0"}`); code != 200 {
 		t.Fatalf("register consumer: %d %v", code, body)
 	}
 	wave := buyWave(c, "old", 0, units, 8, nil)
@@ -728,44 +728,44 @@ func TestFeed_ClosedSaleArchivedAcrossTheCluster(t *testing.T) {
 	buyWave(c, "new", 1000, 1050, 8, nil)
 
 	// Archive needs the sale closed, then its events acknowledged.
-	if code, out := testnode.Call(t, cl, "POST", "/v1/skus/old/archive", ""); code != 409 || out["error"] != "not_closed" {
+	if code, out := nodetest.Call(t, cl, "POST", "/v1/skus/old/archive", ""); code != 409 || out["error"] != "not_closed" {
 		t.Fatalf("archive of an open sale: %d %v", code, out)
 	}
-	if code, out := testnode.Call(t, c.Client(c.IDs[1]), "POST", "/v1/skus/old/close", ""); code != 200 || out["state"] != "closed" {
+	if code, out := nodetest.Call(t, c.Client(c.IDs[1]), "POST", "/v1/skus/old/close", ""); code != 200 || out["state"] != "closed" {
 		t.Fatalf("close through %s: %d %v", c.IDs[1], code, out)
 	}
 	for _, id := range c.IDs {
-		testnode.WaitFor(t, 10*time.Second, id+" to see the sale closed", func() bool {
-			code, out := testnode.Call(t, c.Client(id), "POST", "/v1/skus/old/deduct", `{"user":"late","request_id":"late-`+id+`"}`)
+		nodetest.WaitFor(t, 10*time.Second, id+" to see the sale closed", func() bool {
+			code, out := nodetest.Call(t, c.Client(id), "POST", "/v1/skus/old/deduct", `{"user":"late","request_id":"late-`+id+`"}`)
 			return code == 409 && out["error"] == "closed"
 		})
 	}
-	if code, out := testnode.Call(t, cl, "POST", "/v1/skus/old/archive", ""); code != 409 || out["error"] != "unconsumed_events" {
+	if code, out := nodetest.Call(t, cl, "POST", "/v1/skus/old/archive", ""); code != 409 || out["error"] != "unconsumed_events" {
 		t.Fatalf("archive with unacknowledged events: %d %v", code, out)
 	}
 	_, page, _ := readEvents(cl, "0", 1000, 0)
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/consumers/shop", `{"cursor":"`+page.Head+`"}`); code != 200 {
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/consumers/shop", `{"cursor":"`+page.Head+`"}`); code != 200 {
 		t.Fatalf("ack: %d %v", code, body)
 	}
-	before := testnode.CheckLedger(t, cl, "old")
-	if code, out := testnode.Call(t, c.Client(c.IDs[2]), "POST", "/v1/skus/old/archive", ""); code != 200 || out["archived"] != true {
+	before := nodetest.CheckLedger(t, cl, "old")
+	if code, out := nodetest.Call(t, c.Client(c.IDs[2]), "POST", "/v1/skus/old/archive", ""); code != 200 || out["archived"] != true {
 		t.Fatalf("archive through %s: %d %v", c.IDs[2], code, out)
 	}
 	// Every node first: an order read on one node may be asked of the
 	// node that minted it.
 	for _, id := range c.IDs {
-		testnode.WaitFor(t, 20*time.Second, id+" to take the archived orders out", func() bool {
-			_, out := testnode.Call(t, c.Client(id), "GET", "/v1/skus/old", "")
+		nodetest.WaitFor(t, 20*time.Second, id+" to take the archived orders out", func() bool {
+			_, out := nodetest.Call(t, c.Client(id), "GET", "/v1/skus/old", "")
 			return out["archive_done"] == true
 		})
 	}
 	for _, id := range c.IDs {
-		_, out := testnode.Call(t, c.Client(id), "GET", "/v1/skus/old", "")
+		_, out := nodetest.Call(t, c.Client(id), "GET", "/v1/skus/old", "")
 		if out["archived_orders"] != float64(units) || out["sold"] != before["sold"] || out["total"] != before["total"] {
 			t.Fatalf("%s: archived sale %v; before %v", id, out, before)
 		}
 		for o := range acked {
-			if code, _ := testnode.Call(t, c.Client(id), "GET", "/v1/orders/"+o, ""); code != 404 {
+			if code, _ := nodetest.Call(t, c.Client(id), "GET", "/v1/orders/"+o, ""); code != 404 {
 				t.Fatalf("%s: archived order %s: %d", id, o, code)
 			}
 			break
@@ -788,7 +788,7 @@ func TestFeed_ClosedSaleArchivedAcrossTheCluster(t *testing.T) {
 // from a node ahead of the one it now asks is not refused: the lagging
 // node says it is behind, and a long-poll answers once it has caught up.
 func TestFeed_ACursorAheadOfALaggingNodeWaitsForIt(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader := c.Leader()
 	var lagging string
 	for _, id := range c.IDs {
@@ -797,13 +797,13 @@ func TestFeed_ACursorAheadOfALaggingNodeWaitsForIt(t *testing.T) {
 			break
 		}
 	}
-	if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/lag", `{"total":100}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(leader), "PUT", "/v1/skus/lag", `{"total":100}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "lag")
 	c.Net.Isolate(lagging)
 	for b := range 20 {
-		if code, body := testnode.Call(t, c.Client(leader), "POST", "/v1/skus/lag/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"lag-%d"}`, b, b)); code != 200 {
+		if code, body := nodetest.Call(t, c.Client(leader), "POST", "/v1/skus/lag/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"lag-%d"}`, b, b)); code != 200 {
 			t.Fatalf("deduct %d: %d %v", b, code, body)
 		}
 	}

@@ -7,15 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 )
 
 // rawCall sends raw on a new connection to addr and reads one answer:
 // its status and JSON body.
 func rawCall(t *testing.T, addr, raw string) (int, map[string]any) {
 	t.Helper()
-	answers, _ := testnode.RawExchange(t, addr, raw, 0, 1)
+	answers, _ := nodetest.RawExchange(t, addr, raw, 0, 1)
 	var out map[string]any
 	if err := json.Unmarshal([]byte(answers[0].Body), &out); err != nil {
 		t.Fatalf("answer %d %q is not JSON", answers[0].Status, answers[0].Body)
@@ -59,13 +59,13 @@ func TestInput_OneMeaningOrRefused(t *testing.T) {
 	}
 	for _, loop := range []bool{true, false} {
 		t.Run(fmt.Sprintf("event loop %v", loop), func(t *testing.T) {
-			n := testnode.StartNodeWith(t, t.TempDir(), func(c *node.Config) { c.DeductLoop = loop })
-			cl := testnode.ClientOf(n, 1)
-			if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/tv", `{"total":10,"per_user":1}`); code != 201 {
+			n := nodetest.StartNodeWith(t, t.TempDir(), func(c *node.Config) { c.DeductLoop = loop })
+			cl := nodetest.ClientOf(n, 1)
+			if code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/tv", `{"total":10,"per_user":1}`); code != 201 {
 				t.Fatalf("create sale: %d %v", code, out)
 			}
-			before := testnode.CheckLedger(t, cl, "tv")
-			_, feedBefore := testnode.Call(t, cl, "GET", "/v1/events?limit=1000", "")
+			before := nodetest.CheckLedger(t, cl, "tv")
+			_, feedBefore := nodetest.Call(t, cl, "GET", "/v1/events?limit=1000", "")
 			for _, tc := range cases {
 				code, out := rawCall(t, n.HTTPAddr(), rawPost("/v1/skus/tv/deduct"+tc.query, tc.body, tc.headers...))
 				detail, _ := out["detail"].(string)
@@ -88,30 +88,30 @@ func TestInput_OneMeaningOrRefused(t *testing.T) {
 					t.Errorf("%s as a batch item: %v, want 400 naming %s", tc.name, r, tc.field)
 				}
 			}
-			after := testnode.CheckLedger(t, cl, "tv")
-			_, feedAfter := testnode.Call(t, cl, "GET", "/v1/events?limit=1000", "")
+			after := nodetest.CheckLedger(t, cl, "tv")
+			_, feedAfter := nodetest.Call(t, cl, "GET", "/v1/events?limit=1000", "")
 			if fmt.Sprint(before) != fmt.Sprint(after) || fmt.Sprint(feedBefore["events"]) != fmt.Sprint(feedAfter["events"]) {
 				t.Fatalf("refused input changed the ledger or the feed:\n  before %v %v\n  after  %v %v", before, feedBefore["events"], after, feedAfter["events"])
 			}
 			// An e-mail address buys, enters a lottery and reads back as sent.
-			code, out := testnode.Call(t, cl, "POST", "/v1/skus/tv/deduct", `{"user":"bob@x.com","request_id":"m1"}`)
+			code, out := nodetest.Call(t, cl, "POST", "/v1/skus/tv/deduct", `{"user":"bob@x.com","request_id":"m1"}`)
 			if code != 200 {
 				t.Fatalf("a deduct by bob@x.com: %d %v", code, out)
 			}
-			if code, o := testnode.Call(t, cl, "GET", "/v1/orders/"+out["order_id"].(string), ""); code != 200 || o["user"] != "bob@x.com" {
+			if code, o := nodetest.Call(t, cl, "GET", "/v1/orders/"+out["order_id"].(string), ""); code != 200 || o["user"] != "bob@x.com" {
 				t.Fatalf("bob@x.com's order reads %d %v", code, o)
 			}
 			close := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-			if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/raffle", `{"total":1,"mode":"lottery","entries_close_at":"`+close+`"}`); code != 201 {
+			if code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/raffle", `{"total":1,"mode":"lottery","entries_close_at":"`+close+`"}`); code != 201 {
 				t.Fatalf("create lottery: %d %v", code, out)
 			}
-			if code, out := testnode.Call(t, cl, "POST", "/v1/skus/raffle/enter", `{"user":"bob@x.com"}`); code != 202 || out["user"] != "bob@x.com" {
+			if code, out := nodetest.Call(t, cl, "POST", "/v1/skus/raffle/enter", `{"user":"bob@x.com"}`); code != 202 || out["user"] != "bob@x.com" {
 				t.Fatalf("bob@x.com's entry: %d %v", code, out)
 			}
-			if code, out := testnode.Call(t, cl, "GET", "/v1/skus/raffle/entries/bob@x.com", ""); code != 200 || out["user"] != "bob@x.com" {
+			if code, out := nodetest.Call(t, cl, "GET", "/v1/skus/raffle/entries/bob@x.com", ""); code != 200 || out["user"] != "bob@x.com" {
 				t.Fatalf("bob@x.com's entry reads %d %v", code, out)
 			}
-			testnode.CheckLedger(t, cl, "tv")
+			nodetest.CheckLedger(t, cl, "tv")
 		})
 	}
 }
@@ -120,11 +120,11 @@ func TestInput_OneMeaningOrRefused(t *testing.T) {
 // ledger stores, and a single-valued query argument given twice, are
 // refused naming the field.
 func TestInput_TimesAndQueriesOfOneMeaning(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	cl := testnode.ClientOf(n, 1)
+	n := nodetest.StartNode(t, t.TempDir())
+	cl := nodetest.ClientOf(n, 1)
 	f := func(method, path, body, field string) {
 		t.Helper()
-		code, out := testnode.Call(t, cl, method, path, body)
+		code, out := nodetest.Call(t, cl, method, path, body)
 		detail, _ := out["detail"].(string)
 		if code != 400 || !strings.HasPrefix(detail, field+" ") {
 			t.Errorf("%s %s %s: %d %v, want 400 naming %s", method, path, body, code, out, field)
@@ -132,14 +132,14 @@ func TestInput_TimesAndQueriesOfOneMeaning(t *testing.T) {
 	}
 	f("PUT", "/v1/skus/a", `{"total":1,"start_at":"2030-01-01T00:00:00.1234567891Z"}`, "start_at")
 	f("PUT", "/v1/skus/b", `{"total":1,"mode":"lottery","entries_close_at":"2030-01-01T00:00:00.0000000001Z"}`, "entries_close_at")
-	if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/c", `{"total":1,"start_at":"2030-01-01T00:00:00.123456789Z"}`); code != 201 || out["start_at"] != "2030-01-01T00:00:00.123456789Z" {
+	if code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/c", `{"total":1,"start_at":"2030-01-01T00:00:00.123456789Z"}`); code != 201 || out["start_at"] != "2030-01-01T00:00:00.123456789Z" {
 		t.Fatalf("nine fractional digits: %d %v, want 201 reading back as sent", code, out)
 	}
 	f("GET", "/v1/skus/c/orders?state=sold&state=held", "", "state")
 	f("GET", "/v1/events?limit=5&limit=6", "", "limit")
 	f("GET", "/v1/skus/c?consistency=linearizable&consistency=local", "", "consistency")
 	for _, sku := range []string{"a", "b"} {
-		if code, _ := testnode.Call(t, cl, "GET", "/v1/skus/"+sku, ""); code != 404 {
+		if code, _ := nodetest.Call(t, cl, "GET", "/v1/skus/"+sku, ""); code != 404 {
 			t.Fatalf("sale %s was made from a refused config: %d", sku, code)
 		}
 	}
@@ -149,22 +149,22 @@ func TestInput_TimesAndQueriesOfOneMeaning(t *testing.T) {
 // entries with nobody in it reads closed, its units available, and a
 // deduct is told closed, not lottery_sale.
 func TestLottery_DrawnWithNoEntriesReadsClosed(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	cl := testnode.ClientOf(n, 1)
+	n := nodetest.StartNode(t, t.TempDir())
+	cl := nodetest.ClientOf(n, 1)
 	closeAt := time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano)
-	if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/empty", `{"total":4,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
+	if code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/empty", `{"total":4,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
 		t.Fatalf("create: %d %v", code, out)
 	}
 	var v map[string]any
-	testnode.WaitFor(t, 20*time.Second, "the empty lottery drawn", func() bool {
-		_, v = testnode.Call(t, cl, "GET", "/v1/skus/empty", "")
+	nodetest.WaitFor(t, 20*time.Second, "the empty lottery drawn", func() bool {
+		_, v = nodetest.Call(t, cl, "GET", "/v1/skus/empty", "")
 		return v["state"] == "closed"
 	})
 	if v["available"] != 4.0 || v["sold"] != 0.0 {
 		t.Fatalf("the empty lottery after its draw: %v, want its 4 units available", v)
 	}
-	if code, out := testnode.Call(t, cl, "POST", "/v1/skus/empty/deduct", `{"user":"late"}`); code != 409 || out["error"] != "closed" {
+	if code, out := nodetest.Call(t, cl, "POST", "/v1/skus/empty/deduct", `{"user":"late"}`); code != 409 || out["error"] != "closed" {
 		t.Fatalf("a deduct on it: %d %v, want 409 closed", code, out)
 	}
-	testnode.CheckLedger(t, cl, "empty")
+	nodetest.CheckLedger(t, cl, "empty")
 }

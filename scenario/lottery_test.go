@@ -7,7 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +24,7 @@ import (
 // answer) on the next node; without, every call must answer 202. It
 // returns each user's entry id, failing when two calls of one user got
 // two ids.
-func enterAll(t *testing.T, c *testnode.Cluster, sku string, users []string, workers int, faults bool, acked *atomic.Int64) map[string]string {
+func enterAll(t *testing.T, c *nodetest.Cluster, sku string, users []string, workers int, faults bool, acked *atomic.Int64) map[string]string {
 	t.Helper()
 	var mu sync.Mutex
 	ids := map[string]string{}
@@ -55,7 +55,7 @@ func enterAll(t *testing.T, c *testnode.Cluster, sku string, users []string, wor
 				node++
 				continue
 			}
-			code, body := testnode.CallQuiet(cl, "POST", "/v1/skus/"+sku+"/enter", fmt.Sprintf(`{"user":%q,"request_id":"r-%s"}`, user, user))
+			code, body := nodetest.CallQuiet(cl, "POST", "/v1/skus/"+sku+"/enter", fmt.Sprintf(`{"user":%q,"request_id":"r-%s"}`, user, user))
 			switch code {
 			case 202:
 				id, _ := body["entry_id"].(string)
@@ -121,7 +121,7 @@ type recomputedDraw struct {
 
 func recomputeDraw(t *testing.T, cl *fasthttp.HostClient, sku string) recomputedDraw {
 	t.Helper()
-	code, draw := testnode.Call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
+	code, draw := nodetest.Call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
 	if code != 200 {
 		t.Fatalf("draw of %s: %d %v", sku, code, draw)
 	}
@@ -195,13 +195,13 @@ func recomputeDraw(t *testing.T, cl *fasthttp.HostClient, sku string) recomputed
 // the first won entries (by the recomputed ranking) won, with an order of
 // theirs; the rest waitlisted in order, or lost. It returns the winners'
 // order ids by user.
-func checkStandings(t *testing.T, c *testnode.Cluster, sku string, d recomputedDraw, won int, lost bool) map[string]string {
+func checkStandings(t *testing.T, c *nodetest.Cluster, sku string, d recomputedDraw, won int, lost bool) map[string]string {
 	t.Helper()
-	testnode.WaitFor(t, 20*time.Second, "every node at the same applied index", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "every node at the same applied index", func() bool {
 		index := -1.0
 		for _, id := range c.IDs {
 			if cl := c.Client(id); cl != nil {
-				code, a := testnode.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/audit", "")
+				code, a := nodetest.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/audit", "")
 				if code != 200 || (index >= 0 && a["applied_index"] != index) {
 					return false
 				}
@@ -229,7 +229,7 @@ func checkStandings(t *testing.T, c *testnode.Cluster, sku string, d recomputedD
 					if cl == nil || (j != rank%len(c.IDs) && rank >= won+200 && rank%25 != 0) {
 						continue
 					}
-					code, st := testnode.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/entries/"+user, "")
+					code, st := nodetest.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/entries/"+user, "")
 					ok := code == 200 && st["entry_id"] == d.seq[user] && st["rank"] == float64(rank+1)
 					switch {
 					case rank < won:
@@ -246,7 +246,7 @@ func checkStandings(t *testing.T, c *testnode.Cluster, sku string, d recomputedD
 					}
 				}
 				if firstOrder != "" {
-					code, o := testnode.CallQuiet(c.Client(c.IDs[rank%len(c.IDs)]), "GET", "/v1/orders/"+firstOrder, "")
+					code, o := nodetest.CallQuiet(c.Client(c.IDs[rank%len(c.IDs)]), "GET", "/v1/orders/"+firstOrder, "")
 					if code != 200 || o["user"] != user || o["sku"] != sku {
 						t.Errorf("%s's order %s: %d %v", user, firstOrder, code, o)
 					}
@@ -269,15 +269,15 @@ func checkStandings(t *testing.T, c *testnode.Cluster, sku string, d recomputedD
 }
 
 // checkDrawEverywhere asserts every running node shows the same draw.
-func checkDrawEverywhere(t *testing.T, c *testnode.Cluster, sku string, want map[string]any) {
+func checkDrawEverywhere(t *testing.T, c *nodetest.Cluster, sku string, want map[string]any) {
 	t.Helper()
 	for _, id := range c.IDs {
 		if cl := c.Client(id); cl != nil {
-			testnode.WaitFor(t, 10*time.Second, "the draw on "+id, func() bool {
-				code, _ := testnode.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/draw", "")
+			nodetest.WaitFor(t, 10*time.Second, "the draw on "+id, func() bool {
+				code, _ := nodetest.CallQuiet(cl, "GET", "/v1/skus/"+sku+"/draw", "")
 				return code == 200
 			})
-			_, d := testnode.Call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
+			_, d := nodetest.Call(t, cl, "GET", "/v1/skus/"+sku+"/draw", "")
 			for _, k := range []string{"seed", "entries_hash", "entries", "winners", "drawn_at", "seed_commitment"} {
 				if d[k] != want[k] {
 					t.Fatalf("%s's draw differs on %s: %v, want %v", id, k, d[k], want[k])
@@ -321,15 +321,15 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 	if raceEnabled {
 		entriesOpen, holdTTL = 20*time.Second, holdTTL+15*time.Second
 	}
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	closeAt := time.Now().Add(entriesOpen)
-	code, sale := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/lot", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"%s"}`,
+	code, sale := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/lot", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"%s"}`,
 		units, closeAt.UTC().Format(time.RFC3339Nano), holdTTL))
 	if code != 201 {
 		t.Fatalf("create lottery: %d %v", code, sale)
 	}
 	commitment := sale["lottery"].(map[string]any)["seed_commitment"]
-	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/plain", `{"total":5}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/plain", `{"total":5}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "lot")
@@ -349,46 +349,46 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 	// a sale that is no lottery takes no entry.
 	for i, id := range c.IDs {
 		user := users[i*7]
-		if code, body := testnode.Call(t, c.Client(id), "POST", "/v1/skus/lot/enter", `{"user":"`+user+`"}`); code != 202 || body["entry_id"] != ids[user] {
+		if code, body := nodetest.Call(t, c.Client(id), "POST", "/v1/skus/lot/enter", `{"user":"`+user+`"}`); code != 202 || body["entry_id"] != ids[user] {
 			t.Fatalf("repeat entry of %s on %s: %d %v, want entry %s", user, id, code, body, ids[user])
 		}
 	}
-	if code, body := testnode.Call(t, c.Client("n2"), "POST", "/v1/skus/lot/deduct", `{"user":"u1"}`); code != 409 || body["error"] != "lottery_sale" {
+	if code, body := nodetest.Call(t, c.Client("n2"), "POST", "/v1/skus/lot/deduct", `{"user":"u1"}`); code != 409 || body["error"] != "lottery_sale" {
 		t.Fatalf("deduct on a lottery: %d %v", code, body)
 	}
-	if code, body := testnode.Call(t, c.Client("n2"), "POST", "/v1/skus/plain/enter", `{"user":"u1"}`); code != 409 || body["error"] != "not_a_lottery" {
+	if code, body := nodetest.Call(t, c.Client("n2"), "POST", "/v1/skus/plain/enter", `{"user":"u1"}`); code != 409 || body["error"] != "not_a_lottery" {
 		t.Fatalf("entry into a plain sale: %d %v", code, body)
 	}
-	if code, body := testnode.Call(t, c.Client("n3"), "GET", "/v1/skus/lot/draw", ""); code != 409 {
+	if code, body := nodetest.Call(t, c.Client("n3"), "GET", "/v1/skus/lot/draw", ""); code != 409 {
 		t.Fatalf("draw before the close: %d %v", code, body)
 	}
 
 	if killLeaderAtClose {
-		testnode.WaitFor(t, time.Until(closeAt)+5*time.Second, "the close", func() bool { return !time.Now().Before(closeAt) })
+		nodetest.WaitFor(t, time.Until(closeAt)+5*time.Second, "the close", func() bool { return !time.Now().Before(closeAt) })
 		leader := c.Leader()
 		c.Crash(leader)
 		t.Logf("crashed leader %s at the close", leader)
-		testnode.WaitFor(t, 15*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+		nodetest.WaitFor(t, 15*time.Second, "a new leader", func() bool { return c.Leader() != "" })
 		survivor := c.IDs[0]
 		if survivor == leader {
 			survivor = c.IDs[1]
 		}
-		testnode.WaitFor(t, 20*time.Second, "the draw after the failover", func() bool {
-			code, _ := testnode.CallQuiet(c.Client(survivor), "GET", "/v1/skus/lot/draw", "")
+		nodetest.WaitFor(t, 20*time.Second, "the draw after the failover", func() bool {
+			code, _ := nodetest.CallQuiet(c.Client(survivor), "GET", "/v1/skus/lot/draw", "")
 			return code == 200
 		})
 		c.Start(leader, nil)
-		testnode.WaitReady(t, c)
+		nodetest.WaitReady(t, c)
 	}
-	testnode.WaitFor(t, entriesOpen+20*time.Second, "the draw on every node", func() bool {
+	nodetest.WaitFor(t, entriesOpen+20*time.Second, "the draw on every node", func() bool {
 		for _, id := range c.IDs {
-			if code, _ := testnode.CallQuiet(c.Client(id), "GET", "/v1/skus/lot/draw", ""); code != 200 {
+			if code, _ := nodetest.CallQuiet(c.Client(id), "GET", "/v1/skus/lot/draw", ""); code != 200 {
 				return false
 			}
 		}
 		return true
 	})
-	if code, body := testnode.Call(t, c.Client("n3"), "POST", "/v1/skus/lot/enter", `{"user":"late-comer"}`); code != 409 || body["error"] != "entries_closed" {
+	if code, body := nodetest.Call(t, c.Client("n3"), "POST", "/v1/skus/lot/enter", `{"user":"late-comer"}`); code != 409 || body["error"] != "entries_closed" {
 		t.Fatalf("entry after the close: %d %v", code, body)
 	}
 	d := recomputeDraw(t, c.Client("n3"), "lot")
@@ -404,19 +404,19 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 		if rank%2 == 1 {
 			continue
 		}
-		if code, o := testnode.Call(t, c.Client(c.IDs[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
+		if code, o := nodetest.Call(t, c.Client(c.IDs[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
 			t.Fatalf("confirm %s's order: %d %v", user, code, o)
 		}
 		acked[orders[user]] = true
 	}
-	testnode.WaitFor(t, holdTTL+15*time.Second, "the lapsed winners' units on the waitlist", func() bool {
-		_, v := testnode.CallQuiet(c.Client("n1"), "GET", "/v1/skus/lot", "")
+	nodetest.WaitFor(t, holdTTL+15*time.Second, "the lapsed winners' units on the waitlist", func() bool {
+		_, v := nodetest.CallQuiet(c.Client("n1"), "GET", "/v1/skus/lot", "")
 		lt, _ := v["lottery"].(map[string]any)
 		return lt != nil && lt["promoted"] == float64(units/2)
 	})
 	orders = checkStandings(t, c, "lot", d, units+units/2, false)
 	for rank, user := range d.ranked[units : units+units/2] {
-		if code, o := testnode.Call(t, c.Client(c.IDs[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
+		if code, o := nodetest.Call(t, c.Client(c.IDs[rank%3]), "POST", "/v1/orders/"+orders[user]+"/confirm", ""); code != 200 || o["state"] != "sold" {
 			t.Fatalf("confirm promoted %s's order: %d %v", user, code, o)
 		}
 		acked[orders[user]] = true
@@ -432,8 +432,8 @@ func testTenThousandEntrants(t *testing.T, killLeaderAtClose bool) {
 // TestLottery_BadInputGetsClearAnswers: each way to get a lottery call
 // wrong has its own answer, and none of them changes the ledger.
 func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	cl := testnode.ClientOf(n, 4)
+	n := nodetest.StartNode(t, t.TempDir())
+	cl := nodetest.ClientOf(n, 4)
 	soon := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	later := time.Now().Add(2 * time.Hour).UTC().Format(time.RFC3339)
 	for _, tc := range []struct{ body, why string }{
@@ -444,14 +444,14 @@ func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
 		{`{"total":5,"mode":"lottery","entries_close_at":"` + soon + `","start_at":"` + later + `"}`, "entries close before the start"},
 		{`{"total":5,"mode":"lottery","entries_close_at":"` + soon + `","per_user":2}`, "per_user on a lottery"},
 	} {
-		if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/bad", tc.body); code != 400 {
+		if code, body := nodetest.Call(t, cl, "PUT", "/v1/skus/bad", tc.body); code != 400 {
 			t.Fatalf("%s: %d %v, want 400", tc.why, code, body)
 		}
 	}
-	if code, _ := testnode.Call(t, cl, "GET", "/v1/skus/bad", ""); code != 404 {
+	if code, _ := nodetest.Call(t, cl, "GET", "/v1/skus/bad", ""); code != 404 {
 		t.Fatalf("a refused sale exists: %d", code)
 	}
-	if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/later", `{"total":5,"mode":"lottery","start_at":"`+soon+`","entries_close_at":"`+later+`"}`); code != 201 {
+	if code, body := nodetest.Call(t, cl, "PUT", "/v1/skus/later", `{"total":5,"mode":"lottery","start_at":"`+soon+`","entries_close_at":"`+later+`"}`); code != 201 {
 		t.Fatalf("create: %d %v", code, body)
 	}
 	for _, tc := range []struct {
@@ -477,16 +477,16 @@ func TestLottery_BadInputGetsClearAnswers(t *testing.T) {
 		{"GET", "/v1/skus/later/entries/a%00b", ``, 400, "bad_request"},
 		{"GET", "/v1/skus/nope/entries", ``, 404, "not_found"},
 	} {
-		code, body := testnode.Call(t, cl, tc.method, tc.path, tc.body)
+		code, body := nodetest.Call(t, cl, tc.method, tc.path, tc.body)
 		if code != tc.code || (tc.errCode != "" && body["error"] != tc.errCode) {
 			t.Fatalf("%s %s %s: %d %v, want %d %s", tc.method, tc.path, tc.body, code, body, tc.code, tc.errCode)
 		}
 	}
-	_, v := testnode.Call(t, cl, "GET", "/v1/skus/later", "")
+	_, v := nodetest.Call(t, cl, "GET", "/v1/skus/later", "")
 	if lt := v["lottery"].(map[string]any); lt["entries"] != 0.0 || lt["state"] != "entering" || v["state"] != "upcoming" {
 		t.Fatalf("the lottery after refused calls: %v", v)
 	}
-	testnode.CheckLedger(t, cl, "later")
+	nodetest.CheckLedger(t, cl, "later")
 }
 
 // TestLottery_EntriesThroughALeaderCrash crashes the leader while
@@ -500,9 +500,9 @@ func TestLottery_EntriesThroughALeaderCrash(t *testing.T) {
 	if raceEnabled {
 		entriesOpen = 30 * time.Second
 	}
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	closeAt := time.Now().Add(entriesOpen)
-	if code, body := testnode.Call(t, c.Client("n1"), "PUT", "/v1/skus/crash", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"1h"}`,
+	if code, body := nodetest.Call(t, c.Client("n1"), "PUT", "/v1/skus/crash", fmt.Sprintf(`{"total":%d,"mode":"lottery","entries_close_at":%q,"hold_ttl":"1h"}`,
 		units, closeAt.UTC().Format(time.RFC3339Nano))); code != 201 {
 		t.Fatalf("create lottery: %d %v", code, body)
 	}
@@ -511,11 +511,11 @@ func TestLottery_EntriesThroughALeaderCrash(t *testing.T) {
 	var acked atomic.Int64
 	done := make(chan map[string]string)
 	go func() { done <- enterAll(t, c, "crash", users, 24, true, &acked) }()
-	testnode.WaitFor(t, entriesOpen, "a third of the entrants in", func() bool { return acked.Load() >= entrants/3 })
+	nodetest.WaitFor(t, entriesOpen, "a third of the entrants in", func() bool { return acked.Load() >= entrants/3 })
 	leader := c.Leader()
 	c.Crash(leader)
 	t.Logf("crashed leader %s after %d entries", leader, acked.Load())
-	testnode.WaitFor(t, 15*time.Second, "a new leader", func() bool { return c.Leader() != "" })
+	nodetest.WaitFor(t, 15*time.Second, "a new leader", func() bool { return c.Leader() != "" })
 	c.Start(leader, nil)
 	ids := <-done
 	if t.Failed() {
@@ -524,10 +524,10 @@ func TestLottery_EntriesThroughALeaderCrash(t *testing.T) {
 	if len(ids) != entrants {
 		t.Fatalf("%d entrants acknowledged, want %d", len(ids), entrants)
 	}
-	testnode.WaitReady(t, c)
-	testnode.WaitFor(t, time.Until(closeAt)+20*time.Second, "the draw on every node", func() bool {
+	nodetest.WaitReady(t, c)
+	nodetest.WaitFor(t, time.Until(closeAt)+20*time.Second, "the draw on every node", func() bool {
 		for _, id := range c.IDs {
-			if code, _ := testnode.CallQuiet(c.Client(id), "GET", "/v1/skus/crash/draw", ""); code != 200 {
+			if code, _ := nodetest.CallQuiet(c.Client(id), "GET", "/v1/skus/crash/draw", ""); code != 200 {
 				return false
 			}
 		}

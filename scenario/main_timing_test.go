@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 
 	"github.com/valyala/fasthttp"
 )
@@ -53,17 +53,17 @@ func benchNoop(b *testing.B) {
 }
 
 func benchDeduct(b *testing.B, units int64, query string) {
-	cfg := testnode.NodeConfig(b, "n1", b.TempDir(), 200*time.Millisecond)
+	cfg := nodetest.NodeConfig(b, "n1", b.TempDir(), 200*time.Millisecond)
 	cfg.Engine.BucketsPerSKU = 16
 	n, err := node.Start(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer n.Stop(context.Background())
-	c := testnode.ClientOf(n, 2)
+	c := nodetest.ClientOf(n, 2)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if code, _ := testnode.CallQuiet(c, "GET", "/readyz", ""); code == 200 {
+		if code, _ := nodetest.CallQuiet(c, "GET", "/readyz", ""); code == 200 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -72,7 +72,7 @@ func benchDeduct(b *testing.B, units int64, query string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	for {
-		code, _ := testnode.Call(b, c, "PUT", "/v1/skus/bench", fmt.Sprintf(`{"total":%d}`, units))
+		code, _ := nodetest.Call(b, c, "PUT", "/v1/skus/bench", fmt.Sprintf(`{"total":%d}`, units))
 		if code == 201 {
 			break
 		}
@@ -83,7 +83,7 @@ func benchDeduct(b *testing.B, units int64, query string) {
 	}
 	if units == 0 {
 		// One deduct finds out the sale is sold out and sets the flag.
-		testnode.Call(b, c, "POST", "/v1/skus/bench/deduct", `{"user":"first"}`)
+		nodetest.Call(b, c, "POST", "/v1/skus/bench/deduct", `{"user":"first"}`)
 	}
 	runHTTPBench(b, n.HTTPAddr(), "/v1/skus/bench/deduct"+query)
 	if base := noopNsPerOp.Load(); base > 0 {
@@ -132,7 +132,7 @@ func runHTTPBench(b *testing.B, addr, path string) {
 // checkLedgerTB audits over HTTP and returns sold+held; it fails the
 // benchmark on a broken conservation law.
 func checkLedgerTB(b *testing.B, c *fasthttp.HostClient, sku string) float64 {
-	code, a := testnode.Call(b, c, "GET", "/v1/skus/"+sku+"/audit", "")
+	code, a := nodetest.Call(b, c, "GET", "/v1/skus/"+sku+"/audit", "")
 	if code != 200 || a["ok"] != true {
 		b.Fatalf("audit %s: %d %v", sku, code, a)
 	}

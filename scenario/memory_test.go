@@ -6,7 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,17 +90,17 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 			t.Logf("--- last %d lines of the node's log:\n%s", logTailsLines, strings.Join(lines[max(0, len(lines)-logTailsLines):], "\n"))
 		}
 	}()
-	testnode.WaitFor(t, time.Minute, "the node ready", func() bool {
+	nodetest.WaitFor(t, time.Minute, "the node ready", func() bool {
 		select {
 		case err := <-exited:
 			exited <- err // for the deferred stop
 			t.Fatalf("the node exited before it was ready: %v", err)
 		default:
 		}
-		code, _ := testnode.CallQuiet(c, "GET", "/readyz", "")
+		code, _ := nodetest.CallQuiet(c, "GET", "/readyz", "")
 		return code == 200
 	})
-	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/mem", fmt.Sprintf(`{"total":%d}`, memoryOrders)); code != 201 {
+	if code, body := nodetest.Call(t, c, "PUT", "/v1/skus/mem", fmt.Sprintf(`{"total":%d}`, memoryOrders)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 
@@ -151,8 +151,8 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 		t.Fatalf("%d deducts failed", failed.Load())
 	}
 	var sku map[string]any
-	testnode.WaitFor(t, 2*time.Minute, "every order committed", func() bool {
-		_, sku = testnode.CallQuiet(c, "GET", "/v1/skus/mem", "")
+	nodetest.WaitFor(t, 2*time.Minute, "every order committed", func() bool {
+		_, sku = nodetest.CallQuiet(c, "GET", "/v1/skus/mem", "")
 		return sku != nil && sku["sold"].(float64) == memoryOrders
 	})
 	filled := time.Since(start)
@@ -162,12 +162,12 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 
 	// Repeats of the first and the last request id answer their orders.
 	for _, b := range []int{0, memoryOrders - 1} {
-		code, out := testnode.Call(t, c, "POST", "/v1/skus/mem/deduct", fmt.Sprintf(`{"user":"user-%d","request_id":"request-%d"}`, b, b))
+		code, out := nodetest.Call(t, c, "POST", "/v1/skus/mem/deduct", fmt.Sprintf(`{"user":"user-%d","request_id":"request-%d"}`, b, b))
 		if code != 200 || out["order_id"] == nil {
 			t.Fatalf("repeat of request-%d: %d %v", b, code, out)
 		}
 	}
-	testnode.CheckLedger(t, c, "mem")
+	nodetest.CheckLedger(t, c, "mem")
 	pid := cmd.Process.Pid
 	hwm, rss := procKiB(t, pid, "VmHWM"), procKiB(t, pid, "VmRSS")
 	anon, file := procKiB(t, pid, "RssAnon"), procKiB(t, pid, "RssFile")
@@ -183,11 +183,11 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 	// file keeps the sale's million feed events (until -event-retention),
 	// about half of it now that orders are stored in blocks: compacted, it
 	// is at most 60 % of what it was.
-	if code, out := testnode.Call(t, c, "POST", "/v1/skus/mem/close", ""); code != 200 {
+	if code, out := nodetest.Call(t, c, "POST", "/v1/skus/mem/close", ""); code != 200 {
 		t.Fatalf("close: %d %v", code, out)
 	}
 	archived := time.Now()
-	if code, out := testnode.Call(t, c, "POST", "/v1/skus/mem/archive", ""); code != 200 {
+	if code, out := nodetest.Call(t, c, "POST", "/v1/skus/mem/archive", ""); code != 200 {
 		t.Fatalf("archive: %d %v", code, out)
 	}
 	var after map[string]any
@@ -197,8 +197,8 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 			t.Logf("at the end: the sale %v; ledger.db %d MiB", after, size>>20)
 		}
 	}()
-	testnode.WaitFor(t, 5*time.Minute, "the archived orders out and the file compacted", func() bool {
-		_, after = testnode.CallQuiet(c, "GET", "/v1/skus/mem", "")
+	nodetest.WaitFor(t, 5*time.Minute, "the archived orders out and the file compacted", func() bool {
+		_, after = nodetest.CallQuiet(c, "GET", "/v1/skus/mem", "")
 		st, err := os.Stat(filepath.Join(dir, "data", "ledger.db"))
 		if err == nil {
 			size = st.Size()
@@ -209,7 +209,7 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 	if after["total"] != sku["total"] || after["sold"] != sku["sold"] || after["archived_orders"] != float64(memoryOrders) {
 		t.Fatalf("the archived sale %v; before %v", after, sku)
 	}
-	testnode.CheckLedger(t, c, "mem")
+	nodetest.CheckLedger(t, c, "mem")
 	// Memory goes back to the system in the background: wait for it, then
 	// read it.
 	var rssAfter int64
@@ -232,7 +232,7 @@ func TestMemory_AMillionOrdersWithRequestIDs(t *testing.T) {
 	t.Logf("archived %d orders in %s: resident %d MiB -> %d MiB (%d anonymous, %d file-backed); ledger.db %d MiB -> %d MiB; total %v and sold %v unchanged",
 		memoryOrders, took.Round(time.Millisecond), rss>>10, rssAfter>>10, procKiB(t, pid, "RssAnon")>>10, procKiB(t, pid, "RssFile")>>10,
 		ledger.Size()>>20, ledgerAfter.Size()>>20, after["total"], after["sold"])
-	if code, _ := testnode.Call(t, c, "POST", "/v1/skus/mem/deduct", `{"user":"user-0","request_id":"request-0"}`); code != 409 {
+	if code, _ := nodetest.Call(t, c, "POST", "/v1/skus/mem/deduct", `{"user":"user-0","request_id":"request-0"}`); code != 409 {
 		t.Fatalf("a repeat after the archive: %d, want 409 closed", code)
 	}
 }
@@ -242,7 +242,7 @@ func callRaw(c *fasthttp.HostClient, path string) (int, string) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, path))
+	req.SetRequestURI(nodetest.URL(c, path))
 	if err := c.DoTimeout(req, resp, 30*time.Second); err != nil {
 		return 0, err.Error()
 	}

@@ -19,7 +19,7 @@ import (
 
 	"stockd/client"
 	"stockd/internal/loopport"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // The multi-process test runs the real binary as three processes. It is
@@ -130,7 +130,7 @@ func (p *procCluster) startAll() {
 	for _, id := range p.ids {
 		p.Start(id)
 	}
-	testnode.WaitReady(p.t, p)
+	nodetest.WaitReady(p.t, p)
 }
 
 func (p *procCluster) Start(id string) {
@@ -235,7 +235,7 @@ func (p *procCluster) stop(id string) {
 func (p *procCluster) Leader() string {
 	for _, id := range p.ids {
 		if c := p.Client(id); c != nil {
-			if code, st := testnode.CallQuiet(c, "GET", "/v1/cluster", ""); code == 200 {
+			if code, st := nodetest.CallQuiet(c, "GET", "/v1/cluster", ""); code == 200 {
 				if l, _ := st["leader"].(string); l != "" {
 					return l
 				}
@@ -260,10 +260,10 @@ func TestMultiProcess_LeaderKilledMidSale(t *testing.T) {
 func leaderKilledMidSale(t *testing.T, p *procCluster) {
 	t.Helper()
 	const units, buyers, calm = 3000, 6000, 1000
-	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := nodetest.Call(t, p.Client("n1"), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/probe", `{"total":1000000}`); code != 201 {
+	if code, body := nodetest.Call(t, p.Client("n1"), "PUT", "/v1/skus/probe", `{"total":1000000}`); code != 201 {
 		t.Fatalf("create probe sale: %d %v", code, body)
 	}
 	var acked atomic.Int64
@@ -287,8 +287,8 @@ func leaderKilledMidSale(t *testing.T, p *procCluster) {
 	// Failover: from the kill to the first deduct committed through a
 	// surviving node (which needs a new leader).
 	var failover time.Duration
-	testnode.WaitFor(t, 30*time.Second, "a deduct committed after the kill", func() bool {
-		code, _ := testnode.CallQuiet(p.Client(survivor), "POST", "/v1/skus/probe/deduct",
+	nodetest.WaitFor(t, 30*time.Second, "a deduct committed after the kill", func() bool {
+		code, _ := nodetest.CallQuiet(p.Client(survivor), "POST", "/v1/skus/probe/deduct",
 			fmt.Sprintf(`{"user":"probe","request_id":"probe-%d"}`, time.Now().UnixNano()))
 		if code == 200 {
 			failover = time.Since(killedAt)
@@ -298,13 +298,13 @@ func leaderKilledMidSale(t *testing.T, p *procCluster) {
 	})
 	t.Logf("killed leader %s after %d acknowledgements; failover (kill to first committed deduct) %s", leader, acked.Load(), failover.Round(time.Millisecond))
 	at := acked.Load()
-	testnode.WaitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+200 })
+	nodetest.WaitFor(t, 30*time.Second, "sales go on without the old leader", func() bool { return acked.Load() >= at+200 })
 	p.Start(leader)
 	second := <-waveDone
 	for b, r := range second {
 		first[b] = r
 	}
-	testnode.WaitReady(t, p)
+	nodetest.WaitReady(t, p)
 	restStart := time.Now()
 	rest := sellOut(t, p, "tv", units, buyers)
 	t.Logf("after the first wave: %d acknowledged; sell-out of the rest took %s", len(ackedOrders(t, first)), time.Since(restStart).Round(time.Millisecond))
@@ -336,7 +336,7 @@ func TestMultiProcess_ClientThroughALeaderKill(t *testing.T) {
 	if _, err := cl.CreateSale(context.Background(), "tv", client.SaleConfig{Total: units}); err != nil {
 		t.Fatal(err)
 	}
-	testnode.WaitSaleEverywhere(t, p, "tv")
+	nodetest.WaitSaleEverywhere(t, p, "tv")
 	leader := ""
 	results := buyThrough(cl.Deduct, func(int) string { return "tv" }, buyers, workers, func(b int) {
 		switch b {
@@ -347,7 +347,7 @@ func TestMultiProcess_ClientThroughALeaderKill(t *testing.T) {
 			p.Start(leader)
 		}
 	})
-	testnode.WaitReady(t, p)
+	nodetest.WaitReady(t, p)
 	audit := checkClusterLedgers(t, p, "tv", nil)
 	reported, notDefinite := checkClientWins(t, results, ledgerOrders(t, p.Client(p.Leader()), "tv"), audit)
 	t.Logf("killed %s at buyer %d, restarted it at %d: %d wins reported, %d without a definite answer, %d sold", leader, buyers/3, 2*buyers/3, len(reported), notDefinite, int(audit["sold"].(float64)))
@@ -391,11 +391,11 @@ func TestMultiProcess_ShardedClientOverTwoClusters(t *testing.T) {
 		}
 	})
 	for name, p := range clusters {
-		testnode.WaitReady(t, p)
+		nodetest.WaitReady(t, p)
 		var mine []clientBuy
 		for k := range skus {
 			sku := skuOf(k)
-			code, _ := testnode.CallQuiet(p.Client(p.Leader()), "GET", "/v1/skus/"+sku, "")
+			code, _ := nodetest.CallQuiet(p.Client(p.Leader()), "GET", "/v1/skus/"+sku, "")
 			if own := s.ClusterOf(sku) == name; own != (code == 200) {
 				t.Fatalf("%s on %s: %d (its cluster is %s)", sku, name, code, s.ClusterOf(sku))
 			}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"stockd/raftfsm/command"
 )
 
@@ -43,7 +43,7 @@ func (h *nemesisHistory) callBox(cl *fasthttp.HostClient, bc boxCall, method, pa
 // checkBoxOrders reads every box order a buyer won on every node: a
 // confirmed one is sold, the rest released (cancelled or expired), once
 // every hold has ended. A wrong one fails the test with its story.
-func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *testnode.Cluster) {
+func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *nodetest.Cluster) {
 	t.Helper()
 	h.mu.Lock()
 	fates := make(map[string]string, len(h.boxFate))
@@ -54,7 +54,7 @@ func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *testnode.Cluster) {
 	var wrong []string
 	for order, want := range fates {
 		for _, id := range c.IDs {
-			code, o := testnode.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, "")
+			code, o := nodetest.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, "")
 			if code != 200 {
 				t.Errorf("won box order %s on %s: %d %v", order, id, code, o)
 				wrong = append(wrong, order)
@@ -85,7 +85,7 @@ func (h *nemesisHistory) checkBoxOrders(t *testing.T, c *testnode.Cluster) {
 // node that answered and its answer; then, node by node, the order's state
 // and the feed's events for it, each with the log index it was applied at
 // and the command's time, so that the call which took effect shows.
-func (h *nemesisHistory) boxStory(c *testnode.Cluster, order string) string {
+func (h *nemesisHistory) boxStory(c *nodetest.Cluster, order string) string {
 	h.mu.Lock()
 	buyer, known := h.boxBuyer[order]
 	var calls []boxCall
@@ -126,7 +126,7 @@ func (h *nemesisHistory) boxStory(c *testnode.Cluster, order string) string {
 			fmt.Fprintf(&b, "\n  %s: down", id)
 			continue
 		}
-		code, o := testnode.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, "")
+		code, o := nodetest.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, "")
 		fmt.Fprintf(&b, "\n  %s (applied index %d): %d state=%v release_reason=%v expires_at=%v", id, n.Ledger().AppliedIndex(), code, o["state"], o["release_reason"], o["expires_at"])
 		var after command.Cursor
 		for range 1000 { // pages: a schedule's feed holds a few thousand events

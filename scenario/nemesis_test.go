@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 
 	"github.com/anishathalye/porcupine"
 	"github.com/valyala/fasthttp"
@@ -152,13 +152,13 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	} {
 		method, rest, _ := strings.Cut(sale, " ")
 		path, body, _ := strings.Cut(rest, " ")
-		if code, out := testnode.Call(t, c.Client(c.IDs[0]), method, path, body); code != 201 {
+		if code, out := nodetest.Call(t, c.Client(c.IDs[0]), method, path, body); code != 201 {
 			t.Fatalf("%s: %d %v", sale, code, out)
 		}
 	}
-	testnode.WaitSaleEverywhere(t, c, "box")
+	nodetest.WaitSaleEverywhere(t, c, "box")
 	for k := range tvSKUs {
-		testnode.WaitSaleEverywhere(t, c, tvSKU(k))
+		nodetest.WaitSaleEverywhere(t, c, tvSKU(k))
 	}
 
 	// Buyers arrive at an even pace over the schedule's length, so that
@@ -208,7 +208,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	phase("sold out")
 	leader := func() *fasthttp.HostClient {
 		var cl *fasthttp.HostClient
-		testnode.WaitFor(t, 20*time.Second, "a leader", func() bool {
+		nodetest.WaitFor(t, 20*time.Second, "a leader", func() bool {
 			if id := c.Leader(); id != "" {
 				cl = c.Client(id)
 			}
@@ -216,14 +216,14 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 		})
 		return cl
 	}
-	testnode.WaitFor(t, 20*time.Second, "every hold on box confirmed, cancelled or expired, no lease left", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "every hold on box confirmed, cancelled or expired, no lease left", func() bool {
 		cl := leader()
 		for k := range tvSKUs {
-			if _, tv := testnode.CallQuiet(cl, "GET", "/v1/skus/"+tvSKU(k)+"/audit", ""); tv == nil || !nothingLeased(tv) {
+			if _, tv := nodetest.CallQuiet(cl, "GET", "/v1/skus/"+tvSKU(k)+"/audit", ""); tv == nil || !nothingLeased(tv) {
 				return false
 			}
 		}
-		_, box := testnode.CallQuiet(cl, "GET", "/v1/skus/box/audit", "")
+		_, box := nodetest.CallQuiet(cl, "GET", "/v1/skus/box/audit", "")
 		return box != nil && box["held"] == 0.0 && nothingLeased(box)
 	})
 	phase("holds ended")
@@ -261,7 +261,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 // restartBroken restarts the nodes that stopped trusting their raft log
 // (node.Broken: an append failed right after a truncation), as their
 // supervisor would when stockd serve exits.
-func restartBroken(t *testing.T, c *testnode.Cluster, start time.Time) {
+func restartBroken(t *testing.T, c *nodetest.Cluster, start time.Time) {
 	for _, id := range c.IDs {
 		n := c.Node(id)
 		if n == nil {
@@ -279,7 +279,7 @@ func restartBroken(t *testing.T, c *testnode.Cluster, start time.Time) {
 
 // nemesisWaitReady is waitReady that says, when it gives up, why each
 // node was not ready.
-func nemesisWaitReady(t *testing.T, c *testnode.Cluster) {
+func nemesisWaitReady(t *testing.T, c *nodetest.Cluster) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -287,8 +287,8 @@ func nemesisWaitReady(t *testing.T, c *testnode.Cluster) {
 		var why []string
 		for _, id := range c.IDs {
 			if cl := c.Client(id); cl != nil {
-				if code, out := testnode.CallQuiet(cl, "GET", "/readyz", ""); code != 200 {
-					_, st := testnode.CallQuiet(cl, "GET", "/v1/cluster", "")
+				if code, out := nodetest.CallQuiet(cl, "GET", "/readyz", ""); code != 200 {
+					_, st := nodetest.CallQuiet(cl, "GET", "/v1/cluster", "")
 					why = append(why, fmt.Sprintf("%s: %d %v; cluster %v", id, code, out, st))
 				}
 			}
@@ -347,7 +347,7 @@ func nemesisSchedule(t *testing.T, rng *rand.Rand) []nemesisFault {
 // run injects the fault for its duration (the fault's length, not a
 // wait for a condition) and ends it, except a crash whose node restarts
 // at the end of the schedule if the draw says so. It says what it did.
-func (f nemesisFault) run(t *testing.T, c *testnode.Cluster, rng *rand.Rand, crashed map[string]bool, disks map[string]*diskFull) string {
+func (f nemesisFault) run(t *testing.T, c *nodetest.Cluster, rng *rand.Rand, crashed map[string]bool, disks map[string]*diskFull) string {
 	var up []string
 	for _, id := range c.IDs {
 		if c.Node(id) != nil {
@@ -434,7 +434,7 @@ func (f nemesisFault) run(t *testing.T, c *testnode.Cluster, rng *rand.Rand, cra
 // id on an empty data dir with -join, as an operator replacing a machine
 // would. Every node must be up when it starts, so the cluster keeps a
 // quorum without the removed one.
-func removeAndJoin(c *testnode.Cluster, rng *rand.Rand, up []string, dur time.Duration) string {
+func removeAndJoin(c *nodetest.Cluster, rng *rand.Rand, up []string, dur time.Duration) string {
 	if len(up) < len(c.IDs) {
 		return "remove-join skipped: every node must be up"
 	}
@@ -451,7 +451,7 @@ func removeAndJoin(c *testnode.Cluster, rng *rand.Rand, up []string, dur time.Du
 	deadline := time.Now().Add(10 * time.Second)
 	code, out := 0, map[string]any(nil)
 	for time.Now().Before(deadline) {
-		if code, out = testnode.CallWithin(c.Client(via), 3*time.Second, "DELETE", "/v1/cluster/nodes/"+target, ""); code == 200 {
+		if code, out = nodetest.CallWithin(c.Client(via), 3*time.Second, "DELETE", "/v1/cluster/nodes/"+target, ""); code == 200 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -527,7 +527,7 @@ func (h *nemesisHistory) now() int64 { return time.Since(h.start).Nanoseconds() 
 // client is a connection pool to node id while it runs, nil while it is
 // down. Pools are the history's own, large enough for every buyer of a
 // schedule, so that no call is turned away by the client itself.
-func (h *nemesisHistory) Client(c *testnode.Cluster, id string) *fasthttp.HostClient {
+func (h *nemesisHistory) Client(c *nodetest.Cluster, id string) *fasthttp.HostClient {
 	n := c.Node(id)
 	if n == nil {
 		return nil
@@ -552,7 +552,7 @@ func nemesisCall(cl *fasthttp.HostClient, method, path, body string) (int, map[s
 	if cl == nil {
 		return 0, nil
 	}
-	return testnode.CallWithin(cl, nemesisCallTimeout, method, path, body)
+	return nodetest.CallWithin(cl, nemesisCallTimeout, method, path, body)
 }
 
 // tvIn and tvOut are a deduct on tv, or a read of its sold count.
@@ -570,7 +570,7 @@ type tvOut struct {
 // workers per SKU, each buyer retrying on one node after another until it
 // has a final answer; one buyer in 20 sends its request to two nodes at
 // once. The workers bound the calls in flight, and so the checker's work.
-func (h *nemesisHistory) buyTV(c *testnode.Cluster, seed uint64, span time.Duration) {
+func (h *nemesisHistory) buyTV(c *nodetest.Cluster, seed uint64, span time.Duration) {
 	const workers = tvWorkers * tvSKUs
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -643,7 +643,7 @@ func (h *nemesisHistory) explainTV(part []porcupine.Operation) string {
 	return b.String()
 }
 
-func (h *nemesisHistory) deductTV(c *testnode.Cluster, seed uint64, client, buyer, firstNode int) {
+func (h *nemesisHistory) deductTV(c *nodetest.Cluster, seed uint64, client, buyer, firstNode int) {
 	sku := buyer % tvSKUs
 	user := buyer / tvSKUs % tvUsers
 	body := fmt.Sprintf(`{"user":"tv-u%d","request_id":"tv-%d-%d"}`, user, seed, buyer)
@@ -706,7 +706,7 @@ func (h *nemesisHistory) deductTV(c *testnode.Cluster, seed uint64, client, buye
 // readLeader reads the tv SKUs' sold counts in turn (up to a second stale,
 // as the contract allows) from the node that leads, every few
 // milliseconds until stop; answers marked stale are left out.
-func (h *nemesisHistory) readLeader(c *testnode.Cluster, stop <-chan struct{}) {
+func (h *nemesisHistory) readLeader(c *nodetest.Cluster, stop <-chan struct{}) {
 	var reads uint
 	for {
 		select {
@@ -751,7 +751,7 @@ type holdOut struct {
 // buyBoxes sends box's buyers at an even pace over span: each winner
 // confirms (half), cancels (a quarter) or leaves its hold to expire, after
 // a random pause around the hold time.
-func (h *nemesisHistory) buyBoxes(c *testnode.Cluster, seed uint64, span time.Duration) {
+func (h *nemesisHistory) buyBoxes(c *nodetest.Cluster, seed uint64, span time.Duration) {
 	var wg sync.WaitGroup
 	for b := range boxBuyers {
 		time.Sleep(time.Until(h.start.Add(span * time.Duration(b) / boxBuyers)))
@@ -765,7 +765,7 @@ func (h *nemesisHistory) buyBoxes(c *testnode.Cluster, seed uint64, span time.Du
 	wg.Wait()
 }
 
-func (h *nemesisHistory) buyBox(c *testnode.Cluster, rng *rand.Rand, client, buyer int, body string) {
+func (h *nemesisHistory) buyBox(c *nodetest.Cluster, rng *rand.Rand, client, buyer int, body string) {
 	var order string
 	var called int64
 	for attempt := range 40 {

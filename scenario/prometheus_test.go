@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // seriesNames are the metric names the queries (lines with "expr") of an
@@ -73,8 +73,8 @@ func TestDeploy_AlertRulesReadWhatANodeExports(t *testing.T) {
 	} else {
 		t.Log("promtool is not installed (Debian's prometheus package): the rules' syntax is checked in CI")
 	}
-	n := testnode.StartNode(t, t.TempDir())
-	exported := exportedNames(t, testnode.GetRaw(t, testnode.ClientOf(n, 1), "/metrics"))
+	n := nodetest.StartNode(t, t.TempDir())
+	exported := exportedNames(t, nodetest.GetRaw(t, nodetest.ClientOf(n, 1), "/metrics"))
 	for _, name := range seriesNames(t, rules) {
 		if name != "up" && !exported[name] {
 			t.Errorf("%s reads %s, which a default node does not export", filepath.Base(rules), name)
@@ -132,7 +132,7 @@ func prometheus(t *testing.T, rules string, targets []string) string {
 			t.Logf("prometheus's log:\n%s", b[max(0, len(b)-4000):])
 		}
 	})
-	testnode.WaitFor(t, 30*time.Second, "prometheus ready", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "prometheus ready", func() bool {
 		resp, err := http.Get("http://" + addr + "/-/ready")
 		if err != nil {
 			return false
@@ -195,18 +195,18 @@ func targetsUp(t *testing.T, prom string) int {
 // alert is pending or firing (the drift alert stays quiet); once a node is
 // killed, StockdNodeDown fires.
 func TestDeploy_AlertsOnARealPrometheus(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	var targets []string
 	for _, id := range c.IDs {
 		targets = append(targets, c.Node(id).HTTPAddr())
 	}
 	prom := prometheus(t, filepath.Join(moduleDir(t), "deploy", "prometheus", "alerts.yml"), targets)
-	testnode.WaitFor(t, 30*time.Second, "prometheus scraping the three nodes", func() bool { return targetsUp(t, prom) == 3 })
+	nodetest.WaitFor(t, 30*time.Second, "prometheus scraping the three nodes", func() bool { return targetsUp(t, prom) == 3 })
 
-	if code, out := testnode.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/pa", `{"total":3000}`); code != 201 {
+	if code, out := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/pa", `{"total":3000}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
-	testnode.WaitSaleEverywhere(t, c, "pa")
+	nodetest.WaitSaleEverywhere(t, c, "pa")
 	var wins, failed atomic.Int64
 	var wg sync.WaitGroup
 	for w := range 6 {
@@ -215,7 +215,7 @@ func TestDeploy_AlertsOnARealPrometheus(t *testing.T) {
 			defer wg.Done()
 			cl := c.Client(c.IDs[w%3])
 			for i := 0; i < 2000 && wins.Load() < 3000; i++ {
-				code, _ := testnode.CallQuiet(cl, "POST", "/v1/skus/pa/deduct", fmt.Sprintf(`{"user":"w%d-%d","request_id":"w%d-%d"}`, w, i, w, i))
+				code, _ := nodetest.CallQuiet(cl, "POST", "/v1/skus/pa/deduct", fmt.Sprintf(`{"user":"w%d-%d","request_id":"w%d-%d"}`, w, i, w, i))
 				switch code {
 				case 200:
 					wins.Add(1)
@@ -238,14 +238,14 @@ func TestDeploy_AlertsOnARealPrometheus(t *testing.T) {
 	if failed.Load() > 0 {
 		t.Fatalf("%d deducts failed", failed.Load())
 	}
-	testnode.CheckLedger(t, c.Client(c.Leader()), "pa")
+	nodetest.CheckLedger(t, c.Client(c.Leader()), "pa")
 	if a := alerts(t, prom); len(a) > 0 {
 		t.Fatalf("alerts after the sale: %+v", a)
 	}
 
 	victim := c.Follower()
 	c.Crash(victim)
-	testnode.WaitFor(t, 60*time.Second, "StockdNodeDown firing", func() bool {
+	nodetest.WaitFor(t, 60*time.Second, "StockdNodeDown firing", func() bool {
 		for _, a := range alerts(t, prom) {
 			if a.Labels["alertname"] == "StockdNodeDown" && a.State == "firing" {
 				return true
@@ -284,12 +284,12 @@ func TestDeploy_DashboardReadsWhatANodeExports(t *testing.T) {
 			t.Fatalf("panel %q has no query", p.Title)
 		}
 	}
-	n := testnode.StartNode(t, t.TempDir())
-	c := testnode.ClientOf(n, 1)
-	if code, out := testnode.Call(t, c, "PUT", "/v1/skus/d", `{"total":10}`); code != 201 {
+	n := nodetest.StartNode(t, t.TempDir())
+	c := nodetest.ClientOf(n, 1)
+	if code, out := nodetest.Call(t, c, "PUT", "/v1/skus/d", `{"total":10}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, out)
 	}
-	exported := exportedNames(t, testnode.GetRaw(t, c, "/metrics"))
+	exported := exportedNames(t, nodetest.GetRaw(t, c, "/metrics"))
 	for _, name := range seriesNames(t, path) {
 		if name != "up" && !exported[name] {
 			t.Errorf("the dashboard reads %s, which a default node does not export", name)
@@ -301,9 +301,9 @@ func TestDeploy_DashboardReadsWhatANodeExports(t *testing.T) {
 // with default flags (no TLS, no backups, no consumers) evaluates every
 // rule several times and finds nothing pending or firing.
 func TestDeploy_NoAlertOnAHealthyDefaultNode(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
+	n := nodetest.StartNode(t, t.TempDir())
 	prom := prometheus(t, filepath.Join(moduleDir(t), "deploy", "prometheus", "alerts.yml"), []string{n.HTTPAddr()})
-	testnode.WaitFor(t, 30*time.Second, "prometheus scraping the node", func() bool { return targetsUp(t, prom) == 1 })
+	nodetest.WaitFor(t, 30*time.Second, "prometheus scraping the node", func() bool { return targetsUp(t, prom) == 1 })
 	for until := time.Now().Add(6 * time.Second); time.Now().Before(until); {
 		if a := alerts(t, prom); len(a) > 0 {
 			t.Fatalf("alerts on a healthy default node: %+v", a)

@@ -2,7 +2,7 @@ package scenario
 
 import (
 	"fmt"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +17,7 @@ func callWithHeader(t *testing.T, c *fasthttp.HostClient, method, path, body, he
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, path))
+	req.SetRequestURI(nodetest.URL(c, path))
 	req.Header.SetMethod(method)
 	req.Header.Set(header, value)
 	req.SetBodyString(body)
@@ -36,7 +36,7 @@ func callWithHeader(t *testing.T, c *fasthttp.HostClient, method, path, body, he
 // the conservation law and the order recount.
 func soldOf(t *testing.T, c *fasthttp.HostClient, sku string) float64 {
 	t.Helper()
-	return testnode.CheckLedger(t, c, sku)["sold"].(float64)
+	return nodetest.CheckLedger(t, c, sku)["sold"].(float64)
 }
 
 // TestRequestID_ScopedToTheUserAndNeverReused: the same id from two users
@@ -45,10 +45,10 @@ func soldOf(t *testing.T, c *fasthttp.HostClient, sku string) float64 {
 // order, in single deducts, batches (in order), wait=none, with the
 // Idempotency-Key header, and across deducts and lottery entries.
 func TestRequestID_ScopedToTheUserAndNeverReused(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	cl := testnode.ClientOf(n, 4)
+	n := nodetest.StartNode(t, t.TempDir())
+	cl := nodetest.ClientOf(n, 4)
 	for _, sku := range []string{"phone", "tablet"} {
-		if code, body := testnode.Call(t, cl, "PUT", "/v1/skus/"+sku, `{"total":100}`); code != 201 {
+		if code, body := nodetest.Call(t, cl, "PUT", "/v1/skus/"+sku, `{"total":100}`); code != 201 {
 			t.Fatalf("create %s: %d %v", sku, code, body)
 		}
 	}
@@ -58,7 +58,7 @@ func TestRequestID_ScopedToTheUserAndNeverReused(t *testing.T) {
 		if query != "" {
 			query = "?" + query
 		}
-		return testnode.Call(t, cl, "POST", "/v1/skus/"+path+"/deduct"+query, body)
+		return nodetest.Call(t, cl, "POST", "/v1/skus/"+path+"/deduct"+query, body)
 	}
 	f := func(sku, body string, wantCode int, wantErr string) map[string]any {
 		t.Helper()
@@ -80,7 +80,7 @@ func TestRequestID_ScopedToTheUserAndNeverReused(t *testing.T) {
 	f("tablet", `{"user":"alice","qty":1,"request_id":"r-1"}`, 422, "request_id_reused")
 	f("phone", `{"user":"alice","qty":2,"request_id":"r-1"}`, 422, "request_id_reused")
 	f("phone", `{"user":"alice","request_id":"r-1"}`, 200, "") // qty left out is one unit: the same request
-	if code, o := testnode.Call(t, cl, "GET", "/v1/orders/"+alice["order_id"].(string), ""); code != 200 || o["user"] != "alice" || o["state"] != "sold" {
+	if code, o := nodetest.Call(t, cl, "GET", "/v1/orders/"+alice["order_id"].(string), ""); code != 200 || o["user"] != "alice" || o["state"] != "sold" {
 		t.Fatalf("alice's order after the refusals: %d %v", code, o)
 	}
 	if p, tb := soldOf(t, cl, "phone"), soldOf(t, cl, "tablet"); p != 1 || tb != 2 {
@@ -133,8 +133,8 @@ func TestRequestID_ScopedToTheUserAndNeverReused(t *testing.T) {
 	// wait=none: the pending order and the ledger's alike refuse a reuse.
 	noWait := f("phone?wait=none", `{"user":"frank","request_id":"n-1"}`, 202, "")
 	f("tablet?wait=none", `{"user":"frank","request_id":"n-1"}`, 422, "request_id_reused")
-	testnode.WaitFor(t, 10*time.Second, "frank's order sold", func() bool {
-		_, o := testnode.Call(t, cl, "GET", "/v1/orders/"+noWait["order_id"].(string), "")
+	nodetest.WaitFor(t, 10*time.Second, "frank's order sold", func() bool {
+		_, o := nodetest.Call(t, cl, "GET", "/v1/orders/"+noWait["order_id"].(string), "")
 		return o["state"] == "sold"
 	})
 	f("tablet", `{"user":"frank","request_id":"n-1"}`, 422, "request_id_reused")
@@ -144,12 +144,12 @@ func TestRequestID_ScopedToTheUserAndNeverReused(t *testing.T) {
 
 	// Deducts and lottery entries share a user's ids.
 	closeAt := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/draw", `{"total":5,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
+	if code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/draw", `{"total":5,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
 		t.Fatalf("create the lottery: %d %v", code, out)
 	}
 	enter := func(body string, want int) map[string]any {
 		t.Helper()
-		code, out := testnode.Call(t, cl, "POST", "/v1/skus/draw/enter", body)
+		code, out := nodetest.Call(t, cl, "POST", "/v1/skus/draw/enter", body)
 		if code != want {
 			t.Fatalf("enter %s: %d %v, want %d", body, code, out, want)
 		}
@@ -170,7 +170,7 @@ func TestRequestID_ScopedToTheUserAndNeverReused(t *testing.T) {
 	if p, tb := soldOf(t, cl, "phone"), soldOf(t, cl, "tablet"); p != 5 || tb != 2 {
 		t.Fatalf("sold phone %v tablet %v at the end, want 5 (alice, carol, dave, erin, frank) and 2 (bob)", p, tb)
 	}
-	testnode.CheckLedger(t, cl, "draw")
+	nodetest.CheckLedger(t, cl, "draw")
 }
 
 // TestRequestID_ReuseRacingOnTwoNodes: each user sends one request id to
@@ -178,13 +178,13 @@ func TestRequestID_ScopedToTheUserAndNeverReused(t *testing.T) {
 // 422. With wait=none both may answer 202; the one the ledger refuses
 // then reads released, turned_down_request_id_reused.
 func TestRequestID_ReuseRacingOnTwoNodes(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	leader := c.Leader()
 	for _, sku := range []string{"phone", "tablet"} {
-		if code, body := testnode.Call(t, c.Client(leader), "PUT", "/v1/skus/"+sku, `{"total":1000}`); code != 201 {
+		if code, body := nodetest.Call(t, c.Client(leader), "PUT", "/v1/skus/"+sku, `{"total":1000}`); code != 201 {
 			t.Fatalf("create %s: %d %v", sku, code, body)
 		}
-		testnode.WaitSaleEverywhere(t, c, sku)
+		nodetest.WaitSaleEverywhere(t, c, sku)
 	}
 	const users = 150
 	for _, mode := range []string{"", "?wait=none"} {
@@ -203,7 +203,7 @@ func TestRequestID_ReuseRacingOnTwoNodes(t *testing.T) {
 					body := fmt.Sprintf(`{"user":"u%d","request_id":"race%s"}`, u, mode)
 					// A 503, 504 or 429 is retried with the same id, bounded.
 					for try := 0; try < 50; try++ {
-						code, out := testnode.CallWithin(c.Client(node), 15*time.Second, "POST", "/v1/skus/"+sku+"/deduct"+mode, body)
+						code, out := nodetest.CallWithin(c.Client(node), 15*time.Second, "POST", "/v1/skus/"+sku+"/deduct"+mode, body)
 						id, _ := out["order_id"].(string)
 						answers[u][side] = answer{code, id}
 						if code != 503 && code != 504 && code != 429 && code != 0 {
@@ -240,8 +240,8 @@ func TestRequestID_ReuseRacingOnTwoNodes(t *testing.T) {
 				}
 				node := c.NodeIDs()[side]
 				var o map[string]any
-				testnode.WaitFor(t, 10*time.Second, "order "+a[side].order+" settled", func() bool {
-					_, o = testnode.Call(t, c.Client(node), "GET", "/v1/orders/"+a[side].order, "")
+				nodetest.WaitFor(t, 10*time.Second, "order "+a[side].order+" settled", func() bool {
+					_, o = nodetest.Call(t, c.Client(node), "GET", "/v1/orders/"+a[side].order, "")
 					return o["state"] == "sold" || o["state"] == "released"
 				})
 				switch {
@@ -270,15 +270,15 @@ func TestRequestID_ReuseRacingOnTwoNodes(t *testing.T) {
 // create nothing; entries_close_at already past gets 400; a past start_at
 // in range opens the sale now and reads back exactly as sent.
 func TestSale_TimesTheLedgerCannotHoldAreRefused(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	cl := testnode.ClientOf(n, 2)
+	n := nodetest.StartNode(t, t.TempDir())
+	cl := nodetest.ClientOf(n, 2)
 	f := func(sku, body, field string) {
 		t.Helper()
-		code, out := testnode.Call(t, cl, "PUT", "/v1/skus/"+sku, body)
+		code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/"+sku, body)
 		if code != 400 || !strings.Contains(fmt.Sprint(out["detail"]), field) {
 			t.Fatalf("PUT %s %s: %d %v, want 400 naming %s", sku, body, code, out, field)
 		}
-		if code, _ := testnode.Call(t, cl, "GET", "/v1/skus/"+sku, ""); code != 404 {
+		if code, _ := nodetest.Call(t, cl, "GET", "/v1/skus/"+sku, ""); code != 404 {
 			t.Fatalf("refused sale %s exists: %d", sku, code)
 		}
 	}
@@ -289,26 +289,26 @@ func TestSale_TimesTheLedgerCannotHoldAreRefused(t *testing.T) {
 	f("old-draw", `{"total":1,"mode":"lottery","entries_close_at":"1000-01-01T00:00:00Z"}`, "entries_close_at")
 	f("past-draw", `{"total":1,"mode":"lottery","entries_close_at":"2020-01-01T00:00:00Z"}`, "entries_close_at")
 	f("long-hold", `{"total":1,"hold_ttl":"8760h"}`, "hold_ttl")
-	if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/soon", `{"total":1,"mode":"lottery","start_at":"`+future+`","entries_close_at":"`+future+`"}`); code != 400 {
+	if code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/soon", `{"total":1,"mode":"lottery","start_at":"`+future+`","entries_close_at":"`+future+`"}`); code != 400 {
 		t.Fatalf("lottery closing at its start: %d %v", code, out)
 	}
 
 	const past = "2001-02-03T04:05:06.123456789Z"
-	code, out := testnode.Call(t, cl, "PUT", "/v1/skus/opened", `{"total":3,"start_at":"`+past+`"}`)
+	code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/opened", `{"total":3,"start_at":"`+past+`"}`)
 	if code != 201 || out["start_at"] != past || out["state"] != "open" {
 		t.Fatalf("sale with a past start_at: %d %v", code, out)
 	}
-	if _, got := testnode.Call(t, cl, "GET", "/v1/skus/opened", ""); got["start_at"] != past {
+	if _, got := nodetest.Call(t, cl, "GET", "/v1/skus/opened", ""); got["start_at"] != past {
 		t.Fatalf("start_at reads back %v, sent %s", got["start_at"], past)
 	}
-	if code, out := testnode.Call(t, cl, "POST", "/v1/skus/opened/deduct", `{"user":"u1","request_id":"r1"}`); code != 200 {
+	if code, out := nodetest.Call(t, cl, "POST", "/v1/skus/opened/deduct", `{"user":"u1","request_id":"r1"}`); code != 200 {
 		t.Fatalf("deduct from a sale whose start_at is past: %d %v", code, out)
 	}
 	// The last second the ledger holds is a start time like any other.
-	if code, out := testnode.Call(t, cl, "PUT", "/v1/skus/edge", `{"total":1,"start_at":"2262-04-11T23:47:16Z"}`); code != 201 || out["state"] != "upcoming" {
+	if code, out := nodetest.Call(t, cl, "PUT", "/v1/skus/edge", `{"total":1,"start_at":"2262-04-11T23:47:16Z"}`); code != 201 || out["state"] != "upcoming" {
 		t.Fatalf("start_at at the end of the range: %d %v", code, out)
 	}
-	if code, out := testnode.Call(t, cl, "POST", "/v1/skus/edge/deduct", `{"user":"u1"}`); code != 425 {
+	if code, out := nodetest.Call(t, cl, "POST", "/v1/skus/edge/deduct", `{"user":"u1"}`); code != 425 {
 		t.Fatalf("deduct before a far start: %d %v", code, out)
 	}
 	if soldOf(t, cl, "opened") != 1 || soldOf(t, cl, "edge") != 0 {

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 
 	"github.com/valyala/fasthttp"
 )
@@ -19,9 +19,9 @@ import (
 func TestServer_FlashSaleEndToEnd(t *testing.T) {
 	const units, buyers, conns = 1000, 20000, 200
 	dir := t.TempDir()
-	n := testnode.StartNode(t, dir)
-	c := testnode.ClientOf(n, conns)
-	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	n := nodetest.StartNode(t, dir)
+	c := nodetest.ClientOf(n, conns)
+	if code, body := nodetest.Call(t, c, "PUT", "/v1/skus/phone", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 
@@ -34,7 +34,7 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 		go func(w int) {
 			defer wg.Done()
 			for b := w; b < buyers; b += conns {
-				code, body := testnode.Call(t, c, "POST", "/v1/skus/phone/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b))
+				code, body := nodetest.Call(t, c, "POST", "/v1/skus/phone/deduct", fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, b, b))
 				key := fmt.Sprintf("%d %v", code, body["error"])
 				if code == 503 {
 					key += fmt.Sprint(" ", body["detail"])
@@ -56,11 +56,11 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 	if outcomes["200 <nil>"] != units || outcomes["409 sold_out"] != buyers-units || len(outcomes) != 2 {
 		t.Fatalf("outcomes %v, want %d × 200 and %d × 409 sold_out", outcomes, units, buyers-units)
 	}
-	a := testnode.CheckLedger(t, c, "phone")
+	a := nodetest.CheckLedger(t, c, "phone")
 	if a["sold"].(float64)+a["held"].(float64) != units || a["orders"].(float64) != units {
 		t.Fatalf("ledger after sale: %v", a)
 	}
-	metricsText := testnode.GetRaw(t, c, "/metrics")
+	metricsText := nodetest.GetRaw(t, c, "/metrics")
 	for _, want := range []string{
 		fmt.Sprintf(`stockd_deducts_total{outcome="sold_out"} %d`, buyers-units),
 		fmt.Sprintf(`stockd_deducts_total{outcome="ok"} %d`, units),
@@ -79,7 +79,7 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 		break
 	}
 	retry := fmt.Sprintf(`{"user":"u%d","qty":1,"request_id":"r%d"}`, winner, winner)
-	if code, body := testnode.Call(t, c, "POST", "/v1/skus/phone/deduct", retry); code != 200 || body["order_id"] != winnerOrder {
+	if code, body := nodetest.Call(t, c, "POST", "/v1/skus/phone/deduct", retry); code != 200 || body["order_id"] != winnerOrder {
 		t.Fatalf("retry of a winner: %d %v, want 200 %s", code, body, winnerOrder)
 	}
 
@@ -89,36 +89,36 @@ func TestServer_FlashSaleEndToEnd(t *testing.T) {
 	if err := n.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	n2 := testnode.StartNode(t, dir)
-	c2 := testnode.ClientOf(n2, 4)
-	code, sku := testnode.Call(t, c2, "GET", "/v1/skus/phone", "")
+	n2 := nodetest.StartNode(t, dir)
+	c2 := nodetest.ClientOf(n2, 4)
+	code, sku := nodetest.Call(t, c2, "GET", "/v1/skus/phone", "")
 	if code != 200 || sku["sold"].(float64) != units || sku["remaining"].(float64) != 0 || sku["state"] != "sold_out" {
 		t.Fatalf("sku after restart: %d %v", code, sku)
 	}
-	if code, body := testnode.Call(t, c2, "POST", "/v1/skus/phone/deduct", `{"user":"late","qty":1,"request_id":"late-1"}`); code != 409 || body["error"] != "sold_out" {
+	if code, body := nodetest.Call(t, c2, "POST", "/v1/skus/phone/deduct", `{"user":"late","qty":1,"request_id":"late-1"}`); code != 409 || body["error"] != "sold_out" {
 		t.Fatalf("deduct after restart: %d %v, want 409 sold_out", code, body)
 	}
-	if code, body := testnode.Call(t, c2, "POST", "/v1/skus/phone/deduct", retry); code != 200 || body["order_id"] != winnerOrder {
+	if code, body := nodetest.Call(t, c2, "POST", "/v1/skus/phone/deduct", retry); code != 200 || body["order_id"] != winnerOrder {
 		t.Fatalf("retry after restart: %d %v, want 200 %s", code, body, winnerOrder)
 	}
-	if code, o := testnode.Call(t, c2, "GET", "/v1/orders/"+winnerOrder, ""); code != 200 || o["state"] != "sold" || o["user"] != fmt.Sprintf("u%d", winner) {
+	if code, o := nodetest.Call(t, c2, "GET", "/v1/orders/"+winnerOrder, ""); code != 200 || o["state"] != "sold" || o["user"] != fmt.Sprintf("u%d", winner) {
 		t.Fatalf("order after restart: %d %v", code, o)
 	}
-	a = testnode.CheckLedger(t, c2, "phone")
+	a = nodetest.CheckLedger(t, c2, "phone")
 	if a["sold"].(float64)+a["held"].(float64) != units || a["orders"].(float64) != units {
 		t.Fatalf("ledger after restart: %v", a)
 	}
 }
 
 func TestServer_BadInputGetsClear4xx(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
-	c := testnode.ClientOf(n, 2)
-	if code, _ := testnode.Call(t, c, "PUT", "/v1/skus/a", `{"total":5}`); code != 201 {
+	n := nodetest.StartNode(t, t.TempDir())
+	c := nodetest.ClientOf(n, 2)
+	if code, _ := nodetest.Call(t, c, "PUT", "/v1/skus/a", `{"total":5}`); code != 201 {
 		t.Fatalf("create: %d", code)
 	}
 	f := func(method, path, body string, wantCode int, wantErr string) {
 		t.Helper()
-		code, out := testnode.Call(t, c, method, path, body)
+		code, out := nodetest.Call(t, c, method, path, body)
 		if code != wantCode || out["error"] != wantErr {
 			t.Fatalf("%s %s %q: %d %v, want %d %s", method, path, body, code, out, wantCode, wantErr)
 		}
@@ -150,29 +150,29 @@ func TestServer_BadInputGetsClear4xx(t *testing.T) {
 	f("POST", "/v1/skus/a/deduct", `{"user":"`+string(bytes.Repeat([]byte("x"), 20<<10))+`"}`, 413, "too_large")
 
 	start := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	if code, _ := testnode.Call(t, c, "PUT", "/v1/skus/later", `{"total":5,"start_at":"`+start+`"}`); code != 201 {
+	if code, _ := nodetest.Call(t, c, "PUT", "/v1/skus/later", `{"total":5,"start_at":"`+start+`"}`); code != 201 {
 		t.Fatalf("create later: %d", code)
 	}
 	f("POST", "/v1/skus/later/deduct", `{"user":"u"}`, 425, "not_started")
-	if code, s := testnode.Call(t, c, "GET", "/v1/skus/later", ""); code != 200 || s["state"] != "upcoming" || s["starts_in_ms"].(float64) <= 0 {
+	if code, s := nodetest.Call(t, c, "GET", "/v1/skus/later", ""); code != 200 || s["state"] != "upcoming" || s["starts_in_ms"].(float64) <= 0 {
 		t.Fatalf("upcoming sale: %d %v", code, s)
 	}
 	// Nothing above sold anything.
-	if a := testnode.CheckLedger(t, c, "a"); a["sold"].(float64) != 0 {
+	if a := nodetest.CheckLedger(t, c, "a"); a["sold"].(float64) != 0 {
 		t.Fatalf("bad requests sold units: %v", a)
 	}
 }
 
 func TestServer_AdminTokenGuardsAdminCalls(t *testing.T) {
-	cfg := testnode.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
+	cfg := nodetest.NodeConfig(t, "n1", t.TempDir(), 200*time.Millisecond)
 	cfg.HTTP.AdminToken = "s3cret"
 	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Stop(context.Background())
-	c := testnode.ClientOf(n, 1)
-	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/a", `{"total":1}`); code != 401 || body["error"] != "unauthorized" {
+	c := nodetest.ClientOf(n, 1)
+	if code, body := nodetest.Call(t, c, "PUT", "/v1/skus/a", `{"total":1}`); code != 401 || body["error"] != "unauthorized" {
 		t.Fatalf("no token: %d %v", code, body)
 	}
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
@@ -182,7 +182,7 @@ func TestServer_AdminTokenGuardsAdminCalls(t *testing.T) {
 	req.Header.SetMethod("PUT")
 	req.Header.Set("Authorization", "Bearer s3cret")
 	req.SetBodyString(`{"total":1}`)
-	testnode.WaitFor(t, 10*time.Second, "sale created with the token", func() bool {
+	nodetest.WaitFor(t, 10*time.Second, "sale created with the token", func() bool {
 		if err := c.Do(req, resp); err != nil {
 			t.Fatal(err)
 		}

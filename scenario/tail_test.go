@@ -12,8 +12,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 )
 
 // The end of a sale, where answers must stay true (docs/architecture.md, "True
@@ -54,7 +54,7 @@ func (a tailAnswer) lost() bool { return a.code == 409 }
 
 // tailClients is one pool per node, sized for the sale's connections.
 type tailClients struct {
-	sc   testnode.SalesCluster
+	sc   nodetest.SalesCluster
 	mu   sync.Mutex
 	pool map[string]*fasthttp.HostClient
 }
@@ -127,7 +127,7 @@ func resent(reqID string, percent int) bool {
 
 // runTailSale creates the sale, runs it over sc's nodes and checks what
 // its buyers were told. It returns every final answer.
-func runTailSale(t *testing.T, sc testnode.SalesCluster, o tailSale) []tailAnswer {
+func runTailSale(t *testing.T, sc nodetest.SalesCluster, o tailSale) []tailAnswer {
 	t.Helper()
 	return runTailSaleWith(t, sc, sc, o, true)
 }
@@ -135,7 +135,7 @@ func runTailSale(t *testing.T, sc testnode.SalesCluster, o tailSale) []tailAnswe
 // runTailSaleWith runs the sale with buyers on buyerNodes' nodes only and
 // checks it on every node of all; create says whether to create the sale
 // first.
-func runTailSaleWith(t *testing.T, buyerNodes, all testnode.SalesCluster, o tailSale, create bool) []tailAnswer {
+func runTailSaleWith(t *testing.T, buyerNodes, all nodetest.SalesCluster, o tailSale, create bool) []tailAnswer {
 	t.Helper()
 	sc := all
 	if create {
@@ -146,11 +146,11 @@ func runTailSaleWith(t *testing.T, buyerNodes, all testnode.SalesCluster, o tail
 				break
 			}
 		}
-		if code, body := testnode.Call(t, all.Client(admin), "PUT", "/v1/skus/"+o.sku, fmt.Sprintf(`{"total":%d,"per_user":%d}`, o.units, o.perUser)); code != 201 {
+		if code, body := nodetest.Call(t, all.Client(admin), "PUT", "/v1/skus/"+o.sku, fmt.Sprintf(`{"total":%d,"per_user":%d}`, o.units, o.perUser)); code != 201 {
 			t.Fatalf("create sale: %d %v", code, body)
 		}
 	}
-	testnode.WaitSaleEverywhere(t, all, o.sku)
+	nodetest.WaitSaleEverywhere(t, all, o.sku)
 	ids := buyerNodes.NodeIDs()
 	tc := &tailClients{sc: buyerNodes, pool: map[string]*fasthttp.HostClient{}}
 	perNode := o.conns/len(ids) + 16
@@ -229,10 +229,10 @@ func runTailSaleWith(t *testing.T, buyerNodes, all testnode.SalesCluster, o tail
 	checkTailAnswers(t, o, answers)
 
 	// Nothing stranded: demand was above stock, so every unit is sold.
-	testnode.WaitFor(t, 20*time.Second, "every unit sold", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "every unit sold", func() bool {
 		for _, id := range sc.NodeIDs() {
 			if c := sc.Client(id); c != nil {
-				_, a := testnode.CallQuiet(c, "GET", "/v1/skus/"+o.sku+"/audit", "")
+				_, a := nodetest.CallQuiet(c, "GET", "/v1/skus/"+o.sku+"/audit", "")
 				if a == nil || a["sold"].(float64) != float64(o.units) {
 					return false
 				}
@@ -347,7 +347,7 @@ type oneNode struct{ n *node.Node }
 
 func (o oneNode) NodeIDs() []string { return []string{"n1"} }
 func (o oneNode) Client(string) *fasthttp.HostClient {
-	return testnode.ClientOf(o.n, 32)
+	return nodetest.ClientOf(o.n, 32)
 }
 
 func flashTail(sku string) tailSale {
@@ -355,10 +355,10 @@ func flashTail(sku string) tailSale {
 }
 
 func TestTail_OneNodeNoFlipsNoLateWins(t *testing.T) {
-	n := testnode.StartNode(t, t.TempDir())
+	n := nodetest.StartNode(t, t.TempDir())
 	runTailSale(t, oneNode{n}, flashTail("one"))
 	// The node exports its tail: first sold_out answer, last win, length.
-	c := testnode.ClientOf(n, 1)
+	c := nodetest.ClientOf(n, 1)
 	for _, name := range []string{`stockd_sale_tail_seconds{sku="one"}`, `stockd_sale_first_sold_out_timestamp_seconds{sku="one"}`, `stockd_sale_last_win_timestamp_seconds{sku="one"}`} {
 		v, err := strconv.ParseFloat(metricValue(t, c, name), 64)
 		if err != nil || v < 0 {
@@ -368,19 +368,19 @@ func TestTail_OneNodeNoFlipsNoLateWins(t *testing.T) {
 }
 
 func TestTail_ThreeNodesNoFlipsNoLateWins(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	runTailSale(t, c, flashTail("three"))
 }
 
 func TestTail_PerUserLimitThreeAttemptsPerBuyer(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	o := flashTail("limited")
 	o.perUser, o.attempts, o.buyers = 1, 3, 10000
 	runTailSale(t, c, o)
 }
 
 func TestTail_LeaderKilledInTheLastTenthOfTheSale(t *testing.T) {
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	o := flashTail("failover")
 	o.midSale = func() {
 		leader := c.Leader()
@@ -403,18 +403,18 @@ func TestTail_LeaderKilledInTheLastTenthOfTheSale(t *testing.T) {
 // told sold_out while a unit is left.
 func TestTail_IdleHolderGivesUnitsToBuyersElsewhere(t *testing.T) {
 	const units = 2000
-	c := testnode.StartClusterWith(t, func(cfg *node.Config) { cfg.Engine.LeaseIdleReturn = time.Hour })
+	c := nodetest.StartClusterWith(t, func(cfg *node.Config) { cfg.Engine.LeaseIdleReturn = time.Hour })
 	holder := c.IDs[2]
-	if code, body := testnode.Call(t, c.Client(holder), "PUT", "/v1/skus/idle", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(holder), "PUT", "/v1/skus/idle", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	// A few buyers on the holder make it lease a large chunk.
 	for b := range 5 {
-		if code, body := testnode.Call(t, c.Client(holder), "POST", "/v1/skus/idle/deduct", fmt.Sprintf(`{"user":"early%d","request_id":"early%d"}`, b, b)); code != 200 {
+		if code, body := nodetest.Call(t, c.Client(holder), "POST", "/v1/skus/idle/deduct", fmt.Sprintf(`{"user":"early%d","request_id":"early%d"}`, b, b)); code != 200 {
 			t.Fatalf("early deduct: %d %v", code, body)
 		}
 	}
-	_, a := testnode.Call(t, c.Client(holder), "GET", "/v1/skus/idle/audit", "")
+	_, a := nodetest.Call(t, c.Client(holder), "GET", "/v1/skus/idle/audit", "")
 	held := a["leased"].(map[string]any)[holder].(float64)
 	if held < units/10 {
 		t.Fatalf("the holder leased only %v units", held)
@@ -431,7 +431,7 @@ func TestTail_IdleHolderGivesUnitsToBuyersElsewhere(t *testing.T) {
 			lastWin = a.end
 		}
 	}
-	_, a = testnode.Call(t, c.Client(holder), "GET", "/v1/skus/idle/audit", "")
+	_, a = nodetest.Call(t, c.Client(holder), "GET", "/v1/skus/idle/audit", "")
 	t.Logf("buyers elsewhere won the idle node's units; last win %s after the first buyer; given back on demand: %v",
 		lastWin.Sub(start).Round(time.Millisecond), metricValue(t, c.Client(holder), "stockd_lease_given_back_units_total"))
 	if a["sold"].(float64) != units {
@@ -441,7 +441,7 @@ func TestTail_IdleHolderGivesUnitsToBuyersElsewhere(t *testing.T) {
 
 // subset is some of a cluster's nodes, as a salesCluster.
 type subset struct {
-	c   *testnode.Cluster
+	c   *nodetest.Cluster
 	ids []string
 }
 
@@ -450,7 +450,7 @@ func (s *subset) Client(id string) *fasthttp.HostClient { return s.c.Client(id) 
 
 // runTailSaleOn runs a sale whose SKU exists already, with buyers on
 // buyers' nodes only, and checks it on every node of all.
-func runTailSaleOn(t *testing.T, buyers testnode.SalesCluster, all testnode.SalesCluster, o tailSale) []tailAnswer {
+func runTailSaleOn(t *testing.T, buyers nodetest.SalesCluster, all nodetest.SalesCluster, o tailSale) []tailAnswer {
 	t.Helper()
 	return runTailSaleWith(t, buyers, all, o, false)
 }
@@ -461,7 +461,7 @@ func metricValue(t *testing.T, c *fasthttp.HostClient, name string) string {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, "/metrics"))
+	req.SetRequestURI(nodetest.URL(c, "/metrics"))
 	if err := c.DoTimeout(req, resp, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,8 @@ import (
 	"stockd/client"
 	"stockd/feed"
 	"stockd/internal/pki"
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 	"stockd/raftfsm"
 )
 
@@ -45,7 +45,7 @@ func TestClient_OverHTTPSWithClientCertificates(t *testing.T) {
 	certs := filepath.Join(dir, "certs")
 	inProcCerts(t, certs, "n1")
 	f := func(name string) string { return filepath.Join(certs, name) }
-	cfg := testnode.NodeConfig(t, "n1", filepath.Join(dir, "n1"), 200*time.Millisecond)
+	cfg := nodetest.NodeConfig(t, "n1", filepath.Join(dir, "n1"), 200*time.Millisecond)
 	cfg.ClusterSecret = ""
 	cfg.TLS = node.TLSFiles{NodeCert: f("n1.pem"), NodeKey: f("n1-key.pem"), NodeCA: f("ca.pem"),
 		HTTPCert: f("n1.pem"), HTTPKey: f("n1-key.pem"), HTTPClientCA: f("ca.pem")}
@@ -67,8 +67,8 @@ func TestClient_OverHTTPSWithClientCertificates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	hc := &fasthttp.HostClient{Addr: n.HTTPAddr(), IsTLS: true, TLSConfig: withCert}
-	testnode.WaitFor(t, 10*time.Second, "node ready on its ledger rules", func() bool {
-		code, _ := testnode.CallQuiet(hc, "GET", "/readyz", "")
+	nodetest.WaitFor(t, 10*time.Second, "node ready on its ledger rules", func() bool {
+		code, _ := nodetest.CallQuiet(hc, "GET", "/readyz", "")
 		return code == 200 && n.Ledger().Rules() == raftfsm.RulesCurrent
 	})
 	if _, err := cl.CreateSale(ctx, "mug", client.SaleConfig{Total: 3}); err != nil {
@@ -91,7 +91,7 @@ func TestClient_OverHTTPSWithClientCertificates(t *testing.T) {
 		t.Fatalf("a deduct without a client certificate: %v", err)
 	}
 	bareHC := &fasthttp.HostClient{Addr: n.HTTPAddr(), IsTLS: true, TLSConfig: caOnly}
-	if code, _ := testnode.CallQuiet(bareHC, "GET", "/readyz", ""); code != 200 {
+	if code, _ := nodetest.CallQuiet(bareHC, "GET", "/readyz", ""); code != 200 {
 		t.Fatalf("/readyz without a client certificate: %d", code)
 	}
 	var out, logs bytes.Buffer
@@ -101,11 +101,11 @@ func TestClient_OverHTTPSWithClientCertificates(t *testing.T) {
 		t.Fatalf("the feed over HTTPS: %v\n%s\n%s", err, out.String(), logs.String())
 	}
 	// The operator's page names the certificate that expires first.
-	if code, st := testnode.CallQuiet(hc, "GET", "/v1/stats", ""); code != 200 || st["tls_nearest_expiry"] == nil ||
+	if code, st := nodetest.CallQuiet(hc, "GET", "/v1/stats", ""); code != 200 || st["tls_nearest_expiry"] == nil ||
 		st["tls_nearest_expiry"].(map[string]any)["name"] == "" {
 		t.Fatalf("/v1/stats without the nearest expiry: %d %v", code, st["tls_nearest_expiry"])
 	}
-	a := testnode.CheckLedger(t, hc, "mug")
+	a := nodetest.CheckLedger(t, hc, "mug")
 	if a["sold"].(float64) != 1 || a["orders"].(float64) != 1 {
 		t.Fatalf("one sale, one order: %v", a)
 	}

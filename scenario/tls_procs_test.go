@@ -12,7 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/internal/certs"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // procSecurity runs a procCluster on node certificates and HTTPS made by
@@ -133,7 +133,7 @@ func adminCall(t *testing.T, c *fasthttp.HostClient, method, path, body string) 
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(testnode.URL(c, path))
+	req.SetRequestURI(nodetest.URL(c, path))
 	req.Header.SetMethod(method)
 	req.Header.Set("Authorization", "Bearer "+testAdminToken)
 	req.SetBodyString(body)

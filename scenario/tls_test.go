@@ -27,7 +27,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/internal/pki"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"stockd/raftfsm/command"
 )
 
@@ -188,7 +188,7 @@ func saleState(t *testing.T, p *procCluster, sku string) string {
 	t.Helper()
 	var states []string
 	for _, id := range p.ids {
-		a := testnode.CheckLedger(t, p.Client(id), sku)
+		a := nodetest.CheckLedger(t, p.Client(id), sku)
 		states = append(states, fmt.Sprint(a["total"], a["available"], a["held"], a["sold"], a["orders"], a["leased"]))
 	}
 	for _, s := range states[1:] {
@@ -211,23 +211,23 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 		sec.clientCA = true
 	})
 	leader := p.Leader()
-	if code, body := testnode.Call(t, p.Client(leader), "PUT", "/v1/skus/probe", `{"total":100}`); code != 201 {
+	if code, body := nodetest.Call(t, p.Client(leader), "PUT", "/v1/skus/probe", `{"total":100}`); code != 201 {
 		t.Fatalf("create probe: %d %v", code, body)
 	}
-	testnode.WaitSaleEverywhere(t, p, "probe")
+	nodetest.WaitSaleEverywhere(t, p, "probe")
 	for i, id := range p.ids { // every node sells, n3 on its openssl certificate too
-		if code, body := testnode.Call(t, p.Client(id), "POST", "/v1/skus/probe/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
+		if code, body := nodetest.Call(t, p.Client(id), "POST", "/v1/skus/probe/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i)); code != 200 {
 			t.Fatalf("deduct through %s: %d %v", id, code, body)
 		}
 		// With HTTPS the event loop, on by default, is off (it speaks
 		// plain HTTP): fasthttp serves every request.
-		if m := testnode.GetRaw(t, p.Client(id), "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 0\n") {
+		if m := nodetest.GetRaw(t, p.Client(id), "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 0\n") {
 			t.Errorf("%s serves HTTPS, and its metrics do not say the event loop is off", id)
 		}
 	}
 	// Let idle leases come home, so that the state stays put.
 	var before string
-	testnode.WaitFor(t, 20*time.Second, "a settled, agreed ledger", func() bool {
+	nodetest.WaitFor(t, 20*time.Second, "a settled, agreed ledger", func() bool {
 		s := saleState(t, p, "probe")
 		settled := s == before && !strings.Contains(s, "|")
 		before = s
@@ -267,7 +267,7 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 		{"stockd cert client named after a member", stockdClientCert(t, sec.dir, other), `the certificate naming \"` + other + `\" is not a node certificate`},
 		{"an openssl client-only certificate named after a member", opensslClientCert(t, sec.dir, other), `the certificate naming \"` + other + `\" is not a node certificate`},
 	} {
-		if code, body := testnode.CallQuiet(nodePortClient(sec, leaderPort, c.cert), "GET", statusPath, ""); code != 0 {
+		if code, body := nodetest.CallQuiet(nodePortClient(sec, leaderPort, c.cert), "GET", statusPath, ""); code != 0 {
 			t.Errorf("%s: the node port answered %d %v", c.what, code, body)
 		}
 		waitLogged(t, p, leader, c.reason)
@@ -276,7 +276,7 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 	// A member's own certificate gets in; a take it proposes in another
 	// member's name is refused before it is applied, whatever it says it is.
 	as := nodePortClient(sec, leaderPort, loadPair(t, sec.dir, other))
-	if code, _ := testnode.CallQuiet(as, "GET", statusPath, ""); code != 200 {
+	if code, _ := nodetest.CallQuiet(as, "GET", statusPath, ""); code != 200 {
 		t.Fatalf("%s's own certificate: the node port answered %d", other, code)
 	}
 	take := command.EncodeCommand(nil, time.Now().UnixNano(), &command.Take{Node: victim,
@@ -298,11 +298,11 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 	bare := sec.clientTLS(p.httpAddr[leader])
 	bare.Certificates = nil
 	noCert := &fasthttp.HostClient{Addr: p.httpAddr[leader], IsTLS: true, TLSConfig: bare}
-	if code, body := testnode.CallQuiet(noCert, "POST", "/v1/skus/probe/deduct", `{"user":"x","request_id":"x"}`); code != 401 || body["error"] != "client_certificate_required" {
+	if code, body := nodetest.CallQuiet(noCert, "POST", "/v1/skus/probe/deduct", `{"user":"x","request_id":"x"}`); code != 401 || body["error"] != "client_certificate_required" {
 		t.Fatalf("a deduct without a client certificate: %d %v", code, body)
 	}
 	for _, probe := range []string{"/healthz", "/readyz", "/metrics"} {
-		if code, _ := testnode.CallQuiet(noCert, "GET", probe, ""); code != 200 {
+		if code, _ := nodetest.CallQuiet(noCert, "GET", probe, ""); code != 200 {
 			t.Errorf("%s without a client certificate: %d", probe, code)
 		}
 	}
@@ -317,10 +317,10 @@ func TestMultiProcess_TLSRefusals(t *testing.T) {
 	waitLogged(t, p, leader, "first record does not look like a TLS handshake")
 	unchanged("plain HTTP and plain TCP")
 	// The metric: each certificate's expiry.
-	if m := testnode.GetRaw(t, p.Client(leader), "/metrics"); !strings.Contains(m, `stockd_tls_cert_expiry_timestamp_seconds{cert="node"}`) || !strings.Contains(m, `stockd_tls_cert_expiry_timestamp_seconds{cert="http-client-ca"}`) {
+	if m := nodetest.GetRaw(t, p.Client(leader), "/metrics"); !strings.Contains(m, `stockd_tls_cert_expiry_timestamp_seconds{cert="node"}`) || !strings.Contains(m, `stockd_tls_cert_expiry_timestamp_seconds{cert="http-client-ca"}`) {
 		t.Errorf("no certificate expiry metrics:\n%s", m)
 	}
-	testnode.CheckLedger(t, p.Client(leader), "probe")
+	nodetest.CheckLedger(t, p.Client(leader), "probe")
 }
 
 // plainExchange writes msg over plain TCP to addr and returns what came
@@ -341,7 +341,7 @@ func plainExchange(t *testing.T, addr, msg string) []byte {
 // waitLogged waits until node id's log holds text.
 func waitLogged(t *testing.T, p *procCluster, id, text string) {
 	t.Helper()
-	testnode.WaitFor(t, 10*time.Second, id+"'s log to say "+text, func() bool {
+	nodetest.WaitFor(t, 10*time.Second, id+"'s log to say "+text, func() bool {
 		b, _ := os.ReadFile(p.dataDir[id] + ".log")
 		return bytes.Contains(b, []byte(text))
 	})
@@ -398,10 +398,10 @@ func TestMultiProcess_TLSRotationUnderLoad(t *testing.T) {
 	}
 	// Created through a follower: the admin call is relayed to the leader
 	// over the node port.
-	if code, body := testnode.Call(t, p.Client(follower), "PUT", "/v1/skus/stream", `{"total":1000000}`); code != 201 {
+	if code, body := nodetest.Call(t, p.Client(follower), "PUT", "/v1/skus/stream", `{"total":1000000}`); code != 201 {
 		t.Fatalf("create sale through follower %s: %d %v", follower, code, body)
 	}
-	testnode.WaitSaleEverywhere(t, p, "stream")
+	nodetest.WaitSaleEverywhere(t, p, "stream")
 	var failed, won atomic.Int64
 	var mu sync.Mutex
 	acked := map[string]bool{}
@@ -422,7 +422,7 @@ func TestMultiProcess_TLSRotationUnderLoad(t *testing.T) {
 					return
 				default:
 				}
-				code, out := testnode.CallQuiet(c, "POST", "/v1/skus/stream/deduct", fmt.Sprintf(`{"user":"w%d-%d","request_id":"r%d-%d"}`, w, i, w, i))
+				code, out := nodetest.CallQuiet(c, "POST", "/v1/skus/stream/deduct", fmt.Sprintf(`{"user":"w%d-%d","request_id":"r%d-%d"}`, w, i, w, i))
 				mu.Lock()
 				if code == 200 {
 					won.Add(1)
@@ -438,7 +438,7 @@ func TestMultiProcess_TLSRotationUnderLoad(t *testing.T) {
 	member := loadPair(t, sec.dir, "n1")
 	for _, id := range p.ids {
 		at := won.Load()
-		testnode.WaitFor(t, 20*time.Second, "sales before rotating "+id, func() bool { return won.Load() >= at+100 })
+		nodetest.WaitFor(t, 20*time.Second, "sales before rotating "+id, func() bool { return won.Load() >= at+100 })
 		cert, key := filepath.Join(sec.dir, id+".pem"), filepath.Join(sec.dir, id+"-key.pem")
 		old := fileSerial(t, cert)
 		// A broken certificate file: the node keeps the one in use.
@@ -467,7 +467,7 @@ func TestMultiProcess_TLSRotationUnderLoad(t *testing.T) {
 		}
 		want := fileSerial(t, cert)
 		p.signal(id, syscall.SIGHUP)
-		testnode.WaitFor(t, 10*time.Second, id+" presenting its new certificate", func() bool {
+		nodetest.WaitFor(t, 10*time.Second, id+" presenting its new certificate", func() bool {
 			return servedSerial(t, sec, p.httpAddr[id], "", member) == want && servedSerial(t, sec, p.raftAddr[id], protoPeerHTTP, member) == want
 		})
 		if id == "n1" {
@@ -475,7 +475,7 @@ func TestMultiProcess_TLSRotationUnderLoad(t *testing.T) {
 		}
 	}
 	at := won.Load()
-	testnode.WaitFor(t, 20*time.Second, "sales after the last rotation", func() bool { return won.Load() >= at+100 })
+	nodetest.WaitFor(t, 20*time.Second, "sales after the last rotation", func() bool { return won.Load() >= at+100 })
 	close(stop)
 	wg.Wait()
 	t.Logf("%d deducts won during the rotation of three nodes' certificates, %d failed", won.Load(), failed.Load())
@@ -503,7 +503,7 @@ func TestMultiProcess_TLSThreeHosts(t *testing.T) {
 	if code := adminCall(t, p.Client(p.Leader()), "PUT", "/v1/skus/tv", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d", code)
 	}
-	testnode.WaitSaleEverywhere(t, p, "tv")
+	nodetest.WaitSaleEverywhere(t, p, "tv")
 	var acked atomic.Int64
 	first := buyWave(p, "tv", 0, 500, 16, &acked)
 	waveDone := make(chan map[int]buyerResult, 1)
@@ -514,14 +514,14 @@ func TestMultiProcess_TLSThreeHosts(t *testing.T) {
 	}
 	at, cutAt := acked.Load(), time.Now()
 	net.cut(away)
-	testnode.WaitFor(t, 60*time.Second, "sales go on without "+away, func() bool { return acked.Load() >= at+100 })
+	nodetest.WaitFor(t, 60*time.Second, "sales go on without "+away, func() bool { return acked.Load() >= at+100 })
 	net.heal(away)
 	t.Logf("%s was off the network %s, from acknowledgement %d to %d", away, time.Since(cutAt).Round(time.Millisecond), at, acked.Load())
 	second := <-waveDone
 	for b, r := range second {
 		first[b] = r
 	}
-	testnode.WaitReady(t, p)
+	nodetest.WaitReady(t, p)
 	rest := sellOut(t, p, "tv", units, buyers)
 	all := ackedOrders(t, first, rest)
 	if len(all) > units {
@@ -559,7 +559,7 @@ func plaintextOnAHost(t *testing.T, bin string, net *hostNet) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	testnode.WaitFor(t, 10*time.Second, "the plaintext node's warning", func() bool {
+	nodetest.WaitFor(t, 10*time.Second, "the plaintext node's warning", func() bool {
 		b, _ := os.ReadFile(log)
 		return bytes.Contains(b, []byte("node-to-node traffic is plain TCP")) && bytes.Contains(b, []byte("stockd serving"))
 	})

@@ -8,7 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 )
 
 // The tests here try stockd as a shop's engineer would: a write through
@@ -29,7 +29,7 @@ type procCaller struct {
 
 func (c procCaller) call(id, method, path, body string) (int, map[string]any) {
 	c.t.Helper()
-	return testnode.Call(c.t, c.p.Client(id), method, path, body)
+	return nodetest.Call(c.t, c.p.Client(id), method, path, body)
 }
 
 // deduct is one deduct on node id; it returns the status, the error code
@@ -83,7 +83,7 @@ func TestMultiProcess_AnswersStayTrueAfterAWriteElsewhere(t *testing.T) {
 		f := strings.SplitN(sale, " ", 3)
 		c.mustWrite(ids[0], f[0], f[1], f[2])
 	}
-	testnode.WaitSaleEverywhere(t, p, "self")
+	nodetest.WaitSaleEverywhere(t, p, "self")
 	acked := map[string]map[string]bool{}
 	ack := func(sku string, out map[string]any) {
 		if acked[sku] == nil {
@@ -266,7 +266,7 @@ func waitReadyTight(t *testing.T, p *procCluster) {
 			if ready[id] {
 				continue
 			}
-			req.SetRequestURI(testnode.URL(p.Client(id), "/readyz"))
+			req.SetRequestURI(nodetest.URL(p.Client(id), "/readyz"))
 			if err := p.Client(id).DoTimeout(req, resp, time.Second); err == nil && resp.StatusCode() == 200 {
 				ready[id] = true
 			}
@@ -295,7 +295,7 @@ func TestMultiProcess_BatchJudgedInItemOrder(t *testing.T) {
 		through := map[bool]string{true: leader, false: follower}[i%2 == 0]
 		sku := fmt.Sprintf("b-%d", i)
 		c.mustWrite(leader, "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":%d}`, units))
-		testnode.WaitSaleEverywhere(t, p, sku)
+		nodetest.WaitSaleEverywhere(t, p, sku)
 		var b strings.Builder
 		b.WriteString(`{"deducts":[`)
 		for j := range items {

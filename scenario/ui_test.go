@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"strings"
 	"testing"
 	"time"
@@ -88,7 +88,7 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 
 func TestUI_PageFollowsASaleLive(t *testing.T) {
 	ctx := newBrowser(t)
-	c := testnode.StartCluster(t)
+	c := nodetest.StartCluster(t)
 	follower := ""
 	for _, id := range c.IDs {
 		if id != c.Leader() {
@@ -96,11 +96,11 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 			break
 		}
 	}
-	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/skus/tv", `{"total":50}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(follower), "PUT", "/v1/skus/tv", `{"total":50}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "tv")
-	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/consumers/shop", `{"cursor":"0"}`); code != 200 {
+	if code, body := nodetest.Call(t, c.Client(follower), "PUT", "/v1/consumers/shop", `{"cursor":"0"}`); code != 200 {
 		t.Fatalf("register consumer: %d %v", code, body)
 	}
 	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+c.Node(follower).HTTPAddr()+"/ui"), chromedp.WaitVisible(`#skus`)); err != nil {
@@ -144,11 +144,11 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 
 	// A lottery shows its phase and its entries.
 	closeAt := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	if code, body := testnode.Call(t, c.Client(follower), "PUT", "/v1/skus/raffle", `{"total":2,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(follower), "PUT", "/v1/skus/raffle", `{"total":2,"mode":"lottery","entries_close_at":"`+closeAt+`"}`); code != 201 {
 		t.Fatalf("create lottery: %d %v", code, body)
 	}
 	for _, u := range []string{"ann", "bob", "cy"} {
-		if code, body := testnode.Call(t, c.Client(follower), "POST", "/v1/skus/raffle/enter", `{"user":"`+u+`"}`); code != 202 {
+		if code, body := nodetest.Call(t, c.Client(follower), "POST", "/v1/skus/raffle/enter", `{"user":"`+u+`"}`); code != 202 {
 			t.Fatalf("enter %s: %d %v", u, code, body)
 		}
 	}
@@ -169,9 +169,9 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 
 // screenshotMidSale runs a sale of 6,000 units to 9,000 buyers with holds,
 // some confirmed, and takes a picture of the page while it runs.
-func screenshotMidSale(t *testing.T, ctx context.Context, c *testnode.Cluster, out string) {
+func screenshotMidSale(t *testing.T, ctx context.Context, c *nodetest.Cluster, out string) {
 	t.Helper()
-	if code, body := testnode.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/phone", `{"total":6000,"hold_ttl":"1m"}`); code != 201 {
+	if code, body := nodetest.Call(t, c.Client(c.IDs[0]), "PUT", "/v1/skus/phone", `{"total":6000,"hold_ttl":"1m"}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	waitForSaleEverywhere(t, c, "phone")

@@ -5,7 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"stockd/raftfsm"
 	"testing"
 	"time"
@@ -62,17 +62,17 @@ func TestMultiProcess_RollingUpgradeSwitchesTheRulesLast(t *testing.T) {
 	current := buildStockd(t, dir)
 	p := startProcClusterOf(t, previous)
 	for _, sku := range []string{"phone", "tablet"} {
-		if code, body := testnode.Call(t, p.Client("n1"), "PUT", "/v1/skus/"+sku, `{"total":100}`); code != 201 {
+		if code, body := nodetest.Call(t, p.Client("n1"), "PUT", "/v1/skus/"+sku, `{"total":100}`); code != 201 {
 			t.Fatalf("create %s: %d %v", sku, code, body)
 		}
-		testnode.WaitSaleEverywhere(t, p, sku)
+		nodetest.WaitSaleEverywhere(t, p, sku)
 	}
 	buy := func(node, sku, user, req string, qty int) (int, map[string]any) {
 		t.Helper()
 		var code int
 		var out map[string]any
-		testnode.WaitFor(t, 30*time.Second, "an answer that is not 503", func() bool {
-			code, out = testnode.CallQuiet(p.Client(node), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":%q,"qty":%d,"request_id":%q}`, user, qty, req))
+		nodetest.WaitFor(t, 30*time.Second, "an answer that is not 503", func() bool {
+			code, out = nodetest.CallQuiet(p.Client(node), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":%q,"qty":%d,"request_id":%q}`, user, qty, req))
 			return code != 503 && code != 0
 		})
 		return code, out
@@ -82,7 +82,7 @@ func TestMultiProcess_RollingUpgradeSwitchesTheRulesLast(t *testing.T) {
 		t.Fatalf("alice: %d %v", code, alice)
 	}
 	rulesOf := func(node string) float64 {
-		code, st := testnode.CallQuiet(p.Client(node), "GET", "/v1/cluster", "")
+		code, st := nodetest.CallQuiet(p.Client(node), "GET", "/v1/cluster", "")
 		if code != 200 {
 			return -1
 		}
@@ -93,7 +93,7 @@ func TestMultiProcess_RollingUpgradeSwitchesTheRulesLast(t *testing.T) {
 		p.stop(id)
 		p.bin = current
 		p.Start(id)
-		testnode.WaitReady(t, p)
+		nodetest.WaitReady(t, p)
 		if i == 2 {
 			break
 		}
@@ -108,7 +108,7 @@ func TestMultiProcess_RollingUpgradeSwitchesTheRulesLast(t *testing.T) {
 			t.Fatalf("with %d of 3 nodes upgraded, %s reports ledger rules %v", i+1, id, r)
 		}
 	}
-	testnode.WaitFor(t, 30*time.Second, "this version's ledger rules on every node", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "this version's ledger rules on every node", func() bool {
 		for _, id := range p.ids {
 			if rulesOf(id) != float64(raftfsm.RulesCurrent) {
 				return false

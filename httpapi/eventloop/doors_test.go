@@ -13,7 +13,7 @@ import (
 	"stockd/engine"
 	"stockd/httpapi"
 	"stockd/httpapi/eventloop"
-	"stockd/internal/testnode"
+	"stockd/node/nodetest"
 	"stockd/raftfsm"
 )
 
@@ -209,8 +209,8 @@ func TestDoors_AnswerTheSameRequestsAlike(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
-				viaHandlers, closedHandlers := testnode.RawExchange(t, d.handlers, tc.raw, tc.split, tc.answers)
-				viaLoop, closedLoop := testnode.RawExchange(t, d.loop, tc.raw, tc.split, tc.answers)
+				viaHandlers, closedHandlers := nodetest.RawExchange(t, d.handlers, tc.raw, tc.split, tc.answers)
+				viaLoop, closedLoop := nodetest.RawExchange(t, d.loop, tc.raw, tc.split, tc.answers)
 				if !reflect.DeepEqual(viaHandlers, viaLoop) || closedHandlers != closedLoop {
 					t.Errorf("handlers: %+v (closed: %v)\nloop:     %+v (closed: %v)", viaHandlers, closedHandlers, viaLoop, closedLoop)
 				}

@@ -20,8 +20,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/testnode"
 	"stockd/node"
+	"stockd/node/nodetest"
 )
 
 // startLoopNode is one node serving plain deducts from its event loop
@@ -34,20 +34,20 @@ func startLoopNode(t *testing.T, units int, tune func(*node.Config)) *node.Node 
 // startLoopNodeIn is startLoopNode with its data in dir.
 func startLoopNodeIn(t *testing.T, dir string, units int, tune func(*node.Config)) *node.Node {
 	t.Helper()
-	n := testnode.StartNodeWith(t, dir, func(c *node.Config) {
+	n := nodetest.StartNodeWith(t, dir, func(c *node.Config) {
 		c.DeductLoop = true
 		if tune != nil {
 			tune(c)
 		}
 	})
-	c := testnode.ClientOf(n, 1)
-	if m := testnode.GetRaw(t, c, "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 1\n") {
+	c := nodetest.ClientOf(n, 1)
+	if m := nodetest.GetRaw(t, c, "/metrics"); !strings.Contains(m, "\nstockd_http_event_loop_enabled 1\n") {
 		t.Fatal("a node with -http-event-loop runs without its event loop")
 	}
-	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/loop", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
+	if code, body := nodetest.Call(t, c, "PUT", "/v1/skus/loop", fmt.Sprintf(`{"total":%d}`, units)); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
-	if code, body := testnode.Call(t, c, "PUT", "/v1/skus/none", `{"total":0}`); code != 201 {
+	if code, body := nodetest.Call(t, c, "PUT", "/v1/skus/none", `{"total":0}`); code != 201 {
 		t.Fatalf("create sale: %d %v", code, body)
 	}
 	return n
@@ -120,7 +120,7 @@ func deductReq(sku, query, body string, headers ...string) string {
 // through mc, whose one connection the loop hands over at its first call.
 func loopCounts(t *testing.T, mc *fasthttp.HostClient) (served, handed float64) {
 	t.Helper()
-	m := testnode.GetRaw(t, mc, "/metrics")
+	m := nodetest.GetRaw(t, mc, "/metrics")
 	for _, line := range strings.Split(m, "\n") {
 		var v float64
 		if _, err := fmt.Sscanf(line, "stockd_http_event_loop_deducts_total %g", &v); err == nil {
@@ -139,7 +139,7 @@ func loopCounts(t *testing.T, mc *fasthttp.HostClient) (served, handed float64) 
 func TestEventLoop_ServesDeductsAndHandsTheRestOver(t *testing.T) {
 	n := startLoopNode(t, 100, nil)
 	addr := n.HTTPAddr()
-	mc := testnode.ClientOf(n, 1)
+	mc := nodetest.ClientOf(n, 1)
 	served0, handed0 := loopCounts(t, mc)
 
 	// A win, its repeat, wait=none, sold out, an unknown sale: all from
@@ -250,7 +250,7 @@ func TestEventLoop_ServesDeductsAndHandsTheRestOver(t *testing.T) {
 	}
 	// 20 wins: seven on the first connection (one of two units), eleven
 	// after hand-overs, two before a close.
-	a := testnode.CheckLedger(t, mc, "loop")
+	a := nodetest.CheckLedger(t, mc, "loop")
 	if a["orders"] != 20.0 || a["sold"] != 21.0 || a["orders_sold_units"] != a["sold"] {
 		t.Fatalf("want 20 orders of 21 units: %v", a)
 	}
@@ -260,7 +260,7 @@ func TestEventLoop_ServesDeductsAndHandsTheRestOver(t *testing.T) {
 // rest to fasthttp, which answers 401.
 func TestEventLoop_ServiceToken(t *testing.T) {
 	n := startLoopNode(t, 10, func(c *node.Config) { c.HTTP.ServiceToken = "svc" })
-	mc := testnode.ClientOf(n, 1)
+	mc := nodetest.ClientOf(n, 1)
 	served0, handed0 := loopCounts(t, mc)
 	r := dialRaw(t, n.HTTPAddr())
 	r.send(deductReq("loop", "", `{"user":"a"}`))
@@ -277,7 +277,7 @@ func TestEventLoop_ServiceToken(t *testing.T) {
 	if served, handed := loopCounts(t, mc); served-served0 != 1 || handed-handed0 != 2 {
 		t.Fatalf("loop served %v, handed over %v; want 1 and 2", served-served0, handed-handed0)
 	}
-	if a := testnode.CheckLedger(t, mc, "loop"); a["sold"] != 1.0 || a["orders"] != 1.0 {
+	if a := nodetest.CheckLedger(t, mc, "loop"); a["sold"] != 1.0 || a["orders"] != 1.0 {
 		t.Fatalf("want the one deduct with the token sold: %v", a)
 	}
 }
@@ -295,7 +295,7 @@ func TestEventLoop_IPv6Loopback(t *testing.T) {
 	if !strings.HasPrefix(n.HTTPAddr(), "[::1]:") {
 		t.Fatalf("the node listens on %s, not on [::1]", n.HTTPAddr())
 	}
-	mc := testnode.ClientOf(n, 1)
+	mc := nodetest.ClientOf(n, 1)
 	served0, handed0 := loopCounts(t, mc)
 	r := dialRaw(t, n.HTTPAddr())
 	var order any
@@ -314,7 +314,7 @@ func TestEventLoop_IPv6Loopback(t *testing.T) {
 	if served, handed := loopCounts(t, mc); served-served0 != 2 || handed-handed0 != 1 {
 		t.Fatalf("loop served %v, handed over %v; want 2 and 1", served-served0, handed-handed0)
 	}
-	if a := testnode.CheckLedger(t, mc, "loop"); a["sold"] != 1.0 || a["orders"] != 1.0 || a["orders_sold_units"] != a["sold"] {
+	if a := nodetest.CheckLedger(t, mc, "loop"); a["sold"] != 1.0 || a["orders"] != 1.0 || a["orders_sold_units"] != a["sold"] {
 		t.Fatalf("want one order of one unit: %v", a)
 	}
 }
@@ -325,8 +325,8 @@ func TestEventLoop_IPv6Loopback(t *testing.T) {
 func TestEventLoop_CrowdKeepsTheLaw(t *testing.T) {
 	const units, buyers, conns, twiceEvery = 1500, 4000, 300, 10
 	n := startLoopNode(t, units, nil)
-	mc := testnode.ClientOf(n, 1)
-	client := testnode.ClientOf(n, 2*conns) // room for the twins
+	mc := nodetest.ClientOf(n, 1)
+	client := nodetest.ClientOf(n, 2*conns) // room for the twins
 	type answer struct {
 		code  int
 		order string
@@ -338,7 +338,7 @@ func TestEventLoop_CrowdKeepsTheLaw(t *testing.T) {
 		wg      sync.WaitGroup
 	)
 	call := func(b int) {
-		code, out := testnode.CallWithin(client, 30*time.Second, "POST", "/v1/skus/loop/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
+		code, out := nodetest.CallWithin(client, 30*time.Second, "POST", "/v1/skus/loop/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, b, b))
 		a := answer{code: code}
 		a.order, _ = out["order_id"].(string)
 		a.err, _ = out["error"].(string)
@@ -392,7 +392,7 @@ func TestEventLoop_CrowdKeepsTheLaw(t *testing.T) {
 	if len(orders) != units {
 		t.Errorf("%d orders acknowledged for %d units: oversold or undersold", len(orders), units)
 	}
-	a := testnode.CheckLedger(t, testnode.ClientOf(n, 1), "loop")
+	a := nodetest.CheckLedger(t, nodetest.ClientOf(n, 1), "loop")
 	if a["sold"] != float64(units) || a["orders"] != float64(units) {
 		t.Fatalf("the ledger: %v, want %d units sold in %d orders", a, units, units)
 	}
@@ -413,8 +413,8 @@ func TestEventLoop_StopAnswersDeductsInFlight(t *testing.T) {
 		conns[i] = dialRaw(t, n.HTTPAddr())
 		conns[i].send(deductReq("loop", "", fmt.Sprintf(`{"user":"s%d","request_id":"s%d"}`, i, i)))
 	}
-	testnode.WaitFor(t, 10*time.Second, "the deducts in the ledger's queue", func() bool {
-		m := testnode.GetRaw(t, testnode.ClientOf(n, 1), "/metrics")
+	nodetest.WaitFor(t, 10*time.Second, "the deducts in the ledger's queue", func() bool {
+		m := nodetest.GetRaw(t, nodetest.ClientOf(n, 1), "/metrics")
 		var waiting float64
 		for _, line := range strings.Split(m, "\n") {
 			fmt.Sscanf(line, "stockd_admission_waiting_commit %g", &waiting)
@@ -441,8 +441,8 @@ func TestEventLoop_StopAnswersDeductsInFlight(t *testing.T) {
 	}
 	// Restarted on its data: every win answered is sold, no more units
 	// than deducts were sent, and the law holds.
-	again := testnode.StartNode(t, dir)
-	a := testnode.CheckLedger(t, testnode.ClientOf(again, 1), "loop")
+	again := nodetest.StartNode(t, dir)
+	a := nodetest.CheckLedger(t, nodetest.ClientOf(again, 1), "loop")
 	if sold := int(a["sold"].(float64)); sold < wins || sold > inFlight || a["orders"] != a["sold"] {
 		t.Fatalf("%d wins answered, %d in flight; after a restart: %v", wins, inFlight, a)
 	}
@@ -473,9 +473,9 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 	// (floodRequests) outgrow the socket's buffers and the loop's bound on
 	// unwritten answers, so it must wait for this client, then serve the
 	// rest.
-	mc := testnode.ClientOf(n, 1)
+	mc := nodetest.ClientOf(n, 1)
 	var last float64 = -1
-	testnode.WaitFor(t, 30*time.Second, "the loop to wait for the client to read", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "the loop to wait for the client to read", func() bool {
 		served, _ := loopCounts(t, mc)
 		stalled := served == last && served < float64(requests)
 		last = served
@@ -496,7 +496,7 @@ func TestEventLoop_PipelinedFloodIntoASmallReceiveBuffer(t *testing.T) {
 	if served, _ := loopCounts(t, mc); served != float64(requests) {
 		t.Fatalf("the loop answered %v, want %d", served, requests)
 	}
-	testnode.CheckLedger(t, mc, "none")
+	nodetest.CheckLedger(t, mc, "none")
 }
 
 // A client that sends and never reads is closed once its answers have
@@ -515,11 +515,11 @@ func TestEventLoop_ClientThatNeverReadsIsClosedAfterTheWriteTimeout(t *testing.T
 		_, err := io.WriteString(c, all.String())
 		wrote <- err
 	}()
-	mc := testnode.ClientOf(n, 1)
-	testnode.WaitFor(t, 30*time.Second, "the loop to take the connection", func() bool {
+	mc := nodetest.ClientOf(n, 1)
+	nodetest.WaitFor(t, 30*time.Second, "the loop to take the connection", func() bool {
 		return loopConnections(t, mc) == 1
 	})
-	testnode.WaitFor(t, 30*time.Second, "the loop to close the client that does not read", func() bool {
+	nodetest.WaitFor(t, 30*time.Second, "the loop to close the client that does not read", func() bool {
 		return loopConnections(t, mc) == 0
 	})
 	<-wrote // written into the node's socket buffers, or refused once it closed
@@ -530,7 +530,7 @@ func TestEventLoop_ClientThatNeverReadsIsClosedAfterTheWriteTimeout(t *testing.T
 	if served, _ := loopCounts(t, mc); served == 0 || served >= float64(requests) {
 		t.Fatalf("the loop answered %v of %d before closing, want some and not all", served, requests)
 	}
-	testnode.CheckLedger(t, mc, "none")
+	nodetest.CheckLedger(t, mc, "none")
 }
 
 // floodRequests is how many deducts a client that does not read must
@@ -563,7 +563,7 @@ func floodRequests(t *testing.T) int {
 func loopConnections(t *testing.T, mc *fasthttp.HostClient) float64 {
 	t.Helper()
 	v := -1.0
-	for _, line := range strings.Split(testnode.GetRaw(t, mc, "/metrics"), "\n") {
+	for _, line := range strings.Split(nodetest.GetRaw(t, mc, "/metrics"), "\n") {
 		fmt.Sscanf(line, "stockd_http_event_loop_connections %g", &v)
 	}
 	return v

@@ -61,8 +61,9 @@ var apart = map[string][]string{
 	"stockd/httpapi/deductwire": {"stockd/httpapi", "stockd/httpapi/eventloop"},
 }
 
-// harness is the multi-node test harness: only tests import it.
-const harness = "stockd/internal/testnode"
+// harness is the multi-node test harness, beside node: only tests import
+// it, and it is the one package besides main that imports node.
+const harness = "stockd/node/nodetest"
 
 type pkg struct {
 	ImportPath   string
@@ -278,9 +279,64 @@ func TestLayout_TheRulesRefuseWhatTheArrowsForbid(t *testing.T) {
 		{"stockd/peer", "stockd/httpapi", false},
 		{"stockd/peer", "stockd/node", false},
 		{"stockd/engine", "stockd/peer", false},
+		{harness, "stockd/node", true},
+		{harness, "stockd/raftnode", true},
+		{harness, "stockd/scenario", false},
+		{harness, "stockd/bench", false},
+		{"stockd/scenario", "stockd/node", false},
 	} {
 		if got := mayImport(c.from, c.to); got != c.ok {
 			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)
+		}
+	}
+}
+
+// TestLayout_OnlyMainAndTheHarnessImportNode: node wires the whole
+// process; what it builds is reached through main (the binary) or the
+// harness (tests), never by a package it imports or a sibling.
+func TestLayout_OnlyMainAndTheHarnessImportNode(t *testing.T) {
+	const node = module + "/node"
+	for _, p := range listPackages(t) {
+		if p.ImportPath == module || p.ImportPath == harness || p.ImportPath == node {
+			continue
+		}
+		if slices.Contains(p.Imports, node) {
+			t.Errorf("%s imports %s: only main and the harness (%s) may", p.ImportPath, node, harness)
+		}
+	}
+}
+
+// packageLinesMax bounds a package's non-test lines: a room one engineer
+// can hold in mind.
+const packageLinesMax = 4000
+
+// packageLinesOver are the packages still over packageLinesMax until they
+// are split along their seams (docs/architecture.md, "The packages"),
+// each held at the size it had when the bound came: they may shrink, not
+// grow.
+var packageLinesOver = map[string]int{
+	module + "/raftfsm": 7176,
+	module + "/engine":  5254,
+}
+
+func TestLayout_PackagesStaySmall(t *testing.T) {
+	for _, p := range listPackages(t) {
+		lines := 0
+		for _, name := range p.GoFiles {
+			src, err := os.ReadFile(filepath.Join(p.Dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines += bytes.Count(src, []byte("\n"))
+		}
+		limit, over := packageLinesOver[p.ImportPath]
+		switch {
+		case !over && lines > packageLinesMax:
+			t.Errorf("%s: %d lines outside its tests, the most is %d: split it along a seam", p.ImportPath, lines, packageLinesMax)
+		case over && lines > limit:
+			t.Errorf("%s: %d lines outside its tests, more than the %d it is held at until it is split", p.ImportPath, lines, limit)
+		case over && lines <= packageLinesMax:
+			t.Errorf("%s: %d lines, under %d now: take it out of packageLinesOver", p.ImportPath, lines, packageLinesMax)
 		}
 	}
 }

@@ -1,9 +1,10 @@
-// Package testnode is the multi-node test harness: in-process nodes and
-// clusters over real loopback TCP whose links a test can cut, stall or
-// slow (FaultNet), and the HTTP helpers the tests call them with. Only
-// tests import it (internal/layout checks); the scenario tests, node's and
-// feed's use it.
-package testnode
+// Package nodetest is the multi-node test harness, beside node as
+// httptest is beside net/http: in-process nodes and clusters over real
+// loopback TCP whose links a test can cut, stall or slow (FaultNet), and
+// the HTTP helpers the tests call them with. Only tests import it
+// (internal/layout checks); it is the one package besides main that
+// imports node, and its arrows point down (node, raftnode, raftfsm).
+package nodetest
 
 import (
 	"bytes"
@@ -59,7 +60,7 @@ func (w *tbWriter) Write(p []byte) (int, error) {
 		// Said once, on the test binary's stderr: which test left a node
 		// (or a goroutine of one) running, and what it was doing.
 		w.reported = true
-		fmt.Fprintf(os.Stderr, "testnode: a node of %s logged after the test ended: %s\n", w.name, bytes.TrimSpace(p))
+		fmt.Fprintf(os.Stderr, "nodetest: a node of %s logged after the test ended: %s\n", w.name, bytes.TrimSpace(p))
 	}
 	return len(p), nil
 }
