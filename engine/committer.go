@@ -53,7 +53,7 @@ func (e *Engine) runCommitter() {
 		// node an fsync, an RPC and an apply. A node whose last batch was
 		// a lone take is not under load and sends at once; so does a
 		// node alone, whose entries cost one fsync and which only loses
-		// time by waiting (BENCHMARKS.md, "Batches that wait").
+		// time by waiting (docs/architecture.md, "Choices made on the way").
 		if lastBatch > 1 && carry == nil {
 			if d := e.lingerFor(slots); d > 0 {
 				t := time.NewTimer(d)

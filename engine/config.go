@@ -118,8 +118,8 @@ type Config struct {
 	// CPU). ForwardedInFlightMax bounds them while the leader is another
 	// node. One is fastest there too: every raft entry costs an fsync and
 	// an apply on each of the three nodes, so a few large forwarded
-	// batches beat many small ones (BENCHMARKS.md, "One node against
-	// three").
+	// batches beat many small ones (docs/architecture.md, "Choices made
+	// on the way").
 	ProposalsInFlightMax int
 	ForwardedInFlightMax int
 	// ForwardLinger lets a following node's Take batch wait up to this

@@ -328,8 +328,7 @@ func (e *Engine) pruneRequests(now time.Time) {
 // however many orders the ledger holds (at ten million, a recount of a
 // second or two runs every few minutes rather than every AuditInterval).
 // A twentieth, as it was, showed as a tax on every request of a node
-// holding millions of orders (BENCHMARKS.md, "The write path, fifth
-// session").
+// holding millions of orders (`TestAuditGap_PacedByTheAuditsOwnCost`).
 const auditPaceFactor = 100
 
 // auditHoldRate and auditHoldMax hold the periodic audit back while a
@@ -337,7 +336,7 @@ const auditPaceFactor = 100
 // than auditHoldRate is selling, and its audit's recount would take
 // from the sale: at ten million orders it is a second or two of a core
 // at once, and on two cores it halved a node's committed deducts while
-// it ran (BENCHMARKS.md, "The write path, fifteenth session"). The audit
+// it ran (`scripts/bench-audit-sale.sh` shows it). The audit
 // has no such hurry, so it waits for the rate to fall, up to
 // auditHoldMax past its time (a node that sells without pause is still
 // audited).

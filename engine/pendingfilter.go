@@ -26,7 +26,7 @@ const (
 	// one cache line whatever the size; half a megabyte, as it was,
 	// filled in two seconds of batch deducts (250,000 buyers a second),
 	// and then most new ids looked like repeats, each looked up twice
-	// (BENCHMARKS.md, "The write path, fifth session").
+	// (`TestPendingFilter_KeepsAnIDForAtLeastOneSpan` holds the span).
 	pendingFilterLog2Bits = 24
 	pendingFilterSpan     = 10 * time.Second
 )

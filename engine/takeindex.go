@@ -17,7 +17,8 @@ const stripeCount = 64
 // lookup reads a take's key only where the hashes agree. Go's string maps
 // did the same work at 11 % of a batch deduct's CPU: every take was added
 // to two and removed from two, and each step read a map's control words
-// and its key's string (BENCHMARKS.md, "twenty-sixth session").
+// and its key's string (a CPU profile of `scripts/bench-batch-ab.sh`'s
+// load shows it).
 type takeIndex struct {
 	seed    maphash.Seed
 	by      takeKey

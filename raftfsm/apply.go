@@ -284,7 +284,8 @@ func (l *Ledger) keepRequestChanges(m map[string]requestChange) {
 // next: 24 bytes an entry, 12 MiB in all. Past the request cap, a prune a
 // second forgets a second's new ids (250,000 at the batch route's rate),
 // and growing that list anew in every prune cost 2.4 % of a batch
-// deduct's CPU (BENCHMARKS.md, "twenty-sixth session").
+// deduct's CPU (`BenchmarkLedger_TakeBatches` with a CPU profile shows
+// it).
 const prunedKeptMax = 1 << 19
 
 // sparePruned returns the empty pruned-id list the last prune left, or

@@ -149,7 +149,8 @@ func (b *Backup) Close() error { return b.tx.Rollback() }
 // slow link, which leaves the node idle anyway, loses little. Streamed
 // back to back to a reader on the same two cores, backups of a ledger of
 // a million orders cost committed deducts a quarter of their rate
-// (BENCHMARKS.md, "Backups").
+// (`scripts/bench-backup.sh` measures it; BENCHMARKS.md, "Growth,
+// memory and backups").
 const (
 	backupPaceChunk = 1 << 20
 	backupPaceMax   = 4 * time.Millisecond

@@ -28,7 +28,7 @@ import (
 // A copy of a ledger of 10 million orders is 2.4 GB, written each time
 // the log grows by a quarter of that: a core's worth of CPU for a second
 // or more, and twice the ledger's size on disk for the two snapshots
-// kept (BENCHMARKS.md, "Snapshots that are not copies"). etcd keeps its
+// kept. etcd keeps its
 // bbolt backend out of its raft snapshots for the same reason.
 //
 // The price: a node whose ledger file is lost cannot rebuild it from its

@@ -15,7 +15,8 @@ import (
 	"github.com/hashicorp/raft-wal/segment"
 )
 
-// Raft log stores (BENCHMARKS.md has the measurement behind the default).
+// Raft log stores (docs/architecture.md, "The write path: where the
+// ledger's time goes", says why raft-wal is the default).
 const (
 	LogStoreWAL  = "wal"
 	LogStoreBolt = "bolt"

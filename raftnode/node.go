@@ -451,8 +451,7 @@ func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 	// connections), and the wins arriving meanwhile join the next entry:
 	// calling Apply on the waiting goroutine instead (the leader loop then
 	// runs at once) gave 15.5 wins an entry instead of 20.5 and cost 22 %
-	// more CPU a deduct (BENCHMARKS.md, "The write path, twelfth
-	// session").
+	// more CPU a deduct.
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	var err error
@@ -477,7 +476,7 @@ func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 	// and the original lets go of what it holds. A batch deduct's results
 	// (an order each, with its strings) otherwise stayed alive 512 entries
 	// long: 270 MB of a node's heap after 2.6 million batch units, marked
-	// by every GC cycle (BENCHMARKS.md, "The write path, fifth session").
+	// by every GC cycle (`TestNode_ProposalResultsAreNotKeptByRaft`).
 	out := *res
 	*res = raftfsm.Result{}
 	out.Index = f.Index()

@@ -234,7 +234,7 @@ func TestNode_ProposalResultsAreNotKeptByRaft(t *testing.T) {
 // hand over the next committed batch. Shut down then, raft answers that
 // batch's proposals ErrRaftShutdown, which said "nothing was proposed"
 // (503 unavailable to the caller) for an entry that is committed: the
-// nemesis saw a confirm answered 503 that had sold its order (issue 57).
+// nemesis saw a confirm answered 503 that had sold its order.
 // A proposal whose entry reached the log answers ErrOutcomeUnknown
 // unless it succeeded.
 func TestNode_CommittedProposalCutOffByShutdownIsOutcomeUnknown(t *testing.T) {

@@ -42,7 +42,8 @@ const zeroChunkBytes = 1 << 20
 // here), so the next segment is written in the background as soon as one
 // is taken, and renamed into place when raft-wal asks for it. A node's
 // first segment, and one asked for before its spare is ready, is written
-// inline. BENCHMARKS.md, "The raft log's fsync", has the measurement.
+// inline (docs/architecture.md, "The write path: where the ledger's
+// time goes").
 //
 // raft-wal calls Create from its writer (under its own lock); the
 // background writer is one goroutine at a time, ended by Close.

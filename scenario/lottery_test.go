@@ -295,8 +295,7 @@ func lotteryUsers(n int) []string {
 	return users
 }
 
-// TestLottery_TenThousandEntrantsForAHundredUnits is issue 15's first
-// must-show: entrants over three nodes, the draw recomputed from the
+// TestLottery_TenThousandEntrantsForAHundredUnits: entrants over three nodes, the draw recomputed from the
 // export, half the winners let their holds lapse and the next fifty on
 // the waitlist get orders, then the rest lose.
 func TestLottery_TenThousandEntrantsForAHundredUnits(t *testing.T) {

@@ -16,7 +16,7 @@
 #
 # -c takes a comma-separated list: every round then runs each node at
 # each load, which gives CPU per deduct against the wins an entry
-# carries (BENCHMARKS.md, "CPU per deduct against the load"). Installs
+# carries. Installs
 # wrk from Debian packages when missing; stops the nodes through their
 # PIDs.
 set -euo pipefail

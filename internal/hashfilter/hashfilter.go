@@ -45,7 +45,7 @@ func New(log2Bits uint) *Filter {
 // asked of an empty filter, which a sale's tail asks on every sold-out
 // answer, read such pages. On the virtual machines we measure on, that
 // cost a new node's sold-out answer 25-37 µs of CPU against 16-23 µs with the
-// pages written (BENCHMARKS.md, "twenty-fifth session"): the price of
+// pages written (`scripts/bench-ab.sh -w soldout` on a fresh node): the price of
 // writing them is one page fault each, once, when the filter is made.
 func (f *Filter) touch() {
 	step := os.Getpagesize() / 8
