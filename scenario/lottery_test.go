@@ -295,9 +295,10 @@ func lotteryUsers(n int) []string {
 	return users
 }
 
-// TestLottery_TenThousandEntrantsForAHundredUnits: entrants over three nodes, the draw recomputed from the
-// export, half the winners let their holds lapse and the next fifty on
-// the waitlist get orders, then the rest lose.
+// TestLottery_TenThousandEntrantsForAHundredUnits: entrants over three
+// nodes, the draw recomputed from the export, half the winners let their
+// holds lapse and the next fifty on the waitlist get orders, then the
+// rest lose.
 func TestLottery_TenThousandEntrantsForAHundredUnits(t *testing.T) {
 	testTenThousandEntrants(t, false)
 }
