@@ -10,64 +10,29 @@ import (
 	"stockd/raftfsm/command"
 )
 
-// runCommitter is the group commit: it waits for a won take,
-// waits for a free proposal slot, then sends everything queued by then (up
-// to maxTakeBatchEntries and TakeBatchBytesMax encoded) as one Take. An
-// idle node proposes a lone take at once, and a busy one batches whatever
-// piled up while its proposals were in flight; after a batch of more than
-// one take, a node in a cluster lingers up to ForwardLinger (ProposeLinger
-// when it leads) once its slot frees, for the rest of the wave. Slots come
-// from localSlots while this node leads and from forwardSlots while it
+// committer is the group commit of won takes (batcher): an idle node
+// proposes a lone take at once, and a busy one batches whatever piled up
+// while its proposals were in flight, up to maxTakeBatchEntries and
+// TakeBatchBytesMax encoded; after a batch of more than one take, a node
+// in a cluster lingers up to ForwardLinger (ProposeLinger when it leads)
+// once its slot frees, for the rest of the wave. Slots come from
+// localSlots while this node leads and from forwardSlots while it
 // forwards to a leader elsewhere.
-func (e *Engine) runCommitter() {
-	defer e.wg.Done()
-	var carry *pendingTake // a take that did not fit the last batch
-	lastBatch := 0         // takes in the last batch
-	for {
-		first := carry
-		carry = nil
-		if first == nil {
-			select {
-			case first = <-e.takeQueue:
-			case <-e.stop:
-				return
+func (e *Engine) committer() *batcher[*pendingTake] {
+	return &batcher[*pendingTake]{
+		queue: e.takeQueue, stop: e.stop, wg: &e.wg,
+		header:   command.TakeHeaderSize(e.cfg.NodeID),
+		size:     func(p *pendingTake) int { return p.entry.EncodedSize() },
+		maxItems: maxTakeBatchEntries, maxBytes: e.cfg.TakeBatchBytesMax,
+		slots: func() chan struct{} {
+			if !e.isLeader() {
+				return e.forwardSlots
 			}
-		}
-		slots := e.localSlots
-		if !e.isLeader() {
-			slots = e.forwardSlots
-		}
-		select {
-		case slots <- struct{}{}:
-		case <-e.stop:
-			e.abandon(first)
-			return
-		}
-		batch := make([]*pendingTake, 1, 64)
-		batch[0] = first
-		size := command.TakeHeaderSize(e.cfg.NodeID) + first.entry.EncodedSize()
-		batch, size, carry = e.fill(batch, size, nil)
-		// Under load buyers arrive in waves behind the batch that just
-		// came back: waiting a moment sends one raft entry for the wave
-		// instead of several, and in a cluster every entry costs every
-		// node an fsync, an RPC and an apply. A node whose last batch was
-		// a lone take is not under load and sends at once; so does a
-		// node alone, whose entries cost one fsync and which only loses
-		// time by waiting (docs/architecture.md, "Choices made on the way").
-		if lastBatch > 1 && carry == nil {
-			if d := e.lingerFor(slots); d > 0 {
-				t := time.NewTimer(d)
-				batch, _, carry = e.fill(batch, size, t.C)
-				t.Stop()
-			}
-		}
-		lastBatch = len(batch)
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			e.commitTakes(batch)
-			<-slots
-		}()
+			return e.localSlots
+		},
+		linger:  e.lingerFor,
+		abandon: e.abandon,
+		commit:  e.commitTakes,
 	}
 }
 
@@ -80,36 +45,6 @@ func (e *Engine) lingerFor(slots chan struct{}) time.Duration {
 		return e.cfg.ProposeLinger
 	}
 	return 0
-}
-
-// fill adds queued takes to a batch, up to maxTakeBatchEntries and
-// TakeBatchBytesMax encoded; carry is a take that did not fit. With until
-// nil it takes only what is queued now; otherwise it also waits for more
-// until that fires (or the engine stops).
-func (e *Engine) fill(batch []*pendingTake, size int, until <-chan time.Time) (_ []*pendingTake, _ int, carry *pendingTake) {
-	for len(batch) < maxTakeBatchEntries {
-		var p *pendingTake
-		if until == nil {
-			select {
-			case p = <-e.takeQueue:
-			default:
-				return batch, size, nil
-			}
-		} else {
-			select {
-			case p = <-e.takeQueue:
-			case <-until:
-				return batch, size, nil
-			case <-e.stop:
-				return batch, size, nil
-			}
-		}
-		if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
-			return batch, size, p
-		}
-		batch = append(batch, p)
-	}
-	return batch, size, nil
 }
 
 // abandon answers a take the committer holds when the engine stops. One

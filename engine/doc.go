@@ -11,7 +11,8 @@
 //     than one take it lingers up to ForwardLinger / ProposeLinger (1 ms)
 //     once a slot frees, so a wave of buyers shares one raft entry; an idle
 //     node, or one alone, proposes at once;
-//   - the entrants' committer does the same for lottery entries;
+//   - the entrants' committer does the same for lottery entries (one
+//     generic batcher serves both, batcher.go);
 //   - the leaser proposes Lease and Return commands for sales whose
 //     buckets run low, or that idle, or that another node needs;
 //   - the janitor, on the leader: expiries of holds, reclaims of silent

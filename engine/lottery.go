@@ -131,50 +131,21 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 	return raftfsm.Entry{}, fmt.Errorf("%w: entry %s", ErrInvalid, p.res.Outcome)
 }
 
-// runEntrants batches queued entries into Enter commands, with at most
+// entrants batches queued entries into Enter commands (batcher), with at most
 // enterProposalsMax in flight: an idle node proposes a lone entry at once,
 // a busy one everything that queued while its proposals were out.
-func (e *Engine) runEntrants() {
-	defer e.wg.Done()
+func (e *Engine) entrants() *batcher[*pendingEntry] {
 	slots := make(chan struct{}, enterProposalsMax)
-	var carry *pendingEntry
-	for {
-		first := carry
-		carry = nil
-		if first == nil {
-			select {
-			case first = <-e.entryQueue:
-			case <-e.stop:
-				return
-			}
-		}
-		select {
-		case slots <- struct{}{}:
-		case <-e.stop:
-			first.finish(raftfsm.EntryResult{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable))
-			return
-		}
-		batch := []*pendingEntry{first}
-		size := command.EnterHeaderSize + first.entry.EncodedSize()
-	fill:
-		for len(batch) < enterBatchMax {
-			select {
-			case p := <-e.entryQueue:
-				if size += p.entry.EncodedSize(); size > e.cfg.TakeBatchBytesMax {
-					carry = p
-					break fill
-				}
-				batch = append(batch, p)
-			default:
-				break fill
-			}
-		}
-		e.wg.Add(1)
-		go func() {
-			defer e.wg.Done()
-			defer func() { <-slots }()
-			e.commitEntries(batch)
-		}()
+	return &batcher[*pendingEntry]{
+		queue: e.entryQueue, stop: e.stop, wg: &e.wg,
+		header:   command.EnterHeaderSize,
+		size:     func(p *pendingEntry) int { return p.entry.EncodedSize() },
+		maxItems: enterBatchMax, maxBytes: e.cfg.TakeBatchBytesMax,
+		slots: func() chan struct{} { return slots },
+		abandon: func(p *pendingEntry) {
+			p.finish(raftfsm.EntryResult{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable))
+		},
+		commit: e.commitEntries,
 	}
 }
 
