@@ -26,21 +26,21 @@ const catchUpWait = time.Second
 // miss. A flood of unknown SKUs costs the leader one read index per round
 // trip per node, not one per request.
 type catchUps struct {
-	mu      sync.Mutex
-	running bool
-	next    *catchUpRound // the round misses arriving now wait for
-	// busy mirrors running for a reader that must not take mu (a
-	// follower's sold-out answers, which start the next round near the
-	// end of their window).
-	busy atomic.Bool
+	mu   sync.Mutex
+	next *catchUpRound // the round misses arriving now wait for
+	// running is written under mu and read without it too (a follower's
+	// sold-out answers, which start the next round near the end of their
+	// window, take no lock while one runs).
+	running atomic.Bool
 }
 
 type catchUpRound struct {
 	done chan struct{}
 	err  error
 	// lease: the leader may vouch on its lease (LeaseReadIndex) rather
-	// than a quorum round; only rounds that vouch.go starts for itself
-	// and that nobody else waits for.
+	// than a quorum round. Only vouch.go asks for it; a round that any
+	// other caller joins (a 404's catch-up, a linearizable read) is a
+	// quorum round.
 	lease bool
 }
 
@@ -84,9 +84,8 @@ func (e *Engine) joinRoundLocked(lease bool) *catchUpRound {
 	}
 	r := c.next
 	r.lease = r.lease && lease // one caller that needs the quorum round gets it
-	if !c.running {
-		c.running = true
-		c.busy.Store(true)
+	if !c.running.Load() {
+		c.running.Store(true)
 		c.next = nil
 		go e.runCatchUps(r)
 	}
@@ -104,8 +103,7 @@ func (e *Engine) runCatchUps(r *catchUpRound) {
 		r = c.next
 		c.next = nil
 		if r == nil {
-			c.running = false
-			c.busy.Store(false)
+			c.running.Store(false)
 			c.mu.Unlock()
 			return
 		}

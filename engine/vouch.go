@@ -102,12 +102,12 @@ func (e *Engine) Vouch() (caughtUp bool, err error) { return e.vouch() }
 // refreshVouch starts a catch-up round unless one runs, without waiting.
 func (e *Engine) refreshVouch() {
 	c := &e.catchUps
-	if c.busy.Load() {
+	if c.running.Load() {
 		return // the round running now extends the window
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.running {
+	if !c.running.Load() {
 		e.joinRoundLocked(true)
 	}
 }
