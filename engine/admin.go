@@ -9,6 +9,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // SaleSpec is what CreateSale needs; zero values mean "none".
@@ -51,7 +52,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 				t.at.Format(time.RFC3339Nano), StoredTimeMin.Format(time.RFC3339Nano), StoredTimeMax.Format(time.RFC3339Nano))
 		}
 	}
-	cfg := command.SaleConfig{Total: spec.Total, PerUser: spec.PerUser, HoldTTLNanos: int64(spec.HoldTTL)}
+	cfg := stock.SaleConfig{Total: spec.Total, PerUser: spec.PerUser, HoldTTLNanos: int64(spec.HoldTTL)}
 	if !spec.StartAt.IsZero() {
 		cfg.StartAtUnixNano = spec.StartAt.UnixNano()
 	}
@@ -68,7 +69,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 		case spec.PerUser != 0:
 			return false, fmt.Errorf("%w: a lottery takes one entry per user; per_user does not apply", ErrInvalid)
 		}
-		cmd.Sale.Mode, cmd.Sale.EntriesCloseAtUnixNano = command.SaleModeLottery, spec.EntriesCloseAt.UnixNano()
+		cmd.Sale.Mode, cmd.Sale.EntriesCloseAtUnixNano = stock.SaleModeLottery, spec.EntriesCloseAt.UnixNano()
 		// The seed and the order-id key: secret until the draw (the
 		// seed) or for ever (the key). A repeat of this call proposes
 		// another secret, which the ledger ignores for an existing sale.
@@ -82,11 +83,11 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 		return false, err
 	}
 	switch res.Outcome {
-	case raftfsm.OutcomeOK:
+	case stock.OutcomeOK:
 		return true, nil
-	case raftfsm.OutcomeSame:
+	case stock.OutcomeSame:
 		return false, nil
-	case raftfsm.OutcomeConflict:
+	case stock.OutcomeConflict:
 		return false, fmt.Errorf("%w: sku %q", ErrConflict, sku)
 	}
 	return false, fmt.Errorf("%w: the ledger refused the sale (%s): %s", ErrInvalid, res.Outcome, res.Detail)
@@ -101,7 +102,7 @@ func (e *Engine) Restock(sku string, qty int64) error {
 	if err != nil {
 		return err
 	}
-	if res.Outcome == raftfsm.OutcomeOK {
+	if res.Outcome == stock.OutcomeOK {
 		e.holdAck() // no node may answer sold_out once this is answered
 	}
 	return saleOutcome(sku, res)
@@ -137,19 +138,19 @@ func (e *Engine) ArchiveSale(sku string) error {
 // done, or done before).
 func saleOutcome(sku string, res *raftfsm.Result) error {
 	switch res.Outcome {
-	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
+	case stock.OutcomeOK, stock.OutcomeSame:
 		return nil
-	case raftfsm.OutcomeUnknownSKU:
+	case stock.OutcomeUnknownSKU:
 		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
-	case raftfsm.OutcomeClosed:
+	case stock.OutcomeClosed:
 		return fmt.Errorf("%w: %q", ErrSaleClosed, sku)
-	case raftfsm.OutcomeNotClosed:
+	case stock.OutcomeNotClosed:
 		return fmt.Errorf("%w: %s", ErrNotClosed, res.Detail)
-	case raftfsm.OutcomeHoldsPending:
+	case stock.OutcomeHoldsPending:
 		return fmt.Errorf("%w: %s", ErrHoldsPending, res.Detail)
-	case raftfsm.OutcomeUnconsumed:
+	case stock.OutcomeUnconsumed:
 		return fmt.Errorf("%w: %s", ErrUnconsumed, res.Detail)
-	case raftfsm.OutcomeLottery:
+	case stock.OutcomeLottery:
 		return fmt.Errorf("%w: %s", ErrEntriesClosed, res.Detail)
 	}
 	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
@@ -173,38 +174,38 @@ func (e *Engine) propose(c command.Command) (*raftfsm.Result, error) {
 }
 
 // Confirm turns a held order sold.
-func (e *Engine) Confirm(id string) (raftfsm.Order, error) {
+func (e *Engine) Confirm(id string) (stock.Order, error) {
 	return e.orderCommand(&command.Confirm{OrderID: id})
 }
 
 // Cancel releases a held order; its units return to available.
-func (e *Engine) Cancel(id string) (raftfsm.Order, error) {
-	return e.orderCommand(&command.Release{OrderID: id, Reason: raftfsm.ReleaseCancelled})
+func (e *Engine) Cancel(id string) (stock.Order, error) {
+	return e.orderCommand(&command.Release{OrderID: id, Reason: stock.ReleaseCancelled})
 }
 
-func (e *Engine) orderCommand(c command.Command) (raftfsm.Order, error) {
+func (e *Engine) orderCommand(c command.Command) (stock.Order, error) {
 	res, err := e.propose(c)
 	if err != nil {
-		return raftfsm.Order{}, err
+		return stock.Order{}, err
 	}
-	var o raftfsm.Order
+	var o stock.Order
 	if res.Order != nil {
 		o = *res.Order
 	}
-	if res.Outcome == raftfsm.OutcomeOK || res.Outcome == raftfsm.OutcomeSame {
+	if res.Outcome == stock.OutcomeOK || res.Outcome == stock.OutcomeSame {
 		// No node may answer the order held, or its units sold out or
 		// past the buyer's limit, once this is answered (vouch.go). A
 		// repeat waits too: its first call may still be in its hold.
 		e.holdAck()
 	}
 	switch res.Outcome {
-	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
+	case stock.OutcomeOK, stock.OutcomeSame:
 		return o, nil
-	case raftfsm.OutcomeNotFound:
+	case stock.OutcomeNotFound:
 		return o, fmt.Errorf("%w: no order %q", ErrNotFound, orderOf(c))
-	case raftfsm.OutcomeExpired:
+	case stock.OutcomeExpired:
 		return o, ErrExpired
-	case raftfsm.OutcomeInvalidState:
+	case stock.OutcomeInvalidState:
 		return o, ErrInvalidState
 	}
 	return o, fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)

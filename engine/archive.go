@@ -5,6 +5,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // A purge step is one raft entry every node applies, so it stays short
@@ -89,7 +90,7 @@ func (e *Engine) purge(sku string) {
 			e.logger.Warn("archive step not committed; trying again later", "sku", sku, "err", err)
 			return
 		}
-		if res.Outcome != raftfsm.OutcomeOK && res.Outcome != raftfsm.OutcomeSame {
+		if res.Outcome != stock.OutcomeOK && res.Outcome != stock.OutcomeSame {
 			e.logger.Error("archive step refused", "sku", sku, "outcome", res.Outcome.String(), "detail", res.Detail)
 			return
 		}

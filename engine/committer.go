@@ -8,6 +8,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // committer is the group commit of won takes (batcher): an idle node
@@ -112,7 +113,7 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 		e.putBack(p.sale, p.hint, p.entry.Qty)
 		p.sale.takesInFlight.Add(-p.entry.Qty)
 		o := p.pendingOrder()
-		o.State, o.ReleaseReason = raftfsm.OrderReleased, "turned_down_rejected"
+		o.State, o.ReleaseReason = stock.OrderReleased, "turned_down_rejected"
 		e.turnedDown.add(o)
 		p.resolve(DeductResult{Status: StatusUnavailable, Detail: "the leader refused this take: " + err.Error()})
 		e.forget(p)
@@ -186,10 +187,10 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult, now instant) {
 	qty := p.entry.Qty
 	var r DeductResult
 	switch tr.Outcome {
-	case raftfsm.OutcomeOK:
+	case stock.OutcomeOK:
 		r = DeductResult{Status: StatusOK, Order: tr.Order}
 		s.lastWinNanos.Store(now.now.UnixNano())
-	case raftfsm.OutcomeSame:
+	case stock.OutcomeSame:
 		if tr.Order.User != p.entry.User {
 			// Under the rules before scoped request ids the ledger
 			// answers a request id with whatever order holds it, another
@@ -206,22 +207,22 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult, now instant) {
 			e.turnedDown.put(p.entry.OrderID, tr.Order)
 		}
 		r = DeductResult{Status: StatusOK, Order: tr.Order}
-	case raftfsm.OutcomeUserLimit:
+	case stock.OutcomeUserLimit:
 		e.putBack(s, p.hint, qty)
 		r = DeductResult{Status: StatusUserLimit}
-	case raftfsm.OutcomeLeaseShort:
+	case stock.OutcomeLeaseShort:
 		// The ledger no longer counts this unit as ours (a Reclaim): it is
 		// not put back. The Reclaim event rebuilds the buckets.
 		e.metrics.leaseShort.Add(1)
 		r = DeductResult{Status: StatusUnavailable, Detail: "this node's lease was reclaimed; retry"}
-	case raftfsm.OutcomeUnknownSKU:
+	case stock.OutcomeUnknownSKU:
 		r = DeductResult{Status: StatusUnknownSKU}
-	case raftfsm.OutcomeRequestIDReused:
+	case stock.OutcomeRequestIDReused:
 		// Another node's take of this user's id, for another SKU or qty,
 		// reached the ledger first: this unit was not needed.
 		e.putBack(s, p.hint, qty)
 		reusedRequestID(&r)
-	case raftfsm.OutcomeClosed:
+	case stock.OutcomeClosed:
 		// The sale closed while the take was in flight: its lease went
 		// back to available, this unit with it.
 		r = DeductResult{Status: StatusClosed}
@@ -233,7 +234,7 @@ func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult, now instant) {
 	if !r.Status.Won() {
 		// A wait=none buyer may hold this order id: keep its fate readable.
 		o := p.pendingOrder()
-		o.State, o.ReleaseReason = raftfsm.OrderReleased, "turned_down_"+r.Status.String()
+		o.State, o.ReleaseReason = stock.OrderReleased, "turned_down_"+r.Status.String()
 		e.turnedDown.add(o)
 	}
 	p.resolveAt(r, now.real)

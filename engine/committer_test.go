@@ -10,6 +10,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // refusingProposer stands for a leader with a smaller size limit than this
@@ -287,12 +288,12 @@ func TestEngine_OrderOfAnOpenFateIsPendingNotMissing(t *testing.T) {
 		return lp
 	})
 	o, ok, err := tn.engine.Order(res.Order.ID)
-	if err != nil || !ok || o.State != raftfsm.OrderPending || o.User != "u1" || o.Qty != 1 {
+	if err != nil || !ok || o.State != stock.OrderPending || o.User != "u1" || o.Qty != 1 {
 		t.Fatalf("the open order before its late commit: %+v found %v err %v; want it pending, u1's, one unit", o, ok, err)
 	}
 	lp.commitLate(t)
 	o, ok, err = tn.engine.Order(res.Order.ID)
-	if err != nil || !ok || o.State == raftfsm.OrderPending || o.State == raftfsm.OrderReleased {
+	if err != nil || !ok || o.State == stock.OrderPending || o.State == stock.OrderReleased {
 		t.Fatalf("the order after its late commit: %+v found %v err %v; want it won", o, ok, err)
 	}
 	again := tn.deduct("a", "u1", "r1", 1, false)

@@ -1,9 +1,8 @@
 package engine
 
 import (
+	"stockd/stock"
 	"time"
-
-	"stockd/raftfsm"
 )
 
 // Status is the outcome of a deduct, one per HTTP answer of the contract.
@@ -92,7 +91,7 @@ type instant struct{ now, real time.Time }
 // DeductResult is a deduct's answer, filled in by Deduct.
 type DeductResult struct {
 	Status Status
-	Order  raftfsm.Order // set when Status.Won()
+	Order  stock.Order // set when Status.Won()
 	// StartAt is set with StatusNotStarted.
 	StartAt time.Time
 	// RetryAfter is set with StatusRateLimited and StatusTryAgain.

@@ -1,6 +1,9 @@
 package engine
 
-import "stockd/raftfsm"
+import (
+	"stockd/raftfsm"
+	"stockd/stock"
+)
 
 // The answers a deduct gets before it tries for a unit: a repeated request
 // id's first answer, sold out, the per-user limit.
@@ -120,7 +123,7 @@ func (e *Engine) answerFromLedger(req *DeductRequest, res *DeductResult) bool {
 		reusedRequestID(res)
 		return true
 	}
-	if o.State == raftfsm.OrderHeld {
+	if o.State == stock.OrderHeld {
 		// It may have been confirmed or cancelled on another node.
 		switch e.vouchAnswer(req, res) {
 		case vouchJudge:

@@ -13,6 +13,7 @@ import (
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/raftnode"
+	"stockd/stock"
 )
 
 type tbWriter struct{ tb testing.TB }
@@ -133,7 +134,7 @@ func (tn *testNode) deduct(sku, user, requestID string, qty int64, noWait bool) 
 
 // checkLedger asserts the conservation law and the order recount, and
 // returns the audit.
-func (tn *testNode) checkLedger(sku string) raftfsm.Audit {
+func (tn *testNode) checkLedger(sku string) stock.Audit {
 	tn.t.Helper()
 	a, _, ok, err := tn.engine.Audit(sku)
 	if err != nil || !ok || !a.OK {
@@ -244,10 +245,10 @@ func TestEngine_WaitNoneOrderBecomesSold(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatalf("order %s: ok=%v err=%v", res.Order.ID, ok, err)
 		}
-		if o.State == raftfsm.OrderSold {
+		if o.State == stock.OrderSold {
 			break
 		}
-		if o.State != raftfsm.OrderPending || time.Now().After(deadline) {
+		if o.State != stock.OrderPending || time.Now().After(deadline) {
 			t.Fatalf("order state %s", o.State)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -362,7 +363,7 @@ func TestEngine_HoldsConfirmCancelAndExpire(t *testing.T) {
 	var held []DeductResult
 	for i := 0; i < 3; i++ {
 		r := tn.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false)
-		if r.Status != StatusOK || r.Order.State != raftfsm.OrderHeld {
+		if r.Status != StatusOK || r.Order.State != stock.OrderHeld {
 			t.Fatalf("deduct %d: %s %s", i, r.Status, r.Order.State)
 		}
 		held = append(held, r)
@@ -372,7 +373,7 @@ func TestEngine_HoldsConfirmCancelAndExpire(t *testing.T) {
 	}
 	// u0 pays, u1 cancels, u2 never pays.
 	paid, err := tn.engine.Confirm(held[0].Order.ID)
-	if err != nil || paid.State != raftfsm.OrderSold {
+	if err != nil || paid.State != stock.OrderSold {
 		t.Fatalf("confirm: %v %s", err, paid.State)
 	}
 	if again, err := tn.engine.Confirm(held[0].Order.ID); err != nil || again != paid {
@@ -381,7 +382,7 @@ func TestEngine_HoldsConfirmCancelAndExpire(t *testing.T) {
 	if _, err := tn.engine.Cancel(held[0].Order.ID); !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("cancel after confirm: %v", err)
 	}
-	if o, err := tn.engine.Cancel(held[1].Order.ID); err != nil || o.State != raftfsm.OrderReleased {
+	if o, err := tn.engine.Cancel(held[1].Order.ID); err != nil || o.State != stock.OrderReleased {
 		t.Fatalf("cancel: %v %s", err, o.State)
 	}
 	// The cancelled unit is back on sale.
@@ -392,13 +393,13 @@ func TestEngine_HoldsConfirmCancelAndExpire(t *testing.T) {
 	clock.advance(11 * time.Second)
 	waitUntil(t, "the leader expires u2's hold", func() bool {
 		o, _, _ := tn.engine.Order(held[2].Order.ID)
-		return o.State == raftfsm.OrderReleased
+		return o.State == stock.OrderReleased
 	})
 	if _, err := tn.engine.Confirm(held[2].Order.ID); !errors.Is(err, ErrExpired) {
 		t.Fatalf("confirm after expiry: %v", err)
 	}
 	// late's hold, taken before the clock moved, is over too.
-	if o, _, _ := tn.engine.Order(late.Order.ID); o.State != raftfsm.OrderReleased || o.ReleaseReason != raftfsm.ReleaseExpired {
+	if o, _, _ := tn.engine.Order(late.Order.ID); o.State != stock.OrderReleased || o.ReleaseReason != stock.ReleaseExpired {
 		t.Fatalf("late's order: %s %s", o.State, o.ReleaseReason)
 	}
 	if r := tn.deduct("a", "later", "r-later", 1, false); r.Status != StatusOK {
@@ -446,13 +447,13 @@ func TestEngine_TurnedDownPendingOrderIsReadable(t *testing.T) {
 		}
 		waitUntil(t, "order "+r.Order.ID+" settles", func() bool {
 			o, ok, _ := tn.engine.Order(r.Order.ID)
-			return ok && o.State != raftfsm.OrderPending
+			return ok && o.State != stock.OrderPending
 		})
 		o, _, _ := tn.engine.Order(r.Order.ID)
 		switch {
-		case o.State == raftfsm.OrderSold:
+		case o.State == stock.OrderSold:
 			sold++
-		case o.State == raftfsm.OrderReleased && o.ReleaseReason == "turned_down_user_limit":
+		case o.State == stock.OrderReleased && o.ReleaseReason == "turned_down_user_limit":
 			turnedDown++
 		default:
 			t.Fatalf("order %s: %s %q", o.ID, o.State, o.ReleaseReason)
@@ -510,7 +511,7 @@ type laggingReturns struct {
 func (p *laggingReturns) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
 	if _, ok := c.(*command.Return); ok {
 		p.returns.Add(1)
-		return &raftfsm.Result{Outcome: raftfsm.OutcomeOK, Index: 1 << 40}, nil
+		return &raftfsm.Result{Outcome: stock.OutcomeOK, Index: 1 << 40}, nil
 	}
 	return p.Proposer.Propose(at, c)
 }
@@ -799,7 +800,7 @@ func TestEngine_LegacyRulesTakeOfAnotherUsersIDIsRefused(t *testing.T) {
 	tn, _, first := startUpgradingWithAlice(t)
 	p := &pendingTake{sale: tn.engine.lookupSale([]byte("a")), entry: command.TakeEntry{SKU: "a", User: "bob", RequestID: "r-1", Qty: 1, OrderID: "n1-x-1"}}
 	before := p.sale.buckets.Units()
-	tn.engine.settle(p, raftfsm.TakeResult{Outcome: raftfsm.OutcomeSame, Order: first.Order}, instant{now: time.Now(), real: time.Now()})
+	tn.engine.settle(p, raftfsm.TakeResult{Outcome: stock.OutcomeSame, Order: first.Order}, instant{now: time.Now(), real: time.Now()})
 	r, done := p.outcome()
 	if !done || r.Status != StatusRequestIDReused || r.Order.ID != "" {
 		t.Fatalf("bob's take answered %v %s %q, want request_id_reused and no order", done, r.Status, r.Order.ID)
@@ -844,14 +845,14 @@ func TestEngine_ConfirmsAndCancelsRacingOnOneOrderAgree(t *testing.T) {
 	ids := make([]string, orders)
 	for i := range ids {
 		r := tn.deduct("a", fmt.Sprintf("u%d", i), fmt.Sprintf("r%d", i), 1, false)
-		if r.Status != StatusOK || r.Order.State != raftfsm.OrderHeld {
+		if r.Status != StatusOK || r.Order.State != stock.OrderHeld {
 			t.Fatalf("deduct %d: %s %s", i, r.Status, r.Order.State)
 		}
 		ids[i] = r.Order.ID
 	}
 	type answer struct {
 		confirm bool
-		state   raftfsm.OrderState
+		state   stock.OrderState
 		reason  string
 		err     error
 	}
@@ -867,7 +868,7 @@ func TestEngine_ConfirmsAndCancelsRacingOnOneOrderAgree(t *testing.T) {
 				if i == orders/2 && k == 0 {
 					clock.advance(11 * time.Second) // the rest race the expiry too
 				}
-				var o raftfsm.Order
+				var o stock.Order
 				var err error
 				if confirm {
 					o, err = tn.engine.Confirm(id)
@@ -885,28 +886,28 @@ func TestEngine_ConfirmsAndCancelsRacingOnOneOrderAgree(t *testing.T) {
 	for i, id := range ids {
 		waitUntil(t, "order "+id+" is settled", func() bool {
 			o, _, _ := tn.engine.Order(id)
-			return o.State == raftfsm.OrderSold || o.State == raftfsm.OrderReleased
+			return o.State == stock.OrderSold || o.State == stock.OrderReleased
 		})
 		final, _, _ := tn.engine.Order(id)
 		fates[string(final.State)+" "+final.ReleaseReason]++
-		if final.State == raftfsm.OrderSold {
+		if final.State == stock.OrderSold {
 			sold++
 		}
 		for _, a := range answers[i] {
 			switch {
-			case a.err == nil && a.confirm && (a.state != raftfsm.OrderSold || final.State != raftfsm.OrderSold):
+			case a.err == nil && a.confirm && (a.state != stock.OrderSold || final.State != stock.OrderSold):
 				t.Errorf("order %s: a confirm answered ok (%s), the order ended %s", id, a.state, final.State)
-			case a.err == nil && !a.confirm && (a.state != raftfsm.OrderReleased || a.state != final.State || a.reason != final.ReleaseReason):
+			case a.err == nil && !a.confirm && (a.state != stock.OrderReleased || a.state != final.State || a.reason != final.ReleaseReason):
 				// A cancel of a hold that expired answers ok with the
 				// order released as expired: what the buyer asked for.
 				t.Errorf("order %s: a cancel answered ok (%s %q), the order ended %s %q", id, a.state, a.reason, final.State, final.ReleaseReason)
 			case a.err != nil && !errors.Is(a.err, ErrInvalidState) && !errors.Is(a.err, ErrExpired):
 				t.Errorf("order %s: an answer %v, want ok, invalid_state or expired", id, a.err)
-			case errors.Is(a.err, ErrExpired) && (final.State != raftfsm.OrderReleased || final.ReleaseReason != raftfsm.ReleaseExpired):
+			case errors.Is(a.err, ErrExpired) && (final.State != stock.OrderReleased || final.ReleaseReason != stock.ReleaseExpired):
 				t.Errorf("order %s: answered expired, the order ended %s %q", id, final.State, final.ReleaseReason)
-			case errors.Is(a.err, ErrInvalidState) && a.confirm && final.State == raftfsm.OrderSold:
+			case errors.Is(a.err, ErrInvalidState) && a.confirm && final.State == stock.OrderSold:
 				t.Errorf("order %s: a confirm was refused though the order ended sold", id)
-			case errors.Is(a.err, ErrInvalidState) && !a.confirm && final.State == raftfsm.OrderReleased && final.ReleaseReason == raftfsm.ReleaseCancelled:
+			case errors.Is(a.err, ErrInvalidState) && !a.confirm && final.State == stock.OrderReleased && final.ReleaseReason == stock.ReleaseCancelled:
 				t.Errorf("order %s: a cancel was refused though the order ended cancelled", id)
 			}
 		}

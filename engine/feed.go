@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // The order feed (docs/feed-and-lottery.md): reads with long-polling,
@@ -23,9 +23,9 @@ const FeedWaitMax = 30 * time.Second
 // Events returns up to limit events after cursor after. When there are
 // none yet it waits up to wait for some (or for this node to catch up
 // with a cursor from a node ahead of it).
-func (e *Engine) Events(ctx context.Context, after command.Cursor, limit int, wait time.Duration) (raftfsm.FeedPage, error) {
+func (e *Engine) Events(ctx context.Context, after stock.Cursor, limit int, wait time.Duration) (stock.FeedPage, error) {
 	if !e.ledger.FeedOn() {
-		return raftfsm.FeedPage{}, fmt.Errorf("%w: this node runs with -no-order-feed", ErrUnavailable)
+		return stock.FeedPage{}, fmt.Errorf("%w: this node runs with -no-order-feed", ErrUnavailable)
 	}
 	limit = min(max(limit, 1), FeedLimitMax)
 	wait = min(max(wait, 0), FeedWaitMax)
@@ -35,9 +35,9 @@ func (e *Engine) Events(ctx context.Context, after command.Cursor, limit int, wa
 		changed := e.ledger.FeedChanged()
 		page, err := e.ledger.ReadFeed(after, limit)
 		switch {
-		case errors.Is(err, raftfsm.ErrCursorExpired):
+		case errors.Is(err, stock.ErrCursorExpired):
 			return page, fmt.Errorf("%w: %w", ErrCursorExpired, err)
-		case errors.Is(err, command.ErrBadCursor):
+		case errors.Is(err, stock.ErrBadCursor):
 			return page, fmt.Errorf("%w: %w", ErrBadCursor, err)
 		case err != nil:
 			return page, fmt.Errorf("%w: read the order feed: %w", ErrUnavailable, err)
@@ -63,7 +63,7 @@ func (e *Engine) Events(ctx context.Context, after command.Cursor, limit int, wa
 // ConsumerView is one consumer of the feed and how far behind it is.
 type ConsumerView struct {
 	Name       string
-	Cursor     command.Cursor
+	Cursor     stock.Cursor
 	AckedAt    time.Time
 	LagEvents  uint64
 	LagSeconds float64 // the age of its oldest unacknowledged event
@@ -71,9 +71,9 @@ type ConsumerView struct {
 
 // FeedView is the feed's state on this node, with its consumers' lag.
 type FeedView struct {
-	Head      command.Cursor
+	Head      stock.Cursor
 	HeadAt    time.Time
-	Floor     command.Cursor
+	Floor     stock.Cursor
 	Retained  uint64
 	Cap       uint64
 	Retention time.Duration
@@ -106,7 +106,7 @@ func (e *Engine) Feed() (FeedView, error) {
 
 // AckConsumer records consumer name's acknowledged cursor (registering
 // it): the feed keeps every event after it, up to its cap.
-func (e *Engine) AckConsumer(name string, c command.Cursor) error {
+func (e *Engine) AckConsumer(name string, c stock.Cursor) error {
 	return e.consumerCommand(&command.AckConsumer{Name: name, Cursor: c})
 }
 
@@ -121,11 +121,11 @@ func (e *Engine) consumerCommand(c *command.AckConsumer) error {
 		return err
 	}
 	switch res.Outcome {
-	case raftfsm.OutcomeOK:
+	case stock.OutcomeOK:
 		return nil
-	case raftfsm.OutcomeNotFound:
+	case stock.OutcomeNotFound:
 		return fmt.Errorf("%w: no consumer %q", ErrNotFound, c.Name)
-	case raftfsm.OutcomeExpired:
+	case stock.OutcomeExpired:
 		return fmt.Errorf("%w: %s", ErrCursorExpired, res.Detail)
 	}
 	return fmt.Errorf("%w: %s", ErrInvalid, res.Detail)
@@ -147,7 +147,7 @@ func (e *Engine) pruneFeed(now time.Time) {
 	if err != nil {
 		return
 	}
-	var slowest *raftfsm.Consumer
+	var slowest *stock.Consumer
 	for i := range st.Consumers {
 		if c := &st.Consumers[i]; slowest == nil || c.Cursor.Seq < slowest.Cursor.Seq {
 			slowest = c
@@ -172,7 +172,7 @@ func (e *Engine) pruneFeed(now time.Time) {
 		return
 	}
 	res, err := e.propose(&command.PruneEvents{Through: through})
-	if err != nil || res.Outcome != raftfsm.OutcomeOK {
+	if err != nil || res.Outcome != stock.OutcomeOK {
 		e.logger.Debug("prune the order feed", "through", through.String(), "err", err)
 		return
 	}
@@ -194,16 +194,16 @@ func (e *Engine) pruneFeed(now time.Time) {
 // sorts after after, in order id order, from one consistent state of this
 // node's ledger; it says which log index and feed cursor that state
 // reflects. For reconciliation: it scans every order of the ledger.
-func (e *Engine) SaleOrders(sku string, state string, after string, fn func(*Order) error) (OrdersSnapshot, error) {
-	switch raftfsm.OrderState(state) {
-	case "", raftfsm.OrderHeld, raftfsm.OrderSold, raftfsm.OrderReleased:
+func (e *Engine) SaleOrders(sku string, state string, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error) {
+	switch stock.OrderState(state) {
+	case "", stock.OrderHeld, stock.OrderSold, stock.OrderReleased:
 	default:
-		return OrdersSnapshot{}, fmt.Errorf("%w: state %q is not held, sold or released", ErrInvalid, state)
+		return stock.OrdersSnapshot{}, fmt.Errorf("%w: state %q is not held, sold or released", ErrInvalid, state)
 	}
 	if _, _, ok := e.ledger.SKU(sku); !ok {
-		return OrdersSnapshot{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+		return stock.OrdersSnapshot{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
 	}
-	snap, err := e.ledger.SaleOrders(sku, raftfsm.OrderState(state), after, fn)
+	snap, err := e.ledger.SaleOrders(sku, stock.OrderState(state), after, fn)
 	if err != nil && !errors.Is(err, ErrStreamStopped) {
 		return snap, fmt.Errorf("%w: read the orders of %q: %w", ErrUnavailable, sku, err)
 	}

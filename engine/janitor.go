@@ -6,6 +6,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 const (
@@ -403,7 +404,7 @@ func (e *Engine) auditAll() {
 
 // auditDrift is how far an audit is from clean, in units: the conservation
 // law's residual plus the gaps between the rows and the order recount.
-func auditDrift(a *raftfsm.Audit) int64 {
+func auditDrift(a *stock.Audit) int64 {
 	r := &a.Row
 	abs := func(v int64) int64 { return max(v, -v) }
 	// An archived sale's sold orders left the ledger: they count by their

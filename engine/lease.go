@@ -4,8 +4,8 @@ import (
 	"errors"
 	"time"
 
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // leasesInFlightMax bounds concurrent Lease proposals (one per SKU at most).
@@ -117,7 +117,7 @@ func (e *Engine) lease(s *sale) {
 		e.pause(leaseRetryBackoff)
 		return
 	}
-	if res.Outcome != raftfsm.OutcomeOK || res.Qty == 0 {
+	if res.Outcome != stock.OutcomeOK || res.Qty == 0 {
 		e.updateSoldOut(s)
 		if demand {
 			e.pause(demandPace)

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 
 	"stockd/raftfsm"
-	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // Ledger is what the engine reads of the replicated ledger, and where it
@@ -13,11 +13,11 @@ import (
 // be called from any goroutine. The engine writes only through a Proposer.
 type Ledger interface {
 	// SKU and SKUs read sales' rows as applied, with the applied index.
-	SKU(sku string) (raftfsm.SKU, uint64, bool)
-	SKUs() ([]raftfsm.SKU, uint64)
+	SKU(sku string) (stock.SKU, uint64, bool)
+	SKUs() ([]stock.SKU, uint64)
 	// SKUAvailability is what a waiting buyer needs of a row, uncopied.
 	SKUAvailability(sku string) (available, leased int64, closed, ok bool)
-	Order(id string) (raftfsm.Order, bool, error)
+	Order(id string) (stock.Order, bool, error)
 	// LookupRequest finds what a user's request id produced (an order,
 	// or a lottery entry); MayHoldRequest says, lock-free, whether it may
 	// exist at all.
@@ -38,8 +38,8 @@ type Ledger interface {
 	Rules() uint64
 	AppliedIndex() uint64
 	WaitApplied(ctx context.Context, index uint64) error
-	AuditSKU(sku string) (raftfsm.Audit, bool, error)
-	AuditAll() (map[string]raftfsm.Audit, error)
+	AuditSKU(sku string) (stock.Audit, bool, error)
+	AuditAll() (map[string]stock.Audit, error)
 	// PersistLag is how far the ledger's file is behind what it applied.
 	PersistLag() (entries uint64, changes int)
 	// PersistFailures counts failed writes of the ledger's file.
@@ -49,17 +49,17 @@ type Ledger interface {
 	SetObserver(o raftfsm.Observer)
 	// The order feed: pages of events after a cursor, a channel closed
 	// when new ones are published, its state, and lookups for retention.
-	ReadFeed(after command.Cursor, limit int) (raftfsm.FeedPage, error)
+	ReadFeed(after stock.Cursor, limit int) (stock.FeedPage, error)
 	FeedChanged() <-chan struct{}
 	// FeedOn says whether the ledger records the feed at all.
 	FeedOn() bool
-	FeedStats() (raftfsm.FeedStats, error)
-	FeedEvent(seq uint64) (raftfsm.FeedEvent, bool, error)
-	FeedCursorBefore(atUnixNano int64) (command.Cursor, bool, error)
+	FeedStats() (stock.FeedStats, error)
+	FeedEvent(seq uint64) (stock.FeedEvent, bool, error)
+	FeedCursorBefore(atUnixNano int64) (stock.Cursor, bool, error)
 	// Lottery entries: one entrant's standing, and every entry of a sale.
-	EntryStatus(sku, user string) (raftfsm.EntryStatus, bool, error)
-	SaleEntries(sku string, fn func(*raftfsm.Entry) error) (uint64, error)
-	SaleOrders(sku string, state raftfsm.OrderState, after string, fn func(*raftfsm.Order) error) (raftfsm.OrdersSnapshot, error)
+	EntryStatus(sku, user string) (stock.EntryStatus, bool, error)
+	SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error)
+	SaleOrders(sku string, state stock.OrderState, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error)
 	// ArchivedOrderIDs lists an archived sale's orders for its purge.
 	ArchivedOrderIDs(sku string, after []byte, limit, scanMax int) (ids []string, next []byte, done bool, err error)
 }

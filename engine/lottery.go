@@ -8,6 +8,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // Lottery errors of Enter.
@@ -54,7 +55,7 @@ type pendingEntry struct {
 // Enter enters user into lottery sku and returns their entry (the one they
 // already had, for a repeat), once it is committed. Entries from every
 // buyer on this node share Enter commands, like takes share Takes.
-func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfsm.Entry, error) {
+func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (stock.Entry, error) {
 	if st, ok, err := e.ledger.EntryStatus(sku, user); err != nil || ok {
 		return st.Entry, err // a repeat: the first entry, whatever happened since
 	}
@@ -62,25 +63,25 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 	if !ok {
 		// Made through another node a moment ago, perhaps.
 		if err := e.catchUp(ctx); err != nil {
-			return raftfsm.Entry{}, err
+			return stock.Entry{}, err
 		}
 		row, _, ok = e.ledger.SKU(sku)
 	}
 	switch {
 	case !ok:
-		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+		return stock.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
 	case row.Lottery == nil:
-		return raftfsm.Entry{}, fmt.Errorf("%w: %q sells first come, first served; deduct instead", ErrNotLottery, sku)
+		return stock.Entry{}, fmt.Errorf("%w: %q sells first come, first served; deduct instead", ErrNotLottery, sku)
 	}
 	now := e.cfg.Now().UnixNano()
 	switch {
 	case row.Config.StartAtUnixNano > now:
-		return raftfsm.Entry{}, &NotStartedError{At: time.Unix(0, row.Config.StartAtUnixNano)}
+		return stock.Entry{}, &NotStartedError{At: time.Unix(0, row.Config.StartAtUnixNano)}
 	case row.Closed() || row.Lottery.Drawn() || now >= row.Config.EntriesCloseAtUnixNano:
-		return raftfsm.Entry{}, fmt.Errorf("%w: entries to %q closed at %s", ErrEntriesClosed, sku,
+		return stock.Entry{}, fmt.Errorf("%w: entries to %q closed at %s", ErrEntriesClosed, sku,
 			time.Unix(0, row.Config.EntriesCloseAtUnixNano).UTC().Format(time.RFC3339))
 	case e.closing.Load():
-		return raftfsm.Entry{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable)
+		return stock.Entry{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable)
 	}
 	// Deducts and entries share the user's ids; the ledger has the last
 	// word, this spares it the ones it would refuse.
@@ -93,42 +94,42 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (raftfs
 					return st.Entry, err
 				}
 			}
-			return raftfsm.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
+			return stock.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
 		}
 	}
 	p := &pendingEntry{entry: command.EnterEntry{SKU: sku, User: user, RequestID: requestID}, done: make(chan struct{})}
 	select {
 	case e.entryQueue <- p:
 	default:
-		return raftfsm.Entry{}, fmt.Errorf("%w: %d entries wait for the log on this node", ErrBusy, entryQueueMax)
+		return stock.Entry{}, fmt.Errorf("%w: %d entries wait for the log on this node", ErrBusy, entryQueueMax)
 	}
 	ctx, cancel := context.WithTimeout(ctx, enterWaitMax)
 	defer cancel()
 	select {
 	case <-p.done:
 	case <-ctx.Done():
-		return raftfsm.Entry{}, fmt.Errorf("%w: the entry did not commit within %s; enter again (a repeat returns the same entry)", ErrOutcomeUnknown, enterWaitMax)
+		return stock.Entry{}, fmt.Errorf("%w: the entry did not commit within %s; enter again (a repeat returns the same entry)", ErrOutcomeUnknown, enterWaitMax)
 	case <-e.stop:
 		// Queued, maybe proposed: a repeat elsewhere finds out.
-		return raftfsm.Entry{}, fmt.Errorf("%w: node stopped with the entry queued; enter again (a repeat returns the same entry)", ErrOutcomeUnknown)
+		return stock.Entry{}, fmt.Errorf("%w: node stopped with the entry queued; enter again (a repeat returns the same entry)", ErrOutcomeUnknown)
 	}
 	if p.err != nil {
-		return raftfsm.Entry{}, p.err
+		return stock.Entry{}, p.err
 	}
 	switch p.res.Outcome {
-	case raftfsm.OutcomeOK, raftfsm.OutcomeSame:
+	case stock.OutcomeOK, stock.OutcomeSame:
 		e.metrics.entries.Add(1)
 		return p.res.Entry, nil
-	case raftfsm.OutcomeUnknownSKU:
-		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
-	case raftfsm.OutcomeNotLottery:
-		return raftfsm.Entry{}, fmt.Errorf("%w: %q", ErrNotLottery, sku)
-	case raftfsm.OutcomeEntriesClosed:
-		return raftfsm.Entry{}, fmt.Errorf("%w: the ledger applied the entry after the close or the draw of %q", ErrEntriesClosed, sku)
-	case raftfsm.OutcomeRequestIDReused:
-		return raftfsm.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
+	case stock.OutcomeUnknownSKU:
+		return stock.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	case stock.OutcomeNotLottery:
+		return stock.Entry{}, fmt.Errorf("%w: %q", ErrNotLottery, sku)
+	case stock.OutcomeEntriesClosed:
+		return stock.Entry{}, fmt.Errorf("%w: the ledger applied the entry after the close or the draw of %q", ErrEntriesClosed, sku)
+	case stock.OutcomeRequestIDReused:
+		return stock.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
 	}
-	return raftfsm.Entry{}, fmt.Errorf("%w: entry %s", ErrInvalid, p.res.Outcome)
+	return stock.Entry{}, fmt.Errorf("%w: entry %s", ErrInvalid, p.res.Outcome)
 }
 
 // entrants batches queued entries into Enter commands (batcher), with at most
@@ -186,7 +187,7 @@ func (p *pendingEntry) finish(r raftfsm.EntryResult, err error) {
 
 // EntryStatus is where user stands in lottery sku, with their order when
 // they won; ok is false when they have no entry.
-func (e *Engine) EntryStatus(sku, user string) (raftfsm.EntryStatus, *raftfsm.Order, bool, error) {
+func (e *Engine) EntryStatus(sku, user string) (stock.EntryStatus, *stock.Order, bool, error) {
 	st, ok, err := e.ledger.EntryStatus(sku, user)
 	if err != nil || !ok || st.OrderID == "" {
 		return st, nil, ok, err
@@ -200,7 +201,7 @@ func (e *Engine) EntryStatus(sku, user string) (raftfsm.EntryStatus, *raftfsm.Or
 
 // SaleEntries streams lottery sku's committed entries in log order (see
 // raftfsm.Ledger.SaleEntries).
-func (e *Engine) SaleEntries(sku string, fn func(*raftfsm.Entry) error) (uint64, error) {
+func (e *Engine) SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error) {
 	return e.ledger.SaleEntries(sku, fn)
 }
 

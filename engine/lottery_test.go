@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"stockd/raftfsm"
+	"stockd/stock"
 )
 
 // entryRaced is a ledger whose next EntryStatus misses the user's entry,
@@ -18,9 +19,9 @@ type entryRaced struct {
 	miss atomic.Bool
 }
 
-func (l *entryRaced) EntryStatus(sku, user string) (raftfsm.EntryStatus, bool, error) {
+func (l *entryRaced) EntryStatus(sku, user string) (stock.EntryStatus, bool, error) {
 	if l.miss.CompareAndSwap(true, false) {
-		return raftfsm.EntryStatus{}, false, nil
+		return stock.EntryStatus{}, false, nil
 	}
 	return l.Ledger.EntryStatus(sku, user)
 }

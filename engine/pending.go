@@ -3,6 +3,7 @@ package engine
 import (
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 	"sync"
 	"time"
 )
@@ -183,9 +184,9 @@ func (p *pendingTake) outcome() (DeductResult, bool) {
 	return p.result, true
 }
 
-func (p *pendingTake) pendingOrder() raftfsm.Order {
-	return raftfsm.Order{
+func (p *pendingTake) pendingOrder() stock.Order {
+	return stock.Order{
 		ID: p.entry.OrderID, SKU: p.entry.SKU, User: p.entry.User, Qty: p.entry.Qty,
-		State: raftfsm.OrderPending, RequestID: p.entry.RequestID, CreatedAtUnixNano: p.created.UnixNano(),
+		State: stock.OrderPending, RequestID: p.entry.RequestID, CreatedAtUnixNano: p.created.UnixNano(),
 	}
 }

@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
+	"stockd/stock"
 )
 
 // SKUView is a sale as GET /v1/skus/{sku} shows it.
 type SKUView struct {
-	Row   raftfsm.SKU
+	Row   stock.SKU
 	State string // upcoming, open, sold_out
 	// Applied is the ledger's applied index when the row was read: the
 	// row holds every entry up to it.
@@ -61,9 +60,9 @@ func (e *Engine) SKUViews() []SKUView {
 // Order reads an order: from the ledger once committed, else from this
 // node's pending takes (state pending), else from the pending orders the
 // ledger turned down (state released, reason turned_down_<why>).
-func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
+func (e *Engine) Order(id string) (stock.Order, bool, error) {
 	o, ok, err := e.ledger.Order(id)
-	if err == nil && ok && o.State == raftfsm.OrderHeld {
+	if err == nil && ok && o.State == stock.OrderHeld {
 		// It may have been confirmed or cancelled through another node:
 		// held is said only when this node can vouch for it (vouch.go).
 		caughtUp, verr := e.vouch()
@@ -90,7 +89,7 @@ func (e *Engine) Order(id string) (raftfsm.Order, bool, error) {
 		}
 		return o, true, nil
 	}
-	return raftfsm.Order{}, false, nil
+	return stock.Order{}, false, nil
 }
 
 // OrderOwner is the node that minted order id ("" for an id of another
@@ -99,7 +98,7 @@ func (e *Engine) OrderOwner(id string) string { return orderid.Owner(id) }
 
 // Audit recounts a sale in the local ledger and checks this node's local
 // law: units in its buckets plus its takes in flight equal leased[me].
-func (e *Engine) Audit(sku string) (raftfsm.Audit, LocalAudit, bool, error) {
+func (e *Engine) Audit(sku string) (stock.Audit, LocalAudit, bool, error) {
 	a, ok, err := e.ledger.AuditSKU(sku)
 	if err != nil || !ok {
 		return a, LocalAudit{}, ok, err
@@ -125,33 +124,9 @@ type LocalAudit struct {
 	Leased        int64 `json:"leased"`
 }
 
-// Ledger types the engine's callers see, so that they need not import
-// raftfsm.
-type (
-	Order     = raftfsm.Order
-	Audit     = raftfsm.Audit
-	SKURow    = raftfsm.SKU
-	Cursor    = command.Cursor
-	FeedEvent = raftfsm.FeedEvent
-	FeedPage  = raftfsm.FeedPage
-	// OrdersSnapshot says which state a SaleOrders read reflects.
-	OrdersSnapshot = raftfsm.OrdersSnapshot
-	// Entry is a lottery entry; EntryStatus where its entrant stands.
-	Entry       = raftfsm.Entry
-	EntryStatus = raftfsm.EntryStatus
-)
-
-// Entry states (EntryStatus.State).
-const (
-	EntryEntered    = raftfsm.EntryEntered
-	EntryWon        = raftfsm.EntryWon
-	EntryWaitlisted = raftfsm.EntryWaitlisted
-	EntryLost       = raftfsm.EntryLost
-)
-
 // ParseCursor reads a feed cursor's wire form ("" and "0": the start).
-func ParseCursor(s string) (Cursor, error) {
-	c, err := command.ParseCursor(s)
+func ParseCursor(s string) (stock.Cursor, error) {
+	c, err := stock.ParseCursor(s)
 	if err != nil {
 		return c, fmt.Errorf("%w: %w", ErrBadCursor, err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/shard"
+	"stockd/stock"
 )
 
 // sale is one SKU's node-local selling state. Fields read on the fast path
@@ -60,7 +61,7 @@ func (e *Engine) rebuild() {
 }
 
 // saleFor returns the engine's sale for a ledger row, creating it if new.
-func (e *Engine) saleFor(row *raftfsm.SKU) (*sale, bool) {
+func (e *Engine) saleFor(row *stock.SKU) (*sale, bool) {
 	if s, ok := (*e.sales.Load())[row.SKU]; ok {
 		return s, false
 	}

@@ -1,9 +1,8 @@
 package engine
 
 import (
+	"stockd/stock"
 	"sync"
-
-	"stockd/raftfsm"
 )
 
 // turnedDownMax bounds the memory of orders a node answered as accepted
@@ -21,19 +20,19 @@ const turnedDownMax = 100_000
 // the losing end of a wait=none take touches it.
 type turnedDown struct {
 	mu    sync.Mutex
-	byID  map[string]raftfsm.Order
+	byID  map[string]stock.Order
 	order []string // ring of ids in insertion order
 	next  int
 }
 
 func newTurnedDown() *turnedDown {
-	return &turnedDown{byID: make(map[string]raftfsm.Order)}
+	return &turnedDown{byID: make(map[string]stock.Order)}
 }
 
-func (t *turnedDown) add(o raftfsm.Order) { t.put(o.ID, o) }
+func (t *turnedDown) add(o stock.Order) { t.put(o.ID, o) }
 
 // put remembers o under id.
-func (t *turnedDown) put(id string, o raftfsm.Order) {
+func (t *turnedDown) put(id string, o stock.Order) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.order) < turnedDownMax {
@@ -46,7 +45,7 @@ func (t *turnedDown) put(id string, o raftfsm.Order) {
 	t.byID[id] = o
 }
 
-func (t *turnedDown) get(id string) (raftfsm.Order, bool) {
+func (t *turnedDown) get(id string) (stock.Order, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	o, ok := t.byID[id]

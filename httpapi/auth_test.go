@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/engine"
+	"stockd/stock"
 )
 
 // countingEngine counts every call that would change the ledger.
@@ -22,13 +23,13 @@ func (c *countingEngine) CreateSale(string, engine.SaleSpec) (bool, error) {
 	return true, nil
 }
 func (c *countingEngine) Restock(string, int64) error { c.changes++; return nil }
-func (c *countingEngine) Confirm(string) (engine.Order, error) {
+func (c *countingEngine) Confirm(string) (stock.Order, error) {
 	c.changes++
-	return engine.Order{ID: "o"}, nil
+	return stock.Order{ID: "o"}, nil
 }
-func (c *countingEngine) Cancel(string) (engine.Order, error) {
+func (c *countingEngine) Cancel(string) (stock.Order, error) {
 	c.changes++
-	return engine.Order{ID: "o"}, nil
+	return stock.Order{ID: "o"}, nil
 }
 func (c *countingEngine) Reclaim(string) (int64, error) { c.changes++; return 0, nil }
 func (c *countingEngine) Deduct(req *engine.DeductRequest, res *engine.DeductResult) {

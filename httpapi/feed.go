@@ -12,6 +12,7 @@ import (
 
 	"stockd/engine"
 	"stockd/httpapi/deductwire"
+	"stockd/stock"
 )
 
 // The order feed's routes (docs/feed-and-lottery.md): GET /v1/events,
@@ -96,7 +97,7 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 // appendEvents appends the eventsResponse of page, encoded by hand: a
 // consumer that keeps up reads every event through here, and reflection
 // would cost more than reading it.
-func appendEvents(b []byte, after engine.Cursor, page *engine.FeedPage) []byte {
+func appendEvents(b []byte, after stock.Cursor, page *stock.FeedPage) []byte {
 	next := after
 	b = append(b, `{"events":[`...)
 	for i := range page.Events {
@@ -285,7 +286,7 @@ func (s *Server) handleSaleOrders(ctx *fasthttp.RequestCtx, sku []byte) {
 	name := string(sku)
 	streamNDJSON(ctx, 256, func(emit func(any) error) any {
 		end := ordersEnd{}
-		snap, err := s.engine.SaleOrders(name, state, after, func(o *engine.Order) error {
+		snap, err := s.engine.SaleOrders(name, state, after, func(o *stock.Order) error {
 			end.Orders++
 			return emit(orderJSON(*o))
 		})

@@ -5,13 +5,12 @@ import (
 	"reflect"
 	"testing"
 
-	"stockd/engine"
-	"stockd/raftfsm"
+	"stockd/stock"
 )
 
 // eventsJSONReference builds GET /v1/events's answer the slow, obvious way;
 // the hand encoder must produce the same JSON.
-func eventsJSONReference(after engine.Cursor, page *engine.FeedPage) eventsResponse {
+func eventsJSONReference(after stock.Cursor, page *stock.FeedPage) eventsResponse {
 	out := eventsResponse{Events: make([]eventJSON, len(page.Events)), Next: after.String(), Head: page.Head.String(), NodeBehind: page.Behind}
 	for i := range page.Events {
 		e := &page.Events[i]
@@ -25,19 +24,19 @@ func eventsJSONReference(after engine.Cursor, page *engine.FeedPage) eventsRespo
 }
 
 func TestAppendEvents_MatchesTheReferenceEncoding(t *testing.T) {
-	pages := []engine.FeedPage{
+	pages := []stock.FeedPage{
 		{},
-		{Behind: true, Head: engine.Cursor{Index: 9, Seq: 4}},
-		{Head: engine.Cursor{Index: 12, Seq: 7}, Events: []engine.FeedEvent{
-			{Seq: 6, Index: 11, Type: raftfsm.FeedOrderCreated, At: 1_700_000_000_123_456_789, Order: raftfsm.Order{
-				ID: "n1-5-abc", SKU: "phone", User: `al"ice\` + "\u00e9\u2028", Qty: 2, State: raftfsm.OrderHeld, RequestID: "r-1",
+		{Behind: true, Head: stock.Cursor{Index: 9, Seq: 4}},
+		{Head: stock.Cursor{Index: 12, Seq: 7}, Events: []stock.FeedEvent{
+			{Seq: 6, Index: 11, Type: stock.FeedOrderCreated, At: 1_700_000_000_123_456_789, Order: stock.Order{
+				ID: "n1-5-abc", SKU: "phone", User: `al"ice\` + "\u00e9\u2028", Qty: 2, State: stock.OrderHeld, RequestID: "r-1",
 				Node: "n1", ExpiresAtUnixNano: 1_700_000_090_000_000_000}},
-			{Seq: 7, Index: 12, Type: raftfsm.FeedOrderReleased, At: 1, Order: raftfsm.Order{
-				ID: "n2-1-x", SKU: "phone", User: "bob", Qty: 1, State: raftfsm.OrderReleased, ReleaseReason: raftfsm.ReleaseTurnedDownUserLimit}},
+			{Seq: 7, Index: 12, Type: stock.FeedOrderReleased, At: 1, Order: stock.Order{
+				ID: "n2-1-x", SKU: "phone", User: "bob", Qty: 1, State: stock.OrderReleased, ReleaseReason: stock.ReleaseTurnedDownUserLimit}},
 		}},
 	}
 	for i := range pages {
-		after := engine.Cursor{Index: 3, Seq: 2}
+		after := stock.Cursor{Index: 3, Seq: 2}
 		var got, want eventsResponse
 		b := appendEvents(nil, after, &pages[i])
 		if err := json.Unmarshal(b, &got); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/engine"
+	"stockd/stock"
 )
 
 // saleRequest is the body of PUT /v1/skus/{sku}.
@@ -109,7 +110,7 @@ type orderResponse struct {
 	AppliedIndex uint64 `json:"applied_index,omitempty"`
 }
 
-func orderJSON(o engine.Order) orderResponse {
+func orderJSON(o stock.Order) orderResponse {
 	out := orderResponse{OrderID: o.ID, SKU: o.SKU, User: o.User, Qty: o.Qty, State: string(o.State),
 		RequestID: o.RequestID, Released: o.ReleaseReason}
 	if o.CreatedAtUnixNano != 0 {
@@ -505,7 +506,7 @@ func (s *Server) relayOrderRead(ctx *fasthttp.RequestCtx, id string) bool {
 	return true
 }
 
-func (s *Server) handleOrderCommand(ctx *fasthttp.RequestCtx, id []byte, run func(string) (engine.Order, error)) {
+func (s *Server) handleOrderCommand(ctx *fasthttp.RequestCtx, id []byte, run func(string) (stock.Order, error)) {
 	if !validID(id) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "order id must be 1 to 128 letters, digits or . _ - :")
 		return

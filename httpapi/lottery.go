@@ -11,6 +11,7 @@ import (
 
 	"stockd/engine"
 	"stockd/httpapi/deductwire"
+	"stockd/stock"
 )
 
 // lotteryJSON is a lottery sale's part of GET /v1/skus/{sku}.
@@ -25,7 +26,7 @@ type lotteryJSON struct {
 	WaitlistLost   bool   `json:"waitlist_lost,omitempty"`
 }
 
-func lotteryView(r *engine.SKURow) *lotteryJSON {
+func lotteryView(r *stock.SKU) *lotteryJSON {
 	lt := r.Lottery
 	if lt == nil {
 		return nil
@@ -68,7 +69,7 @@ type entryResponse struct {
 	AppliedIndex uint64 `json:"applied_index,omitempty"`
 }
 
-func entryJSON(st engine.EntryStatus, o *engine.Order) entryResponse {
+func entryJSON(st stock.EntryStatus, o *stock.Order) entryResponse {
 	out := entryResponse{EntryID: st.Entry.ID(), SKU: st.Entry.SKU, User: st.Entry.User, State: st.State,
 		OrderID: st.OrderID, Position: st.Position, Rank: st.Rank, EnteredAt: stamp(st.Entry.AtUnixNano)}
 	if o != nil {
@@ -94,8 +95,8 @@ func (s *Server) handleEnter(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeLotteryError(ctx, err)
 		return
 	}
-	st := engine.EntryStatus{Entry: entry, State: engine.EntryEntered}
-	var order *engine.Order
+	st := stock.EntryStatus{Entry: entry, State: stock.EntryEntered}
+	var order *stock.Order
 	if v, ok := s.engine.SKU(string(sku)); ok && v.Row.Lottery != nil && v.Row.Lottery.Drawn() {
 		// A repeat after the draw: where the entrant stands now.
 		if now, o, ok, err := s.engine.EntryStatus(string(sku), req.User); err == nil && ok {
@@ -196,7 +197,7 @@ func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
 	name := string(sku)
 	streamNDJSON(ctx, 1024, func(emit func(any) error) any {
 		end := entriesEnd{}
-		applied, err := s.engine.SaleEntries(name, func(e *engine.Entry) error {
+		applied, err := s.engine.SaleEntries(name, func(e *stock.Entry) error {
 			end.Entries++
 			return emit(entryLine{EntryID: e.ID(), Seq: e.Seq, User: e.User, RequestID: e.RequestID, At: stamp(e.AtUnixNano)})
 		})

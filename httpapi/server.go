@@ -21,6 +21,7 @@ import (
 
 	"stockd/engine"
 	"stockd/httpapi/deductwire"
+	"stockd/stock"
 )
 
 // Limits of the wire format, each with its reason.
@@ -41,13 +42,13 @@ type Engine interface {
 	ArchiveSale(sku string) error
 	SKU(sku string) (engine.SKUView, bool)
 	SKUViews() []engine.SKUView
-	SaleOrders(sku, state, after string, fn func(*engine.Order) error) (engine.OrdersSnapshot, error)
-	Order(id string) (engine.Order, bool, error)
+	SaleOrders(sku, state, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error)
+	Order(id string) (stock.Order, bool, error)
 	// OrderOwner is the node that minted order id, or "".
 	OrderOwner(id string) string
-	Confirm(id string) (engine.Order, error)
-	Cancel(id string) (engine.Order, error)
-	Audit(sku string) (engine.Audit, engine.LocalAudit, bool, error)
+	Confirm(id string) (stock.Order, error)
+	Cancel(id string) (stock.Order, error)
+	Audit(sku string) (stock.Audit, engine.LocalAudit, bool, error)
 	Reclaim(node string) (int64, error)
 	MetricsSnapshot() engine.Snapshot
 	NodeAddrs() map[string]string
@@ -71,14 +72,14 @@ type Engine interface {
 	// read again), or an error when it cannot.
 	Vouch() (caughtUp bool, err error)
 	// The order feed.
-	Events(ctx context.Context, after engine.Cursor, limit int, wait time.Duration) (engine.FeedPage, error)
+	Events(ctx context.Context, after stock.Cursor, limit int, wait time.Duration) (stock.FeedPage, error)
 	Feed() (engine.FeedView, error)
-	AckConsumer(name string, c engine.Cursor) error
+	AckConsumer(name string, c stock.Cursor) error
 	DropConsumer(name string) error
 	// Lottery sales.
-	Enter(ctx context.Context, sku, user, requestID string) (engine.Entry, error)
-	EntryStatus(sku, user string) (engine.EntryStatus, *engine.Order, bool, error)
-	SaleEntries(sku string, fn func(*engine.Entry) error) (uint64, error)
+	Enter(ctx context.Context, sku, user, requestID string) (stock.Entry, error)
+	EntryStatus(sku, user string) (stock.EntryStatus, *stock.Order, bool, error)
+	SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error)
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/engine"
+	"stockd/stock"
 )
 
 // fakeEngine answers every deduct with a fixed status and records calls.
@@ -27,7 +28,7 @@ func (f *fakeEngine) Deduct(req *engine.DeductRequest, res *engine.DeductResult)
 	f.lastReq = *req
 	res.Status = f.status
 	if res.Status.Won() {
-		res.Order = engine.Order{ID: "n1-1", SKU: string(req.SKU), User: string(req.User), Qty: req.Qty, State: "sold"}
+		res.Order = stock.Order{ID: "n1-1", SKU: string(req.SKU), User: string(req.User), Qty: req.Qty, State: "sold"}
 	}
 	if res.Status == engine.StatusNotStarted {
 		res.StartAt = time.Now().Add(time.Minute)
@@ -37,15 +38,15 @@ func (f *fakeEngine) Deduct(req *engine.DeductRequest, res *engine.DeductResult)
 func (f *fakeEngine) CreateSale(string, engine.SaleSpec) (bool, error) { return true, f.createErr }
 func (f *fakeEngine) Restock(string, int64) error                      { return engine.ErrUnknownSKU }
 func (f *fakeEngine) SKU(sku string) (engine.SKUView, bool) {
-	return engine.SKUView{Row: engine.SKURow{SKU: sku, Total: 1, Available: 1}, State: engine.StateOpen}, sku == "a"
+	return engine.SKUView{Row: stock.SKU{SKU: sku, Total: 1, Available: 1}, State: engine.StateOpen}, sku == "a"
 }
-func (f *fakeEngine) Order(string) (engine.Order, bool, error) { return engine.Order{}, false, nil }
-func (f *fakeEngine) Confirm(string) (engine.Order, error)     { return engine.Order{}, engine.ErrExpired }
-func (f *fakeEngine) Cancel(string) (engine.Order, error) {
-	return engine.Order{}, engine.ErrInvalidState
+func (f *fakeEngine) Order(string) (stock.Order, bool, error) { return stock.Order{}, false, nil }
+func (f *fakeEngine) Confirm(string) (stock.Order, error)     { return stock.Order{}, engine.ErrExpired }
+func (f *fakeEngine) Cancel(string) (stock.Order, error) {
+	return stock.Order{}, engine.ErrInvalidState
 }
-func (f *fakeEngine) Audit(string) (engine.Audit, engine.LocalAudit, bool, error) {
-	return engine.Audit{}, engine.LocalAudit{}, false, nil
+func (f *fakeEngine) Audit(string) (stock.Audit, engine.LocalAudit, bool, error) {
+	return stock.Audit{}, engine.LocalAudit{}, false, nil
 }
 func (f *fakeEngine) MetricsSnapshot() engine.Snapshot          { return engine.Snapshot{} }
 func (f *fakeEngine) NodeAddrs() map[string]string              { return nil }
@@ -58,30 +59,30 @@ func (f *fakeEngine) CatchUp(context.Context) error             { return nil }
 func (f *fakeEngine) ReadFresh(context.Context, bool) error     { return nil }
 func (f *fakeEngine) Vouch() (bool, error)                      { return false, nil }
 func (f *fakeEngine) OrderOwner(string) string                  { return "" }
-func (f *fakeEngine) Events(context.Context, engine.Cursor, int, time.Duration) (engine.FeedPage, error) {
-	return engine.FeedPage{}, nil
+func (f *fakeEngine) Events(context.Context, stock.Cursor, int, time.Duration) (stock.FeedPage, error) {
+	return stock.FeedPage{}, nil
 }
-func (f *fakeEngine) SaleOrders(string, string, string, func(*engine.Order) error) (engine.OrdersSnapshot, error) {
-	return engine.OrdersSnapshot{}, nil
+func (f *fakeEngine) SaleOrders(string, string, string, func(*stock.Order) error) (stock.OrdersSnapshot, error) {
+	return stock.OrdersSnapshot{}, nil
 }
-func (f *fakeEngine) Enter(context.Context, string, string, string) (engine.Entry, error) {
-	return engine.Entry{}, engine.ErrNotLottery
+func (f *fakeEngine) Enter(context.Context, string, string, string) (stock.Entry, error) {
+	return stock.Entry{}, engine.ErrNotLottery
 }
-func (f *fakeEngine) EntryStatus(string, string) (engine.EntryStatus, *engine.Order, bool, error) {
-	return engine.EntryStatus{}, nil, false, nil
+func (f *fakeEngine) EntryStatus(string, string) (stock.EntryStatus, *stock.Order, bool, error) {
+	return stock.EntryStatus{}, nil, false, nil
 }
-func (f *fakeEngine) SaleEntries(string, func(*engine.Entry) error) (uint64, error) { return 0, nil }
+func (f *fakeEngine) SaleEntries(string, func(*stock.Entry) error) (uint64, error) { return 0, nil }
 func (f *fakeEngine) DeductBatch(reqs []engine.DeductRequest, res []engine.DeductResult) {
 	for i := range reqs {
 		f.Deduct(&reqs[i], &res[i])
 	}
 }
-func (f *fakeEngine) SKUViews() []engine.SKUView              { return nil }
-func (f *fakeEngine) CloseSale(string) error                  { return nil }
-func (f *fakeEngine) ArchiveSale(string) error                { return nil }
-func (f *fakeEngine) Feed() (engine.FeedView, error)          { return engine.FeedView{}, nil }
-func (f *fakeEngine) AckConsumer(string, engine.Cursor) error { return nil }
-func (f *fakeEngine) DropConsumer(string) error               { return nil }
+func (f *fakeEngine) SKUViews() []engine.SKUView             { return nil }
+func (f *fakeEngine) CloseSale(string) error                 { return nil }
+func (f *fakeEngine) ArchiveSale(string) error               { return nil }
+func (f *fakeEngine) Feed() (engine.FeedView, error)         { return engine.FeedView{}, nil }
+func (f *fakeEngine) AckConsumer(string, stock.Cursor) error { return nil }
+func (f *fakeEngine) DropConsumer(string) error              { return nil }
 
 func newTestServer(t testing.TB, token string) (*Server, *fakeEngine) {
 	fe := &fakeEngine{status: engine.StatusSoldOut}

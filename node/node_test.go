@@ -15,6 +15,7 @@ import (
 	"stockd/engine"
 	"stockd/raftfsm"
 	"stockd/raftnode"
+	"stockd/stock"
 )
 
 // testConfig is a single node on loopback ports chosen by the system,
@@ -101,7 +102,7 @@ func TestNode_SellsStopsAndStartsAgainOnItsData(t *testing.T) {
 		t.Fatalf("after the restart: %+v %v %v", a, ok, err)
 	}
 	for id := range orders {
-		if o, ok, err := n2.Ledger().Order(id); err != nil || !ok || o.State != raftfsm.OrderSold {
+		if o, ok, err := n2.Ledger().Order(id); err != nil || !ok || o.State != stock.OrderSold {
 			t.Fatalf("order %s after the restart: %+v %v %v", id, o, ok, err)
 		}
 	}

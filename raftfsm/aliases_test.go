@@ -1,6 +1,9 @@
 package raftfsm
 
-import "stockd/raftfsm/command"
+import (
+	"stockd/raftfsm/command"
+	"stockd/stock"
+)
 
 // This package's tests name the commands unqualified, as the ledger did
 // before they had a package of their own.
@@ -25,13 +28,13 @@ type (
 	ArchiveSale   = command.ArchiveSale
 	PurgeArchived = command.PurgeArchived
 	PurgeOrders   = command.PurgeOrders
-	SaleConfig    = command.SaleConfig
+	SaleConfig    = stock.SaleConfig
 	TakeEntry     = command.TakeEntry
 	Enter         = command.Enter
 	EnterEntry    = command.EnterEntry
 	Draw          = command.Draw
 	SetRules      = command.SetRules
-	Cursor        = command.Cursor
+	Cursor        = stock.Cursor
 	legacyCommand = command.Legacy
 )
 
@@ -57,14 +60,14 @@ const (
 	OpSetRules      = command.OpSetRules
 	OpPurgeOrders   = command.OpPurgeOrders
 	PurgeOrdersMax  = command.PurgeOrdersMax
-	SaleModeLottery = command.SaleModeLottery
+	SaleModeLottery = stock.SaleModeLottery
 	EnterHeaderSize = command.EnterHeaderSize
 )
 
 var (
 	EncodeCommand  = command.EncodeCommand
 	DecodeCommand  = command.DecodeCommand
-	ParseCursor    = command.ParseCursor
-	ErrBadCursor   = command.ErrBadCursor
+	ParseCursor    = stock.ParseCursor
+	ErrBadCursor   = stock.ErrBadCursor
 	TakeHeaderSize = command.TakeHeaderSize
 )

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -43,7 +44,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	bh.forgetPersisted()
 
-	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, batchOrder: map[string][]string{}, touched: make(map[string]*SKU),
+	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, batchOrder: map[string][]string{}, touched: make(map[string]*stock.SKU),
 		requestChanges: l.spareRequestChanges(), prunedRequests: l.sparePruned(), holdChanges: map[string]int64{},
 		boughtChanges: map[string]int64{}, nodeChanges: map[string]string{}, rules: rules}
 	defer a.closeTx()
@@ -103,7 +104,7 @@ func (a *applier) applyEntries(logs []*raft.Log, applied uint64) ([]interface{},
 		a.index = entry.Index
 		at, cmd, err := command.DecodeCommand(entry.Data)
 		if err != nil {
-			results[i] = &Result{Outcome: OutcomeInvalid, Detail: err.Error()}
+			results[i] = &Result{Outcome: stock.OutcomeInvalid, Detail: err.Error()}
 			continue
 		}
 		a.at = at
@@ -176,7 +177,7 @@ type applier struct {
 	// rules are the ledger's rules for the entry being applied (a
 	// SetRules in the batch changes them for the entries after it).
 	rules   uint64
-	touched map[string]*SKU
+	touched map[string]*stock.SKU
 	events  []Event
 	feed    feedBatch
 	// purgeDone: an archived sale's last orders left in this batch (the
@@ -351,7 +352,7 @@ func (a *applier) updateMirrors() {
 	}
 }
 
-func (a *applier) sku(name string) *SKU {
+func (a *applier) sku(name string) *stock.SKU {
 	if s, ok := a.touched[name]; ok {
 		return s
 	}
@@ -361,7 +362,7 @@ func (a *applier) sku(name string) *SKU {
 	if !ok {
 		return nil
 	}
-	c := s.clone()
+	c := s.Clone()
 	a.touched[name] = c
 	return c
 }
@@ -414,11 +415,11 @@ func (a *applier) apply(c command.Command) (*Result, error) {
 	case *command.SetRules:
 		return a.setRules(c), nil
 	}
-	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
+	return &Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }
 
 func invalid(format string, args ...any) *Result {
-	return &Result{Outcome: OutcomeInvalid, Detail: fmt.Sprintf(format, args...)}
+	return &Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf(format, args...)}
 }
 
 func (a *applier) createSale(c *command.CreateSale) *Result {
@@ -430,7 +431,7 @@ func (a *applier) createSale(c *command.CreateSale) *Result {
 		if c.Sale.EntriesCloseAtUnixNano != 0 {
 			return invalid("entries_close_at is for lottery sales")
 		}
-	case command.SaleModeLottery:
+	case stock.SaleModeLottery:
 		if c.Sale.EntriesCloseAtUnixNano <= c.Sale.StartAtUnixNano || c.Sale.PerUser != 0 {
 			return invalid("a lottery needs entries_close_at after start_at, and no per_user (one entry per user)")
 		}
@@ -439,12 +440,12 @@ func (a *applier) createSale(c *command.CreateSale) *Result {
 	}
 	if s := a.sku(c.SKU); s != nil {
 		if s.Config == c.Sale {
-			return &Result{Outcome: OutcomeSame}
+			return &Result{Outcome: stock.OutcomeSame}
 		}
-		return &Result{Outcome: OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
+		return &Result{Outcome: stock.OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
 	}
-	s := &SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: c.Sale, CreatedAtUnixNano: a.at}
-	if c.Sale.Mode == command.SaleModeLottery {
+	s := &stock.SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: c.Sale, CreatedAtUnixNano: a.at}
+	if c.Sale.Mode == stock.SaleModeLottery {
 		if len(c.Secret) != LotterySecretBytes {
 			return invalid("a lottery needs a %d-byte secret, got %d", LotterySecretBytes, len(c.Secret))
 		}
@@ -452,7 +453,7 @@ func (a *applier) createSale(c *command.CreateSale) *Result {
 	}
 	a.touched[c.SKU] = s
 	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})
-	return &Result{Outcome: OutcomeOK}
+	return &Result{Outcome: stock.OutcomeOK}
 }
 
 func (a *applier) restock(c *command.Restock) (*Result, error) {
@@ -461,13 +462,13 @@ func (a *applier) restock(c *command.Restock) (*Result, error) {
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: OutcomeUnknownSKU}, nil
+		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	}
 	if s.Closed() {
-		return &Result{Outcome: OutcomeClosed}, nil
+		return &Result{Outcome: stock.OutcomeClosed}, nil
 	}
 	if s.Lottery != nil && s.Lottery.WaitlistLostAtUnixNano != 0 {
-		return &Result{Outcome: OutcomeLottery, Detail: "the lottery's waitlist has lost: nobody could win the units"}, nil
+		return &Result{Outcome: stock.OutcomeLottery, Detail: "the lottery's waitlist has lost: nobody could win the units"}, nil
 	}
 	s.Total += c.Qty
 	s.Available += c.Qty
@@ -475,7 +476,7 @@ func (a *applier) restock(c *command.Restock) (*Result, error) {
 	if err := a.settleWaitlist(s); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: OutcomeOK, Qty: c.Qty}, nil
+	return &Result{Outcome: stock.OutcomeOK, Qty: c.Qty}, nil
 }
 
 func (a *applier) lease(c *command.Lease) *Result {
@@ -484,13 +485,13 @@ func (a *applier) lease(c *command.Lease) *Result {
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: OutcomeUnknownSKU}
+		return &Result{Outcome: stock.OutcomeUnknownSKU}
 	}
 	if s.Closed() {
-		return &Result{Outcome: OutcomeClosed}
+		return &Result{Outcome: stock.OutcomeClosed}
 	}
 	if s.Lottery != nil {
-		return &Result{Outcome: OutcomeLottery, Detail: "a lottery's units go to its draw, not to leases"}
+		return &Result{Outcome: stock.OutcomeLottery, Detail: "a lottery's units go to its draw, not to leases"}
 	}
 	grant := min(c.Want, s.Available)
 	if short := c.Want - grant; short > 0 && s.LeasedTotal()-s.Leased[c.Node] > 0 {
@@ -506,7 +507,7 @@ func (a *applier) lease(c *command.Lease) *Result {
 		s.Leased[c.Node] += grant
 		a.event(Event{Kind: EventLeaseGranted, Node: c.Node, SKU: c.SKU, Qty: grant})
 	}
-	return &Result{Outcome: OutcomeOK, Qty: grant}
+	return &Result{Outcome: stock.OutcomeOK, Qty: grant}
 }
 
 func (a *applier) giveBack(c *command.Return) *Result {
@@ -515,7 +516,7 @@ func (a *applier) giveBack(c *command.Return) *Result {
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: OutcomeUnknownSKU}
+		return &Result{Outcome: stock.OutcomeUnknownSKU}
 	}
 	back := min(c.Qty, s.Leased[c.Node])
 	if back > 0 {
@@ -526,7 +527,7 @@ func (a *applier) giveBack(c *command.Return) *Result {
 		s.Available += back
 		a.event(Event{Kind: EventLeaseReturned, Node: c.Node, SKU: c.SKU, Qty: back})
 	}
-	return &Result{Outcome: OutcomeOK, Qty: back}
+	return &Result{Outcome: stock.OutcomeOK, Qty: back}
 }
 
 func (a *applier) reclaim(c *command.Reclaim) *Result {
@@ -556,7 +557,7 @@ func (a *applier) reclaim(c *command.Reclaim) *Result {
 		total += n
 	}
 	a.event(Event{Kind: EventReclaimed, Node: c.Node, Qty: total})
-	return &Result{Outcome: OutcomeOK, Qty: total}
+	return &Result{Outcome: stock.OutcomeOK, Qty: total}
 }
 
 func (a *applier) register(c *command.Register) (*Result, error) {
@@ -568,10 +569,10 @@ func (a *applier) register(c *command.Register) (*Result, error) {
 		return nil, err
 	}
 	if string(old) == c.Addr {
-		return &Result{Outcome: OutcomeSame}, nil
+		return &Result{Outcome: stock.OutcomeSame}, nil
 	}
 	a.put(bucketNodes, []byte(c.Node), []byte(c.Addr))
 	a.nodeChanges[c.Node] = c.Addr
 	a.event(Event{Kind: EventNodeRegistered, Node: c.Node})
-	return &Result{Outcome: OutcomeOK}, nil
+	return &Result{Outcome: stock.OutcomeOK}, nil
 }

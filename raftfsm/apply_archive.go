@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 	"strings"
 )
 
@@ -39,10 +40,10 @@ const purgeScanMax = 100_000
 func (a *applier) closeSale(c *command.CloseSale) *Result {
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: OutcomeUnknownSKU}
+		return &Result{Outcome: stock.OutcomeUnknownSKU}
 	}
 	if s.Closed() {
-		return &Result{Outcome: OutcomeSame}
+		return &Result{Outcome: stock.OutcomeSame}
 	}
 	s.ClosedAtUnixNano = max(a.at, 1)
 	var back int64
@@ -53,35 +54,35 @@ func (a *applier) closeSale(c *command.CloseSale) *Result {
 	s.Leased = nil
 	a.event(Event{Kind: EventSaleClosed, SKU: c.SKU, Qty: back})
 	_ = a.settleWaitlist(s) // a closed lottery's waitlist is lost; nothing is read
-	return &Result{Outcome: OutcomeOK, Qty: back}
+	return &Result{Outcome: stock.OutcomeOK, Qty: back}
 }
 
 func (a *applier) archiveSale(c *command.ArchiveSale) *Result {
 	s := a.sku(c.SKU)
 	switch {
 	case s == nil:
-		return &Result{Outcome: OutcomeUnknownSKU}
+		return &Result{Outcome: stock.OutcomeUnknownSKU}
 	case s.Archived:
-		return &Result{Outcome: OutcomeSame}
+		return &Result{Outcome: stock.OutcomeSame}
 	case !s.Closed():
-		return &Result{Outcome: OutcomeNotClosed, Detail: "close the sale first"}
+		return &Result{Outcome: stock.OutcomeNotClosed, Detail: "close the sale first"}
 	case s.Held > 0:
-		return &Result{Outcome: OutcomeHoldsPending, Detail: fmt.Sprintf("%d units are still held: they may be confirmed until they expire", s.Held)}
+		return &Result{Outcome: stock.OutcomeHoldsPending, Detail: fmt.Sprintf("%d units are still held: they may be confirmed until they expire", s.Held)}
 	}
 	for _, cons := range a.consumers() {
 		if cons.Cursor.Seq < s.LastEventSeq {
-			return &Result{Outcome: OutcomeUnconsumed, Detail: fmt.Sprintf("consumer %q has acknowledged up to event %d; the sale's last is %d", cons.Name, cons.Cursor.Seq, s.LastEventSeq)}
+			return &Result{Outcome: stock.OutcomeUnconsumed, Detail: fmt.Sprintf("consumer %q has acknowledged up to event %d; the sale's last is %d", cons.Name, cons.Cursor.Seq, s.LastEventSeq)}
 		}
 	}
 	s.Archived = true
-	return &Result{Outcome: OutcomeOK}
+	return &Result{Outcome: stock.OutcomeOK}
 }
 
 // consumers is every consumer of the feed as this batch sees it.
-func (a *applier) consumers() []Consumer {
+func (a *applier) consumers() []stock.Consumer {
 	f := &a.ledger.feed
 	f.mu.RLock()
-	out := make([]Consumer, 0, len(f.consumers))
+	out := make([]stock.Consumer, 0, len(f.consumers))
 	for name, c := range f.consumers {
 		if staged, ok := a.feed.consumers[name]; ok {
 			if staged != nil {
@@ -109,11 +110,11 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 	case a.rules >= RulesNamedPurges:
 		return invalid("under ledger rules %d an archive's purge names its orders (purge_orders)", a.rules), nil
 	case s == nil:
-		return &Result{Outcome: OutcomeUnknownSKU}, nil
+		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	case !s.Archived:
-		return &Result{Outcome: OutcomeInvalidState, Detail: "the sale is not archived"}, nil
+		return &Result{Outcome: stock.OutcomeInvalidState, Detail: "the sale is not archived"}, nil
 	case s.PurgeDone || c.After != s.PurgeAfter:
-		return &Result{Outcome: OutcomeSame}, nil // a step proposed twice
+		return &Result{Outcome: stock.OutcomeSame}, nil // a step proposed twice
 	case c.Scan < 1 || c.Scan > purgeScanMax:
 		return invalid("purge scan %d outside 1..%d", c.Scan, purgeScanMax), nil
 	}
@@ -125,7 +126,7 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 	if c.After != "" {
 		from = []byte(c.After)
 	}
-	var doomed []Order
+	var doomed []stock.Order
 	var blocked []bool                           // doomed[i] is a block's member
 	type blockLeft struct{ key, members string } // a block's value without the sale's members
 	var kept []blockLeft
@@ -184,7 +185,7 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 		return nil, err
 	}
 	s.PurgeAfter = last
-	res := &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}
+	res := &Result{Outcome: stock.OutcomeOK, Qty: int64(len(doomed))}
 	if scanned < c.Scan {
 		// The orders are out; a lottery's entries follow, in the rest
 		// of this step's budget and the next steps'.
@@ -208,7 +209,7 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 // once their records are gone: their ids' sequences stay known, their
 // request ids and per-user counts leave, the sale counts them archived.
 // What it writes does not depend on the orders' order.
-func (a *applier) forgetArchived(s *SKU, doomed []Order) error {
+func (a *applier) forgetArchived(s *stock.SKU, doomed []stock.Order) error {
 	a.holdRequestGroups()
 	defer a.writeRequestGroups()
 	// A take of an id at or below a kept sequence is never taken for new
@@ -223,7 +224,7 @@ func (a *applier) forgetArchived(s *SKU, doomed []Order) error {
 	}
 	for i := range doomed {
 		o := &doomed[i]
-		if o.State == OrderHeld {
+		if o.State == stock.OrderHeld {
 			panic(fmt.Sprintf("BUG: held order %q of archived sale %q", o.ID, o.SKU))
 		}
 		if o.RequestID != "" {
@@ -236,7 +237,7 @@ func (a *applier) forgetArchived(s *SKU, doomed []Order) error {
 			a.put(bucketBuyers, key, nil)
 			a.boughtChanges[string(key)] = 0
 		}
-		if o.State == OrderSold {
+		if o.State == stock.OrderSold {
 			s.ArchivedSold += o.Qty
 		}
 		s.ArchivedOrders++
@@ -253,11 +254,11 @@ func (a *applier) purgeOrders(c *command.PurgeOrders) (*Result, error) {
 	case a.rules < RulesNamedPurges:
 		return invalid("purge_orders needs ledger rules %d (the ledger runs %d)", RulesNamedPurges, a.rules), nil
 	case s == nil:
-		return &Result{Outcome: OutcomeUnknownSKU}, nil
+		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	case !s.Archived:
-		return &Result{Outcome: OutcomeInvalidState, Detail: "the sale is not archived"}, nil
+		return &Result{Outcome: stock.OutcomeInvalidState, Detail: "the sale is not archived"}, nil
 	case s.PurgeDone:
-		return &Result{Outcome: OutcomeSame}, nil
+		return &Result{Outcome: stock.OutcomeSame}, nil
 	case len(c.IDs) > command.PurgeOrdersMax || c.Entries < 0 || c.Entries > purgeScanMax:
 		return invalid("a purge step names up to %d orders and %d entries", command.PurgeOrdersMax, purgeScanMax), nil
 	}
@@ -268,7 +269,7 @@ func (a *applier) purgeOrders(c *command.PurgeOrders) (*Result, error) {
 	if err := a.forgetArchived(s, doomed); err != nil {
 		return nil, err
 	}
-	res := &Result{Outcome: OutcomeOK, Qty: int64(len(doomed))}
+	res := &Result{Outcome: stock.OutcomeOK, Qty: int64(len(doomed))}
 	lt := s.Lottery
 	if lt != nil && c.Entries > 0 && lt.PurgedEntries < lt.Entries {
 		if err := a.purgeEntries(s, c.Entries); err != nil {
@@ -289,11 +290,11 @@ func (a *applier) purgeOrders(c *command.PurgeOrders) (*Result, error) {
 // takeOutOrders deletes the orders of sku among ids, from their records
 // or their blocks, and returns them sorted by id (so that what follows
 // does not depend on where this file kept each).
-func (a *applier) takeOutOrders(sku string, ids []string) ([]Order, error) {
+func (a *applier) takeOutOrders(sku string, ids []string) ([]stock.Order, error) {
 	if err := a.flushOrderBlock(); err != nil {
 		return nil, err
 	}
-	var doomed []Order
+	var doomed []stock.Order
 	inBlocks := map[string]map[string]bool{} // block key -> ids of its members to take out
 	seen := make(map[string]bool, len(ids))
 	for _, id := range ids {
@@ -363,13 +364,13 @@ func (a *applier) takeOutOrders(sku string, ids []string) ([]Order, error) {
 			a.putKey(bucketOrders, key, stays)
 		}
 	}
-	slices.SortFunc(doomed, func(x, y Order) int { return strings.Compare(x.ID, y.ID) })
+	slices.SortFunc(doomed, func(x, y stock.Order) int { return strings.Compare(x.ID, y.ID) })
 	return doomed, nil
 }
 
 // splitBlock reads order block k (value v) and returns its members of
 // sku, the block's value without them, and how many members it read.
-func splitBlock(k, v []byte, sku string) (out []Order, stays []byte, n int, err error) {
+func splitBlock(k, v []byte, sku string) (out []stock.Order, stays []byte, n int, err error) {
 	b, err := parseOrderBlock(k, v)
 	if err != nil {
 		return nil, nil, 0, err

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // The applier's side of the order feed: a batch numbers its events after
@@ -16,9 +17,9 @@ const maxConsumerNameBytes = 128
 type feedBatch struct {
 	on        bool // the ledger records order events
 	seq       uint64
-	floorAt   command.Cursor
-	events    []FeedEvent
-	consumers map[string]*Consumer // nil: dropped
+	floorAt   stock.Cursor
+	events    []stock.FeedEvent
+	consumers map[string]*stock.Consumer // nil: dropped
 	newFloor  bool
 }
 
@@ -30,12 +31,12 @@ func (a *applier) startFeed() {
 }
 
 // feedEvent records what just happened to o.
-func (a *applier) feedEvent(t FeedEventType, o *Order) {
+func (a *applier) feedEvent(t stock.FeedEventType, o *stock.Order) {
 	if !a.feed.on {
 		return
 	}
 	a.feed.seq++
-	a.feed.events = append(a.feed.events, FeedEvent{Seq: a.feed.seq, Index: a.index, Type: t, At: a.at, Order: *o})
+	a.feed.events = append(a.feed.events, stock.FeedEvent{Seq: a.feed.seq, Index: a.index, Type: t, At: a.at, Order: *o})
 	if s := a.sku(o.SKU); s != nil {
 		s.LastEventSeq = a.feed.seq
 	}
@@ -43,24 +44,24 @@ func (a *applier) feedEvent(t FeedEventType, o *Order) {
 
 // turnedDown records a take entry the ledger refused: an order its node
 // may have promised (wait=none) that never came to be.
-func (a *applier) turnedDown(node string, e *command.TakeEntry, outcome Outcome) {
+func (a *applier) turnedDown(node string, e *command.TakeEntry, outcome stock.Outcome) {
 	var reason string
 	switch outcome {
-	case OutcomeUserLimit:
-		reason = ReleaseTurnedDownUserLimit
-	case OutcomeLeaseShort:
-		reason = ReleaseTurnedDownLeaseShort
-	case OutcomeUnknownSKU:
-		reason = ReleaseTurnedDownUnknownSKU
-	case OutcomeClosed:
-		reason = ReleaseTurnedDownClosed
-	case OutcomeRequestIDReused:
-		reason = ReleaseTurnedDownRequestIDReused
+	case stock.OutcomeUserLimit:
+		reason = stock.ReleaseTurnedDownUserLimit
+	case stock.OutcomeLeaseShort:
+		reason = stock.ReleaseTurnedDownLeaseShort
+	case stock.OutcomeUnknownSKU:
+		reason = stock.ReleaseTurnedDownUnknownSKU
+	case stock.OutcomeClosed:
+		reason = stock.ReleaseTurnedDownClosed
+	case stock.OutcomeRequestIDReused:
+		reason = stock.ReleaseTurnedDownRequestIDReused
 	default:
 		return
 	}
-	a.feedEvent(FeedOrderReleased, &Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
-		Node: node, State: OrderReleased, ReleaseReason: reason, CreatedAtUnixNano: a.at})
+	a.feedEvent(stock.FeedOrderReleased, &stock.Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
+		Node: node, State: stock.OrderReleased, ReleaseReason: reason, CreatedAtUnixNano: a.at})
 }
 
 // feedEventIndex is the log index of event seq as this batch sees it.
@@ -88,7 +89,7 @@ func (a *applier) feedEventIndex(seq uint64) (uint64, bool, error) {
 
 // checkFeedCursor is nil when c names an event of the feed at or after
 // its floor (or the start, or the floor itself), else a result saying why.
-func (a *applier) checkFeedCursor(c command.Cursor) (*Result, error) {
+func (a *applier) checkFeedCursor(c stock.Cursor) (*Result, error) {
 	switch {
 	case c.Seq == 0 && c.Index == 0:
 		return nil, nil
@@ -97,7 +98,7 @@ func (a *applier) checkFeedCursor(c command.Cursor) (*Result, error) {
 	case c.Seq > a.feed.seq:
 		return invalid("cursor %s is beyond the feed's newest event", c), nil
 	case c.Seq < a.feed.floorAt.Seq:
-		return &Result{Outcome: OutcomeExpired, Detail: fmt.Sprintf("cursor %s is older than the feed's retention (pruned up to %s)", c, a.feed.floorAt)}, nil
+		return &Result{Outcome: stock.OutcomeExpired, Detail: fmt.Sprintf("cursor %s is older than the feed's retention (pruned up to %s)", c, a.feed.floorAt)}, nil
 	case c.Seq == a.feed.floorAt.Seq:
 		if c != a.feed.floorAt {
 			return invalid("cursor %s names no event of the feed", c), nil
@@ -123,19 +124,19 @@ func (a *applier) ackConsumer(c *command.AckConsumer) (*Result, error) {
 	}
 	if c.Drop {
 		if !a.hasConsumer(c.Name) {
-			return &Result{Outcome: OutcomeNotFound}, nil
+			return &Result{Outcome: stock.OutcomeNotFound}, nil
 		}
 		a.put(bucketConsumers, []byte(c.Name), nil)
 		a.stageConsumer(c.Name, nil)
-		return &Result{Outcome: OutcomeOK}, nil
+		return &Result{Outcome: stock.OutcomeOK}, nil
 	}
 	if res, err := a.checkFeedCursor(c.Cursor); res != nil || err != nil {
 		return res, err
 	}
-	cons := &Consumer{Name: c.Name, Cursor: c.Cursor, AckedUnixNano: a.at}
+	cons := &stock.Consumer{Name: c.Name, Cursor: c.Cursor, AckedUnixNano: a.at}
 	a.put(bucketConsumers, []byte(c.Name), encodeConsumer(cons))
 	a.stageConsumer(c.Name, cons)
-	return &Result{Outcome: OutcomeOK}, nil
+	return &Result{Outcome: stock.OutcomeOK}, nil
 }
 
 func (a *applier) hasConsumer(name string) bool {
@@ -149,9 +150,9 @@ func (a *applier) hasConsumer(name string) bool {
 	return ok
 }
 
-func (a *applier) stageConsumer(name string, c *Consumer) {
+func (a *applier) stageConsumer(name string, c *stock.Consumer) {
 	if a.feed.consumers == nil {
-		a.feed.consumers = map[string]*Consumer{}
+		a.feed.consumers = map[string]*stock.Consumer{}
 	}
 	a.feed.consumers[name] = c
 }
@@ -161,7 +162,7 @@ func (a *applier) pruneEvents(c *command.PruneEvents) (*Result, error) {
 		return invalid("prune_events needs a cursor"), nil
 	}
 	if c.Through.Seq <= a.feed.floorAt.Seq {
-		return &Result{Outcome: OutcomeSame}, nil
+		return &Result{Outcome: stock.OutcomeSame}, nil
 	}
 	if res, err := a.checkFeedCursor(c.Through); res != nil || err != nil {
 		return res, err
@@ -169,7 +170,7 @@ func (a *applier) pruneEvents(c *command.PruneEvents) (*Result, error) {
 	pruned := c.Through.Seq - a.feed.floorAt.Seq
 	a.feed.floorAt, a.feed.newFloor = c.Through, true
 	a.put(bucketMeta, keyFeedFloor, encodeCursor(c.Through))
-	return &Result{Outcome: OutcomeOK, Qty: int64(pruned)}, nil
+	return &Result{Outcome: stock.OutcomeOK, Qty: int64(pruned)}, nil
 }
 
 // publishFeed makes the batch's feed changes visible. The caller has

@@ -4,25 +4,26 @@ import (
 	"encoding/binary"
 	"fmt"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // entryOf reads user's entry into sku as this batch sees it.
-func (a *applier) entryOf(sku, user string) (Entry, bool, error) {
+func (a *applier) entryOf(sku, user string) (stock.Entry, bool, error) {
 	v, err := a.get(bucketEntryUsers, appendBuyerKey(nil, sku, user))
 	if err != nil || v == nil {
-		return Entry{}, false, err
+		return stock.Entry{}, false, err
 	}
 	if len(v) != 8 {
-		return Entry{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
+		return stock.Entry{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
 	}
 	e, err := a.entry(sku, int64(binary.BigEndian.Uint64(v)))
 	return e, err == nil, err
 }
 
-func (a *applier) entry(sku string, seq int64) (Entry, error) {
+func (a *applier) entry(sku string, seq int64) (stock.Entry, error) {
 	v, err := a.get(bucketEntries, entryKey(sku, seq))
 	if err != nil {
-		return Entry{}, err
+		return stock.Entry{}, err
 	}
 	if v == nil {
 		panic(fmt.Sprintf("BUG: entry %d of lottery %q is missing", seq, sku))
@@ -31,21 +32,21 @@ func (a *applier) entry(sku string, seq int64) (Entry, error) {
 }
 
 func (a *applier) enter(c *command.Enter) (*Result, error) {
-	res := &Result{Outcome: OutcomeOK, Entries: make([]EntryResult, len(c.Entries))}
+	res := &Result{Outcome: stock.OutcomeOK, Entries: make([]EntryResult, len(c.Entries))}
 	for i := range c.Entries {
 		e := &c.Entries[i]
 		r := &res.Entries[i]
 		if e.User == "" || len(e.User) > maxKeyBytes || len(e.SKU) > maxKeyBytes || len(e.RequestID) > maxKeyBytes {
-			r.Outcome = OutcomeInvalid
+			r.Outcome = stock.OutcomeInvalid
 			continue
 		}
 		s := a.sku(e.SKU)
 		if s == nil {
-			r.Outcome = OutcomeUnknownSKU
+			r.Outcome = stock.OutcomeUnknownSKU
 			continue
 		}
 		if s.Lottery == nil {
-			r.Outcome = OutcomeNotLottery
+			r.Outcome = stock.OutcomeNotLottery
 			continue
 		}
 		prior, ok, err := a.entryOf(e.SKU, e.User)
@@ -53,7 +54,7 @@ func (a *applier) enter(c *command.Enter) (*Result, error) {
 			return nil, err
 		}
 		if ok {
-			r.Outcome, r.Entry = OutcomeSame, prior
+			r.Outcome, r.Entry = stock.OutcomeSame, prior
 			continue
 		}
 		// Deducts and entries share one id space per user: an id the
@@ -67,25 +68,25 @@ func (a *applier) enter(c *command.Enter) (*Result, error) {
 				return nil, err
 			}
 			if rp.order != nil || rp.entrySKU != "" {
-				r.Outcome = OutcomeRequestIDReused
+				r.Outcome = stock.OutcomeRequestIDReused
 				continue
 			}
 			reqKey = rp.key
 		}
 		lt := s.Lottery
 		if s.Closed() || lt.Drawn() || a.at >= s.Config.EntriesCloseAtUnixNano || lt.Entries >= MaxLotteryEntries {
-			r.Outcome = OutcomeEntriesClosed
+			r.Outcome = stock.OutcomeEntriesClosed
 			continue
 		}
 		lt.Entries++
 		lt.EntriesHash = nextEntriesHash(lt.EntriesHash, e.User)
-		ent := Entry{SKU: e.SKU, Seq: lt.Entries, User: e.User, RequestID: e.RequestID, AtUnixNano: a.at}
+		ent := stock.Entry{SKU: e.SKU, Seq: lt.Entries, User: e.User, RequestID: e.RequestID, AtUnixNano: a.at}
 		a.put(bucketEntries, entryKey(e.SKU, ent.Seq), encodeEntryRecord(&ent))
 		a.put(bucketEntryUsers, appendBuyerKey(nil, e.SKU, e.User), binary.BigEndian.AppendUint64(nil, uint64(ent.Seq)))
 		if reqKey != "" {
 			a.rememberRequest(reqKey, requestEntryValue(e.SKU), a.at)
 		}
-		r.Outcome, r.Entry = OutcomeOK, ent
+		r.Outcome, r.Entry = stock.OutcomeOK, ent
 	}
 	return res, a.flushRequestGroup()
 }
@@ -94,15 +95,15 @@ func (a *applier) draw(c *command.Draw) (*Result, error) {
 	s := a.sku(c.SKU)
 	switch {
 	case s == nil:
-		return &Result{Outcome: OutcomeUnknownSKU}, nil
+		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	case s.Lottery == nil:
-		return &Result{Outcome: OutcomeNotLottery}, nil
+		return &Result{Outcome: stock.OutcomeNotLottery}, nil
 	case s.Lottery.Drawn():
-		return &Result{Outcome: OutcomeSame, Qty: s.Lottery.Winners}, nil
+		return &Result{Outcome: stock.OutcomeSame, Qty: s.Lottery.Winners}, nil
 	case s.Closed():
-		return &Result{Outcome: OutcomeClosed}, nil
+		return &Result{Outcome: stock.OutcomeClosed}, nil
 	case a.at < s.Config.EntriesCloseAtUnixNano:
-		return &Result{Outcome: OutcomeInvalidState, Detail: "entries are still open"}, nil
+		return &Result{Outcome: stock.OutcomeInvalidState, Detail: "entries are still open"}, nil
 	}
 	lt := s.Lottery
 	lt.DrawnAtUnixNano = a.at
@@ -110,7 +111,7 @@ func (a *applier) draw(c *command.Draw) (*Result, error) {
 		// Nobody can win, and a lottery takes no deducts: no unit can
 		// reach a buyer, so the sale closes with its units available.
 		a.closeSale(&command.CloseSale{SKU: c.SKU})
-		return &Result{Outcome: OutcomeOK}, nil
+		return &Result{Outcome: stock.OutcomeOK}, nil
 	}
 	rk := a.ledger.ranking(c.SKU, lt)
 	winners := min(s.Available, lt.Entries)
@@ -123,12 +124,12 @@ func (a *applier) draw(c *command.Draw) (*Result, error) {
 	if err := a.settleWaitlist(s); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: OutcomeOK, Qty: winners}, nil
+	return &Result{Outcome: stock.OutcomeOK, Qty: winners}, nil
 }
 
 // award gives one unit of lottery s to entry seq: an order, held for the
 // sale's hold_ttl or sold at once.
-func (a *applier) award(s *SKU, seq int64) error {
+func (a *applier) award(s *stock.SKU, seq int64) error {
 	e, err := a.entry(s.SKU, seq)
 	if err != nil {
 		return err
@@ -136,7 +137,7 @@ func (a *applier) award(s *SKU, seq int64) error {
 	if s.Available < 1 {
 		panic(fmt.Sprintf("BUG: lottery %q awards entry %d with no unit available", s.SKU, seq))
 	}
-	o := Order{ID: lotteryOrderID(s.Lottery.OrderKey, s.SKU, seq), SKU: s.SKU, User: e.User, Qty: 1,
+	o := stock.Order{ID: lotteryOrderID(s.Lottery.OrderKey, s.SKU, seq), SKU: s.SKU, User: e.User, Qty: 1,
 		Node: lotteryNode, CreatedAtUnixNano: a.at}
 	if prior, err := a.getOrder(o.ID); err != nil || prior != nil {
 		if err != nil {
@@ -146,23 +147,23 @@ func (a *applier) award(s *SKU, seq int64) error {
 	}
 	s.Available--
 	if ttl := s.Config.HoldTTLNanos; ttl > 0 {
-		o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
+		o.State, o.ExpiresAtUnixNano = stock.OrderHeld, a.at+ttl
 		s.Held++
 		a.holdChanges[o.ID] = o.ExpiresAtUnixNano
 	} else {
-		o.State = OrderSold
+		o.State = stock.OrderSold
 		s.Sold++
 	}
 	if err := a.putOrder(&o); err != nil {
 		return err
 	}
-	a.feedEvent(FeedOrderCreated, &o)
+	a.feedEvent(stock.FeedOrderCreated, &o)
 	return nil
 }
 
 // purgeEntries takes up to n more entries of archived lottery s out of
 // the ledger, in sequence order.
-func (a *applier) purgeEntries(s *SKU, n int64) error {
+func (a *applier) purgeEntries(s *stock.SKU, n int64) error {
 	lt := s.Lottery
 	for end := min(lt.Entries, lt.PurgedEntries+n); lt.PurgedEntries < end; lt.PurgedEntries++ {
 		seq := lt.PurgedEntries + 1
@@ -186,7 +187,7 @@ func (a *applier) purgeEntries(s *SKU, n int64) error {
 // settleWaitlist gives a drawn lottery's available units to the next
 // waitlisted entries, then marks the waitlist lost once no unit can come
 // back (nothing held). A closed sale's waitlist is lost at once.
-func (a *applier) settleWaitlist(s *SKU) error {
+func (a *applier) settleWaitlist(s *stock.SKU) error {
 	lt := s.Lottery
 	if lt == nil || !lt.Drawn() || lt.WaitlistLostAtUnixNano != 0 {
 		return nil

@@ -7,6 +7,7 @@ import (
 	"stockd/internal/wire"
 	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
+	"stockd/stock"
 	"sync/atomic"
 )
 
@@ -87,7 +88,7 @@ func (l *Ledger) orderSeqsOf(owner string) *seqWindow {
 	return w
 }
 
-func (a *applier) getOrder(id string) (*Order, error) {
+func (a *applier) getOrder(id string) (*stock.Order, error) {
 	if err := a.flushOrderBlock(); err != nil {
 		return nil, err
 	}
@@ -116,8 +117,8 @@ type openOrderBlock struct {
 // for a sequence no order of its node has, so the member's slot in the
 // block is free: a block holds at most 256 members however a node names
 // its orders), else as a record of its own.
-func (a *applier) putTakenOrder(o *Order, place *orderid.ID) error {
-	if place == nil || o.State != OrderSold {
+func (a *applier) putTakenOrder(o *stock.Order, place *orderid.ID) error {
+	if place == nil || o.State != stock.OrderSold {
 		a.putOrderRecord(o)
 		return nil
 	}
@@ -190,7 +191,7 @@ func (l *Ledger) growBlock(key string, had, added []byte) []byte {
 	return v
 }
 
-func (a *applier) putOrder(o *Order) error {
+func (a *applier) putOrder(o *stock.Order) error {
 	if owner, seq, ok := orderSeq(o.ID); ok {
 		a.ledger.orderSeqsOf(owner).see(seq)
 	}
@@ -200,7 +201,7 @@ func (a *applier) putOrder(o *Order) error {
 
 // putOrderRecord is putOrder for a caller that has counted the id's
 // sequence itself.
-func (a *applier) putOrderRecord(o *Order) {
+func (a *applier) putOrderRecord(o *stock.Order) {
 	size := 2 + 3*wire.MaxVarintBytes + 5*wire.MaxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
 	a.putKey(bucketOrders, o.ID, encodeOrderRecord(make([]byte, 0, size), o))
 }
@@ -209,7 +210,7 @@ func (a *applier) take(c *command.Take) (*Result, error) {
 	if c.Node == "" {
 		return invalid("take needs a node"), nil
 	}
-	res := &Result{Outcome: OutcomeOK, Takes: make([]TakeResult, len(c.Entries))}
+	res := &Result{Outcome: stock.OutcomeOK, Takes: make([]TakeResult, len(c.Entries))}
 	if a.feed.on {
 		a.feed.events = slices.Grow(a.feed.events, len(c.Entries)) // an event each, mostly
 	}
@@ -258,7 +259,7 @@ func (a *applier) prefetchRequests(entries []command.TakeEntry) {
 // takeEntry judges one entry of node's Take into r.
 func (a *applier) takeEntry(node string, e *command.TakeEntry, r *TakeResult) error {
 	if e.OrderID == "" || e.OrderID[0] == orderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
-		r.Outcome = OutcomeInvalid
+		r.Outcome = stock.OutcomeInvalid
 		return nil
 	}
 	t, err := a.identifyTake(e)
@@ -267,7 +268,7 @@ func (a *applier) takeEntry(node string, e *command.TakeEntry, r *TakeResult) er
 	}
 	switch {
 	case t.reused:
-		r.Outcome = OutcomeRequestIDReused
+		r.Outcome = stock.OutcomeRequestIDReused
 		// As for a closed sale, an id the ledger may have held is not
 		// reported: it may be a re-proposal of an order an archive took
 		// out. (The node that minted it still answers its buyer.)
@@ -276,7 +277,7 @@ func (a *applier) takeEntry(node string, e *command.TakeEntry, r *TakeResult) er
 		}
 		return nil
 	case t.prior != nil:
-		r.Outcome, r.Order = OutcomeSame, *t.prior
+		r.Outcome, r.Order = stock.OutcomeSame, *t.prior
 		return nil
 	}
 	s, outcome, err := a.takeAllowed(node, e, t.fresh)
@@ -288,7 +289,7 @@ func (a *applier) takeEntry(node string, e *command.TakeEntry, r *TakeResult) er
 	if err != nil {
 		return err
 	}
-	r.Outcome, r.Order = OutcomeOK, o
+	r.Outcome, r.Order = stock.OutcomeOK, o
 	return nil
 }
 
@@ -303,9 +304,9 @@ type takeIdentity struct {
 	// turned-down take reports, so it reads only the highest, the same on
 	// every node. newSeq: fresh, or a sequence the window has not seen.
 	fresh, newSeq bool
-	prior         *Order // the order a re-proposal or a repeat answers
-	reused        bool   // the request id asked for another SKU or qty
-	reqKey        string // where the request id is recorded
+	prior         *stock.Order // the order a re-proposal or a repeat answers
+	reused        bool         // the request id asked for another SKU or qty
+	reqKey        string       // where the request id is recorded
 }
 
 func (a *applier) identifyTake(e *command.TakeEntry) (takeIdentity, error) {
@@ -343,50 +344,50 @@ func (a *applier) identifyTake(e *command.TakeEntry) (takeIdentity, error) {
 
 // takeAllowed returns the sale a new take may take from, or nil and the
 // outcome that refuses it (reported in the feed as turned down).
-func (a *applier) takeAllowed(node string, e *command.TakeEntry, fresh bool) (*SKU, Outcome, error) {
+func (a *applier) takeAllowed(node string, e *command.TakeEntry, fresh bool) (*stock.SKU, stock.Outcome, error) {
 	s := a.sku(e.SKU)
-	outcome := OutcomeOK
+	outcome := stock.OutcomeOK
 	switch {
 	case s == nil:
-		outcome = OutcomeUnknownSKU
+		outcome = stock.OutcomeUnknownSKU
 	case s.Closed():
 		// An id the ledger may have held is not reported: it may be a
 		// re-proposal of an order an archive took out.
 		if !fresh {
-			return nil, OutcomeClosed, nil
+			return nil, stock.OutcomeClosed, nil
 		}
-		outcome = OutcomeClosed
+		outcome = stock.OutcomeClosed
 	case s.Leased[node] < e.Qty:
-		outcome = OutcomeLeaseShort
+		outcome = stock.OutcomeLeaseShort
 	case s.Config.PerUser > 0:
 		bought, err := a.addBought(e.SKU, e.User, 0)
 		if err != nil {
-			return nil, OutcomeOK, err
+			return nil, stock.OutcomeOK, err
 		}
 		if bought+e.Qty > s.Config.PerUser {
-			outcome = OutcomeUserLimit
+			outcome = stock.OutcomeUserLimit
 		}
 	}
-	if outcome != OutcomeOK {
+	if outcome != stock.OutcomeOK {
 		a.turnedDown(node, e, outcome)
 		return nil, outcome, nil
 	}
-	return s, OutcomeOK, nil
+	return s, stock.OutcomeOK, nil
 }
 
 // createTaken makes the order of a take the ledger allows.
-func (a *applier) createTaken(node string, e *command.TakeEntry, s *SKU, t *takeIdentity) (Order, error) {
+func (a *applier) createTaken(node string, e *command.TakeEntry, s *stock.SKU, t *takeIdentity) (stock.Order, error) {
 	s.Leased[node] -= e.Qty
 	if s.Leased[node] == 0 {
 		delete(s.Leased, node)
 	}
-	o := Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
+	o := stock.Order{ID: e.OrderID, SKU: e.SKU, User: e.User, Qty: e.Qty, RequestID: e.RequestID,
 		Node: node, CreatedAtUnixNano: a.at}
 	if ttl := s.Config.HoldTTLNanos; ttl > 0 {
-		o.State, o.ExpiresAtUnixNano = OrderHeld, a.at+ttl
+		o.State, o.ExpiresAtUnixNano = stock.OrderHeld, a.at+ttl
 		s.Held += e.Qty
 	} else {
-		o.State = OrderSold
+		o.State = stock.OrderSold
 		s.Sold += e.Qty
 	}
 	var place *orderid.ID
@@ -407,35 +408,35 @@ func (a *applier) createTaken(node string, e *command.TakeEntry, s *SKU, t *take
 	if t.reqKey != "" {
 		a.rememberRequest(t.reqKey, o.ID, o.CreatedAtUnixNano)
 	}
-	if o.State == OrderHeld {
+	if o.State == stock.OrderHeld {
 		a.holdChanges[o.ID] = o.ExpiresAtUnixNano
 	}
-	a.feedEvent(FeedOrderCreated, &o)
+	a.feedEvent(stock.FeedOrderCreated, &o)
 	return o, nil
 }
 
 func (a *applier) confirm(c *command.Confirm) (*Result, error) {
 	o, err := a.getOrder(c.OrderID)
 	if err != nil || o == nil {
-		return &Result{Outcome: OutcomeNotFound}, err
+		return &Result{Outcome: stock.OutcomeNotFound}, err
 	}
 	switch o.State {
-	case OrderSold:
-		return &Result{Outcome: OutcomeSame, Order: o}, nil
-	case OrderReleased:
-		if o.ReleaseReason == ReleaseExpired {
-			return &Result{Outcome: OutcomeExpired, Order: o}, nil
+	case stock.OrderSold:
+		return &Result{Outcome: stock.OutcomeSame, Order: o}, nil
+	case stock.OrderReleased:
+		if o.ReleaseReason == stock.ReleaseExpired {
+			return &Result{Outcome: stock.OutcomeExpired, Order: o}, nil
 		}
-		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
+		return &Result{Outcome: stock.OutcomeInvalidState, Order: o}, nil
 	}
 	if a.at > o.ExpiresAtUnixNano {
 		// Too late: the hold is over whether or not the leader has
 		// proposed its expiry yet. Release it now, so the answer and the
 		// order's state agree.
-		if err := a.releaseHeld(o, ReleaseExpired); err != nil {
+		if err := a.releaseHeld(o, stock.ReleaseExpired); err != nil {
 			return nil, err
 		}
-		return &Result{Outcome: OutcomeExpired, Order: o}, nil
+		return &Result{Outcome: stock.OutcomeExpired, Order: o}, nil
 	}
 	s := a.sku(o.SKU)
 	if s == nil {
@@ -443,48 +444,42 @@ func (a *applier) confirm(c *command.Confirm) (*Result, error) {
 	}
 	s.Held -= o.Qty
 	s.Sold += o.Qty
-	o.State = OrderSold
+	o.State = stock.OrderSold
 	a.holdChanges[o.ID] = -1
-	a.feedEvent(FeedOrderConfirmed, o)
+	a.feedEvent(stock.FeedOrderConfirmed, o)
 	if err := a.putOrder(o); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: OutcomeOK, Order: o}, a.settleWaitlist(s)
+	return &Result{Outcome: stock.OutcomeOK, Order: o}, a.settleWaitlist(s)
 }
 
-// Release reasons recorded on released orders.
-const (
-	ReleaseCancelled = "cancelled"
-	ReleaseExpired   = "expired"
-)
-
 func (a *applier) release(c *command.Release) (*Result, error) {
-	if c.Reason != ReleaseCancelled && c.Reason != ReleaseExpired {
+	if c.Reason != stock.ReleaseCancelled && c.Reason != stock.ReleaseExpired {
 		return invalid("release reason %q", c.Reason), nil
 	}
 	o, err := a.getOrder(c.OrderID)
 	if err != nil || o == nil {
-		return &Result{Outcome: OutcomeNotFound}, err
+		return &Result{Outcome: stock.OutcomeNotFound}, err
 	}
 	switch o.State {
-	case OrderReleased:
-		return &Result{Outcome: OutcomeSame, Order: o}, nil
-	case OrderSold:
-		return &Result{Outcome: OutcomeInvalidState, Order: o}, nil
+	case stock.OrderReleased:
+		return &Result{Outcome: stock.OutcomeSame, Order: o}, nil
+	case stock.OrderSold:
+		return &Result{Outcome: stock.OutcomeInvalidState, Order: o}, nil
 	}
-	if c.Reason == ReleaseExpired && a.at < o.ExpiresAtUnixNano {
-		return &Result{Outcome: OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
+	if c.Reason == stock.ReleaseExpired && a.at < o.ExpiresAtUnixNano {
+		return &Result{Outcome: stock.OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
 	}
 	if err := a.releaseHeld(o, c.Reason); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: OutcomeOK, Order: o}, nil
+	return &Result{Outcome: stock.OutcomeOK, Order: o}, nil
 }
 
 // releaseHeld turns a held order released: its units go back to available
 // and, for a per_user sale, the buyer may buy them again.
-func (a *applier) releaseHeld(o *Order, reason string) error {
-	if o.State != OrderHeld {
+func (a *applier) releaseHeld(o *stock.Order, reason string) error {
+	if o.State != stock.OrderHeld {
 		panic(fmt.Sprintf("BUG: release of order %q in state %s", o.ID, o.State))
 	}
 	s := a.sku(o.SKU)
@@ -493,7 +488,7 @@ func (a *applier) releaseHeld(o *Order, reason string) error {
 	}
 	s.Held -= o.Qty
 	s.Available += o.Qty
-	o.State, o.ReleaseReason = OrderReleased, reason
+	o.State, o.ReleaseReason = stock.OrderReleased, reason
 	if s.Config.PerUser > 0 {
 		if _, err := a.addBought(o.SKU, o.User, -o.Qty); err != nil {
 			return err
@@ -501,7 +496,7 @@ func (a *applier) releaseHeld(o *Order, reason string) error {
 	}
 	a.holdChanges[o.ID] = -1
 	a.event(Event{Kind: EventStockChanged, SKU: o.SKU, Qty: o.Qty})
-	a.feedEvent(FeedOrderReleased, o)
+	a.feedEvent(stock.FeedOrderReleased, o)
 	if err := a.putOrder(o); err != nil {
 		return err
 	}
@@ -518,13 +513,13 @@ func (a *applier) expire(c *command.Expire) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		if o == nil || o.State != OrderHeld || a.at < o.ExpiresAtUnixNano {
+		if o == nil || o.State != stock.OrderHeld || a.at < o.ExpiresAtUnixNano {
 			continue
 		}
-		if err := a.releaseHeld(o, ReleaseExpired); err != nil {
+		if err := a.releaseHeld(o, stock.ReleaseExpired); err != nil {
 			return nil, err
 		}
 		units += o.Qty
 	}
-	return &Result{Outcome: OutcomeOK, Qty: units}, nil
+	return &Result{Outcome: stock.OutcomeOK, Qty: units}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"stockd/internal/wire"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // requestChange is a request id's new record: its order and creation
@@ -87,7 +88,7 @@ func (a *applier) requestOrder(requestID string) (string, bool, error) {
 // (neither: a new request).
 type requestPrior struct {
 	key      string
-	order    *Order
+	order    *stock.Order
 	entrySKU string
 }
 
@@ -140,7 +141,7 @@ func (a *applier) priorRequest(user, requestID string) (requestPrior, error) {
 	return p, nil
 }
 
-func (a *applier) mustOrderOfRequest(key, id string) (*Order, error) {
+func (a *applier) mustOrderOfRequest(key, id string) (*stock.Order, error) {
 	o, err := a.getOrder(id)
 	if err != nil {
 		return nil, err
@@ -153,7 +154,7 @@ func (a *applier) mustOrderOfRequest(key, id string) (*Order, error) {
 
 // forgetOrderRequest forgets the request id of order o (taken out by an
 // archive), under whichever key the rules of its take held it.
-func (a *applier) forgetOrderRequest(o *Order) error {
+func (a *applier) forgetOrderRequest(o *stock.Order) error {
 	for _, key := range []string{requestKey(o.User, o.RequestID), o.RequestID} {
 		if forgot, err := a.forgetRequestKey(o.CreatedAtUnixNano, key, o.ID); err != nil || forgot {
 			return err
@@ -471,5 +472,5 @@ func (a *applier) pruneRequests(c *command.PruneRequests) (*Result, error) {
 		a.putRequestGroup(g.at, g.left)
 	}
 	a.requestDelta -= forgotten
-	return &Result{Outcome: OutcomeOK, Qty: forgotten}, nil
+	return &Result{Outcome: stock.OutcomeOK, Qty: forgotten}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"stockd/stock"
 	"strconv"
 	"testing"
 
@@ -96,7 +97,7 @@ func TestArchive_NodesOfTwoFileFormatsPurgeAlike(t *testing.T) {
 	}
 	// A step proposed twice changes nothing; the old command is refused.
 	both(0, &PurgeOrders{SKU: "a", IDs: []string{"n1-1-r1"}, OrdersDone: true})
-	if r := blocks.applyTyped(0, &PurgeArchived{SKU: "b", Scan: 10}); r.Outcome != OutcomeInvalid {
+	if r := blocks.applyTyped(0, &PurgeArchived{SKU: "b", Scan: 10}); r.Outcome != stock.OutcomeInvalid {
 		t.Fatalf("purge_archived under rules %d: %s", RulesNamedPurges, r.Outcome)
 	}
 }
@@ -153,7 +154,7 @@ func sellAndArchive(t *testing.T, apply func(at int64, c Command)) {
 		if i%2 == 0 {
 			apply(at, &Confirm{OrderID: id})
 		} else {
-			apply(at, &Release{OrderID: id, Reason: ReleaseCancelled})
+			apply(at, &Release{OrderID: id, Reason: stock.ReleaseCancelled})
 		}
 	}
 	for _, sku := range []string{"a", "p"} {
@@ -253,7 +254,7 @@ func logicalLedger(t *testing.T, l *Ledger) map[string]string {
 	return out
 }
 
-func rowOf(t *testing.T, l *Ledger, sku string) SKU {
+func rowOf(t *testing.T, l *Ledger, sku string) stock.SKU {
 	t.Helper()
 	row, _, ok := l.SKU(sku)
 	if !ok {

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
+	"stockd/stock"
 	"testing"
 )
 
@@ -21,45 +22,45 @@ func TestArchive_ClosedSaleLeavesTheLedgerAndItsTotalsStay(t *testing.T) {
 
 	// Archiving needs a closed sale, no held unit, and every consumer past
 	// the sale's last event.
-	if r := tl.applyTyped(0, &ArchiveSale{SKU: "a"}); r.Outcome != OutcomeNotClosed {
+	if r := tl.applyTyped(0, &ArchiveSale{SKU: "a"}); r.Outcome != stock.OutcomeNotClosed {
 		t.Fatalf("archive of an open sale: %s", r.Outcome)
 	}
-	if r := tl.applyTyped(0, &CloseSale{SKU: "a"}); r.Outcome != OutcomeOK || r.Qty != 20 {
+	if r := tl.applyTyped(0, &CloseSale{SKU: "a"}); r.Outcome != stock.OutcomeOK || r.Qty != 20 {
 		t.Fatalf("close: %s, %d units back", r.Outcome, r.Qty)
 	}
 	if row := tl.row("a"); row.LeasedTotal() != 0 || row.Available != 60 || !row.Closed() {
 		t.Fatalf("closed row %+v", row)
 	}
-	if r := tl.apply(take("n1", "a", "late", "a99", 1)); r.Takes[0].Outcome != OutcomeClosed {
+	if r := tl.apply(take("n1", "a", "late", "a99", 1)); r.Takes[0].Outcome != stock.OutcomeClosed {
 		t.Fatalf("take on a closed sale: %s", r.Takes[0].Outcome)
 	}
-	if r := tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 1}); r.Outcome != OutcomeClosed {
+	if r := tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 1}); r.Outcome != stock.OutcomeClosed {
 		t.Fatalf("lease on a closed sale: %s", r.Outcome)
 	}
-	if r := tl.apply(legacyCommand{Op: OpRestock, SKU: "a", Qty: 1}); r.Outcome != OutcomeClosed {
+	if r := tl.apply(legacyCommand{Op: OpRestock, SKU: "a", Qty: 1}); r.Outcome != stock.OutcomeClosed {
 		t.Fatalf("restock of a closed sale: %s", r.Outcome)
 	}
 	tl.applyTyped(0, &CloseSale{SKU: "h"})
-	if r := tl.applyTyped(0, &ArchiveSale{SKU: "h"}); r.Outcome != OutcomeHoldsPending {
+	if r := tl.applyTyped(0, &ArchiveSale{SKU: "h"}); r.Outcome != stock.OutcomeHoldsPending {
 		t.Fatalf("archive with a held unit: %s", r.Outcome)
 	}
 	var feed feedTally
 	feed.readAll(t, tl.l)
-	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: feed.events[10].Cursor()}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: feed.events[10].Cursor()}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("ack: %s", r.Outcome)
 	}
-	if r := tl.applyTyped(0, &ArchiveSale{SKU: "a"}); r.Outcome != OutcomeUnconsumed {
+	if r := tl.applyTyped(0, &ArchiveSale{SKU: "a"}); r.Outcome != stock.OutcomeUnconsumed {
 		t.Fatalf("archive with unacknowledged events: %s", r.Outcome)
 	}
 	tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: feed.last})
-	if r := tl.applyTyped(0, &ArchiveSale{SKU: "a"}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(0, &ArchiveSale{SKU: "a"}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("archive: %s %s", r.Outcome, r.Detail)
 	}
 	before := tl.row("a")
 
 	// The purge, in steps of 7 records; a stale step is a no-op.
 	tl.purgeArchived("a", 7)
-	if r := tl.applyTyped(0, &PurgeArchived{SKU: "a", After: "", Scan: 7}); r.Outcome != OutcomeSame {
+	if r := tl.applyTyped(0, &PurgeArchived{SKU: "a", After: "", Scan: 7}); r.Outcome != stock.OutcomeSame {
 		t.Fatalf("a stale purge step: %s", r.Outcome)
 	}
 	row := tl.row("a")
@@ -119,7 +120,7 @@ func (t *testLedger) purgeArchived(sku string, scan int64) {
 			t.tb.Fatalf("the purge of %s did not end in 100 steps", sku)
 		}
 		r := t.applyTyped(0, &PurgeArchived{SKU: sku, After: after, Scan: scan})
-		if r.Outcome != OutcomeOK {
+		if r.Outcome != stock.OutcomeOK {
 			t.tb.Fatalf("purge step %d of %s: %s %s", steps, sku, r.Outcome, r.Detail)
 		}
 		if r.Detail == "done" {

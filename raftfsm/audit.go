@@ -4,49 +4,38 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )
-
-// Audit is a recount of one SKU: the row, the orders by state, and whether
-// both agree with the conservation law.
-type Audit struct {
-	OK           bool   `json:"ok"`
-	Problem      string `json:"problem,omitempty"`
-	AppliedIndex uint64 `json:"applied_index"`
-	Row          SKU    `json:"row"`
-	OrdersHeld   int64  `json:"orders_held"` // units in held orders
-	OrdersSold   int64  `json:"orders_sold"` // units in sold orders (of an archived sale: those still in the ledger)
-	Orders       int64  `json:"orders"`      // order records of the SKU
-}
 
 // AuditSKU recounts the orders of one SKU and checks them and the
 // conservation law against the row. ok is false when the SKU is unknown.
 // It scans every order: audits are rare, and AuditAll does all SKUs in one
 // pass.
-func (l *Ledger) AuditSKU(sku string) (Audit, bool, error) {
+func (l *Ledger) AuditSKU(sku string) (stock.Audit, bool, error) {
 	all, err := l.audit(func(s string) bool { return s == sku })
 	if err != nil {
-		return Audit{}, true, fmt.Errorf("audit sku %q: %w", sku, err)
+		return stock.Audit{}, true, fmt.Errorf("audit sku %q: %w", sku, err)
 	}
 	a, ok := all[sku]
 	return a, ok, nil
 }
 
 // AuditAll audits every SKU in one pass over the orders.
-func (l *Ledger) AuditAll() (map[string]Audit, error) {
+func (l *Ledger) AuditAll() (map[string]stock.Audit, error) {
 	return l.audit(func(string) bool { return true })
 }
 
 // audit reads rows, orders and the applied index in one bbolt transaction,
 // so it sees one consistent state while Apply goes on, and checks the SKUs
 // that want accepts.
-func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
+func (l *Ledger) audit(want func(sku string) bool) (map[string]stock.Audit, error) {
 	// The audit reads bbolt alone: write what is pending first.
 	if err := l.Flush(); err != nil {
 		return nil, err
 	}
-	audits := map[string]*Audit{}
+	audits := map[string]*stock.Audit{}
 	err := l.view(func(tx *bolt.Tx) error {
 		// While the transaction holds the file open: a compaction or a
 		// restore closes a swapped-out file only after its readers.
@@ -56,7 +45,7 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 			if !want(string(k)) {
 				return nil
 			}
-			a := &Audit{AppliedIndex: applied}
+			a := &stock.Audit{AppliedIndex: applied}
 			if err := json.Unmarshal(v, &a.Row); err != nil {
 				return fmt.Errorf("decode sku %q: %w", k, err)
 			}
@@ -69,16 +58,16 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 		return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
 			// Counted in place: the audit reads every order the ledger
 			// holds, so it must not allocate per order.
-			return tallyStoredOrders(k, v, func(sku []byte, state OrderState, qty int64) {
+			return tallyStoredOrders(k, v, func(sku []byte, state stock.OrderState, qty int64) {
 				a, ok := audits[string(sku)]
 				if !ok {
 					return
 				}
 				a.Orders++
 				switch state {
-				case OrderHeld:
+				case stock.OrderHeld:
 					a.OrdersHeld += qty
-				case OrderSold:
+				case stock.OrderSold:
 					a.OrdersSold += qty
 				}
 			})
@@ -87,7 +76,7 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]Audit, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]Audit, len(audits))
+	out := make(map[string]stock.Audit, len(audits))
 	for sku, a := range audits {
 		var problems []error
 		if err := a.Row.CheckLaw(); err != nil {

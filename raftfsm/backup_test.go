@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"stockd/stock"
 	"strconv"
 	"sync"
 	"testing"
@@ -30,7 +31,7 @@ func applyOrders(tb testing.TB, tl *testLedger, s string, first, n int) {
 // backupOf writes a backup of tl's ledger taken now, while more orders
 // are applied, and returns it with the index it is at and the sale's
 // row at that index.
-func backupOf(t *testing.T, tl *testLedger) ([]byte, uint64, SKU) {
+func backupOf(t *testing.T, tl *testLedger) ([]byte, uint64, stock.SKU) {
 	t.Helper()
 	b, err := tl.l.BeginBackup("n1", "test")
 	if err != nil {

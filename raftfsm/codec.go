@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"stockd/internal/wire"
+	"stockd/stock"
 )
 
 // ErrMalformed marks bytes that are not a valid command or result: a
@@ -65,7 +66,7 @@ func DecodeResult(b []byte) (*Result, error) {
 	if len(b) < 3 || b[0] != resultFormat {
 		return nil, fmt.Errorf("%w: not a result", ErrMalformed)
 	}
-	r := &Result{Outcome: Outcome(b[1])}
+	r := &Result{Outcome: stock.Outcome(b[1])}
 	flags := b[2]
 	d := wire.Decoder{B: b[3:]}
 	r.Qty = d.Varint()
@@ -78,7 +79,7 @@ func DecodeResult(b []byte) (*Result, error) {
 	if flags&resultHasTakes != 0 {
 		r.Takes = make([]TakeResult, d.Count(minOrderBytes+1))
 		for i := range r.Takes {
-			r.Takes[i].Outcome = Outcome(d.Byte())
+			r.Takes[i].Outcome = stock.Outcome(d.Byte())
 			r.Takes[i].Order = decodeOrder(&d)
 		}
 	}
@@ -86,7 +87,7 @@ func DecodeResult(b []byte) (*Result, error) {
 		r.Entries = make([]EntryResult, d.Count(6))
 		for i := range r.Entries {
 			e := &r.Entries[i]
-			e.Outcome = Outcome(d.Byte())
+			e.Outcome = stock.Outcome(d.Byte())
 			e.Entry.SKU, e.Entry.User, e.Entry.RequestID = d.String(), d.String(), d.String()
 			e.Entry.Seq, e.Entry.AtUnixNano = d.Varint(), d.Varint()
 		}
@@ -101,7 +102,7 @@ func DecodeResult(b []byte) (*Result, error) {
 // numbers).
 const minOrderBytes = 10
 
-func appendOrder(b []byte, o *Order) []byte {
+func appendOrder(b []byte, o *stock.Order) []byte {
 	b = wire.AppendString(b, o.ID)
 	b = wire.AppendString(b, o.SKU)
 	b = wire.AppendString(b, o.User)
@@ -114,10 +115,10 @@ func appendOrder(b []byte, o *Order) []byte {
 	return wire.AppendString(b, o.ReleaseReason)
 }
 
-func decodeOrder(d *wire.Decoder) Order {
-	return Order{
+func decodeOrder(d *wire.Decoder) stock.Order {
+	return stock.Order{
 		ID: d.String(), SKU: d.String(), User: d.String(), Qty: d.Varint(),
-		State: OrderState(d.String()), RequestID: d.String(), Node: d.String(),
+		State: stock.OrderState(d.String()), RequestID: d.String(), Node: d.String(),
 		CreatedAtUnixNano: d.Varint(), ExpiresAtUnixNano: d.Varint(), ReleaseReason: d.String(),
 	}
 }
@@ -128,9 +129,9 @@ func decodeOrder(d *wire.Decoder) Order {
 const orderRecordFormat byte = 0xE1
 
 // Order states as one byte in order records.
-var orderStateCodes = [...]OrderState{1: OrderPending, 2: OrderHeld, 3: OrderSold, 4: OrderReleased}
+var orderStateCodes = [...]stock.OrderState{1: stock.OrderPending, 2: stock.OrderHeld, 3: stock.OrderSold, 4: stock.OrderReleased}
 
-func orderStateCode(s OrderState) byte {
+func orderStateCode(s stock.OrderState) byte {
 	for i, v := range orderStateCodes {
 		if v == s && i > 0 {
 			return byte(i)
@@ -141,7 +142,7 @@ func orderStateCode(s OrderState) byte {
 
 // encodeOrderRecord appends o's ledger record to dst: the order without
 // its id, which is the record's key.
-func encodeOrderRecord(dst []byte, o *Order) []byte {
+func encodeOrderRecord(dst []byte, o *stock.Order) []byte {
 	dst = append(dst, orderRecordFormat, orderStateCode(o.State))
 	dst = wire.AppendVarint(dst, o.Qty)
 	dst = wire.AppendVarint(dst, o.CreatedAtUnixNano)
@@ -155,7 +156,7 @@ func encodeOrderRecord(dst []byte, o *Order) []byte {
 
 // orderRecordSKU reads an order record's sale and state without decoding
 // the rest; ok is false for a record it cannot read so.
-func orderRecordSKU(b []byte) (sku []byte, state OrderState, ok bool) {
+func orderRecordSKU(b []byte) (sku []byte, state stock.OrderState, ok bool) {
 	if len(b) < 2 || b[0] != orderRecordFormat || int(b[1]) >= len(orderStateCodes) {
 		return nil, "", false
 	}
@@ -171,7 +172,7 @@ func orderRecordSKU(b []byte) (sku []byte, state OrderState, ok bool) {
 // sale, state and units) in place, checking that the whole record reads;
 // ok is false for a record it cannot read so (a record of the JSON
 // format among them: decodeOrderRecord reads those).
-func orderRecordTally(b []byte) (sku []byte, state OrderState, qty int64, ok bool) {
+func orderRecordTally(b []byte) (sku []byte, state stock.OrderState, qty int64, ok bool) {
 	if len(b) < 2 || b[0] != orderRecordFormat || int(b[1]) >= len(orderStateCodes) || b[1] == 0 {
 		return nil, "", 0, false
 	}
@@ -187,22 +188,22 @@ func orderRecordTally(b []byte) (sku []byte, state OrderState, qty int64, ok boo
 }
 
 // decodeOrderRecord reads the record of order id.
-func decodeOrderRecord(id string, b []byte) (Order, error) {
+func decodeOrderRecord(id string, b []byte) (stock.Order, error) {
 	if len(b) > 0 && b[0] == '{' {
-		var o Order
+		var o stock.Order
 		if err := json.Unmarshal(b, &o); err != nil {
-			return Order{}, fmt.Errorf("%w: order %q: %v", ErrMalformed, id, err)
+			return stock.Order{}, fmt.Errorf("%w: order %q: %v", ErrMalformed, id, err)
 		}
 		return o, nil
 	}
 	if len(b) < 2 || b[0] != orderRecordFormat || int(b[1]) >= len(orderStateCodes) || b[1] == 0 {
-		return Order{}, fmt.Errorf("%w: order %q: not an order record", ErrMalformed, id)
+		return stock.Order{}, fmt.Errorf("%w: order %q: not an order record", ErrMalformed, id)
 	}
 	d := wire.Decoder{B: b[2:]}
-	o := Order{ID: id, State: orderStateCodes[b[1]], Qty: d.Varint(), CreatedAtUnixNano: d.Varint(), ExpiresAtUnixNano: d.Varint(),
+	o := stock.Order{ID: id, State: orderStateCodes[b[1]], Qty: d.Varint(), CreatedAtUnixNano: d.Varint(), ExpiresAtUnixNano: d.Varint(),
 		SKU: d.String(), User: d.String(), RequestID: d.String(), Node: d.String(), ReleaseReason: d.String()}
 	if err := d.Finish(); err != nil {
-		return Order{}, fmt.Errorf("order %q: %w", id, err)
+		return stock.Order{}, fmt.Errorf("order %q: %w", id, err)
 	}
 	return o, nil
 }

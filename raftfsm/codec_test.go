@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"reflect"
+	"stockd/stock"
 	"testing"
 )
 
@@ -23,10 +24,10 @@ func TestCodec_ResultRoundTrips(t *testing.T) {
 			t.Fatalf("cut result: err %v, want ErrMalformed", err)
 		}
 	}
-	o := Order{ID: "o", SKU: "s", User: "u", Qty: 2, State: OrderHeld, RequestID: "r", Node: "n1", CreatedAtUnixNano: 5, ExpiresAtUnixNano: 6}
-	f(&Result{Outcome: OutcomeOK, Qty: 4, Index: 99})
-	f(&Result{Outcome: OutcomeInvalidState, Order: &o, Detail: "hold not yet expired", Index: 1})
-	f(&Result{Outcome: OutcomeOK, Takes: []TakeResult{{Outcome: OutcomeOK, Order: o}, {Outcome: OutcomeUserLimit}}, Index: 7})
+	o := stock.Order{ID: "o", SKU: "s", User: "u", Qty: 2, State: stock.OrderHeld, RequestID: "r", Node: "n1", CreatedAtUnixNano: 5, ExpiresAtUnixNano: 6}
+	f(&Result{Outcome: stock.OutcomeOK, Qty: 4, Index: 99})
+	f(&Result{Outcome: stock.OutcomeInvalidState, Order: &o, Detail: "hold not yet expired", Index: 1})
+	f(&Result{Outcome: stock.OutcomeOK, Takes: []TakeResult{{Outcome: stock.OutcomeOK, Order: o}, {Outcome: stock.OutcomeUserLimit}}, Index: 7})
 }
 
 func FuzzDecodeCommand(f *testing.F) {
@@ -46,7 +47,7 @@ func FuzzDecodeCommand(f *testing.F) {
 }
 
 func TestCodec_OrderRecordsRoundTripAndReadJSON(t *testing.T) {
-	o := Order{ID: "n1-5-x", SKU: "s", User: "u", Qty: 3, State: OrderHeld, RequestID: "r", Node: "n1", CreatedAtUnixNano: 5, ExpiresAtUnixNano: 9, ReleaseReason: ""}
+	o := stock.Order{ID: "n1-5-x", SKU: "s", User: "u", Qty: 3, State: stock.OrderHeld, RequestID: "r", Node: "n1", CreatedAtUnixNano: 5, ExpiresAtUnixNano: 9, ReleaseReason: ""}
 	got, err := decodeOrderRecord(o.ID, encodeOrderRecord(nil, &o))
 	if err != nil || !reflect.DeepEqual(got, o) {
 		t.Fatalf("round trip: %+v %v, want %+v", got, err, o)

@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"stockd/stock"
 	"strconv"
 	"testing"
 )
@@ -22,7 +23,7 @@ func TestCompact_PurgedSaleGivesItsPagesBack(t *testing.T) {
 			c.Entries[k] = TakeEntry{SKU: "big", Qty: 1, User: "u" + n, RequestID: "r" + n, OrderID: "big-" + n}
 		}
 		for _, r := range tl.applyTyped(0, c).Takes {
-			if r.Outcome != OutcomeOK {
+			if r.Outcome != stock.OutcomeOK {
 				t.Fatalf("take at %d: %s", i, r.Outcome)
 			}
 		}
@@ -39,7 +40,7 @@ func TestCompact_PurgedSaleGivesItsPagesBack(t *testing.T) {
 	}
 	full := tl.l.PagesInUse()
 	tl.applyTyped(0, &CloseSale{SKU: "big"})
-	if r := tl.applyTyped(0, &ArchiveSale{SKU: "big"}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(0, &ArchiveSale{SKU: "big"}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("archive: %s %s", r.Outcome, r.Detail)
 	}
 	tl.purgeArchived("big", 5_000)

@@ -12,6 +12,7 @@ import (
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/raftnode"
+	"stockd/stock"
 )
 
 func startRaftNode(t *testing.T, dir string, l *raftfsm.Ledger) *raftnode.Node {
@@ -64,7 +65,7 @@ func propose(t *testing.T, n *raftnode.Node, c command.Command) *raftfsm.Result 
 func TestNode_CrashBetweenCommitAndLedgerWrite(t *testing.T) {
 	dir := t.TempDir()
 	n, l := openRaftNode(t, dir)
-	propose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 1000}})
+	propose(t, n, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 1000}})
 	if err := l.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func TestNode_CrashBetweenCommitAndLedgerWrite(t *testing.T) {
 		}
 		r := propose(t, n, &command.Take{Node: "n1", Entries: takes})
 		for i, tr := range r.Takes {
-			if tr.Outcome != raftfsm.OutcomeOK {
+			if tr.Outcome != stock.OutcomeOK {
 				t.Fatalf("take %s: %s", takes[i].OrderID, tr.Outcome)
 			}
 			acked[takes[i].OrderID] = true
@@ -115,7 +116,7 @@ func TestNode_CrashBetweenCommitAndLedgerWrite(t *testing.T) {
 		t.Fatalf("after the replay:\nbefore %+v\nafter  %+v", before, after)
 	}
 	for id := range acked {
-		if o, ok, err := l2.Order(id); err != nil || !ok || o.State != raftfsm.OrderSold {
+		if o, ok, err := l2.Order(id); err != nil || !ok || o.State != stock.OrderSold {
 			t.Fatalf("acknowledged order %s after the crash: %+v %v %v", id, o, ok, err)
 		}
 	}

@@ -2,12 +2,11 @@ package raftfsm
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"stockd/internal/wire"
-	"stockd/raftfsm/command"
+	"stockd/stock"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"
@@ -24,58 +23,6 @@ import (
 // events, which long-polling consumers read, never touch bbolt. The feed
 // is pruned through the log (PruneEvents): every node refuses the same
 // cursors. The persister deletes pruned events from bbolt lazily.
-
-// FeedEventType says what happened to an order.
-type FeedEventType uint8
-
-// Feed event types. Values are part of the ledger's format.
-const (
-	FeedOrderCreated   FeedEventType = iota + 1 // a take committed: the order is held or sold
-	FeedOrderConfirmed                          // a held order became sold
-	FeedOrderReleased                           // a held order was cancelled or expired, or a take was turned down
-)
-
-var feedEventNames = [...]string{
-	FeedOrderCreated: "order_created", FeedOrderConfirmed: "order_confirmed", FeedOrderReleased: "order_released",
-}
-
-func (t FeedEventType) String() string {
-	if int(t) < len(feedEventNames) && feedEventNames[t] != "" {
-		return feedEventNames[t]
-	}
-	return fmt.Sprintf("event(%d)", uint8(t))
-}
-
-// Release reasons of takes the ledger turned down: an order a node
-// promised (wait=none) that never came to be. No order_created precedes
-// such an event.
-const (
-	ReleaseTurnedDownUserLimit  = "turned_down_user_limit"
-	ReleaseTurnedDownLeaseShort = "turned_down_lease_short"
-	ReleaseTurnedDownUnknownSKU = "turned_down_unknown_sku"
-	ReleaseTurnedDownClosed     = "turned_down_closed"
-	// ReleaseTurnedDownRequestIDReused: the buyer's request id named
-	// another SKU or qty, or a lottery entry, when the take was applied.
-	ReleaseTurnedDownRequestIDReused = "turned_down_request_id_reused"
-)
-
-// FeedEvent is one event of the order feed: the order as it stood right
-// after the command, at the command's time.
-type FeedEvent struct {
-	Seq   uint64 // the event's place in the feed, from 1
-	Index uint64 // the log index of the command
-	Type  FeedEventType
-	At    int64 // the command's time, unix nanos
-	Order Order
-}
-
-// Cursor is the event's own cursor: reading after it returns the events
-// that follow it.
-func (e *FeedEvent) Cursor() command.Cursor { return command.Cursor{Index: e.Index, Seq: e.Seq} }
-
-// ErrCursorExpired marks a cursor older than the feed's retention: events
-// after it were pruned.
-var ErrCursorExpired = errors.New("cursor older than the feed's retention")
 
 // feedMemoryEvents is how many events already in bbolt the feed keeps in
 // memory besides those not yet written: consumers that keep up read from
@@ -106,21 +53,12 @@ type feed struct {
 	// floorAt is the last pruned event (zero when nothing was pruned):
 	// events at or below its sequence are gone, and readers after an
 	// older cursor get ErrCursorExpired.
-	floorAt   command.Cursor
+	floorAt   stock.Cursor
 	notify    chan struct{}
-	consumers map[string]Consumer
+	consumers map[string]stock.Consumer
 	// gen counts loads: a persister of a ledger file a restore replaced
 	// may finish a write after the load, and must not count it.
 	gen uint64
-}
-
-// Consumer is a named reader of the feed and the cursor it acknowledged:
-// the feed keeps every event after the slowest consumer's cursor (up to
-// its size cap).
-type Consumer struct {
-	Name          string
-	Cursor        command.Cursor
-	AckedUnixNano int64 // the time of the command that set the cursor
 }
 
 // load reads the feed's state from a ledger file.
@@ -128,8 +66,8 @@ func (f *feed) load(tx *bolt.Tx) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
-	f.mem, f.seq, f.floorAt = eventChunks{}, 0, command.Cursor{}
-	f.consumers = map[string]Consumer{}
+	f.mem, f.seq, f.floorAt = eventChunks{}, 0, stock.Cursor{}
+	f.consumers = map[string]stock.Consumer{}
 	meta := tx.Bucket(bucketMeta)
 	if v := meta.Get(keyFeedSeq); len(v) == 8 {
 		f.seq = binary.BigEndian.Uint64(v)
@@ -154,7 +92,7 @@ func (f *feed) load(tx *bolt.Tx) error {
 
 // stage adds a batch's events (numbered after f.seq by the applier), which
 // the feed keeps as they are: the applier leaves them alone afterwards.
-func (f *feed) stage(events []FeedEvent) {
+func (f *feed) stage(events []stock.FeedEvent) {
 	if len(events) == 0 {
 		return
 	}
@@ -202,24 +140,24 @@ func (f *feed) changed() <-chan struct{} {
 }
 
 // memEvent returns event seq from memory.
-func (f *feed) memEvent(seq uint64) (FeedEvent, bool) {
+func (f *feed) memEvent(seq uint64) (stock.FeedEvent, bool) {
 	if e := f.mem.get(seq); e != nil {
 		return *e, true
 	}
-	return FeedEvent{}, false
+	return stock.FeedEvent{}, false
 }
 
 // eventChunks is events in consecutive sequence, in chunks of any size:
 // each chunk is one batch's events, adopted as the applier built them, so
 // an event is never copied. The memory grows and shrinks by whole chunks.
 type eventChunks struct {
-	chunks [][]FeedEvent // none empty
-	firsts []uint64      // firsts[i] is the sequence of chunks[i][0]
+	chunks [][]stock.FeedEvent // none empty
+	firsts []uint64            // firsts[i] is the sequence of chunks[i][0]
 }
 
 // addBatch adopts events, which follow the last event held; the caller
 // does not change them afterwards.
-func (m *eventChunks) addBatch(events []FeedEvent) {
+func (m *eventChunks) addBatch(events []stock.FeedEvent) {
 	if len(events) == 0 {
 		return
 	}
@@ -241,7 +179,7 @@ func (m *eventChunks) chunkAt(seq uint64) int {
 	return sort.Search(len(m.firsts), func(i int) bool { return m.firsts[i] > seq }) - 1
 }
 
-func (m *eventChunks) get(seq uint64) *FeedEvent {
+func (m *eventChunks) get(seq uint64) *stock.FeedEvent {
 	c := m.chunkAt(seq)
 	if c < 0 {
 		return nil
@@ -254,7 +192,7 @@ func (m *eventChunks) get(seq uint64) *FeedEvent {
 
 // from calls fn for the events held from seq on, in order, until fn
 // returns false.
-func (m *eventChunks) from(seq uint64, fn func(*FeedEvent) bool) {
+func (m *eventChunks) from(seq uint64, fn func(*stock.FeedEvent) bool) {
 	for c := max(m.chunkAt(seq), 0); c < len(m.chunks); c++ {
 		chunk := m.chunks[c]
 		for i := max(seq, m.firsts[c]) - m.firsts[c]; i < uint64(len(chunk)); i++ {
@@ -287,8 +225,8 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	gen, last = f.gen, f.persisted
 	// Pointers into the chunks: an event there never changes, and its
 	// chunk is dropped only after written, which follows this write.
-	var batch []*FeedEvent
-	f.mem.from(f.persisted+1, func(e *FeedEvent) bool {
+	var batch []*stock.FeedEvent
+	f.mem.from(f.persisted+1, func(e *stock.FeedEvent) bool {
 		if e.Index > target {
 			return false
 		}
@@ -368,7 +306,7 @@ func (f *feed) written(gen, seq uint64) {
 
 // encodeFeedEvent appends e's record: format, type, index, time, order id,
 // then the order's record.
-func encodeFeedEvent(dst []byte, e *FeedEvent) []byte {
+func encodeFeedEvent(dst []byte, e *stock.FeedEvent) []byte {
 	dst = append(dst, feedRecordFormat, byte(e.Type))
 	dst = wire.AppendUvarint(dst, e.Index)
 	dst = wire.AppendVarint(dst, e.At)
@@ -379,52 +317,52 @@ func encodeFeedEvent(dst []byte, e *FeedEvent) []byte {
 const feedRecordFormat byte = 0xE1
 
 // feedEventSize bounds the bytes encodeFeedEvent appends for e.
-func feedEventSize(e *FeedEvent) int {
+func feedEventSize(e *stock.FeedEvent) int {
 	o := &e.Order
 	return 2 + 2*wire.MaxVarintBytes + wire.MaxVarintBytes + len(o.ID) + 2 + 3*wire.MaxVarintBytes +
 		5*wire.MaxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
 }
 
-func decodeFeedEvent(seq uint64, b []byte) (FeedEvent, error) {
+func decodeFeedEvent(seq uint64, b []byte) (stock.FeedEvent, error) {
 	if len(b) < 2 || b[0] != feedRecordFormat {
-		return FeedEvent{}, fmt.Errorf("%w: feed event %d: not an event record", ErrMalformed, seq)
+		return stock.FeedEvent{}, fmt.Errorf("%w: feed event %d: not an event record", ErrMalformed, seq)
 	}
-	e := FeedEvent{Seq: seq, Type: FeedEventType(b[1])}
+	e := stock.FeedEvent{Seq: seq, Type: stock.FeedEventType(b[1])}
 	d := wire.Decoder{B: b[2:]}
 	e.Index = d.Uvarint()
 	e.At = d.Varint()
 	id := d.String()
 	if d.Err != nil {
-		return FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, d.Err)
+		return stock.FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, d.Err)
 	}
 	o, err := decodeOrderRecord(id, d.B)
 	if err != nil {
-		return FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, err)
+		return stock.FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, err)
 	}
 	e.Order = o
 	return e, nil
 }
 
-func encodeCursor(c command.Cursor) []byte {
+func encodeCursor(c stock.Cursor) []byte {
 	return wire.AppendUvarint(wire.AppendUvarint(make([]byte, 0, 2*wire.MaxVarintBytes), c.Index), c.Seq)
 }
 
-func decodeCursor(b []byte) (command.Cursor, error) {
+func decodeCursor(b []byte) (stock.Cursor, error) {
 	d := wire.Decoder{B: b}
-	c := command.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
+	c := stock.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
 	return c, d.Finish()
 }
 
-func encodeConsumer(c *Consumer) []byte {
+func encodeConsumer(c *stock.Consumer) []byte {
 	b := encodeCursor(c.Cursor)
 	return wire.AppendVarint(b, c.AckedUnixNano)
 }
 
-func decodeConsumer(name string, b []byte) (Consumer, error) {
+func decodeConsumer(name string, b []byte) (stock.Consumer, error) {
 	d := wire.Decoder{B: b}
-	c := Consumer{Name: name, Cursor: command.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}, AckedUnixNano: d.Varint()}
+	c := stock.Consumer{Name: name, Cursor: stock.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}, AckedUnixNano: d.Varint()}
 	if err := d.Finish(); err != nil {
-		return Consumer{}, fmt.Errorf("consumer %q: %w", name, err)
+		return stock.Consumer{}, fmt.Errorf("consumer %q: %w", name, err)
 	}
 	return c, nil
 }

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
+	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -22,7 +23,7 @@ const feedChunkFormat byte = 0xE2
 const feedDiskChunkEvents = 256
 
 // feedChunkBytes bounds the bytes appendFeedChunk appends for events.
-func feedChunkBytes(events []*FeedEvent) int {
+func feedChunkBytes(events []*stock.FeedEvent) int {
 	n := 1 + 4
 	for _, e := range events {
 		n += 4 + feedEventSize(e)
@@ -31,7 +32,7 @@ func feedChunkBytes(events []*FeedEvent) int {
 }
 
 // appendFeedChunk appends the chunk of events, which are consecutive.
-func appendFeedChunk(dst []byte, events []*FeedEvent) []byte {
+func appendFeedChunk(dst []byte, events []*stock.FeedEvent) []byte {
 	dst = append(dst, feedChunkFormat)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(events)))
 	for _, e := range events {
@@ -57,7 +58,7 @@ func feedChunkCount(v []byte) (uint64, error) {
 // eachFeedEvent decodes the events of the chunk at key first (value v)
 // whose sequences lie in [from, to], in order, and calls fn for each
 // until it returns false.
-func eachFeedEvent(first uint64, v []byte, from, to uint64, fn func(*FeedEvent) bool) error {
+func eachFeedEvent(first uint64, v []byte, from, to uint64, fn func(*stock.FeedEvent) bool) error {
 	n, err := feedChunkCount(v)
 	if err != nil {
 		return fmt.Errorf("feed chunk %d: %w", first, err)
@@ -120,14 +121,14 @@ func seekFeedChunk(cur *bolt.Cursor, seq uint64) (k, v []byte) {
 }
 
 // readFeedEvent reads event seq from the events bucket b.
-func readFeedEvent(b *bolt.Bucket, seq uint64) (FeedEvent, bool, error) {
+func readFeedEvent(b *bolt.Bucket, seq uint64) (stock.FeedEvent, bool, error) {
 	k, v := seekFeedChunk(b.Cursor(), seq)
 	if len(k) != 8 {
-		return FeedEvent{}, false, nil
+		return stock.FeedEvent{}, false, nil
 	}
-	var e FeedEvent
+	var e stock.FeedEvent
 	found := false
-	err := eachFeedEvent(binary.BigEndian.Uint64(k), v, seq, seq, func(ev *FeedEvent) bool {
+	err := eachFeedEvent(binary.BigEndian.Uint64(k), v, seq, seq, func(ev *stock.FeedEvent) bool {
 		e, found = *ev, true
 		return false
 	})

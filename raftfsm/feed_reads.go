@@ -4,34 +4,15 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"stockd/raftfsm/command"
+	"stockd/stock"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
 )
 
-// FeedPage is one read of the order feed.
-type FeedPage struct {
-	Events []FeedEvent
-	// Head is the newest event this node has applied (zero: none yet).
-	Head command.Cursor
-	// Behind: the cursor read after lies beyond this node's applied log.
-	// The node is catching up; the same read succeeds once it has.
-	Behind bool
-}
-
-// FeedStats is the feed's state on this node.
-type FeedStats struct {
-	Head      command.Cursor
-	HeadAt    int64          // the newest event's time, unix nanos (0: none)
-	Floor     command.Cursor // events up to this cursor are pruned
-	Retained  uint64         // events kept: Head.Seq - Floor.Seq
-	Consumers []Consumer
-}
-
 // event reads event seq from memory or, failing that, from bbolt; an
 // event at or below the floor is pruned.
-func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
+func (l *Ledger) event(seq uint64) (stock.FeedEvent, bool, error) {
 	l.feed.mu.RLock()
 	e, ok := l.feed.memEvent(seq)
 	floor := l.feed.floorAt.Seq
@@ -40,7 +21,7 @@ func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
 		return e, true, nil
 	}
 	if seq <= floor {
-		return FeedEvent{}, false, nil // pruned (its chunk may remain)
+		return stock.FeedEvent{}, false, nil // pruned (its chunk may remain)
 	}
 	var found bool
 	err := l.view(func(tx *bolt.Tx) error {
@@ -53,16 +34,16 @@ func (l *Ledger) event(seq uint64) (FeedEvent, bool, error) {
 
 // checkCursor verifies that c names an event this feed had (or the
 // start); floor and floorAt are the feed's as read by the caller.
-func (l *Ledger) checkCursor(c command.Cursor, floorAt command.Cursor) error {
+func (l *Ledger) checkCursor(c stock.Cursor, floorAt stock.Cursor) error {
 	floor := floorAt.Seq
 	switch {
 	case c.Seq == 0:
 		return nil
 	case c.Seq < floor:
-		return fmt.Errorf("%w: %s (events up to %s are pruned)", ErrCursorExpired, c, floorAt)
+		return fmt.Errorf("%w: %s (events up to %s are pruned)", stock.ErrCursorExpired, c, floorAt)
 	case c.Seq == floor:
 		if c != floorAt {
-			return fmt.Errorf("%w: %s names no event of this feed", command.ErrBadCursor, c)
+			return fmt.Errorf("%w: %s names no event of this feed", stock.ErrBadCursor, c)
 		}
 		return nil
 	}
@@ -71,10 +52,10 @@ func (l *Ledger) checkCursor(c command.Cursor, floorAt command.Cursor) error {
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("%w: %s (events up to it were pruned)", ErrCursorExpired, c)
+		return fmt.Errorf("%w: %s (events up to it were pruned)", stock.ErrCursorExpired, c)
 	}
 	if e.Index != c.Index {
-		return fmt.Errorf("%w: %s names no event of this feed", command.ErrBadCursor, c)
+		return fmt.Errorf("%w: %s names no event of this feed", stock.ErrBadCursor, c)
 	}
 	return nil
 }
@@ -82,14 +63,14 @@ func (l *Ledger) checkCursor(c command.Cursor, floorAt command.Cursor) error {
 // ReadFeed returns up to limit events after cursor after, in order.
 // Errors: ErrCursorExpired for a cursor older than retention,
 // ErrBadCursor for one that names no event of the feed.
-func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
+func (l *Ledger) ReadFeed(after stock.Cursor, limit int) (stock.FeedPage, error) {
 	f := &l.feed
 	f.mu.RLock()
 	visible, floorAt := f.visible, f.floorAt
 	floor := floorAt.Seq
 	memFirst := f.mem.firstSeq()
 	f.mu.RUnlock()
-	page := FeedPage{}
+	page := stock.FeedPage{}
 	if err := l.checkRestoreGap(after); err != nil {
 		return page, err
 	}
@@ -107,7 +88,7 @@ func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 			page.Behind = true
 			return page, nil
 		}
-		return page, fmt.Errorf("%w: %s is beyond the feed's newest event %s", command.ErrBadCursor, after, page.Head)
+		return page, fmt.Errorf("%w: %s is beyond the feed's newest event %s", stock.ErrBadCursor, after, page.Head)
 	}
 	if err := l.checkCursor(after, floorAt); err != nil {
 		return page, err
@@ -117,7 +98,7 @@ func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 	if from > to {
 		return page, nil
 	}
-	page.Events = make([]FeedEvent, 0, to-from+1)
+	page.Events = make([]stock.FeedEvent, 0, to-from+1)
 	if memFirst == 0 || from < memFirst {
 		// The older part is in bbolt only.
 		end := to
@@ -131,7 +112,7 @@ func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 				if binary.BigEndian.Uint64(k) > want {
 					break // pruned under us
 				}
-				err := eachFeedEvent(binary.BigEndian.Uint64(k), v, want, end, func(e *FeedEvent) bool {
+				err := eachFeedEvent(binary.BigEndian.Uint64(k), v, want, end, func(e *stock.FeedEvent) bool {
 					page.Events = append(page.Events, *e)
 					want++
 					return true
@@ -141,7 +122,7 @@ func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 				}
 			}
 			if want <= end {
-				return fmt.Errorf("%w: %s (events after it were pruned while reading)", ErrCursorExpired, after)
+				return fmt.Errorf("%w: %s (events after it were pruned while reading)", stock.ErrCursorExpired, after)
 			}
 			return nil
 		})
@@ -152,7 +133,7 @@ func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 	}
 	f.mu.RLock()
 	want := from
-	f.mem.from(from, func(e *FeedEvent) bool {
+	f.mem.from(from, func(e *stock.FeedEvent) bool {
 		if e.Seq != want || want > to {
 			return false // trimmed under us: the caller reads on from the last event
 		}
@@ -169,16 +150,16 @@ func (l *Ledger) ReadFeed(after command.Cursor, limit int) (FeedPage, error) {
 func (l *Ledger) FeedChanged() <-chan struct{} { return l.feed.changed() }
 
 // FeedStats reads the feed's head, floor and consumers.
-func (l *Ledger) FeedStats() (FeedStats, error) {
+func (l *Ledger) FeedStats() (stock.FeedStats, error) {
 	f := &l.feed
 	f.mu.RLock()
-	st := FeedStats{Floor: f.floorAt, Retained: f.visible - min(f.floorAt.Seq, f.visible)}
+	st := stock.FeedStats{Floor: f.floorAt, Retained: f.visible - min(f.floorAt.Seq, f.visible)}
 	visible := f.visible
 	for _, c := range f.consumers {
 		st.Consumers = append(st.Consumers, c)
 	}
 	f.mu.RUnlock()
-	slices.SortFunc(st.Consumers, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(st.Consumers, func(a, b stock.Consumer) int { return strings.Compare(a.Name, b.Name) })
 	if visible > 0 {
 		e, ok, err := l.event(visible)
 		if err != nil {
@@ -194,18 +175,18 @@ func (l *Ledger) FeedStats() (FeedStats, error) {
 // FeedCursorBefore is the cursor of the newest event older than
 // atUnixNano, and whether there is one after the floor: retention by time
 // prunes up to it.
-func (l *Ledger) FeedCursorBefore(atUnixNano int64) (command.Cursor, bool, error) {
+func (l *Ledger) FeedCursorBefore(atUnixNano int64) (stock.Cursor, bool, error) {
 	f := &l.feed
 	f.mu.RLock()
 	lo, hi := f.floorAt.Seq+1, f.visible // search (floor, visible]
 	f.mu.RUnlock()
-	var best command.Cursor
+	var best stock.Cursor
 	found := false
 	for lo <= hi {
 		mid := lo + (hi-lo)/2
 		e, ok, err := l.event(mid)
 		if err != nil {
-			return command.Cursor{}, false, err
+			return stock.Cursor{}, false, err
 		}
 		if !ok { // pruned meanwhile: look above
 			lo = mid + 1
@@ -222,4 +203,4 @@ func (l *Ledger) FeedCursorBefore(atUnixNano int64) (command.Cursor, bool, error
 }
 
 // FeedEvent reads event seq, if the feed still holds it.
-func (l *Ledger) FeedEvent(seq uint64) (FeedEvent, bool, error) { return l.event(seq) }
+func (l *Ledger) FeedEvent(seq uint64) (stock.FeedEvent, bool, error) { return l.event(seq) }

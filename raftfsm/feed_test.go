@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"stockd/stock"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -66,10 +67,10 @@ func (t *testLedger) applyTyped(at int64, c Command) *Result {
 // way a consumer would, and checks the feed's own order as it goes.
 type feedTally struct {
 	last   Cursor
-	orders map[string]Order
+	orders map[string]stock.Order
 	held   map[string]int64
 	sold   map[string]int64
-	events []FeedEvent
+	events []stock.FeedEvent
 }
 
 type fataler interface {
@@ -77,10 +78,10 @@ type fataler interface {
 	Fatalf(string, ...any)
 }
 
-func (f *feedTally) add(t fataler, e FeedEvent) {
+func (f *feedTally) add(t fataler, e stock.FeedEvent) {
 	t.Helper()
 	if f.orders == nil {
-		f.orders, f.held, f.sold = map[string]Order{}, map[string]int64{}, map[string]int64{}
+		f.orders, f.held, f.sold = map[string]stock.Order{}, map[string]int64{}, map[string]int64{}
 	}
 	if e.Seq != f.last.Seq+1 || e.Index < f.last.Index {
 		t.Fatalf("event %s follows %s: not the next in log order", e.Cursor(), f.last)
@@ -89,36 +90,36 @@ func (f *feedTally) add(t fataler, e FeedEvent) {
 	f.events = append(f.events, e)
 	o, prior := f.orders[e.Order.ID]
 	switch e.Type {
-	case FeedOrderCreated:
+	case stock.FeedOrderCreated:
 		if prior {
 			t.Fatalf("order %s created twice (event %s)", e.Order.ID, e.Cursor())
 		}
 		switch e.Order.State {
-		case OrderHeld:
+		case stock.OrderHeld:
 			f.held[e.Order.SKU] += e.Order.Qty
-		case OrderSold:
+		case stock.OrderSold:
 			f.sold[e.Order.SKU] += e.Order.Qty
 		default:
 			t.Fatalf("order %s created %s", e.Order.ID, e.Order.State)
 		}
-	case FeedOrderConfirmed:
-		if !prior || o.State != OrderHeld || e.Order.State != OrderSold {
+	case stock.FeedOrderConfirmed:
+		if !prior || o.State != stock.OrderHeld || e.Order.State != stock.OrderSold {
 			t.Fatalf("confirm of order %s in state %q (known %v) to %s", e.Order.ID, o.State, prior, e.Order.State)
 		}
 		f.held[o.SKU] -= o.Qty
 		f.sold[o.SKU] += o.Qty
-	case FeedOrderReleased:
+	case stock.FeedOrderReleased:
 		if !prior {
 			break // a take turned down: no order
 		}
-		if o.State != OrderHeld || e.Order.State != OrderReleased || e.Order.ReleaseReason == "" {
+		if o.State != stock.OrderHeld || e.Order.State != stock.OrderReleased || e.Order.ReleaseReason == "" {
 			t.Fatalf("release of order %s in state %s to %s (%q)", e.Order.ID, o.State, e.Order.State, e.Order.ReleaseReason)
 		}
 		f.held[o.SKU] -= o.Qty
 	default:
 		t.Fatalf("event %s of type %d", e.Cursor(), e.Type)
 	}
-	if e.Type != FeedOrderReleased || prior {
+	if e.Type != stock.FeedOrderReleased || prior {
 		f.orders[e.Order.ID] = e.Order
 	}
 }
@@ -151,20 +152,20 @@ func TestFeed_OrderEventsSurviveReopenCrashAndRestore(t *testing.T) {
 		{SKU: "p", Qty: 1, User: "u1", OrderID: "o5"}, // over the per-user limit: turned down
 	}})
 	tl.apply(legacyCommand{Op: OpConfirm, OrderID: "o1", AtUnixNano: 20})
-	tl.apply(legacyCommand{Op: OpRelease, OrderID: "o2", Reason: ReleaseCancelled, AtUnixNano: 30})
+	tl.apply(legacyCommand{Op: OpRelease, OrderID: "o2", Reason: stock.ReleaseCancelled, AtUnixNano: 30})
 	tl.apply(legacyCommand{Op: OpExpire, OrderIDs: []string{"o3"}, AtUnixNano: 200})
 	tl.apply(legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "p", Qty: 1, User: "u1", OrderID: "o4"}}}) // re-proposed: no event
 
 	var got feedTally
 	got.readAll(t, tl.l)
 	type ev struct {
-		typ   FeedEventType
+		typ   stock.FeedEventType
 		order string
-		state OrderState
+		state stock.OrderState
 	}
-	want := []ev{{FeedOrderCreated, "o1", OrderHeld}, {FeedOrderCreated, "o2", OrderHeld}, {FeedOrderCreated, "o3", OrderHeld},
-		{FeedOrderCreated, "o4", OrderSold}, {FeedOrderReleased, "o5", OrderReleased},
-		{FeedOrderConfirmed, "o1", OrderSold}, {FeedOrderReleased, "o2", OrderReleased}, {FeedOrderReleased, "o3", OrderReleased}}
+	want := []ev{{stock.FeedOrderCreated, "o1", stock.OrderHeld}, {stock.FeedOrderCreated, "o2", stock.OrderHeld}, {stock.FeedOrderCreated, "o3", stock.OrderHeld},
+		{stock.FeedOrderCreated, "o4", stock.OrderSold}, {stock.FeedOrderReleased, "o5", stock.OrderReleased},
+		{stock.FeedOrderConfirmed, "o1", stock.OrderSold}, {stock.FeedOrderReleased, "o2", stock.OrderReleased}, {stock.FeedOrderReleased, "o3", stock.OrderReleased}}
 	if len(got.events) != len(want) {
 		t.Fatalf("%d events, want %d: %+v", len(got.events), len(want), got.events)
 	}
@@ -174,10 +175,10 @@ func TestFeed_OrderEventsSurviveReopenCrashAndRestore(t *testing.T) {
 			t.Fatalf("event %d: %s %s %s, want %s %s %s", i, e.Type, e.Order.ID, e.Order.State, w.typ, w.order, w.state)
 		}
 	}
-	if r := got.events[4].Order.ReleaseReason; r != ReleaseTurnedDownUserLimit {
+	if r := got.events[4].Order.ReleaseReason; r != stock.ReleaseTurnedDownUserLimit {
 		t.Fatalf("turned-down take released with reason %q", r)
 	}
-	if r := got.events[7].Order.ReleaseReason; r != ReleaseExpired {
+	if r := got.events[7].Order.ReleaseReason; r != stock.ReleaseExpired {
 		t.Fatalf("expired hold released with reason %q", r)
 	}
 	for _, sku := range []string{"h", "p"} {
@@ -260,11 +261,11 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 	c5 := all.events[4].Cursor()
 
 	// A consumer acknowledges event 5; a cursor the feed never had is refused.
-	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: c5}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: c5}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("ack: %s %s", r.Outcome, r.Detail)
 	}
 	bogus := Cursor{Index: c5.Index + 1, Seq: c5.Seq}
-	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: bogus}); r.Outcome != OutcomeInvalid {
+	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: bogus}); r.Outcome != stock.OutcomeInvalid {
 		t.Fatalf("ack of a bogus cursor: %s", r.Outcome)
 	}
 	if _, err := tl.l.ReadFeed(bogus, 10); !errors.Is(err, ErrBadCursor) {
@@ -277,13 +278,13 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 
 	// Pruning through event 8: cursors before it are expired, after it fine.
 	c8 := all.events[7].Cursor()
-	if r := tl.applyTyped(0, &PruneEvents{Through: c8}); r.Outcome != OutcomeOK || r.Qty != 8 {
+	if r := tl.applyTyped(0, &PruneEvents{Through: c8}); r.Outcome != stock.OutcomeOK || r.Qty != 8 {
 		t.Fatalf("prune: %s %d %s", r.Outcome, r.Qty, r.Detail)
 	}
-	if _, err := tl.l.ReadFeed(c5, 10); !errors.Is(err, ErrCursorExpired) {
+	if _, err := tl.l.ReadFeed(c5, 10); !errors.Is(err, stock.ErrCursorExpired) {
 		t.Fatalf("read after a pruned cursor: %v, want ErrCursorExpired", err)
 	}
-	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: c5}); r.Outcome != OutcomeExpired {
+	if r := tl.applyTyped(0, &AckConsumer{Name: "shop", Cursor: c5}); r.Outcome != stock.OutcomeExpired {
 		t.Fatalf("ack of a pruned cursor: %s", r.Outcome)
 	}
 	page, err := tl.l.ReadFeed(c8, 100)
@@ -308,7 +309,7 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 	if _, ok, _ := l2.FeedEvent(8); ok {
 		t.Fatal("a pruned event is still in the file")
 	}
-	if _, err := l2.ReadFeed(c5, 10); !errors.Is(err, ErrCursorExpired) {
+	if _, err := l2.ReadFeed(c5, 10); !errors.Is(err, stock.ErrCursorExpired) {
 		t.Fatalf("after reopen, read after a pruned cursor: %v", err)
 	}
 	st, _ = l2.FeedStats()
@@ -366,8 +367,8 @@ func TestFeed_ManyEventsReadFromFileAndMemory(t *testing.T) {
 
 func TestEventChunks_AddGetDrop(t *testing.T) {
 	var m eventChunks
-	batch := func(from uint64, n int) []FeedEvent {
-		events := make([]FeedEvent, n)
+	batch := func(from uint64, n int) []stock.FeedEvent {
+		events := make([]stock.FeedEvent, n)
 		for i := range events {
 			events[i].Seq = from + uint64(i)
 		}
@@ -388,7 +389,7 @@ func TestEventChunks_AddGetDrop(t *testing.T) {
 		}
 	}
 	var seen []uint64
-	m.from(7, func(e *FeedEvent) bool {
+	m.from(7, func(e *stock.FeedEvent) bool {
 		seen = append(seen, e.Seq)
 		return e.Seq < 10
 	})
@@ -396,7 +397,7 @@ func TestEventChunks_AddGetDrop(t *testing.T) {
 		t.Fatalf("from 7: %v", seen)
 	}
 	seen = nil
-	m.from(2, func(e *FeedEvent) bool { seen = append(seen, e.Seq); return len(seen) < 2 })
+	m.from(2, func(e *stock.FeedEvent) bool { seen = append(seen, e.Seq); return len(seen) < 2 })
 	if !slices.Equal(seen, []uint64{5, 6}) {
 		t.Fatalf("from before the first: %v", seen)
 	}
@@ -438,7 +439,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 		var keys, olds [][]byte
 		err := b.ForEach(func(k, v []byte) error {
 			keys = append(keys, slices.Clone(k))
-			return eachFeedEvent(binary.BigEndian.Uint64(k), v, 0, 1<<62, func(e *FeedEvent) bool {
+			return eachFeedEvent(binary.BigEndian.Uint64(k), v, 0, 1<<62, func(e *stock.FeedEvent) bool {
 				olds = append(olds, binary.BigEndian.AppendUint64(nil, e.Seq), encodeFeedEvent(nil, e))
 				return true
 			})
@@ -478,7 +479,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 
 	// Prune into the middle of the new chunks: what is left reads on.
 	through := all.events[n+feedDiskChunkEvents/2].Cursor()
-	if r := tl.applyTyped(0, &PruneEvents{Through: through}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(0, &PruneEvents{Through: through}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("prune: %s %s", r.Outcome, r.Detail)
 	}
 	if err := tl.l.Flush(); err != nil {

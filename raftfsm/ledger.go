@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"stockd/internal/hashfilter"
-	"stockd/raftfsm/command"
+	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -76,82 +76,6 @@ const (
 	ledgerMmapBytes = 4 << 30
 )
 
-// SKU is one sale's row of the ledger. The conservation law holds for it
-// after every applied entry:
-//
-//	Total == Available + Σ Leased[n] + Held + Sold, every term >= 0
-type SKU struct {
-	SKU               string             `json:"sku"`
-	Total             int64              `json:"total"`
-	Available         int64              `json:"available"`
-	Leased            map[string]int64   `json:"leased,omitempty"`
-	Held              int64              `json:"held"`
-	Sold              int64              `json:"sold"`
-	Config            command.SaleConfig `json:"config"`
-	CreatedAtUnixNano int64              `json:"created_at"`
-	// ClosedAtUnixNano: the sale was closed then (0: open). A closed sale
-	// takes no new deducts, leases or restocks; its holds may still be
-	// confirmed until they expire.
-	ClosedAtUnixNano int64 `json:"closed_at,omitempty"`
-	// Archived: the sale's orders are leaving (or have left) the ledger;
-	// its totals stay. ArchivedOrders counts the orders taken out, and
-	// PurgeDone says none is left.
-	Archived       bool   `json:"archived,omitempty"`
-	ArchivedOrders int64  `json:"archived_orders,omitempty"`
-	ArchivedSold   int64  `json:"archived_sold,omitempty"` // units of the sold orders taken out
-	PurgeAfter     string `json:"purge_after,omitempty"`   // the order id the purge has scanned up to
-	PurgeDone      bool   `json:"purge_done,omitempty"`
-	// LastEventSeq is the order feed's last event about this sale: it may
-	// be archived once every consumer has acknowledged it.
-	LastEventSeq uint64 `json:"last_event_seq,omitempty"`
-	// Lottery is set for a lottery sale (Config.Mode SaleModeLottery).
-	Lottery *Lottery `json:"lottery,omitempty"`
-}
-
-// Closed reports whether the sale was closed.
-func (s *SKU) Closed() bool { return s.ClosedAtUnixNano != 0 }
-
-// LeasedTotal is Σ Leased[n].
-func (s *SKU) LeasedTotal() int64 {
-	var n int64
-	for _, v := range s.Leased {
-		n += v
-	}
-	return n
-}
-
-// Remaining is what buyers can still win: Total − Held − Sold.
-func (s *SKU) Remaining() int64 { return s.Total - s.Held - s.Sold }
-
-// CheckLaw returns an error naming the terms when the conservation law or
-// non-negativity is broken.
-func (s *SKU) CheckLaw() error {
-	if s.Total < 0 || s.Available < 0 || s.Held < 0 || s.Sold < 0 {
-		return fmt.Errorf("sku %q has a negative term: total %d available %d held %d sold %d",
-			s.SKU, s.Total, s.Available, s.Held, s.Sold)
-	}
-	for n, v := range s.Leased {
-		if v < 0 {
-			return fmt.Errorf("sku %q: leased[%s] = %d < 0", s.SKU, n, v)
-		}
-	}
-	if sum := s.Available + s.LeasedTotal() + s.Held + s.Sold; sum != s.Total {
-		return fmt.Errorf("sku %q breaks conservation: total %d != available %d + leased %d + held %d + sold %d",
-			s.SKU, s.Total, s.Available, s.LeasedTotal(), s.Held, s.Sold)
-	}
-	return nil
-}
-
-func (s *SKU) clone() *SKU {
-	c := *s
-	c.Leased = maps.Clone(s.Leased)
-	if s.Lottery != nil {
-		lt := *s.Lottery // its slices are replaced, never changed in place
-		c.Lottery = &lt
-	}
-	return &c
-}
-
 // EventKind says what an Event reports.
 type EventKind uint8
 
@@ -204,7 +128,7 @@ type Ledger struct {
 	// index restoredFrom went on at restoredAt (restore.go); zero else.
 	restoredFrom, restoredAt uint64
 	clusterID                string // the restored cluster's identity (restore.go)
-	skus                     map[string]*SKU
+	skus                     map[string]*stock.SKU
 	requests                 *requestIndex // request id -> where its order id is
 	// reqSeed hashes request ids and buyer keys, for the whole life of the
 	// ledger; reqFilter and buyerFilter answer "surely not" without a lock.

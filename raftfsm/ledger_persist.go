@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"stockd/internal/hashfilter"
+	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -86,7 +87,7 @@ func (l *Ledger) PersistLag() (entries uint64, changes int) {
 }
 
 func (l *Ledger) loadMirrors(db *bolt.DB) error {
-	skus := make(map[string]*SKU)
+	skus := make(map[string]*stock.SKU)
 	requests := newRequestIndex(l.reqSeed)
 	buyers := hashfilter.New(buyerFilterLog2Bits)
 	nodes := make(map[string]string)
@@ -104,7 +105,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 			return err
 		}
 		err = tx.Bucket(bucketSKUs).ForEach(func(k, v []byte) error {
-			var s SKU
+			var s stock.SKU
 			if err := json.Unmarshal(v, &s); err != nil {
 				return fmt.Errorf("decode sku %q: %w", k, err)
 			}
@@ -132,8 +133,8 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 			return err
 		}
 		err = tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-			return eachStoredOrder(k, v, func(o *Order) error {
-				if o.State == OrderHeld {
+			return eachStoredOrder(k, v, func(o *stock.Order) error {
+				if o.State == stock.OrderHeld {
 					holds[o.ID] = o.ExpiresAtUnixNano
 				}
 				raiseOrderSeq(seqHigh, o.ID)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"slices"
+	"stockd/stock"
 	"strconv"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ func (t *testLedger) apply(c legacyCommand) *Result {
 	return res
 }
 
-func (t *testLedger) row(sku string) SKU {
+func (t *testLedger) row(sku string) stock.SKU {
 	t.tb.Helper()
 	s, _, ok := t.l.SKU(sku)
 	if !ok {
@@ -68,7 +69,7 @@ func (t *testLedger) row(sku string) SKU {
 func checkAudit(tb interface {
 	Helper()
 	Fatalf(string, ...any)
-}, l *Ledger, sku string) Audit {
+}, l *Ledger, sku string) stock.Audit {
 	tb.Helper()
 	a, ok, err := l.AuditSKU(sku)
 	if err != nil || !ok {
@@ -107,14 +108,14 @@ func TestLedger_TakeBeyondLeaseIsRejected(t *testing.T) {
 		{SKU: "a", Qty: 2, User: "u2", OrderID: "o2"}, // only 1 left in the lease
 		{SKU: "a", Qty: 1, User: "u3", OrderID: "o3"},
 	}})
-	want := []Outcome{OutcomeOK, OutcomeLeaseShort, OutcomeOK}
+	want := []stock.Outcome{stock.OutcomeOK, stock.OutcomeLeaseShort, stock.OutcomeOK}
 	for i, w := range want {
 		if r.Takes[i].Outcome != w {
 			t.Fatalf("entry %d: outcome %s, want %s", i, r.Takes[i].Outcome, w)
 		}
 	}
 	// Another node has no lease at all.
-	if r := tl.apply(take("n2", "a", "u4", "o4", 1)); r.Takes[0].Outcome != OutcomeLeaseShort {
+	if r := tl.apply(take("n2", "a", "u4", "o4", 1)); r.Takes[0].Outcome != stock.OutcomeLeaseShort {
 		t.Fatalf("take without lease: %s", r.Takes[0].Outcome)
 	}
 	s := tl.row("a")
@@ -151,11 +152,11 @@ func TestLedger_DuplicateOrderAndRequestIDsApplyOnce(t *testing.T) {
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 10})
 	first := tl.apply(take("n1", "a", "u1", "o1", 1)).Takes[0]
 	again := tl.apply(take("n1", "a", "u1", "o1", 1)).Takes[0] // re-proposal, same order id
-	if again.Outcome != OutcomeSame || again.Order.ID != first.Order.ID {
+	if again.Outcome != stock.OutcomeSame || again.Order.ID != first.Order.ID {
 		t.Fatalf("re-proposed order: %s %q", again.Outcome, again.Order.ID)
 	}
 	sameReq := legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "req-o1", OrderID: "o2"}}}
-	if r := tl.apply(sameReq).Takes[0]; r.Outcome != OutcomeSame || r.Order.ID != "o1" {
+	if r := tl.apply(sameReq).Takes[0]; r.Outcome != stock.OutcomeSame || r.Order.ID != "o1" {
 		t.Fatalf("same request id, new order id: %s %q, want same o1", r.Outcome, r.Order.ID)
 	}
 	if s := tl.row("a"); s.Sold != 1 || s.Leased["n1"] != 9 {
@@ -166,16 +167,16 @@ func TestLedger_DuplicateOrderAndRequestIDsApplyOnce(t *testing.T) {
 
 func TestLedger_CreateSaleIsIdempotentAndConflicts(t *testing.T) {
 	tl := newTestLedger(t)
-	f := func(cfg SaleConfig, want Outcome) {
+	f := func(cfg SaleConfig, want stock.Outcome) {
 		t.Helper()
 		if r := tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &cfg}); r.Outcome != want {
 			t.Fatalf("create %+v: %s, want %s", cfg, r.Outcome, want)
 		}
 	}
-	f(SaleConfig{Total: 10}, OutcomeOK)
-	f(SaleConfig{Total: 10}, OutcomeSame)
-	f(SaleConfig{Total: 11}, OutcomeConflict)
-	f(SaleConfig{Total: -1}, OutcomeInvalid)
+	f(SaleConfig{Total: 10}, stock.OutcomeOK)
+	f(SaleConfig{Total: 10}, stock.OutcomeSame)
+	f(SaleConfig{Total: 11}, stock.OutcomeConflict)
+	f(SaleConfig{Total: -1}, stock.OutcomeInvalid)
 }
 
 func TestLedger_ReopenKeepsStateAndSkipsApplied(t *testing.T) {
@@ -310,7 +311,7 @@ func TestLedger_SnapshotRestoreGivesIdenticalState(t *testing.T) {
 		t.Fatalf("request index after restore: %q %v", id, ok)
 	}
 	o, ok, err := dst.l.Order("o2")
-	if err != nil || !ok || o.State != OrderHeld || o.ExpiresAtUnixNano == 0 {
+	if err != nil || !ok || o.State != stock.OrderHeld || o.ExpiresAtUnixNano == 0 {
 		t.Fatalf("order o2 after restore: %+v %v %v", o, ok, err)
 	}
 }
@@ -379,26 +380,26 @@ func (m *ledgerMachine) Enter(t *rapid.T) {
 	for i, r := range m.tl.applyTyped(m.clock, &c).Entries {
 		e := c.Entries[i]
 		switch {
-		case r.Outcome == OutcomeRequestIDReused && held[i] == "" && !entered[e.User]:
+		case r.Outcome == stock.OutcomeRequestIDReused && held[i] == "" && !entered[e.User]:
 			t.Fatalf("entry of %s with request %s refused as reused; the ledger held nothing for it", e.User, e.RequestID)
-		case r.Outcome == OutcomeOK && held[i] != "":
+		case r.Outcome == stock.OutcomeOK && held[i] != "":
 			t.Fatalf("entry of %s with request %s, held for %s, was taken", e.User, e.RequestID, held[i])
-		case r.Outcome == OutcomeRequestIDReused:
+		case r.Outcome == stock.OutcomeRequestIDReused:
 			m.reused++
 			continue
 		}
-		if r.Outcome == OutcomeOK {
+		if r.Outcome == stock.OutcomeOK {
 			entered[e.User] = true
 			if e.RequestID != "" && m.rules >= RulesScopedRequestIDs {
 				m.requestOrder[requestKey(e.User, e.RequestID)] = requestEntryValue("L")
 			}
 		}
 		switch {
-		case r.Outcome == OutcomeOK && over:
+		case r.Outcome == stock.OutcomeOK && over:
 			t.Fatalf("entry of %s after the close (closed %v, drawn %v, now %d, close %d)", c.Entries[i].User, row.Closed(), row.Lottery.Drawn(), m.clock, m.closeAt)
-		case r.Outcome == OutcomeEntriesClosed && !over:
+		case r.Outcome == stock.OutcomeEntriesClosed && !over:
 			t.Fatalf("entry of %s refused while entries are open", c.Entries[i].User)
-		case r.Outcome != OutcomeOK && r.Outcome != OutcomeSame && r.Outcome != OutcomeEntriesClosed:
+		case r.Outcome != stock.OutcomeOK && r.Outcome != stock.OutcomeSame && r.Outcome != stock.OutcomeEntriesClosed:
 			t.Fatalf("entry of %s: %s", c.Entries[i].User, r.Outcome)
 		}
 	}
@@ -407,14 +408,14 @@ func (m *ledgerMachine) Enter(t *rapid.T) {
 func (m *ledgerMachine) Draw(t *rapid.T) {
 	row, _, _ := m.tl.l.SKU("L")
 	res := m.tl.applyTyped(m.clock, &Draw{SKU: "L"})
-	want := OutcomeOK
+	want := stock.OutcomeOK
 	switch {
 	case row.Lottery.Drawn():
-		want = OutcomeSame
+		want = stock.OutcomeSame
 	case row.Closed():
-		want = OutcomeClosed
+		want = stock.OutcomeClosed
 	case m.clock < m.closeAt:
-		want = OutcomeInvalidState
+		want = stock.OutcomeInvalidState
 	}
 	if res.Outcome != want {
 		t.Fatalf("draw (drawn %v, closed %v, now %d, close %d): %s, want %s", row.Lottery.Drawn(), row.Closed(), m.clock, m.closeAt, res.Outcome, want)
@@ -449,14 +450,14 @@ func (m *ledgerMachine) checkLottery(t *rapid.T) {
 			continue
 		}
 		switch st.State {
-		case EntryWon:
+		case stock.EntryWon:
 			won++
 			if o, found, _ := m.tl.l.Order(st.OrderID); !row.Archived && (!found || o.User != u || o.SKU != "L") {
 				t.Fatalf("winner %s's order %s: %+v %v", u, st.OrderID, o, found)
 			}
-		case EntryWaitlisted:
+		case stock.EntryWaitlisted:
 			positions = append(positions, st.Position)
-		case EntryEntered:
+		case stock.EntryEntered:
 			if lt.Drawn() || row.Closed() {
 				t.Fatalf("%s reads entered after the draw or the close", u)
 			}
@@ -554,30 +555,30 @@ func (m *ledgerMachine) Take(t *rapid.T) {
 		if id, ok := won[key]; ok && prior == "" {
 			prior = id
 		}
-		reproposal := r.Outcome == OutcomeSame && r.Order.ID == e.OrderID
+		reproposal := r.Outcome == stock.OutcomeSame && r.Order.ID == e.OrderID
 		switch {
 		case reproposal:
-		case prior == "" && (r.Outcome == OutcomeSame || r.Outcome == OutcomeRequestIDReused):
+		case prior == "" && (r.Outcome == stock.OutcomeSame || r.Outcome == stock.OutcomeRequestIDReused):
 			// Another user's id (scoped rules) or a forgotten one is a
 			// new request: it never gets someone else's order.
 			t.Fatalf("take of new request %s by %s (rules %d): %s, order %s", e.RequestID, e.User, rules, r.Outcome, r.Order.ID)
 		case prior != "":
-			want := OutcomeSame
+			want := stock.OutcomeSame
 			if rules >= RulesScopedRequestIDs {
 				if _, isEntry := entryOfRequestValue(prior); isEntry {
-					want = OutcomeRequestIDReused
+					want = stock.OutcomeRequestIDReused
 				} else if o, ok, _ := m.tl.l.Order(prior); ok && (o.SKU != e.SKU || o.Qty != e.Qty) {
-					want = OutcomeRequestIDReused
+					want = stock.OutcomeRequestIDReused
 				}
 			}
-			if r.Outcome != want || want == OutcomeSame && r.Order.ID != prior {
+			if r.Outcome != want || want == stock.OutcomeSame && r.Order.ID != prior {
 				t.Fatalf("take of held request %s by %s (rules %d, held for %s): %s order %s, want %s", e.RequestID, e.User, rules, prior, r.Outcome, r.Order.ID, want)
 			}
 			if rules >= RulesScopedRequestIDs {
 				m.reused++ // a held id met again under scoped rules: a repeat or a refusal
 			}
 		}
-		if r.Outcome == OutcomeOK {
+		if r.Outcome == stock.OutcomeOK {
 			m.taken = append(m.taken, e.OrderID)
 			m.takenSKU[e.OrderID] = e.SKU
 			// The key names the new order now (one it named before was
@@ -622,11 +623,11 @@ func (m *ledgerMachine) SwitchRules(t *rapid.T) {
 	if m.rules >= RulesCurrent {
 		t.Skip("rules are current")
 	}
-	if r := m.tl.applyTyped(m.clock, &SetRules{Rules: RulesCurrent}); r.Outcome != OutcomeOK {
+	if r := m.tl.applyTyped(m.clock, &SetRules{Rules: RulesCurrent}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("set rules: %s", r.Outcome)
 	}
 	m.rules = RulesCurrent
-	if r := m.tl.applyTyped(m.clock, &SetRules{Rules: RulesGlobalRequestIDs}); r.Outcome != OutcomeSame || m.tl.l.Rules() != RulesCurrent {
+	if r := m.tl.applyTyped(m.clock, &SetRules{Rules: RulesGlobalRequestIDs}); r.Outcome != stock.OutcomeSame || m.tl.l.Rules() != RulesCurrent {
 		t.Fatalf("rules went back: %s, now %d", r.Outcome, m.tl.l.Rules())
 	}
 }
@@ -639,19 +640,19 @@ func (m *ledgerMachine) Confirm(t *rapid.T) {
 	before, exists, _ := m.tl.l.Order(id)
 	res := m.at(legacyCommand{Op: OpConfirm, OrderID: id})
 	after, _, _ := m.tl.l.Order(id)
-	want, wantState := OutcomeNotFound, OrderState("")
+	want, wantState := stock.OutcomeNotFound, stock.OrderState("")
 	switch {
 	case !exists:
-	case before.State == OrderSold:
-		want, wantState = OutcomeSame, OrderSold
-	case before.State == OrderReleased && before.ReleaseReason == ReleaseExpired:
-		want, wantState = OutcomeExpired, OrderReleased
-	case before.State == OrderReleased:
-		want, wantState = OutcomeInvalidState, OrderReleased
+	case before.State == stock.OrderSold:
+		want, wantState = stock.OutcomeSame, stock.OrderSold
+	case before.State == stock.OrderReleased && before.ReleaseReason == stock.ReleaseExpired:
+		want, wantState = stock.OutcomeExpired, stock.OrderReleased
+	case before.State == stock.OrderReleased:
+		want, wantState = stock.OutcomeInvalidState, stock.OrderReleased
 	case m.clock > before.ExpiresAtUnixNano:
-		want, wantState = OutcomeExpired, OrderReleased
+		want, wantState = stock.OutcomeExpired, stock.OrderReleased
 	default:
-		want, wantState = OutcomeOK, OrderSold
+		want, wantState = stock.OutcomeOK, stock.OrderSold
 	}
 	if res.Outcome != want || after.State != wantState {
 		t.Fatalf("confirm %s (%s, expires %d, now %d): %s -> %s, want %s -> %s",
@@ -665,17 +666,17 @@ func (m *ledgerMachine) Cancel(t *rapid.T) {
 	}
 	id := rapid.SampledFrom(m.orders).Draw(t, "order")
 	before, exists, _ := m.tl.l.Order(id)
-	res := m.at(legacyCommand{Op: OpRelease, OrderID: id, Reason: ReleaseCancelled})
+	res := m.at(legacyCommand{Op: OpRelease, OrderID: id, Reason: stock.ReleaseCancelled})
 	after, _, _ := m.tl.l.Order(id)
-	want, wantState := OutcomeNotFound, OrderState("")
+	want, wantState := stock.OutcomeNotFound, stock.OrderState("")
 	switch {
 	case !exists:
-	case before.State == OrderSold:
-		want, wantState = OutcomeInvalidState, OrderSold
-	case before.State == OrderReleased:
-		want, wantState = OutcomeSame, OrderReleased
+	case before.State == stock.OrderSold:
+		want, wantState = stock.OutcomeInvalidState, stock.OrderSold
+	case before.State == stock.OrderReleased:
+		want, wantState = stock.OutcomeSame, stock.OrderReleased
 	default:
-		want, wantState = OutcomeOK, OrderReleased
+		want, wantState = stock.OutcomeOK, stock.OrderReleased
 	}
 	if res.Outcome != want || after.State != wantState {
 		t.Fatalf("cancel %s (%s): %s -> %s, want %s -> %s", id, before.State, res.Outcome, after.State, want, wantState)
@@ -697,7 +698,7 @@ func (m *ledgerMachine) Expire(t *rapid.T) {
 	// Every due hold is released; the only new holds are a lottery's
 	// waitlisted entrants getting the units that came back.
 	for _, id := range due {
-		if o, _, _ := m.tl.l.Order(id); after[id] || o.State != OrderReleased {
+		if o, _, _ := m.tl.l.Order(id); after[id] || o.State != stock.OrderReleased {
 			t.Fatalf("expire of due hold %s left it %s", id, o.State)
 		}
 	}
@@ -765,16 +766,16 @@ func (m *ledgerMachine) PruneFeed(t *rapid.T) {
 	}
 	if seq > st.Floor.Seq && rapid.IntRange(0, 4).Draw(t, "bogus") == 0 {
 		c.Index++ // names no event
-		if res := m.tl.applyTyped(m.clock, &PruneEvents{Through: c}); res.Outcome != OutcomeInvalid {
+		if res := m.tl.applyTyped(m.clock, &PruneEvents{Through: c}); res.Outcome != stock.OutcomeInvalid {
 			t.Fatalf("prune through a cursor the feed never had: %s", res.Outcome)
 		}
 		return
 	}
 	res := m.tl.applyTyped(m.clock, &PruneEvents{Through: c})
-	if res.Outcome != OutcomeOK && res.Outcome != OutcomeSame {
+	if res.Outcome != stock.OutcomeOK && res.Outcome != stock.OutcomeSame {
 		t.Fatalf("prune events through %s: %s %s", c, res.Outcome, res.Detail)
 	}
-	if _, err := m.tl.l.ReadFeed(Cursor{Index: 1, Seq: 1}, 1); seq > 1 && !errors.Is(err, ErrCursorExpired) {
+	if _, err := m.tl.l.ReadFeed(Cursor{Index: 1, Seq: 1}, 1); seq > 1 && !errors.Is(err, stock.ErrCursorExpired) {
 		t.Fatalf("read after a pruned cursor: %v, want ErrCursorExpired", err)
 	}
 }
@@ -786,7 +787,7 @@ func (m *ledgerMachine) CloseAndArchive(t *rapid.T) {
 		t.Skip("not this time")
 	}
 	sku := rapid.SampledFrom(m.skus).Draw(t, "sku")
-	if res := m.tl.applyTyped(m.clock, &CloseSale{SKU: sku}); res.Outcome != OutcomeOK && res.Outcome != OutcomeSame {
+	if res := m.tl.applyTyped(m.clock, &CloseSale{SKU: sku}); res.Outcome != stock.OutcomeOK && res.Outcome != stock.OutcomeSame {
 		t.Fatalf("close %s: %s", sku, res.Outcome)
 	}
 	row, _, _ := m.tl.l.SKU(sku)
@@ -795,10 +796,10 @@ func (m *ledgerMachine) CloseAndArchive(t *rapid.T) {
 	}
 	res := m.tl.applyTyped(m.clock, &ArchiveSale{SKU: sku})
 	switch {
-	case row.Archived && res.Outcome == OutcomeSame:
-	case row.Held > 0 && res.Outcome == OutcomeHoldsPending:
+	case row.Archived && res.Outcome == stock.OutcomeSame:
+	case row.Held > 0 && res.Outcome == stock.OutcomeHoldsPending:
 		return
-	case row.Held == 0 && res.Outcome == OutcomeOK:
+	case row.Held == 0 && res.Outcome == stock.OutcomeOK:
 	default:
 		t.Fatalf("archive %s (held %d, archived %v): %s", sku, row.Held, row.Archived, res.Outcome)
 	}
@@ -870,7 +871,7 @@ func (m *ledgerMachine) Check(t *rapid.T) {
 	var mirrorHeld int64
 	for _, id := range m.tl.l.ExpiredHolds(1<<62, 1<<30) {
 		o, ok, err := m.tl.l.Order(id)
-		if err != nil || !ok || o.State != OrderHeld {
+		if err != nil || !ok || o.State != stock.OrderHeld {
 			t.Fatalf("hold index names order %s in state %s (ok %v err %v)", id, o.State, ok, err)
 		}
 		mirrorHeld += o.Qty
@@ -914,7 +915,7 @@ func randomCommandsKeepTheLaw(t *testing.T) int {
 		}
 		lottery := SaleConfig{Total: rapid.Int64Range(0, 6).Draw(rt, "lottery_total"), Mode: SaleModeLottery,
 			HoldTTLNanos: rapid.SampledFrom([]int64{0, 100}).Draw(rt, "lottery_hold_ttl"), EntriesCloseAtUnixNano: m.closeAt}
-		if r := m.tl.applyTyped(0, &CreateSale{SKU: "L", Sale: lottery, Secret: bytes.Repeat([]byte{5}, LotterySecretBytes)}); r.Outcome != OutcomeOK {
+		if r := m.tl.applyTyped(0, &CreateSale{SKU: "L", Sale: lottery, Secret: bytes.Repeat([]byte{5}, LotterySecretBytes)}); r.Outcome != stock.OutcomeOK {
 			rt.Fatalf("create the lottery: %s %s", r.Outcome, r.Detail)
 		}
 		m.skus = append(m.skus, "L") // takes, leases, restocks, closes and archives meet it too
@@ -943,7 +944,7 @@ func randomCommandsKeepTheLaw(t *testing.T) int {
 
 type mirrors struct {
 	Rules    uint64
-	SKUs     map[string]*SKU
+	SKUs     map[string]*stock.SKU
 	Requests []int64 // the creation times the request index holds (its hashes are per process)
 	Holds    map[string]int64
 	Bought   map[string]int64
@@ -1136,18 +1137,18 @@ func TestLedger_ReproposedOrderIDOfTheEnginesShapeAppliesOnce(t *testing.T) {
 		return c
 	}
 	first := tl.apply(withRequest(take("n1", "a", "u1", "n1-k2-x1", 1), "r1")).Takes[0]
-	if first.Outcome != OutcomeOK {
+	if first.Outcome != stock.OutcomeOK {
 		t.Fatalf("first take: %s", first.Outcome)
 	}
 	// An earlier sequence, then the first id again with a new request id
 	// (a re-proposal after an unknown outcome), then by another node.
 	tl.apply(withRequest(take("n1", "a", "u2", "n1-k1-x2", 1), "r2"))
-	if r := tl.apply(withRequest(take("n1", "a", "u1", "n1-k2-x1", 1), "r3")).Takes[0]; r.Outcome != OutcomeSame {
+	if r := tl.apply(withRequest(take("n1", "a", "u1", "n1-k2-x1", 1), "r3")).Takes[0]; r.Outcome != stock.OutcomeSame {
 		t.Fatalf("re-proposed id: %s, want same", r.Outcome)
 	}
 	// n2 takes an id in n1's name; n1 then proposes that id itself.
 	tl.apply(withRequest(take("n2", "a", "u3", "n1-k9-x3", 1), "r4"))
-	if r := tl.apply(withRequest(take("n1", "a", "u3", "n1-k9-x3", 1), "r5")).Takes[0]; r.Outcome != OutcomeSame {
+	if r := tl.apply(withRequest(take("n1", "a", "u3", "n1-k9-x3", 1), "r5")).Takes[0]; r.Outcome != stock.OutcomeSame {
 		t.Fatalf("an id another node took first: %s, want same", r.Outcome)
 	}
 	if err := tl.l.Close(); err != nil {
@@ -1159,7 +1160,7 @@ func TestLedger_ReproposedOrderIDOfTheEnginesShapeAppliesOnce(t *testing.T) {
 	}
 	tl.l = l
 	defer l.Close()
-	if r := tl.apply(withRequest(take("n1", "a", "u3", "n1-k9-x3", 1), "r6")).Takes[0]; r.Outcome != OutcomeSame {
+	if r := tl.apply(withRequest(take("n1", "a", "u3", "n1-k9-x3", 1), "r6")).Takes[0]; r.Outcome != stock.OutcomeSame {
 		t.Fatalf("after a restart: %s, want same", r.Outcome)
 	}
 	if s := tl.row("a"); s.Sold != 3 {

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"os"
+	"stockd/stock"
 	"strconv"
 	"strings"
 	"testing"
@@ -230,8 +231,8 @@ func BenchmarkLedger_AuditOrders(b *testing.B) {
 			var sold int64
 			err := tl.l.view(func(tx *bolt.Tx) error {
 				return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-					return eachStoredOrder(k, v, func(o *Order) error {
-						if o.SKU == "s" && o.State == OrderSold {
+					return eachStoredOrder(k, v, func(o *stock.Order) error {
+						if o.SKU == "s" && o.State == stock.OrderSold {
 							sold += o.Qty
 						}
 						return nil

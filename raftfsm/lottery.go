@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"stockd/internal/wire"
+	"stockd/stock"
 	"strconv"
 	"sync"
 
@@ -49,57 +50,19 @@ var (
 	bucketEntryUsers = []byte("entry_users")
 )
 
-// Lottery is a lottery sale's part of its row.
-type Lottery struct {
-	Seed           []byte `json:"seed"`      // revealed by the draw
-	OrderKey       []byte `json:"order_key"` // never shown
-	SeedCommitment []byte `json:"seed_commitment"`
-	Entries        int64  `json:"entries"`
-	EntriesHash    []byte `json:"entries_hash"`
-	// DrawnAtUnixNano: the draw happened then (0: not yet). Winners won
-	// at the draw; Promoted waitlisted entries won since, as winners'
-	// units came back.
-	DrawnAtUnixNano int64 `json:"drawn_at,omitempty"`
-	Winners         int64 `json:"winners,omitempty"`
-	Promoted        int64 `json:"promoted,omitempty"`
-	// WaitlistLostAtUnixNano: no unit can come back since then (every
-	// winner's order sold, or the sale closed): the waitlist lost.
-	WaitlistLostAtUnixNano int64 `json:"waitlist_lost_at,omitempty"`
-	// PurgedEntries counts the entries an archive took out (from seq 1).
-	PurgedEntries int64 `json:"purged_entries,omitempty"`
-}
-
-// Drawn reports whether the draw happened.
-func (l *Lottery) Drawn() bool { return l.DrawnAtUnixNano != 0 }
-
-// Won is the number of entries that won: at the draw and since.
-func (l *Lottery) Won() int64 { return l.Winners + l.Promoted }
-
-// Entry is one committed lottery entry.
-type Entry struct {
-	SKU        string `json:"sku"`
-	Seq        int64  `json:"seq"`
-	User       string `json:"user"`
-	RequestID  string `json:"request_id,omitempty"`
-	AtUnixNano int64  `json:"at"`
-}
-
-// ID is the entry's id on the wire: its sequence in the sale.
-func (e *Entry) ID() string { return strconv.FormatInt(e.Seq, 10) }
-
 // EntryResult is the verdict on one EnterEntry: OutcomeOK (entered) or
 // OutcomeSame (the user's entry exists; Entry is it).
 type EntryResult struct {
-	Outcome Outcome
-	Entry   Entry
+	Outcome stock.Outcome
+	Entry   stock.Entry
 }
 
 // newLottery is the lottery part of a new sale's row, from the secret its
 // CreateSale carries.
-func newLottery(secret []byte) *Lottery {
+func newLottery(secret []byte) *stock.Lottery {
 	seed := secret[:lotterySeedBytes]
 	sum := sha256.Sum256(seed)
-	return &Lottery{
+	return &stock.Lottery{
 		Seed: slices.Clone(seed), OrderKey: slices.Clone(secret[lotterySeedBytes:]),
 		SeedCommitment: sum[:], EntriesHash: make([]byte, sha256.Size),
 	}
@@ -121,17 +84,17 @@ func entryKey(sku string, seq int64) []byte {
 	return binary.BigEndian.AppendUint64(k, uint64(seq))
 }
 
-func encodeEntryRecord(e *Entry) []byte {
+func encodeEntryRecord(e *stock.Entry) []byte {
 	b := make([]byte, 0, 4+len(e.User)+len(e.RequestID)+wire.MaxVarintBytes)
 	b = wire.AppendString(wire.AppendString(b, e.User), e.RequestID)
 	return wire.AppendVarint(b, e.AtUnixNano)
 }
 
-func decodeEntryRecord(sku string, seq int64, b []byte) (Entry, error) {
+func decodeEntryRecord(sku string, seq int64, b []byte) (stock.Entry, error) {
 	d := wire.Decoder{B: b}
-	e := Entry{SKU: sku, Seq: seq, User: d.String(), RequestID: d.String(), AtUnixNano: d.Varint()}
+	e := stock.Entry{SKU: sku, Seq: seq, User: d.String(), RequestID: d.String(), AtUnixNano: d.Varint()}
 	if err := d.Finish(); err != nil {
-		return Entry{}, fmt.Errorf("entry %d of %q: %w", seq, sku, err)
+		return stock.Entry{}, fmt.Errorf("entry %d of %q: %w", seq, sku, err)
 	}
 	return e, nil
 }
@@ -163,7 +126,7 @@ type lotteryRankings struct {
 }
 
 // ranking returns lottery sku's ranking, computing it on first use.
-func (l *Ledger) ranking(sku string, lt *Lottery) *ranking {
+func (l *Ledger) ranking(sku string, lt *stock.Lottery) *ranking {
 	l.rankings.mu.Lock()
 	defer l.rankings.mu.Unlock()
 	if r, ok := l.rankings.m[sku]; ok && r.entries == lt.Entries && slices.Equal(r.seed, lt.Seed) && slices.Equal(r.hash, lt.EntriesHash) {
@@ -266,51 +229,34 @@ func compareKeys(x, y *[sha256.Size]byte) int {
 	return 0
 }
 
-// Entry states of GET /v1/skus/{sku}/entries/{user}.
-const (
-	EntryEntered    = "entered"
-	EntryWon        = "won"
-	EntryWaitlisted = "waitlisted"
-	EntryLost       = "lost"
-)
-
-// EntryStatus is where one entrant stands.
-type EntryStatus struct {
-	Entry    Entry
-	State    string
-	OrderID  string // set when won
-	Position int64  // set when waitlisted: 1 is next
-	Rank     int64  // the entry's place in the draw, from 1; 0 before it
-}
-
 // EntryStatus reads user's entry into lottery sku: ok is false when the
 // user has none (or sku is no lottery).
-func (l *Ledger) EntryStatus(sku, user string) (EntryStatus, bool, error) {
+func (l *Ledger) EntryStatus(sku, user string) (stock.EntryStatus, bool, error) {
 	row, _, ok := l.SKU(sku)
 	if !ok || row.Lottery == nil {
-		return EntryStatus{}, false, nil
+		return stock.EntryStatus{}, false, nil
 	}
 	v, err := l.read(bucketEntryUsers, appendBuyerKey(nil, sku, user))
 	if err != nil || v == nil {
-		return EntryStatus{}, false, err
+		return stock.EntryStatus{}, false, err
 	}
 	if len(v) != 8 {
-		return EntryStatus{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
+		return stock.EntryStatus{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
 	}
 	seq := int64(binary.BigEndian.Uint64(v))
 	rec, err := l.read(bucketEntries, entryKey(sku, seq))
 	if err != nil || rec == nil {
-		return EntryStatus{}, false, err
+		return stock.EntryStatus{}, false, err
 	}
 	e, err := decodeEntryRecord(sku, seq, rec)
 	if err != nil {
-		return EntryStatus{}, false, err
+		return stock.EntryStatus{}, false, err
 	}
-	st := EntryStatus{Entry: e, State: EntryEntered}
+	st := stock.EntryStatus{Entry: e, State: stock.EntryEntered}
 	lt := row.Lottery
 	if !lt.Drawn() {
 		if row.Closed() {
-			st.State = EntryLost
+			st.State = stock.EntryLost
 		}
 		return st, true, nil
 	}
@@ -323,11 +269,11 @@ func (l *Ledger) EntryStatus(sku, user string) (EntryStatus, bool, error) {
 	st.Rank = rank + 1
 	switch {
 	case rank < lt.Won():
-		st.State, st.OrderID = EntryWon, lotteryOrderID(lt.OrderKey, sku, seq)
+		st.State, st.OrderID = stock.EntryWon, lotteryOrderID(lt.OrderKey, sku, seq)
 	case lt.WaitlistLostAtUnixNano != 0:
-		st.State = EntryLost
+		st.State = stock.EntryLost
 	default:
-		st.State, st.Position = EntryWaitlisted, rank-lt.Won()+1
+		st.State, st.Position = stock.EntryWaitlisted, rank-lt.Won()+1
 	}
 	return st, true, nil
 }
@@ -335,7 +281,7 @@ func (l *Ledger) EntryStatus(sku, user string) (EntryStatus, bool, error) {
 // SaleEntries calls fn for every committed entry of lottery sku in log
 // order, from one consistent state of the ledger file, and returns the
 // applied index that state reflects. It writes pending changes first.
-func (l *Ledger) SaleEntries(sku string, fn func(*Entry) error) (uint64, error) {
+func (l *Ledger) SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error) {
 	if err := l.Flush(); err != nil {
 		return 0, err
 	}

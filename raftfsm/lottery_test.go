@@ -6,12 +6,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"stockd/stock"
 	"testing"
 )
 
 // recomputeDraw ranks exported entries the way docs/feed-and-lottery.md writes the
 // draw down, without the ledger's code: the hash chain, then the keys.
-func recomputeDraw(t *testing.T, seed []byte, entries []Entry) (hash []byte, ranked []int64) {
+func recomputeDraw(t *testing.T, seed []byte, entries []stock.Entry) (hash []byte, ranked []int64) {
 	t.Helper()
 	hash = make([]byte, 32)
 	for i, e := range entries {
@@ -50,14 +51,14 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 	tl := newTestLedger(t)
 	secret := bytes.Repeat([]byte{7}, LotterySecretBytes)
 	cfg := SaleConfig{Total: 3, HoldTTLNanos: 1000, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
-	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: secret}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: secret}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("create: %s %s", r.Outcome, r.Detail)
 	}
 	other := bytes.Repeat([]byte{9}, LotterySecretBytes)
-	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: other}); r.Outcome != OutcomeSame {
+	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: other}); r.Outcome != stock.OutcomeSame {
 		t.Fatalf("the same lottery again, with another secret: %s", r.Outcome)
 	}
-	if r := tl.applyTyped(1, &CreateSale{SKU: "bad", Sale: SaleConfig{Total: 1, Mode: SaleModeLottery}, Secret: secret}); r.Outcome != OutcomeInvalid {
+	if r := tl.applyTyped(1, &CreateSale{SKU: "bad", Sale: SaleConfig{Total: 1, Mode: SaleModeLottery}, Secret: secret}); r.Outcome != stock.OutcomeInvalid {
 		t.Fatalf("a lottery without entries_close_at: %s", r.Outcome)
 	}
 	tl.applyTyped(1, &CreateSale{SKU: "plain", Sale: SaleConfig{Total: 1}})
@@ -70,11 +71,11 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 		EnterEntry{SKU: "nope", User: "u1"}, EnterEntry{SKU: "lot"})
 	r := tl.applyTyped(10, &batch)
 	for i := range 10 {
-		if e := r.Entries[i]; e.Outcome != OutcomeOK || e.Entry.Seq != int64(i+1) {
+		if e := r.Entries[i]; e.Outcome != stock.OutcomeOK || e.Entry.Seq != int64(i+1) {
 			t.Fatalf("entry %d: %s seq %d", i, e.Outcome, e.Entry.Seq)
 		}
 	}
-	want := []Outcome{OutcomeSame, OutcomeNotLottery, OutcomeUnknownSKU, OutcomeInvalid}
+	want := []stock.Outcome{stock.OutcomeSame, stock.OutcomeNotLottery, stock.OutcomeUnknownSKU, stock.OutcomeInvalid}
 	for i, w := range want {
 		if got := r.Entries[10+i].Outcome; got != w {
 			t.Fatalf("entry %d: %s, want %s", 10+i, got, w)
@@ -83,27 +84,27 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 	if r.Entries[10].Entry.Seq != 4 {
 		t.Fatalf("a repeat entry answers seq %d, want the first's 4", r.Entries[10].Entry.Seq)
 	}
-	if r := tl.applyTyped(100, &Enter{Entries: []EnterEntry{{SKU: "lot", User: "late"}}}); r.Entries[0].Outcome != OutcomeEntriesClosed {
+	if r := tl.applyTyped(100, &Enter{Entries: []EnterEntry{{SKU: "lot", User: "late"}}}); r.Entries[0].Outcome != stock.OutcomeEntriesClosed {
 		t.Fatalf("an entry at the close: %s", r.Entries[0].Outcome)
 	}
-	if r := tl.applyTyped(10, &Lease{Node: "n1", SKU: "lot", Want: 1}); r.Outcome != OutcomeLottery {
+	if r := tl.applyTyped(10, &Lease{Node: "n1", SKU: "lot", Want: 1}); r.Outcome != stock.OutcomeLottery {
 		t.Fatalf("a lease of a lottery: %s", r.Outcome)
 	}
-	if st, ok, _ := tl.l.EntryStatus("lot", "u5"); !ok || st.State != EntryEntered {
+	if st, ok, _ := tl.l.EntryStatus("lot", "u5"); !ok || st.State != stock.EntryEntered {
 		t.Fatalf("before the draw: %+v %v", st, ok)
 	}
-	if r := tl.applyTyped(99, &Draw{SKU: "lot"}); r.Outcome != OutcomeInvalidState {
+	if r := tl.applyTyped(99, &Draw{SKU: "lot"}); r.Outcome != stock.OutcomeInvalidState {
 		t.Fatalf("a draw before the close: %s", r.Outcome)
 	}
-	if r := tl.applyTyped(100, &Draw{SKU: "lot"}); r.Outcome != OutcomeOK || r.Qty != 3 {
+	if r := tl.applyTyped(100, &Draw{SKU: "lot"}); r.Outcome != stock.OutcomeOK || r.Qty != 3 {
 		t.Fatalf("draw: %s %d", r.Outcome, r.Qty)
 	}
-	if r := tl.applyTyped(101, &Draw{SKU: "lot"}); r.Outcome != OutcomeSame || r.Qty != 3 {
+	if r := tl.applyTyped(101, &Draw{SKU: "lot"}); r.Outcome != stock.OutcomeSame || r.Qty != 3 {
 		t.Fatalf("a second draw: %s %d", r.Outcome, r.Qty)
 	}
 
-	var entries []Entry
-	if _, err := tl.l.SaleEntries("lot", func(e *Entry) error { entries = append(entries, *e); return nil }); err != nil {
+	var entries []stock.Entry
+	if _, err := tl.l.SaleEntries("lot", func(e *stock.Entry) error { entries = append(entries, *e); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	row := tl.row("lot")
@@ -121,7 +122,7 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 			}
 			switch {
 			case int64(rank) < won:
-				if st.State != EntryWon || st.OrderID == "" {
+				if st.State != stock.EntryWon || st.OrderID == "" {
 					t.Fatalf("rank %d (%s): %+v, want won", rank+1, user(seq), st)
 				}
 				o, ok, _ := tl.l.Order(st.OrderID)
@@ -129,11 +130,11 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 					t.Fatalf("winner %s's order %q: %+v %v", user(seq), st.OrderID, o, ok)
 				}
 			case lost:
-				if st.State != EntryLost {
+				if st.State != stock.EntryLost {
 					t.Fatalf("rank %d: %+v, want lost", rank+1, st)
 				}
 			default:
-				if st.State != EntryWaitlisted || st.Position != int64(rank)+1-won {
+				if st.State != stock.EntryWaitlisted || st.Position != int64(rank)+1-won {
 					t.Fatalf("rank %d: %+v, want waitlisted at %d", rank+1, st, int64(rank)+1-won)
 				}
 			}
@@ -145,7 +146,7 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 	// A cancelled winner's unit goes to the first waitlisted entry; an
 	// expired one's to the next.
 	first, _, _ := tl.l.EntryStatus("lot", user(ranked[0]))
-	if r := tl.applyTyped(200, &Release{OrderID: first.OrderID, Reason: ReleaseCancelled}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(200, &Release{OrderID: first.OrderID, Reason: stock.ReleaseCancelled}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("cancel: %s", r.Outcome)
 	}
 	check(4, false)
@@ -168,7 +169,7 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 	// Once every held winner confirmed, no unit can come back: the rest lost.
 	for _, seq := range ranked[2:5] {
 		st, _, _ := tl.l.EntryStatus("lot", user(seq))
-		if r := tl.applyTyped(1100, &Confirm{OrderID: st.OrderID}); r.Outcome != OutcomeOK && r.Outcome != OutcomeExpired {
+		if r := tl.applyTyped(1100, &Confirm{OrderID: st.OrderID}); r.Outcome != stock.OutcomeOK && r.Outcome != stock.OutcomeExpired {
 			t.Fatalf("confirm: %s", r.Outcome)
 		}
 	}
@@ -178,7 +179,7 @@ func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 	}
 	won := row.Lottery.Won()
 	check(won, true)
-	if r := tl.applyTyped(1200, &Restock{SKU: "lot", Qty: 1}); r.Outcome != OutcomeLottery {
+	if r := tl.applyTyped(1200, &Restock{SKU: "lot", Qty: 1}); r.Outcome != stock.OutcomeLottery {
 		t.Fatalf("restock after the waitlist lost: %s", r.Outcome)
 	}
 }
@@ -223,22 +224,22 @@ func TestLottery_ArchiveTakesTheEntriesOut(t *testing.T) {
 	}
 	tl.applyTyped(10, &batch)
 	for _, sku := range []string{"lot", "keep"} {
-		if r := tl.applyTyped(100, &Draw{SKU: sku}); r.Outcome != OutcomeOK || r.Qty != 4 {
+		if r := tl.applyTyped(100, &Draw{SKU: sku}); r.Outcome != stock.OutcomeOK || r.Qty != 4 {
 			t.Fatalf("draw %s: %s %d", sku, r.Outcome, r.Qty)
 		}
 	}
 	// Sold at the draw (no hold_ttl): nothing can come back, the rest lost.
-	if st, _, _ := tl.l.EntryStatus("lot", "u0"); st.State != EntryWon && st.State != EntryLost {
+	if st, _, _ := tl.l.EntryStatus("lot", "u0"); st.State != stock.EntryWon && st.State != stock.EntryLost {
 		t.Fatalf("u0 after the draw: %+v", st)
 	}
 	tl.applyTyped(200, &CloseSale{SKU: "lot"})
-	if r := tl.applyTyped(200, &ArchiveSale{SKU: "lot"}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(200, &ArchiveSale{SKU: "lot"}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("archive: %s %s", r.Outcome, r.Detail)
 	}
 	after, steps := "", 0
 	for ; steps < 100; steps++ {
 		r := tl.applyTyped(300, &PurgeArchived{SKU: "lot", After: after, Scan: 7})
-		if r.Outcome != OutcomeOK {
+		if r.Outcome != stock.OutcomeOK {
 			t.Fatalf("purge step %d: %s %s", steps, r.Outcome, r.Detail)
 		}
 		row := tl.row("lot")
@@ -252,17 +253,17 @@ func TestLottery_ArchiveTakesTheEntriesOut(t *testing.T) {
 		t.Fatalf("after %d steps: %+v %+v", steps, row, row.Lottery)
 	}
 	n := 0
-	if _, err := tl.l.SaleEntries("lot", func(*Entry) error { n++; return nil }); err != nil || n != 0 {
+	if _, err := tl.l.SaleEntries("lot", func(*stock.Entry) error { n++; return nil }); err != nil || n != 0 {
 		t.Fatalf("%d entries of the archived lottery left (%v)", n, err)
 	}
 	if _, ok, _ := tl.l.EntryStatus("lot", "u3"); ok {
 		t.Fatal("an archived lottery's entrant still has an entry")
 	}
 	n = 0
-	if _, err := tl.l.SaleEntries("keep", func(*Entry) error { n++; return nil }); err != nil || n != 25 {
+	if _, err := tl.l.SaleEntries("keep", func(*stock.Entry) error { n++; return nil }); err != nil || n != 25 {
 		t.Fatalf("the other lottery kept %d entries, want 25 (%v)", n, err)
 	}
-	if st, ok, _ := tl.l.EntryStatus("keep", "u3"); !ok || (st.State != EntryWon && st.State != EntryLost) {
+	if st, ok, _ := tl.l.EntryStatus("keep", "u3"); !ok || (st.State != stock.EntryWon && st.State != stock.EntryLost) {
 		t.Fatalf("the other lottery's entrant: %+v %v", st, ok)
 	}
 	checkAudit(t, tl.l, "lot")
@@ -307,10 +308,10 @@ func TestLottery_DrawnWithNoEntriesCloses(t *testing.T) {
 		tl.applyTyped(0, &SetRules{Rules: rules})
 		secret := bytes.Repeat([]byte{7}, LotterySecretBytes)
 		cfg := SaleConfig{Total: 3, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
-		if r := tl.applyTyped(1, &CreateSale{SKU: "empty", Sale: cfg, Secret: secret}); r.Outcome != OutcomeOK {
+		if r := tl.applyTyped(1, &CreateSale{SKU: "empty", Sale: cfg, Secret: secret}); r.Outcome != stock.OutcomeOK {
 			t.Fatalf("create: %s %s", r.Outcome, r.Detail)
 		}
-		if r := tl.applyTyped(200, &Draw{SKU: "empty"}); r.Outcome != OutcomeOK || r.Qty != 0 {
+		if r := tl.applyTyped(200, &Draw{SKU: "empty"}); r.Outcome != stock.OutcomeOK || r.Qty != 0 {
 			t.Fatalf("rules %d: the draw: %s %d", rules, r.Outcome, r.Qty)
 		}
 		row, _, ok := tl.l.SKU("empty")
@@ -320,7 +321,7 @@ func TestLottery_DrawnWithNoEntriesCloses(t *testing.T) {
 		if row.Closed() != wantClosed || row.Available != 3 || row.Sold != 0 || !row.Lottery.Drawn() {
 			t.Fatalf("rules %d: after an empty draw: closed %v, %d available, %d sold; want closed %v with 3 available", rules, row.Closed(), row.Available, row.Sold, wantClosed)
 		}
-		if r := tl.applyTyped(300, &Draw{SKU: "empty"}); r.Outcome != OutcomeSame {
+		if r := tl.applyTyped(300, &Draw{SKU: "empty"}); r.Outcome != stock.OutcomeSame {
 			t.Fatalf("rules %d: the draw again: %s, want same", rules, r.Outcome)
 		}
 		checkAudit(t, tl.l, "empty")

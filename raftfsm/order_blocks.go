@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"stockd/internal/wire"
 	"stockd/raftfsm/orderid"
+	"stockd/stock"
 	"strconv"
 )
 
@@ -117,7 +118,7 @@ func (b *orderBlock) appendID(dst []byte, m *blockMember) []byte {
 	return append(dst, m.random...)
 }
 
-func (b *orderBlock) order(m *blockMember) (Order, error) {
+func (b *orderBlock) order(m *blockMember) (stock.Order, error) {
 	return decodeOrderRecord(string(b.appendID(nil, m)), m.record)
 }
 
@@ -156,7 +157,7 @@ func (b *orderBlock) find(slot byte, random string) ([]byte, error) {
 
 // appendBlockMember appends order o as a member of its block; scratch is
 // memory for its record, returned for the next call.
-func appendBlockMember(dst, scratch []byte, slot byte, random string, o *Order) ([]byte, []byte) {
+func appendBlockMember(dst, scratch []byte, slot byte, random string, o *stock.Order) ([]byte, []byte) {
 	dst = append(dst, slot)
 	dst = wire.AppendString(dst, random)
 	scratch = encodeOrderRecord(scratch[:0], o)
@@ -166,7 +167,7 @@ func appendBlockMember(dst, scratch []byte, slot byte, random string, o *Order) 
 
 // eachStoredOrder calls fn for the order, or each order of the block,
 // that record k, v of the orders bucket holds.
-func eachStoredOrder(k, v []byte, fn func(*Order) error) error {
+func eachStoredOrder(k, v []byte, fn func(*stock.Order) error) error {
 	if !isOrderBlockKey(k) {
 		o, err := decodeOrderRecord(string(k), v)
 		if err != nil {
@@ -180,7 +181,7 @@ func eachStoredOrder(k, v []byte, fn func(*Order) error) error {
 	}
 	var fnErr error
 	err = b.each(func(_ int, m *blockMember) bool {
-		var o Order
+		var o stock.Order
 		if o, fnErr = b.order(m); fnErr == nil {
 			fnErr = fn(&o)
 		}
@@ -197,7 +198,7 @@ func eachStoredOrder(k, v []byte, fn func(*Order) error) error {
 // bucket holds, reading them in place (sku is valid during the call). A
 // record it cannot read so is decoded in full, and an error of that is
 // returned.
-func tallyStoredOrders(k, v []byte, fn func(sku []byte, state OrderState, qty int64)) error {
+func tallyStoredOrders(k, v []byte, fn func(sku []byte, state stock.OrderState, qty int64)) error {
 	if !isOrderBlockKey(k) {
 		if sku, state, qty, ok := orderRecordTally(v); ok {
 			fn(sku, state, qty)
@@ -220,7 +221,7 @@ func tallyStoredOrders(k, v []byte, fn func(sku []byte, state OrderState, qty in
 			fn(sku, state, qty)
 			return true
 		}
-		var o Order
+		var o stock.Order
 		if o, orderErr = b.order(m); orderErr != nil {
 			return false
 		}
@@ -236,8 +237,8 @@ func tallyStoredOrders(k, v []byte, fn func(sku []byte, state OrderState, qty in
 // readOrder finds order id through get, which calls fn with the value of
 // a key of the orders bucket (nil: absent), valid during the call: its
 // own record first, then its place in a block.
-func readOrder(id string, get func(key []byte, fn func(v []byte) error) error) (Order, bool, error) {
-	var o Order
+func readOrder(id string, get func(key []byte, fn func(v []byte) error) error) (stock.Order, bool, error) {
+	var o stock.Order
 	found := false
 	err := get([]byte(id), func(v []byte) error {
 		if v == nil {

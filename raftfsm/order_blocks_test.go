@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"slices"
+	"stockd/stock"
 	"strconv"
 	"testing"
 
@@ -20,7 +21,7 @@ func orderKeys(t *testing.T, l *Ledger) (blocks, records int) {
 func saleOrderIDs(t fataler, l *Ledger, sku, after string) []string {
 	t.Helper()
 	var ids []string
-	_, err := l.SaleOrders(sku, "", after, func(o *Order) error {
+	_, err := l.SaleOrders(sku, "", after, func(o *stock.Order) error {
 		if len(ids) > 0 && o.ID <= ids[len(ids)-1] {
 			return fmt.Errorf("order %s streamed after %s", o.ID, ids[len(ids)-1])
 		}
@@ -73,7 +74,7 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 	at := int64(0)
 	// take applies a take whose entries must all have outcome; one that
 	// wins or repeats must answer the order of the entry's request id.
-	take := func(node string, entries []TakeEntry, outcome Outcome) {
+	take := func(node string, entries []TakeEntry, outcome stock.Outcome) {
 		t.Helper()
 		at += 10
 		res := tl.apply(legacyCommand{Op: OpTake, Node: node, Takes: entries, AtUnixNano: at})
@@ -81,21 +82,21 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 			if r.Outcome != outcome {
 				t.Fatalf("take %s: %s, want %s", entries[i].OrderID, r.Outcome, outcome)
 			}
-			if e := entries[i]; outcome != OutcomeClosed && (r.Order.RequestID != e.RequestID || r.Order.SKU != e.SKU || r.Order.User != e.User) {
+			if e := entries[i]; outcome != stock.OutcomeClosed && (r.Order.RequestID != e.RequestID || r.Order.SKU != e.SKU || r.Order.User != e.User) {
 				t.Fatalf("take %s answers order %+v", e.OrderID, r.Order)
 			}
 		}
 	}
 	for i := 0; i < 600; i += 100 { // takes of 100 units cross blocks
-		take("n1", takes[i:i+100], OutcomeOK)
+		take("n1", takes[i:i+100], stock.OutcomeOK)
 	}
-	take("n2", takes[600:], OutcomeOK)
+	take("n2", takes[600:], stock.OutcomeOK)
 	// Records of their own: a held order, a sequence not in canonical
 	// base 36, an id of another shape.
 	held := TakeEntry{SKU: "h", Qty: 1, User: "u1", RequestID: "r-held", OrderID: "n1-" + strconv.FormatUint(601, 36) + "-h"}
 	odd := TakeEntry{SKU: "a", Qty: 1, User: "u2", RequestID: "r-odd", OrderID: "n1-0" + strconv.FormatUint(602, 36) + "-z"}
 	other := TakeEntry{SKU: "a", Qty: 1, User: "u3", RequestID: "r-other", OrderID: "o-1"}
-	take("n1", []TakeEntry{held, odd, other}, OutcomeOK)
+	take("n1", []TakeEntry{held, odd, other}, stock.OutcomeOK)
 	for _, e := range []TakeEntry{held, odd, other} {
 		want[e.OrderID] = e
 	}
@@ -111,14 +112,14 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 		shared = append(shared, e)
 		want[e.OrderID] = e
 	}
-	take("n2", shared, OutcomeOK)
+	take("n2", shared, stock.OutcomeOK)
 	if b, r := orderKeys(t, tl.l); b != 5 || r != 7 {
 		t.Fatalf("after ids sharing a sequence: %d blocks and %d order records, want 5 and 7", b, r)
 	}
 	// A take of an id the ledger cannot tell from a block's key is turned
 	// down.
 	res := tl.apply(legacyCommand{Op: OpTake, Node: "n1", AtUnixNano: at, Takes: []TakeEntry{{SKU: "a", Qty: 1, User: "u", OrderID: "\x00n1"}}})
-	if res.Takes[0].Outcome != OutcomeInvalid {
+	if res.Takes[0].Outcome != stock.OutcomeInvalid {
 		t.Fatalf("a take of an id starting with 0x00: %s", res.Takes[0].Outcome)
 	}
 
@@ -169,7 +170,7 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 		r.OrderID = "n1-" + strconv.FormatUint(10000+uint64(len(again)), 36) + "-new"
 		again = append(again, r)
 	}
-	take("n1", again, OutcomeSame)
+	take("n1", again, stock.OutcomeSame)
 	if _, r := orderKeys(t, tl.l); r != 262 {
 		t.Fatalf("re-proposals wrote order records: %d", r)
 	}
@@ -200,7 +201,7 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 		t.Helper()
 		at += 10
 		tl.applyTyped(at, &CloseSale{SKU: sku})
-		if r := tl.applyTyped(at, &ArchiveSale{SKU: sku}); r.Outcome != OutcomeOK {
+		if r := tl.applyTyped(at, &ArchiveSale{SKU: sku}); r.Outcome != stock.OutcomeOK {
 			t.Fatalf("archive %s: %s", sku, r.Outcome)
 		}
 		for step := 0; ; step++ {
@@ -249,7 +250,7 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 		t.Fatalf("after archiving b: %d blocks and %d order records, want 0 and 1 (the held one)", b, r)
 	}
 	// The sequences stay known: an archived order's id is not new.
-	take("n1", []TakeEntry{takes[300]}, OutcomeClosed)
+	take("n1", []TakeEntry{takes[300]}, stock.OutcomeClosed)
 	checkAudit(t, tl.reopen(), "h")
 }
 

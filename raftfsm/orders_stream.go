@@ -4,30 +4,21 @@ import (
 	"bytes"
 	"encoding/binary"
 	"slices"
-	"stockd/raftfsm/command"
+	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )
-
-// OrdersSnapshot is where a reconciliation read of a sale's orders
-// stands: the orders as of log index Applied, which are the effects of
-// the feed's events up to FeedCursor. A consumer that reconciles from it
-// goes on reading the feed after FeedCursor.
-type OrdersSnapshot struct {
-	Applied    uint64
-	FeedCursor command.Cursor
-}
 
 // SaleOrders calls fn, in order id order, for every order of sku (in
 // state, if not empty) whose id sorts after after, from one consistent
 // state of the ledger file; fn returning an error stops the scan. It
 // writes pending changes first, and scans every order of the ledger (the
 // file has no per-sale index): a reconciliation read, not a hot path.
-func (l *Ledger) SaleOrders(sku string, state OrderState, after string, fn func(*Order) error) (OrdersSnapshot, error) {
+func (l *Ledger) SaleOrders(sku string, state stock.OrderState, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error) {
 	if err := l.Flush(); err != nil {
-		return OrdersSnapshot{}, err
+		return stock.OrdersSnapshot{}, err
 	}
-	var snap OrdersSnapshot
+	var snap stock.OrdersSnapshot
 	err := l.view(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		snap.Applied = appliedIn(tx)
@@ -51,7 +42,7 @@ func (l *Ledger) SaleOrders(sku string, state OrderState, after string, fn func(
 // eachSaleOrder is SaleOrders' scan of the orders bucket. The blocks come
 // first in the file: the sale's members after after are gathered as
 // references, sorted by id and merged with the order records after them.
-func eachSaleOrder(bucket *bolt.Bucket, sku string, state OrderState, after string, fn func(*Order) error) error {
+func eachSaleOrder(bucket *bolt.Bucket, sku string, state stock.OrderState, after string, fn func(*stock.Order) error) error {
 	type memberRef struct{ block, off uint32 }
 	var blocks []orderBlock
 	var refs []memberRef
@@ -95,7 +86,7 @@ func eachSaleOrder(bucket *bolt.Bucket, sku string, state OrderState, after stri
 		}
 	}
 	for i := 0; k != nil || i < len(refs); {
-		var o Order
+		var o stock.Order
 		var err error
 		if i < len(refs) {
 			m := member(refs[i])

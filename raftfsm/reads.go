@@ -4,20 +4,21 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sort"
+	"stockd/stock"
 	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
 )
 
 // SKU returns a copy of one sale's row and the applied index it reflects.
-func (l *Ledger) SKU(sku string) (SKU, uint64, bool) {
+func (l *Ledger) SKU(sku string) (stock.SKU, uint64, bool) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	s, ok := l.skus[sku]
 	if !ok {
-		return SKU{}, l.applied, false
+		return stock.SKU{}, l.applied, false
 	}
-	return *s.clone(), l.applied, true
+	return *s.Clone(), l.applied, true
 }
 
 // SKUAvailability reads what a waiting buyer needs of a sale's row
@@ -35,12 +36,12 @@ func (l *Ledger) SKUAvailability(sku string) (available, leased int64, closed, o
 
 // SKUs returns copies of every sale's row, sorted by SKU, and the applied
 // index they reflect.
-func (l *Ledger) SKUs() ([]SKU, uint64) {
+func (l *Ledger) SKUs() ([]stock.SKU, uint64) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	out := make([]SKU, 0, len(l.skus))
+	out := make([]stock.SKU, 0, len(l.skus))
 	for _, s := range l.skus {
-		out = append(out, *s.clone())
+		out = append(out, *s.Clone())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SKU < out[j].SKU })
 	return out, l.applied
@@ -217,10 +218,10 @@ func (l *Ledger) RequestIDs() int {
 }
 
 // Order reads one order.
-func (l *Ledger) Order(id string) (Order, bool, error) {
+func (l *Ledger) Order(id string) (stock.Order, bool, error) {
 	o, ok, err := readOrder(id, func(key []byte, fn func([]byte) error) error { return l.readIn(bucketOrders, key, fn) })
 	if err != nil {
-		return Order{}, false, fmt.Errorf("read order %q: %w", id, err)
+		return stock.Order{}, false, fmt.Errorf("read order %q: %w", id, err)
 	}
 	return o, ok, nil
 }

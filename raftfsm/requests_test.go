@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"stockd/stock"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -62,7 +63,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 			c.Takes = append(c.Takes, TakeEntry{SKU: sku, Qty: 1, User: "u", RequestID: fmt.Sprintf("r%02d", i), OrderID: fmt.Sprintf("o%02d", i)})
 		}
 		for i, r := range tl.apply(c).Takes {
-			if r.Outcome != OutcomeOK {
+			if r.Outcome != stock.OutcomeOK {
 				t.Fatalf("take %s: %s", c.Takes[i].OrderID, r.Outcome)
 			}
 		}
@@ -104,19 +105,19 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 		{SKU: "a", Qty: 1, User: "u", RequestID: "r12", OrderID: "new2"},
 	}}
 	for i, r := range tl.apply(c).Takes {
-		if want := []string{"o04", "o12"}[i]; r.Outcome != OutcomeSame || r.Order.ID != want {
+		if want := []string{"o04", "o12"}[i]; r.Outcome != stock.OutcomeSame || r.Order.ID != want {
 			t.Fatalf("repeat %s: %s %s, want the same order %s", c.Takes[i].RequestID, r.Outcome, r.Order.ID, want)
 		}
 	}
 
 	// Archiving sale b takes its request ids out of both kinds.
 	tl.applyTyped(30, &CloseSale{SKU: "b"})
-	if r := tl.applyTyped(30, &ArchiveSale{SKU: "b"}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(30, &ArchiveSale{SKU: "b"}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("archive: %s %s", r.Outcome, r.Detail)
 	}
 	for steps, after := 0, ""; ; steps++ {
 		r := tl.applyTyped(30, &PurgeArchived{SKU: "b", After: after, Scan: 3})
-		if r.Outcome != OutcomeOK || steps > 50 {
+		if r.Outcome != stock.OutcomeOK || steps > 50 {
 			t.Fatalf("purge step %d: %s %s", steps, r.Outcome, r.Detail)
 		}
 		if r.Detail == "done" {
@@ -135,7 +136,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 	}
 
 	// Keeping the newest three prunes the old records, then cuts the group.
-	if r := tl.applyTyped(40, &PruneRequests{BeforeUnixNano: 0, MaxKeep: 3}); r.Outcome != OutcomeOK || r.Qty != 7 {
+	if r := tl.applyTyped(40, &PruneRequests{BeforeUnixNano: 0, MaxKeep: 3}); r.Outcome != stock.OutcomeOK || r.Qty != 7 {
 		t.Fatalf("prune: %s %d, want 7 ids", r.Outcome, r.Qty)
 	}
 	l = tl.reopen()
@@ -267,7 +268,7 @@ func TestRequests_PruneInTheBatchThatAddsKeepsTheIndexTrue(t *testing.T) {
 	f := func(name string, want int, logs ...*raft.Log) {
 		t.Helper()
 		for i, r := range l.ApplyBatch(logs) {
-			if res, ok := r.(*Result); !ok || res.Outcome != OutcomeOK {
+			if res, ok := r.(*Result); !ok || res.Outcome != stock.OutcomeOK {
 				t.Fatalf("%s: entry %d: %+v", name, i, r)
 			}
 		}
@@ -315,7 +316,7 @@ func TestRequests_GroupOfAnOlderTimeIsAddedTo(t *testing.T) {
 			n++
 		}
 		for i, r := range tl.apply(c).Takes {
-			if r.Outcome != OutcomeOK {
+			if r.Outcome != stock.OutcomeOK {
 				t.Fatalf("take %s: %s", c.Takes[i].OrderID, r.Outcome)
 			}
 		}

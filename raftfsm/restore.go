@@ -14,7 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"stockd/internal/fsutil"
-	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // RestoreIndexGap is how far a restored ledger's log index jumps past its
@@ -90,7 +90,7 @@ func PrepareRestore(path string, from uint64, clusterID string) (RestoreInfo, er
 		}
 		skus := tx.Bucket(bucketSKUs)
 		err := skus.ForEach(func(k, v []byte) error {
-			var s SKU
+			var s stock.SKU
 			if err := json.Unmarshal(v, &s); err != nil {
 				return fmt.Errorf("decode sku %q: %w", k, err)
 			}
@@ -155,12 +155,12 @@ func (l *Ledger) ClusterID() string {
 // checkRestoreGap refuses a cursor that names an index the old cluster
 // may have written after the backup this ledger was restored from: its
 // events are not in this cluster, and reading on would skip them.
-func (l *Ledger) checkRestoreGap(c command.Cursor) error {
+func (l *Ledger) checkRestoreGap(c stock.Cursor) error {
 	l.mu.RLock()
 	from, at := l.restoredFrom, l.restoredAt
 	l.mu.RUnlock()
 	if c.Index > from && c.Index <= at {
-		return fmt.Errorf("%w: %s is from the cluster this one was restored from, after its backup at index %d; this cluster's feed goes on from index %d", ErrCursorExpired, c, from, at)
+		return fmt.Errorf("%w: %s is from the cluster this one was restored from, after its backup at index %d; this cluster's feed goes on from index %d", stock.ErrCursorExpired, c, from, at)
 	}
 	return nil
 }

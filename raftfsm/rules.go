@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"stockd/internal/wire"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // Ledger rules say how the ledger judges what it applies. A new rule is
@@ -48,11 +49,11 @@ func (a *applier) setRules(c *command.SetRules) *Result {
 		panic(fmt.Sprintf("ledger rules %d are newer than this binary's (%d): run a newer stockd on this node", c.Rules, RulesCurrent))
 	}
 	if c.Rules <= a.rules {
-		return &Result{Outcome: OutcomeSame, Qty: int64(a.rules)}
+		return &Result{Outcome: stock.OutcomeSame, Qty: int64(a.rules)}
 	}
 	a.rules = c.Rules
 	a.put(bucketMeta, keyRules, binary.BigEndian.AppendUint64(nil, c.Rules))
-	return &Result{Outcome: OutcomeOK, Qty: int64(c.Rules)}
+	return &Result{Outcome: stock.OutcomeOK, Qty: int64(c.Rules)}
 }
 
 // Rules returns the rules the ledger applies entries under now. Safe for

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"stockd/stock"
 	"strings"
 	"testing"
 )
@@ -63,7 +64,7 @@ var afterTheSwitch = []struct {
 // afterTheSwitch, one Take each, checking every answer.
 func applyAfterTheSwitch(t *testing.T, tl *testLedger) []previousResult {
 	t.Helper()
-	if r := tl.applyTyped(100, &SetRules{Rules: RulesScopedRequestIDs}); r.Outcome != OutcomeOK {
+	if r := tl.applyTyped(100, &SetRules{Rules: RulesScopedRequestIDs}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("switch the rules: %s", r.Outcome)
 	}
 	var out []previousResult
@@ -181,30 +182,30 @@ func TestRules_ScopedEntriesShareTheUsersIDs(t *testing.T) {
 	tl.applyTyped(1, &CreateSale{SKU: "L", Sale: SaleConfig{Total: 2, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 50},
 		Secret: make([]byte, LotterySecretBytes)})
 	tl.applyTyped(1, &Lease{Node: "n1", SKU: "a", Want: 10})
-	take := func(user, req, order string) Outcome {
+	take := func(user, req, order string) stock.Outcome {
 		t.Helper()
 		return tl.applyTyped(2, &Take{Node: "n1", Entries: []TakeEntry{{SKU: "a", Qty: 1, User: user, RequestID: req, OrderID: order}}}).Takes[0].Outcome
 	}
-	enter := func(entries ...EnterEntry) []Outcome {
+	enter := func(entries ...EnterEntry) []stock.Outcome {
 		t.Helper()
-		var out []Outcome
+		var out []stock.Outcome
 		for _, r := range tl.applyTyped(3, &Enter{Entries: entries}).Entries {
 			out = append(out, r.Outcome)
 		}
 		return out
 	}
-	if o := take("u1", "x", "o1"); o != OutcomeOK {
+	if o := take("u1", "x", "o1"); o != stock.OutcomeOK {
 		t.Fatalf("take: %s", o)
 	}
 	got := enter(EnterEntry{SKU: "L", User: "u1", RequestID: "x"}, EnterEntry{SKU: "L", User: "u2", RequestID: "x"},
 		EnterEntry{SKU: "L", User: "u3", RequestID: "y"}, EnterEntry{SKU: "L", User: "u3", RequestID: "z"})
-	if want := []Outcome{OutcomeRequestIDReused, OutcomeOK, OutcomeOK, OutcomeSame}; !reflect.DeepEqual(got, want) {
+	if want := []stock.Outcome{stock.OutcomeRequestIDReused, stock.OutcomeOK, stock.OutcomeOK, stock.OutcomeSame}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("entries: %v, want %v", got, want)
 	}
-	if o := take("u3", "y", "o2"); o != OutcomeRequestIDReused {
+	if o := take("u3", "y", "o2"); o != stock.OutcomeRequestIDReused {
 		t.Fatalf("take with an entry's id: %s", o)
 	}
-	if o := take("u3", "z", "o3"); o != OutcomeOK {
+	if o := take("u3", "z", "o3"); o != stock.OutcomeOK {
 		t.Fatalf("take with an id the entry did not keep: %s", o)
 	}
 	if rec, ok := tl.l.LookupRequest([]byte("u2"), []byte("x")); !ok || rec.EntrySKU != "L" {
@@ -216,12 +217,12 @@ func TestRules_ScopedEntriesShareTheUsersIDs(t *testing.T) {
 	before := tl.l.RequestIDs()
 	for _, sku := range []string{"a", "L"} {
 		tl.applyTyped(60, &CloseSale{SKU: sku})
-		if r := tl.applyTyped(60, &ArchiveSale{SKU: sku}); r.Outcome != OutcomeOK {
+		if r := tl.applyTyped(60, &ArchiveSale{SKU: sku}); r.Outcome != stock.OutcomeOK {
 			t.Fatalf("archive %s: %s %s", sku, r.Outcome, r.Detail)
 		}
 		var after []byte
 		for r := purgeOneStep(t, tl, 60, sku, 100, &after); r.Detail != "done"; r = purgeOneStep(t, tl, 60, sku, 100, &after) {
-			if r.Outcome != OutcomeOK {
+			if r.Outcome != stock.OutcomeOK {
 				t.Fatalf("purge %s: %s", sku, r.Outcome)
 			}
 		}
@@ -229,7 +230,7 @@ func TestRules_ScopedEntriesShareTheUsersIDs(t *testing.T) {
 	if n := tl.l.RequestIDs(); before != 4 || n != 0 {
 		t.Fatalf("request ids %d before the archives (want 4), %d after (want 0)", before, n)
 	}
-	if o := take("u1", "x", "o9"); o != OutcomeClosed {
+	if o := take("u1", "x", "o9"); o != stock.OutcomeClosed {
 		t.Fatalf("take after the archive: %s", o)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // replyLost is a leader's transport to one follower that, while hold is
@@ -122,7 +123,7 @@ func TestNode_FollowerThatSnapshotsAfterALostReplyCatchesUp(t *testing.T) {
 	if err := n1.AddVoter("n2", string(n2.transport.LocalAddr())); err != nil {
 		t.Fatal(err)
 	}
-	mustPropose(t, n1, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 1000}})
+	mustPropose(t, n1, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 1000}})
 	mustPropose(t, n1, &command.Lease{Node: "n1", SKU: "a", Want: 1000})
 	sell(t, n1, 0, trailing)
 	n3, l3 = start("n3", plainTransport(t), true)

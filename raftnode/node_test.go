@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,7 +94,7 @@ func checkAudit(t *testing.T, l *raftfsm.Ledger, sku string) {
 func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 	dir := t.TempDir()
 	n, l := startTestNode(t, dir)
-	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 100}})
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 100}})
 	if r := mustPropose(t, n, &command.Lease{Node: "n1", SKU: "a", Want: 30}); r.Qty != 30 {
 		t.Fatalf("lease %d", r.Qty)
 	}
@@ -101,7 +102,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 		{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o1"},
 		{SKU: "a", Qty: 2, User: "u2", RequestID: "r2", OrderID: "o2"},
 	}})
-	if r.Takes[0].Outcome != raftfsm.OutcomeOK || r.Takes[1].Outcome != raftfsm.OutcomeOK {
+	if r.Takes[0].Outcome != stock.OutcomeOK || r.Takes[1].Outcome != stock.OutcomeOK {
 		t.Fatalf("takes: %+v", r.Takes)
 	}
 	// A snapshot in the middle makes the restart replay only the tail.
@@ -131,7 +132,7 @@ func TestNode_RestartKeepsLedgerAndAppliesNothingTwice(t *testing.T) {
 		t.Fatalf("row %+v, want total 110 sold 3", after)
 	}
 	r = mustPropose(t, n2, &command.Take{Node: "n1", Entries: []command.TakeEntry{{SKU: "a", Qty: 1, User: "u1", RequestID: "r1", OrderID: "o9"}}})
-	if r.Takes[0].Outcome != raftfsm.OutcomeSame || r.Takes[0].Order.ID != "o1" {
+	if r.Takes[0].Outcome != stock.OutcomeSame || r.Takes[0].Order.ID != "o1" {
 		t.Fatalf("request r1 after restart: %s %q, want same o1", r.Takes[0].Outcome, r.Takes[0].Order.ID)
 	}
 	checkAudit(t, l2, "a")
@@ -171,7 +172,7 @@ func TestNode_ProposalQueuedAtShutdownReturns(t *testing.T) {
 	if err := n.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Propose(1, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 10}}); err != nil {
+	if _, err := n.Propose(1, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 10}}); err != nil {
 		t.Fatal(err)
 	}
 	armed.Store(true)
@@ -206,14 +207,14 @@ func TestNode_ProposalQueuedAtShutdownReturns(t *testing.T) {
 func TestNode_ProposalResultsAreNotKeptByRaft(t *testing.T) {
 	n, l := startTestNode(t, t.TempDir())
 	defer func() { n.Close(); l.Close() }()
-	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 1000}})
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 1000}})
 	mustPropose(t, n, &command.Lease{Node: "n1", SKU: "a", Want: 1000})
 	entries := make([]command.TakeEntry, 100)
 	for i := range entries {
 		entries[i] = command.TakeEntry{SKU: "a", Qty: 1, User: fmt.Sprint("u", i), RequestID: fmt.Sprint("r", i), OrderID: fmt.Sprint("o", i)}
 	}
 	r := mustPropose(t, n, &command.Take{Node: "n1", Entries: entries})
-	if len(r.Takes) != len(entries) || r.Takes[99].Outcome != raftfsm.OutcomeOK {
+	if len(r.Takes) != len(entries) || r.Takes[99].Outcome != stock.OutcomeOK {
 		t.Fatalf("take results: %d, last %+v", len(r.Takes), r.Takes[len(r.Takes)-1])
 	}
 	results := weak.Make(&r.Takes[0])
@@ -241,7 +242,7 @@ func TestNode_CommittedProposalCutOffByShutdownIsOutcomeUnknown(t *testing.T) {
 	const fsmQueueBatches = 128 // raft's fsmMutateCh
 	n, l := startTestNode(t, t.TempDir())
 	defer l.Close()
-	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 10}})
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 10}})
 	// The first batch handed over sleeps in the ledger while the queue
 	// fills behind it.
 	l.SetApplyDelay(5 * time.Second)
@@ -301,7 +302,7 @@ func TestNode_CommittedProposalCutOffByShutdownIsOutcomeUnknown(t *testing.T) {
 // applied; a leader that has stepped down answers neither.
 func TestNode_ReadIndexOnTheQuorumAndOnTheLease(t *testing.T) {
 	n, l := startTestNode(t, t.TempDir())
-	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 3}})
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 3}})
 	applied := l.AppliedIndex()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 func TestSnapshotThreshold_GrowsWithTheLedger(t *testing.T) {
@@ -30,7 +31,7 @@ func TestNode_SnapshotThresholdFollowsTheLedgersSize(t *testing.T) {
 	defer l.Close()
 	defer n.Close()
 	n.cfg.SnapshotThreshold = 1 // so that the ledger's size decides
-	mustPropose(t, n, &command.CreateSale{SKU: "s", Sale: command.SaleConfig{Total: 1000}})
+	mustPropose(t, n, &command.CreateSale{SKU: "s", Sale: stock.SaleConfig{Total: 1000}})
 	for i := range 20 {
 		mustPropose(t, n, &command.Restock{SKU: "s", Qty: int64(i + 1)})
 	}

@@ -16,6 +16,7 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // snapshotFiles lists the state files of the raft snapshots in dir.
@@ -42,7 +43,7 @@ func sell(t *testing.T, n *Node, from, count int) {
 	for i := from; i < from+count; i++ {
 		s := strconv.Itoa(i)
 		r := mustPropose(t, n, &command.Take{Node: "n1", Entries: []command.TakeEntry{{SKU: "a", Qty: 1, User: "u" + s, RequestID: "r" + s, OrderID: "o" + s}}})
-		if r.Takes[0].Outcome != raftfsm.OutcomeOK {
+		if r.Takes[0].Outcome != stock.OutcomeOK {
 			t.Fatalf("take %d: %s", i, r.Takes[0].Outcome)
 		}
 	}
@@ -76,7 +77,7 @@ func TestNode_SnapshotRefersToTheLedgerAndAFollowerGetsTheFile(t *testing.T) {
 	if err := n1.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mustPropose(t, n1, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 1000}})
+	mustPropose(t, n1, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 1000}})
 	mustPropose(t, n1, &command.Lease{Node: "n1", SKU: "a", Want: 1000})
 	sell(t, n1, 0, 40)
 	if err := n1.Snapshot(); err != nil {
@@ -193,7 +194,7 @@ func TestNode_LedgerLostIsRebuiltFromACopy(t *testing.T) {
 func loseLedgerAfterASnapshot(t *testing.T, dir string, before func(*testing.T, *Node, *raftfsm.Ledger)) {
 	t.Helper()
 	n, l := startTestNode(t, dir)
-	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: command.SaleConfig{Total: 5}})
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 5}})
 	if err := n.Snapshot(); err != nil {
 		t.Fatal(err)
 	}

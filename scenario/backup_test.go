@@ -20,6 +20,7 @@ import (
 	"stockd/node"
 	"stockd/node/nodetest"
 	"stockd/raftfsm"
+	"stockd/stock"
 )
 
 // fetchBackup is GET /v1/backup on c; it returns the body and the index
@@ -172,7 +173,7 @@ func TestBackup_MidSale(t *testing.T) {
 			t.Fatalf("%s: %d sold at index %d; %d wins were acknowledged before the call, %d in the end", b.name, a.Row.Sold, b.index, len(b.before), units)
 		}
 		for _, id := range b.before {
-			if o, found, err := l.Order(id); !found || err != nil || o.State != raftfsm.OrderSold {
+			if o, found, err := l.Order(id); !found || err != nil || o.State != stock.OrderSold {
 				t.Fatalf("%s: order %s acknowledged before the call: %+v found %v err %v", b.name, id, o, found, err)
 			}
 		}

@@ -12,8 +12,8 @@ import (
 	"stockd/httpapi"
 	"stockd/node"
 	"stockd/node/nodetest"
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
+	"stockd/stock"
 
 	"github.com/valyala/fasthttp"
 )
@@ -582,7 +582,7 @@ func TestCluster_ForwardedBatchFarOver16KiBCommits(t *testing.T) {
 		t.Fatalf("forward a %d-take batch from %s to %s: %v", takes, follower, leader, err)
 	}
 	for i, r := range res.Takes {
-		if r.Outcome != raftfsm.OutcomeOK {
+		if r.Outcome != stock.OutcomeOK {
 			t.Fatalf("take %d: %s", i, r.Outcome)
 		}
 	}

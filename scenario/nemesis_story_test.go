@@ -10,7 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stockd/node/nodetest"
-	"stockd/raftfsm/command"
+	"stockd/stock"
 )
 
 // boxCall is one call a box buyer made, as sent and answered.
@@ -128,7 +128,7 @@ func (h *nemesisHistory) boxStory(c *nodetest.Cluster, order string) string {
 		}
 		code, o := nodetest.CallQuiet(c.Client(id), "GET", "/v1/orders/"+order, "")
 		fmt.Fprintf(&b, "\n  %s (applied index %d): %d state=%v release_reason=%v expires_at=%v", id, n.Ledger().AppliedIndex(), code, o["state"], o["release_reason"], o["expires_at"])
-		var after command.Cursor
+		var after stock.Cursor
 		for range 1000 { // pages: a schedule's feed holds a few thousand events
 			page, err := n.Ledger().ReadFeed(after, 500)
 			if err != nil {

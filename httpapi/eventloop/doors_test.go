@@ -14,7 +14,7 @@ import (
 	"stockd/httpapi"
 	"stockd/httpapi/eventloop"
 	"stockd/node/nodetest"
-	"stockd/raftfsm"
+	"stockd/stock"
 )
 
 // echoEngine answers a deduct from what it was asked, so an answer shows
@@ -38,11 +38,11 @@ func (e *echoEngine) Deduct(req *engine.DeductRequest, res *engine.DeductResult)
 		res.Status, res.RetryAfter = engine.StatusRateLimited, 1500*time.Millisecond
 	default:
 		res.Status = engine.StatusOK
-		state := raftfsm.OrderSold
+		state := stock.OrderSold
 		if req.NoWait {
-			res.Status, state = engine.StatusAccepted, raftfsm.OrderState("pending")
+			res.Status, state = engine.StatusAccepted, stock.OrderState("pending")
 		}
-		res.Order = raftfsm.Order{ID: fmt.Sprintf("%s|%s|%d", req.User, req.RequestID, req.Qty), SKU: string(req.SKU), Qty: req.Qty, State: state}
+		res.Order = stock.Order{ID: fmt.Sprintf("%s|%s|%d", req.User, req.RequestID, req.Qty), SKU: string(req.SKU), Qty: req.Qty, State: state}
 	}
 }
 

@@ -31,21 +31,24 @@ const module = "stockd"
 // import nothing of ours but what they own.
 var allowed = map[string][]string{
 	"stockd":      {"node", "bench", "feed", "backup"},
-	"stockd/node": {"httpapi", "peer", "engine", "raftfsm", "raftnode"},
+	"stockd/node": {"httpapi", "peer", "engine", "raftfsm", "raftnode", "stock"},
 	// The node-to-node wire, both ends: it speaks HTTP and knows none of
 	// the public contract (httpapi reaches it through httpapi.Peers).
 	"stockd/peer":     {},
-	"stockd/raftnode": {"raftfsm"},
-	"stockd/httpapi":  {"engine"},
-	"stockd/engine":   {"shard", "raftfsm"},
+	"stockd/raftnode": {"raftfsm", "stock"},
+	"stockd/httpapi":  {"engine", "stock"},
+	"stockd/engine":   {"shard", "raftfsm", "stock"},
 	"stockd/shard":    {},
-	"stockd/raftfsm":  {},
-	"stockd/client":   {},
-	"stockd/feed":     {"client"},
+	"stockd/raftfsm":  {"stock"},
+	// The domain types every layer speaks (a sale's row, orders, outcomes,
+	// entries, feed events, cursors): a leaf.
+	"stockd/stock":  {},
+	"stockd/client": {},
+	"stockd/feed":   {"client"},
 	// stockd backup: fetches over HTTP, reads and checks the file with
 	// the ledger's own code.
-	"stockd/backup": {"raftfsm"},
-	"stockd/bench":  {"shard", "engine", "client"},
+	"stockd/backup": {"raftfsm", "stock"},
+	"stockd/bench":  {"shard", "engine", "stock", "client"},
 	// The scenario tests (clusters, faults, crowds, the contract's
 	// conformance): test files only, so no arrows of their own.
 	"stockd/scenario": {},

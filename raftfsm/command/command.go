@@ -3,6 +3,7 @@ package command
 import (
 	"fmt"
 	"stockd/internal/wire"
+	"stockd/stock"
 )
 
 // Op names a ledger command.
@@ -65,7 +66,7 @@ type Command interface {
 // same sale created again with a new secret is still the same sale.
 type CreateSale struct {
 	SKU    string
-	Sale   SaleConfig
+	Sale   stock.SaleConfig
 	Secret []byte
 }
 
@@ -131,14 +132,14 @@ type PruneRequests struct {
 // acknowledged (registering the consumer), or with Drop removes it.
 type AckConsumer struct {
 	Name   string
-	Cursor Cursor
+	Cursor stock.Cursor
 	Drop   bool
 }
 
 // PruneEvents forgets the order feed's events up to and including
 // Through, a cursor of the feed. The leader proposes it; every node then
 // refuses the same cursors.
-type PruneEvents struct{ Through Cursor }
+type PruneEvents struct{ Through stock.Cursor }
 
 // CloseSale stops a sale: no new takes, leases or restocks; every lease
 // goes back to available.
@@ -178,18 +179,6 @@ type PurgeOrders struct {
 // PurgeOrdersMax bounds the ids of one PurgeOrders step (about 220 KiB
 // of log entry for engine-shaped ids).
 const PurgeOrdersMax = 20_000
-
-// SaleConfig is what an operator sets when creating a sale.
-type SaleConfig struct {
-	Total           int64 `json:"total"`
-	StartAtUnixNano int64 `json:"start_at,omitempty"`
-	PerUser         int64 `json:"per_user,omitempty"`
-	HoldTTLNanos    int64 `json:"hold_ttl,omitempty"`
-	// Mode is "" for first come, first served, or SaleModeLottery, whose
-	// entries close at EntriesCloseAtUnixNano.
-	Mode                   string `json:"mode,omitempty"`
-	EntriesCloseAtUnixNano int64  `json:"entries_close_at,omitempty"`
-}
 
 // TakeEntry is one won deduct inside a Take batch. OrderID is minted by the
 // taking node; the ledger ignores an entry whose order id it already holds,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"stockd/internal/wire"
+	"stockd/stock"
 	"strings"
 	"testing"
 )
@@ -26,7 +27,7 @@ func TestCodec_EveryCommandRoundTrips(t *testing.T) {
 			}
 		}
 	}
-	f(&CreateSale{SKU: "a", Sale: SaleConfig{Total: 10, StartAtUnixNano: -5, PerUser: 2, HoldTTLNanos: 9e9}})
+	f(&CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 10, StartAtUnixNano: -5, PerUser: 2, HoldTTLNanos: 9e9}})
 	f(&Restock{SKU: "a", Qty: 1 << 40})
 	f(&Lease{Node: "n1", SKU: "a", Want: 7})
 	f(&Return{Node: "n2", SKU: "b", Qty: 3})

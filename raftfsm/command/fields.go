@@ -6,6 +6,7 @@ import (
 	"slices"
 	"stockd/internal/wire"
 	"stockd/raftfsm/orderid"
+	"stockd/stock"
 )
 
 func (c *CreateSale) appendFields(b []byte) []byte {
@@ -162,7 +163,7 @@ func (c *AckConsumer) appendFields(b []byte) []byte {
 
 func (c *AckConsumer) decodeFields(d *wire.Decoder) {
 	c.Name = d.String()
-	c.Cursor = Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
+	c.Cursor = stock.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
 	switch d.Uvarint() {
 	case 0:
 	case 1:
@@ -177,7 +178,7 @@ func (c *PruneEvents) appendFields(b []byte) []byte {
 }
 
 func (c *PruneEvents) decodeFields(d *wire.Decoder) {
-	c.Through = Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
+	c.Through = stock.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
 }
 
 func (c *CloseSale) appendFields(b []byte) []byte { return wire.AppendString(b, c.SKU) }

@@ -4,25 +4,26 @@ import (
 	"encoding/json"
 	"fmt"
 	"stockd/internal/wire"
+	"stockd/stock"
 )
 
 // Legacy is the JSON log entry of versions before the binary
 // format: one struct for every op. Raft logs written by them are still
 // replayed.
 type Legacy struct {
-	Op             Op          `json:"op"`
-	AtUnixNano     int64       `json:"at"`
-	Node           string      `json:"node"`
-	SKU            string      `json:"sku"`
-	Qty            int64       `json:"qty"`
-	Sale           *SaleConfig `json:"sale"`
-	Takes          []TakeEntry `json:"takes"`
-	OrderID        string      `json:"order"`
-	Reason         string      `json:"reason"`
-	Addr           string      `json:"addr"`
-	OrderIDs       []string    `json:"orders"`
-	BeforeUnixNano int64       `json:"before"`
-	MaxKeep        int64       `json:"max_keep"`
+	Op             Op                `json:"op"`
+	AtUnixNano     int64             `json:"at"`
+	Node           string            `json:"node"`
+	SKU            string            `json:"sku"`
+	Qty            int64             `json:"qty"`
+	Sale           *stock.SaleConfig `json:"sale"`
+	Takes          []TakeEntry       `json:"takes"`
+	OrderID        string            `json:"order"`
+	Reason         string            `json:"reason"`
+	Addr           string            `json:"addr"`
+	OrderIDs       []string          `json:"orders"`
+	BeforeUnixNano int64             `json:"before"`
+	MaxKeep        int64             `json:"max_keep"`
 }
 
 func decodeLegacyCommand(b []byte) (int64, Command, error) {

@@ -2,9 +2,6 @@ package command
 
 import "stockd/internal/wire"
 
-// SaleModeLottery is SaleConfig.Mode of a lottery sale.
-const SaleModeLottery = "lottery"
-
 // Enter is a batch of lottery entries; each is accepted or refused on its
 // own, like a Take's.
 type Enter struct{ Entries []EnterEntry }
