@@ -15,11 +15,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/store"
 	"strings"
 	"time"
 
 	"stockd/internal/certs"
-	"stockd/raftfsm"
 )
 
 // Main runs `stockd backup [flags]` or `stockd backup verify FILE`.
@@ -43,7 +43,7 @@ func verify(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errors.New("verify takes one file")
 	}
-	h, err := raftfsm.VerifyBackupFile(fs.Arg(0), "")
+	h, err := store.VerifyBackupFile(fs.Arg(0), "")
 	if err != nil {
 		return fmt.Errorf("%s: %w", fs.Arg(0), err)
 	}
@@ -51,7 +51,7 @@ func verify(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func describe(h raftfsm.BackupHeader) string {
+func describe(h store.BackupHeader) string {
 	return fmt.Sprintf("node %s at log index %d, taken %s, ledger %d bytes (format %d, stockd %s)",
 		h.Node, h.AppliedIndex, h.CreatedAt.Format(time.RFC3339), h.LedgerBytes, h.Format, h.StockdVersion)
 }
@@ -104,8 +104,8 @@ func fetch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // download writes the node's backup to a temporary file beside out,
 // verifies it, syncs it and renames it to out: out exists only once it
 // holds a whole, checked backup.
-func download(ctx context.Context, endpoint string, catchUp bool, adminToken string, tlsCfg *tls.Config, out string) (raftfsm.BackupHeader, int64, error) {
-	var h raftfsm.BackupHeader
+func download(ctx context.Context, endpoint string, catchUp bool, adminToken string, tlsCfg *tls.Config, out string) (store.BackupHeader, int64, error) {
+	var h store.BackupHeader
 	if catchUp {
 		endpoint += "?catch_up=true"
 	}
@@ -148,7 +148,7 @@ func download(ctx context.Context, endpoint string, catchUp bool, adminToken str
 		return h, size, fmt.Errorf("close the backup file: %w", err)
 	}
 	// The check unpacks the ledger beside the file: there is room there.
-	if h, err = raftfsm.VerifyBackupFile(tmp.Name(), filepath.Dir(out)); err != nil {
+	if h, err = store.VerifyBackupFile(tmp.Name(), filepath.Dir(out)); err != nil {
 		return h, size, fmt.Errorf("the backup received does not verify: %w", err)
 	}
 	// Link, not rename: a file that appeared at out meanwhile is not

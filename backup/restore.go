@@ -7,9 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/store"
 	"strings"
-
-	"stockd/raftfsm"
 )
 
 // Restore runs `stockd restore -from FILE -data DIR -id ID [-peers ...]`:
@@ -50,7 +49,7 @@ func Restore(args []string, stdout, stderr io.Writer) error {
 		if created {
 			os.RemoveAll(*dataDir)
 		} else {
-			for _, f := range []string{"ledger.db", ".ledger.db.restoring", raftfsm.RestoreMarkerFile} {
+			for _, f := range []string{"ledger.db", ".ledger.db.restoring", store.RestoreMarkerFile} {
 				os.Remove(filepath.Join(*dataDir, f))
 			}
 		}
@@ -64,21 +63,21 @@ func Restore(args []string, stdout, stderr io.Writer) error {
 
 // restoreInto checks the backup, puts its ledger in dir prepared for a new
 // cluster, and writes the restore marker.
-func restoreInto(from, dir, id string, voters []raftfsm.RestorePeer) (raftfsm.RestoreInfo, raftfsm.BackupHeader, error) {
+func restoreInto(from, dir, id string, voters []store.RestorePeer) (store.RestoreInfo, store.BackupHeader, error) {
 	tmp := filepath.Join(dir, ".ledger.db.restoring")
-	h, err := raftfsm.ExtractBackup(from, tmp)
+	h, err := store.ExtractBackup(from, tmp)
 	if err != nil {
-		return raftfsm.RestoreInfo{}, h, fmt.Errorf("%s: %w", from, err)
+		return store.RestoreInfo{}, h, fmt.Errorf("%s: %w", from, err)
 	}
-	info, err := raftfsm.PrepareRestore(tmp, h.AppliedIndex, raftfsm.ClusterIDFor(h.Checksum, id, voters))
+	info, err := store.PrepareRestore(tmp, h.AppliedIndex, store.ClusterIDFor(h.Checksum, id, voters))
 	if err != nil {
 		return info, h, fmt.Errorf("prepare the restored ledger: %w", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, "ledger.db")); err != nil {
 		return info, h, err
 	}
-	m := raftfsm.RestoreMarker{NodeID: id, Index: info.At, From: info.From, Peers: voters}
-	if err := raftfsm.WriteRestoreMarker(dir, m); err != nil {
+	m := store.RestoreMarker{NodeID: id, Index: info.At, From: info.From, Peers: voters}
+	if err := store.WriteRestoreMarker(dir, m); err != nil {
 		return info, h, fmt.Errorf("write the restore marker: %w", err)
 	}
 	if d, err := os.Open(dir); err == nil {
@@ -106,11 +105,11 @@ func emptyDir(dir string) (created bool, err error) {
 }
 
 // parsePeers reads -peers; the list must name id.
-func parsePeers(s, id string) ([]raftfsm.RestorePeer, error) {
+func parsePeers(s, id string) ([]store.RestorePeer, error) {
 	if s == "" {
 		return nil, nil
 	}
-	var out []raftfsm.RestorePeer
+	var out []store.RestorePeer
 	self := false
 	for _, p := range strings.Split(s, ",") {
 		pid, addr, ok := strings.Cut(strings.TrimSpace(p), "=")
@@ -118,7 +117,7 @@ func parsePeers(s, id string) ([]raftfsm.RestorePeer, error) {
 			return nil, fmt.Errorf("-peers: %q is not id=raft_addr", p)
 		}
 		self = self || pid == id
-		out = append(out, raftfsm.RestorePeer{ID: pid, Addr: addr})
+		out = append(out, store.RestorePeer{ID: pid, Addr: addr})
 	}
 	if !self {
 		return nil, fmt.Errorf("-peers does not name -id %s", id)

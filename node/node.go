@@ -492,7 +492,7 @@ type nodeBackups struct {
 func (b nodeBackups) BeginBackup() (httpapi.Backup, error) {
 	bk, err := b.ledger.BeginBackup(b.node, b.version)
 	if err != nil {
-		return nil, err // not a nil *raftfsm.Backup in an interface
+		return nil, err // not a nil *store.Backup in an interface
 	}
 	return bk, nil
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"time"
 
@@ -39,10 +40,10 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	if db == nil {
 		panic("BUG: ApplyBatch on a closed ledger")
 	}
-	if _, changes := bh.lag(); changes > pendingChangesMax {
+	if _, changes := bh.Lag(); changes > store.PendingChangesMax {
 		l.waitForPersister(bh, changes)
 	}
-	bh.forgetPersisted()
+	bh.ForgetPersisted()
 
 	a := applier{ledger: l, bh: bh, batch: map[string]map[string][]byte{}, batchOrder: map[string][]string{}, touched: make(map[string]*stock.SKU),
 		requestChanges: l.spareRequestChanges(), prunedRequests: l.sparePruned(), holdChanges: map[string]int64{},
@@ -55,7 +56,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	a.checkAndStageRows(last)
 	l.feed.stage(a.feed.events) // before the persister can see the batch
-	bh.merge(a.batch, a.batchOrder, last)
+	bh.Merge(a.batch, a.batchOrder, last)
 	if l.test.afterCommit != nil {
 		l.test.afterCommit()
 	}
@@ -73,18 +74,18 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 // memory up to pendingChangesHardMax; there Apply waits for a write up to
 // persistStallMax and then stops the node: everything it applied is in
 // the raft log, which replays it at the next start.
-func (l *Ledger) waitForPersister(bh *behind, changes int) {
-	err := bh.flush()
-	if err == nil || changes <= pendingChangesHardMax {
+func (l *Ledger) waitForPersister(bh *store.WriteBehind, changes int) {
+	err := bh.Flush()
+	if err == nil || changes <= store.PendingChangesHardMax {
 		return
 	}
-	deadline := time.Now().Add(persistStallMax)
-	for backoff := persistInterval; err != nil; backoff = min(2*backoff, persistRetryMax) {
+	deadline := time.Now().Add(store.PersistStallMax)
+	for backoff := store.PersistInterval; err != nil; backoff = min(2*backoff, store.PersistRetryMax) {
 		if time.Now().After(deadline) {
-			panic(fmt.Sprintf("ledger %s: %d changes waiting and no write for %s: %v", l.path, changes, persistStallMax, err))
+			panic(fmt.Sprintf("ledger %s: %d changes waiting and no write for %s: %v", l.path, changes, store.PersistStallMax, err))
 		}
 		time.Sleep(backoff)
-		err = bh.flush()
+		err = bh.Flush()
 	}
 }
 
@@ -128,7 +129,7 @@ func (a *applier) checkAndStageRows(last uint64) {
 		if err != nil {
 			panic(fmt.Sprintf("BUG: encode sku %q: %v", sku, err))
 		}
-		a.put(bucketSKUs, []byte(sku), b)
+		a.put(store.BucketSKUs, []byte(sku), b)
 	}
 }
 
@@ -168,7 +169,7 @@ type applier struct {
 	prefetched uint64
 	ledger     *Ledger
 	tx         *bolt.Tx // a read transaction, opened at the first read that pending cannot answer
-	bh         *behind
+	bh         *store.WriteBehind
 	batch      map[string]map[string][]byte // this batch's changes: bucket -> key -> value (nil: deleted)
 	// batchOrder lists each bucket's changed keys in the order first changed.
 	batchOrder map[string][]string
@@ -209,7 +210,7 @@ func (a *applier) get(bucket, key []byte) ([]byte, error) {
 	if v, ok := a.batch[string(bucket)][string(key)]; ok {
 		return v, nil
 	}
-	if v, ok := a.bh.get(bucket, key); ok {
+	if v, ok := a.bh.Get(bucket, key); ok {
 		return v, nil
 	}
 	tx, err := a.readTx()
@@ -564,14 +565,14 @@ func (a *applier) register(c *command.Register) (*Result, error) {
 	if c.Node == "" || c.Addr == "" {
 		return invalid("register needs a node and an address"), nil
 	}
-	old, err := a.get(bucketNodes, []byte(c.Node))
+	old, err := a.get(store.BucketNodes, []byte(c.Node))
 	if err != nil {
 		return nil, err
 	}
 	if string(old) == c.Addr {
 		return &Result{Outcome: stock.OutcomeSame}, nil
 	}
-	a.put(bucketNodes, []byte(c.Node), []byte(c.Addr))
+	a.put(store.BucketNodes, []byte(c.Node), []byte(c.Addr))
 	a.nodeChanges[c.Node] = c.Addr
 	a.event(Event{Kind: EventNodeRegistered, Node: c.Node})
 	return &Result{Outcome: stock.OutcomeOK}, nil

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strings"
 )
@@ -132,14 +133,14 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 	var kept []blockLeft
 	scanned, last := int64(0), c.After
 	var decodeErr error
-	ascendAfter(tx, a.bh, a.batch[string(bucketOrders)], bucketOrders, from, func(k, v []byte) bool {
+	store.AscendAfter(tx, a.bh, a.batch[string(store.BucketOrders)], store.BucketOrders, from, func(k, v []byte) bool {
 		if scanned >= c.Scan {
 			return false
 		}
 		last = string(k)
-		if !isOrderBlockKey(k) {
+		if !store.IsOrderBlockKey(k) {
 			scanned++
-			o, err := decodeOrderRecord(last, v)
+			o, err := store.DecodeOrderRecord(last, v)
 			if err != nil {
 				decodeErr = err
 				return false
@@ -174,11 +175,11 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 		if len(b.members) > 1 {
 			v = []byte(b.members)
 		}
-		a.putKey(bucketOrders, b.key, v)
+		a.putKey(store.BucketOrders, b.key, v)
 	}
 	for i := range doomed {
 		if !blocked[i] {
-			a.putKey(bucketOrders, doomed[i].ID, nil)
+			a.putKey(store.BucketOrders, doomed[i].ID, nil)
 		}
 	}
 	if err := a.forgetArchived(s, doomed); err != nil {
@@ -219,7 +220,7 @@ func (a *applier) forgetArchived(s *stock.SKU, doomed []stock.Order) error {
 	for i := range doomed {
 		if owner, _, ok := orderSeq(doomed[i].ID); ok && !marked[owner] {
 			marked[owner] = true
-			a.put(bucketMeta, orderSeqKey(owner), binary.BigEndian.AppendUint64(nil, a.ledger.orderSeqsOf(owner).high))
+			a.put(store.BucketMeta, orderSeqKey(owner), binary.BigEndian.AppendUint64(nil, a.ledger.orderSeqsOf(owner).high))
 		}
 	}
 	for i := range doomed {
@@ -234,7 +235,7 @@ func (a *applier) forgetArchived(s *stock.SKU, doomed []stock.Order) error {
 		}
 		if s.Config.PerUser > 0 {
 			key := appendBuyerKey(nil, o.SKU, o.User)
-			a.put(bucketBuyers, key, nil)
+			a.put(store.BucketBuyers, key, nil)
 			a.boughtChanges[string(key)] = 0
 		}
 		if o.State == stock.OrderSold {
@@ -298,26 +299,26 @@ func (a *applier) takeOutOrders(sku string, ids []string) ([]stock.Order, error)
 	inBlocks := map[string]map[string]bool{} // block key -> ids of its members to take out
 	seen := make(map[string]bool, len(ids))
 	for _, id := range ids {
-		if seen[id] || isOrderBlockKey([]byte(id)) {
+		if seen[id] || store.IsOrderBlockKey([]byte(id)) {
 			continue // a block's key names no order
 		}
 		seen[id] = true
-		v, err := a.get(bucketOrders, []byte(id))
+		v, err := a.get(store.BucketOrders, []byte(id))
 		if err != nil {
 			return nil, err
 		}
 		if v != nil {
-			o, err := decodeOrderRecord(id, v)
+			o, err := store.DecodeOrderRecord(id, v)
 			if err != nil {
 				return nil, err
 			}
 			if o.SKU == sku {
-				a.putKey(bucketOrders, id, nil)
+				a.putKey(store.BucketOrders, id, nil)
 				doomed = append(doomed, o)
 			}
 			continue
 		}
-		if key, _, _, ok := orderBlockPlace(id); ok {
+		if key, _, _, ok := store.OrderBlockPlace(id); ok {
 			if inBlocks[key] == nil {
 				inBlocks[key] = map[string]bool{}
 			}
@@ -326,22 +327,22 @@ func (a *applier) takeOutOrders(sku string, ids []string) ([]stock.Order, error)
 	}
 	var id []byte
 	for _, key := range slices.Sorted(maps.Keys(inBlocks)) {
-		v, err := a.get(bucketOrders, []byte(key))
+		v, err := a.get(store.BucketOrders, []byte(key))
 		if err != nil || v == nil {
 			if err != nil {
 				return nil, err
 			}
 			continue
 		}
-		b, err := parseOrderBlock([]byte(key), v)
+		b, err := store.ParseOrderBlock([]byte(key), v)
 		if err != nil {
 			return nil, err
 		}
-		stays := []byte{orderBlockFormat}
+		stays := []byte{store.OrderBlockFormat}
 		var failed error
-		err = b.each(func(off int, m *blockMember) bool {
-			if id = b.appendID(id[:0], m); inBlocks[key][string(id)] {
-				o, err := decodeOrderRecord(string(id), m.record)
+		err = b.Each(func(off int, m *store.BlockMember) bool {
+			if id = b.AppendID(id[:0], m); inBlocks[key][string(id)] {
+				o, err := store.DecodeOrderRecord(string(id), m.Record)
 				if err != nil {
 					failed = err
 					return false
@@ -351,7 +352,7 @@ func (a *applier) takeOutOrders(sku string, ids []string) ([]stock.Order, error)
 					return true
 				}
 			}
-			stays = append(stays, v[off:m.next]...)
+			stays = append(stays, v[off:m.Next]...)
 			return true
 		})
 		if err = cmp.Or(failed, err); err != nil {
@@ -361,7 +362,7 @@ func (a *applier) takeOutOrders(sku string, ids []string) ([]stock.Order, error)
 			stays = nil // no member left
 		}
 		if len(stays) < len(v) {
-			a.putKey(bucketOrders, key, stays)
+			a.putKey(store.BucketOrders, key, stays)
 		}
 	}
 	slices.SortFunc(doomed, func(x, y stock.Order) int { return strings.Compare(x.ID, y.ID) })
@@ -371,15 +372,15 @@ func (a *applier) takeOutOrders(sku string, ids []string) ([]stock.Order, error)
 // splitBlock reads order block k (value v) and returns its members of
 // sku, the block's value without them, and how many members it read.
 func splitBlock(k, v []byte, sku string) (out []stock.Order, stays []byte, n int, err error) {
-	b, err := parseOrderBlock(k, v)
+	b, err := store.ParseOrderBlock(k, v)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	stays = []byte{orderBlockFormat}
+	stays = []byte{store.OrderBlockFormat}
 	var failed error
-	err = b.each(func(off int, m *blockMember) bool {
+	err = b.Each(func(off int, m *store.BlockMember) bool {
 		n++
-		o, err := b.order(m)
+		o, err := b.Order(m)
 		if err != nil {
 			failed = err
 			return false
@@ -387,7 +388,7 @@ func splitBlock(k, v []byte, sku string) (out []stock.Order, stays []byte, n int
 		if o.SKU == sku {
 			out = append(out, o)
 		} else {
-			stays = append(stays, v[off:m.next]...)
+			stays = append(stays, v[off:m.Next]...)
 		}
 		return true
 	})

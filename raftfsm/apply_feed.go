@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 )
 
@@ -80,7 +81,7 @@ func (a *applier) feedEventIndex(seq uint64) (uint64, bool, error) {
 	if err != nil {
 		return 0, false, err
 	}
-	ev, ok, err := readFeedEvent(tx.Bucket(bucketEvents), seq)
+	ev, ok, err := readFeedEvent(tx.Bucket(store.BucketEvents), seq)
 	if err != nil || !ok {
 		return 0, false, err
 	}
@@ -126,7 +127,7 @@ func (a *applier) ackConsumer(c *command.AckConsumer) (*Result, error) {
 		if !a.hasConsumer(c.Name) {
 			return &Result{Outcome: stock.OutcomeNotFound}, nil
 		}
-		a.put(bucketConsumers, []byte(c.Name), nil)
+		a.put(store.BucketConsumers, []byte(c.Name), nil)
 		a.stageConsumer(c.Name, nil)
 		return &Result{Outcome: stock.OutcomeOK}, nil
 	}
@@ -134,7 +135,7 @@ func (a *applier) ackConsumer(c *command.AckConsumer) (*Result, error) {
 		return res, err
 	}
 	cons := &stock.Consumer{Name: c.Name, Cursor: c.Cursor, AckedUnixNano: a.at}
-	a.put(bucketConsumers, []byte(c.Name), encodeConsumer(cons))
+	a.put(store.BucketConsumers, []byte(c.Name), encodeConsumer(cons))
 	a.stageConsumer(c.Name, cons)
 	return &Result{Outcome: stock.OutcomeOK}, nil
 }
@@ -169,7 +170,7 @@ func (a *applier) pruneEvents(c *command.PruneEvents) (*Result, error) {
 	}
 	pruned := c.Through.Seq - a.feed.floorAt.Seq
 	a.feed.floorAt, a.feed.newFloor = c.Through, true
-	a.put(bucketMeta, keyFeedFloor, encodeCursor(c.Through))
+	a.put(store.BucketMeta, store.KeyFeedFloor, encodeCursor(c.Through))
 	return &Result{Outcome: stock.OutcomeOK, Qty: int64(pruned)}, nil
 }
 

@@ -4,12 +4,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 )
 
 // entryOf reads user's entry into sku as this batch sees it.
 func (a *applier) entryOf(sku, user string) (stock.Entry, bool, error) {
-	v, err := a.get(bucketEntryUsers, appendBuyerKey(nil, sku, user))
+	v, err := a.get(store.BucketEntryUsers, appendBuyerKey(nil, sku, user))
 	if err != nil || v == nil {
 		return stock.Entry{}, false, err
 	}
@@ -21,7 +22,7 @@ func (a *applier) entryOf(sku, user string) (stock.Entry, bool, error) {
 }
 
 func (a *applier) entry(sku string, seq int64) (stock.Entry, error) {
-	v, err := a.get(bucketEntries, entryKey(sku, seq))
+	v, err := a.get(store.BucketEntries, entryKey(sku, seq))
 	if err != nil {
 		return stock.Entry{}, err
 	}
@@ -81,8 +82,8 @@ func (a *applier) enter(c *command.Enter) (*Result, error) {
 		lt.Entries++
 		lt.EntriesHash = nextEntriesHash(lt.EntriesHash, e.User)
 		ent := stock.Entry{SKU: e.SKU, Seq: lt.Entries, User: e.User, RequestID: e.RequestID, AtUnixNano: a.at}
-		a.put(bucketEntries, entryKey(e.SKU, ent.Seq), encodeEntryRecord(&ent))
-		a.put(bucketEntryUsers, appendBuyerKey(nil, e.SKU, e.User), binary.BigEndian.AppendUint64(nil, uint64(ent.Seq)))
+		a.put(store.BucketEntries, entryKey(e.SKU, ent.Seq), encodeEntryRecord(&ent))
+		a.put(store.BucketEntryUsers, appendBuyerKey(nil, e.SKU, e.User), binary.BigEndian.AppendUint64(nil, uint64(ent.Seq)))
 		if reqKey != "" {
 			a.rememberRequest(reqKey, requestEntryValue(e.SKU), a.at)
 		}
@@ -171,8 +172,8 @@ func (a *applier) purgeEntries(s *stock.SKU, n int64) error {
 		if err != nil {
 			return err
 		}
-		a.put(bucketEntries, entryKey(s.SKU, seq), nil)
-		a.put(bucketEntryUsers, appendBuyerKey(nil, s.SKU, e.User), nil)
+		a.put(store.BucketEntries, entryKey(s.SKU, seq), nil)
+		a.put(store.BucketEntryUsers, appendBuyerKey(nil, s.SKU, e.User), nil)
 		if e.RequestID != "" {
 			// Held under its scoped key if the entry came after the
 			// switch to scoped ids; earlier entries held none.

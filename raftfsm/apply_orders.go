@@ -7,6 +7,7 @@ import (
 	"stockd/internal/wire"
 	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"sync/atomic"
 )
@@ -92,8 +93,8 @@ func (a *applier) getOrder(id string) (*stock.Order, error) {
 	if err := a.flushOrderBlock(); err != nil {
 		return nil, err
 	}
-	o, ok, err := readOrder(id, func(key []byte, fn func([]byte) error) error {
-		v, err := a.get(bucketOrders, key)
+	o, ok, err := store.ReadOrder(id, func(key []byte, fn func([]byte) error) error {
+		v, err := a.get(store.BucketOrders, key)
 		if err != nil {
 			return err
 		}
@@ -129,13 +130,13 @@ func (a *applier) putTakenOrder(o *stock.Order, place *orderid.ID) error {
 	// A batch's orders mostly share a block: its key is built on the
 	// stack and copied only when the block changes.
 	var buf [64]byte
-	if key := appendOrderBlockKey(buf[:0], place.Node, place.Seq>>orderBlockBits); string(key) != a.block.key {
+	if key := store.AppendOrderBlockKey(buf[:0], place.Node, place.Seq>>store.OrderBlockBits); string(key) != a.block.key {
 		if err := a.flushOrderBlock(); err != nil {
 			return err
 		}
 		a.block.key = string(key)
 	}
-	a.block.added, a.block.scratch = appendBlockMember(a.block.added, a.block.scratch, byte(place.Seq), place.Random, o)
+	a.block.added, a.block.scratch = store.AppendBlockMember(a.block.added, a.block.scratch, byte(place.Seq), place.Random, o)
 	return nil
 }
 
@@ -144,12 +145,12 @@ func (a *applier) flushOrderBlock() error {
 	if len(a.block.added) == 0 {
 		return nil
 	}
-	had, err := a.get(bucketOrders, []byte(a.block.key))
+	had, err := a.get(store.BucketOrders, []byte(a.block.key))
 	if err != nil {
 		return err
 	}
 	v := a.ledger.growBlock(a.block.key, had, a.block.added)
-	a.putKey(bucketOrders, a.block.key, v)
+	a.putKey(store.BucketOrders, a.block.key, v)
 	a.block.key, a.block.added = "", a.block.added[:0]
 	return nil
 }
@@ -180,7 +181,7 @@ func (l *Ledger) growBlock(key string, had, added []byte) []byte {
 		return v
 	}
 	if len(had) == 0 {
-		had = []byte{orderBlockFormat}
+		had = []byte{store.OrderBlockFormat}
 	}
 	n := len(had) + len(added)
 	v := append(append(make([]byte, 0, max(2*n, orderBlockBytesHint)), had...), added...)
@@ -203,7 +204,7 @@ func (a *applier) putOrder(o *stock.Order) error {
 // sequence itself.
 func (a *applier) putOrderRecord(o *stock.Order) {
 	size := 2 + 3*wire.MaxVarintBytes + 5*wire.MaxVarintBytes + len(o.SKU) + len(o.User) + len(o.RequestID) + len(o.Node) + len(o.ReleaseReason)
-	a.putKey(bucketOrders, o.ID, encodeOrderRecord(make([]byte, 0, size), o))
+	a.putKey(store.BucketOrders, o.ID, store.EncodeOrderRecord(make([]byte, 0, size), o))
 }
 
 func (a *applier) take(c *command.Take) (*Result, error) {
@@ -258,7 +259,7 @@ func (a *applier) prefetchRequests(entries []command.TakeEntry) {
 
 // takeEntry judges one entry of node's Take into r.
 func (a *applier) takeEntry(node string, e *command.TakeEntry, r *TakeResult) error {
-	if e.OrderID == "" || e.OrderID[0] == orderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
+	if e.OrderID == "" || e.OrderID[0] == store.OrderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
 		r.Outcome = stock.OutcomeInvalid
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"stockd/internal/wire"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 )
 
@@ -38,7 +39,7 @@ func appendBuyerKey[T ~string | ~[]byte](dst []byte, sku, user T) []byte {
 
 func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
 	k := appendBuyerKey(nil, sku, user)
-	v, err := a.get(bucketBuyers, k)
+	v, err := a.get(store.BucketBuyers, k)
 	if err != nil {
 		return 0, err
 	}
@@ -55,10 +56,10 @@ func (a *applier) addBought(sku, user string, delta int64) (int64, error) {
 	}
 	a.boughtChanges[string(k)] = n
 	if n == 0 {
-		a.put(bucketBuyers, k, nil)
+		a.put(store.BucketBuyers, k, nil)
 		return 0, nil
 	}
-	a.put(bucketBuyers, k, binary.BigEndian.AppendUint64(nil, uint64(n)))
+	a.put(store.BucketBuyers, k, binary.BigEndian.AppendUint64(nil, uint64(n)))
 	return n, nil
 }
 
@@ -74,7 +75,7 @@ func (a *applier) requestOrder(requestID string) (string, bool, error) {
 		return "", false, nil
 	}
 	return findRequest(func(key []byte, fn func([]byte) error) error {
-		v, err := a.get(bucketRequestsByTime, key)
+		v, err := a.get(store.BucketRequestsByTime, key)
 		if err != nil {
 			return err
 		}
@@ -162,12 +163,12 @@ func (a *applier) forgetOrderRequest(o *stock.Order) error {
 	}
 	// A record of the earlier file format, if it is still there.
 	tk := requestTimeKey(o.CreatedAtUnixNano, o.RequestID)
-	v, err := a.get(bucketRequestsByTime, tk)
+	v, err := a.get(store.BucketRequestsByTime, tk)
 	if err != nil {
 		return err
 	}
 	if string(v) == o.ID {
-		a.put(bucketRequestsByTime, tk, nil)
+		a.put(store.BucketRequestsByTime, tk, nil)
 		a.requestChanges[o.RequestID] = requestChange{at: o.CreatedAtUnixNano}
 		a.requestDelta--
 	}
@@ -296,7 +297,7 @@ func (a *applier) requestGroup(at int64) ([]requestPair, error) {
 	if uint64(at) > a.ledger.requestGroupsAtMax {
 		return nil, nil // newer than every group written
 	}
-	v, err := a.get(bucketRequestsByTime, requestGroupKey(at))
+	v, err := a.get(store.BucketRequestsByTime, requestGroupKey(at))
 	if err != nil || v == nil {
 		return nil, err
 	}
@@ -341,7 +342,7 @@ func (a *applier) putRequestGroup(at int64, pairs []requestPair) {
 		v = encodeRequestGroup(pairs)
 	}
 	a.ledger.requestGroupsAtMax = max(a.ledger.requestGroupsAtMax, uint64(at))
-	a.put(bucketRequestsByTime, requestGroupKey(at), v)
+	a.put(store.BucketRequestsByTime, requestGroupKey(at), v)
 }
 
 // flushRequestGroup writes the request ids the entry being applied
@@ -428,7 +429,7 @@ func (a *applier) pruneRequests(c *command.PruneRequests) (*Result, error) {
 	var groups []groupChange
 	forgotten := int64(0)
 	var decodeErr error
-	ascend(tx, a.bh, a.batch[string(bucketRequestsByTime)], bucketRequestsByTime, func(k, v []byte) bool {
+	store.Ascend(tx, a.bh, a.batch[string(store.BucketRequestsByTime)], store.BucketRequestsByTime, func(k, v []byte) bool {
 		if len(k) < 8 {
 			return true
 		}
@@ -465,7 +466,7 @@ func (a *applier) pruneRequests(c *command.PruneRequests) (*Result, error) {
 		return nil, decodeErr
 	}
 	for _, k := range doomed {
-		a.put(bucketRequestsByTime, k, nil)
+		a.put(store.BucketRequestsByTime, k, nil)
 		a.requestChanges[string(k[8:])] = requestChange{at: int64(binary.BigEndian.Uint64(k[:8]))}
 	}
 	for _, g := range groups {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strconv"
 	"testing"
@@ -168,21 +169,21 @@ func sellAndArchive(t *testing.T, apply func(at int64, c Command)) {
 func explodeBlocks(t *testing.T, tl *testLedger) {
 	t.Helper()
 	tl.rewriteFile(func(tx *bolt.Tx) error {
-		bucket := tx.Bucket(bucketOrders)
+		bucket := tx.Bucket(store.BucketOrders)
 		type record struct{ id, v []byte }
 		var records []record
 		var doomed [][]byte
 		err := bucket.ForEach(func(k, v []byte) error {
-			if !isOrderBlockKey(k) {
+			if !store.IsOrderBlockKey(k) {
 				return nil
 			}
 			doomed = append(doomed, bytes.Clone(k))
-			b, err := parseOrderBlock(k, v)
+			b, err := store.ParseOrderBlock(k, v)
 			if err != nil {
 				return err
 			}
-			return b.each(func(_ int, m *blockMember) bool {
-				records = append(records, record{b.appendID(nil, m), bytes.Clone(m.record)})
+			return b.Each(func(_ int, m *store.BlockMember) bool {
+				records = append(records, record{b.AppendID(nil, m), bytes.Clone(m.Record)})
 				return true
 			})
 		})
@@ -199,7 +200,7 @@ func explodeBlocks(t *testing.T, tl *testLedger) {
 				return err
 			}
 		}
-		return tx.Bucket(bucketMeta).Put(keyFormat, binary.BigEndian.AppendUint32(nil, 2))
+		return tx.Bucket(store.BucketMeta).Put(store.KeyFormat, binary.BigEndian.AppendUint32(nil, 2))
 	})
 }
 
@@ -216,18 +217,18 @@ func logicalLedger(t *testing.T, l *Ledger) map[string]string {
 		return tx.ForEach(func(name []byte, bucket *bolt.Bucket) error {
 			return bucket.ForEach(func(k, v []byte) error {
 				switch {
-				case bytes.Equal(name, bucketMeta) && (bytes.Equal(k, keyFormat) || bytes.Equal(k, keyFeedSeq)),
-					bytes.Equal(name, bucketEvents):
+				case bytes.Equal(name, store.BucketMeta) && (bytes.Equal(k, store.KeyFormat) || bytes.Equal(k, store.KeyFeedSeq)),
+					bytes.Equal(name, store.BucketEvents):
 					// The format differs by design; the feed's events
 					// reach the file on their own schedule (compared
 					// through ReadFeed below).
-				case bytes.Equal(name, bucketOrders) && isOrderBlockKey(k):
-					b, err := parseOrderBlock(k, v)
+				case bytes.Equal(name, store.BucketOrders) && store.IsOrderBlockKey(k):
+					b, err := store.ParseOrderBlock(k, v)
 					if err != nil {
 						return err
 					}
-					return b.each(func(_ int, m *blockMember) bool {
-						out["orders/"+string(b.appendID(nil, m))] = string(m.record)
+					return b.Each(func(_ int, m *store.BlockMember) bool {
+						out["orders/"+string(b.AppendID(nil, m))] = string(m.Record)
 						return true
 					})
 				default:

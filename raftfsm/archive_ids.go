@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"stockd/raftfsm/store"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -25,7 +26,7 @@ func (l *Ledger) ArchivedOrderIDs(sku string, after []byte, limit, scanMax int) 
 	}
 	next = after
 	err = l.view(func(tx *bolt.Tx) error {
-		cur := tx.Bucket(bucketOrders).Cursor()
+		cur := tx.Bucket(store.BucketOrders).Cursor()
 		k, v := cur.First()
 		if after != nil {
 			if k, v = cur.Seek(after); k != nil && bytes.Equal(k, after) {
@@ -56,29 +57,29 @@ func (l *Ledger) ArchivedOrderIDs(sku string, after []byte, limit, scanMax int) 
 // orders bucket (an order's, or a block's) and counts the orders read.
 func appendSaleOrderIDs(sku string, k, v []byte, ids []string) ([]string, int, error) {
 	ofSale := func(id string, record []byte) (bool, error) {
-		if recSKU, _, ok := orderRecordSKU(record); ok {
+		if recSKU, _, ok := store.OrderRecordSKU(record); ok {
 			return string(recSKU) == sku, nil
 		}
-		o, err := decodeOrderRecord(id, record) // an earlier version's record
+		o, err := store.DecodeOrderRecord(id, record) // an earlier version's record
 		return o.SKU == sku, err
 	}
-	if !isOrderBlockKey(k) {
+	if !store.IsOrderBlockKey(k) {
 		mine, err := ofSale(string(k), v)
 		if mine {
 			ids = append(ids, string(k))
 		}
 		return ids, 1, err
 	}
-	b, err := parseOrderBlock(k, v)
+	b, err := store.ParseOrderBlock(k, v)
 	if err != nil {
 		return ids, 0, err
 	}
 	n := 0
 	var failed error
-	err = b.each(func(_ int, m *blockMember) bool {
+	err = b.Each(func(_ int, m *store.BlockMember) bool {
 		n++
-		id := string(b.appendID(nil, m))
-		mine, err := ofSale(id, m.record)
+		id := string(b.AppendID(nil, m))
+		mine, err := ofSale(id, m.Record)
 		if err != nil {
 			failed = err
 			return false

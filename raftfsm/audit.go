@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
@@ -39,9 +40,9 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]stock.Audit, erro
 	err := l.view(func(tx *bolt.Tx) error {
 		// While the transaction holds the file open: a compaction or a
 		// restore closes a swapped-out file only after its readers.
-		defer dropResidentPages(tx.DB())
-		applied := appliedIn(tx)
-		err := tx.Bucket(bucketSKUs).ForEach(func(k, v []byte) error {
+		defer store.DropResidentPages(tx.DB())
+		applied := store.AppliedIn(tx)
+		err := tx.Bucket(store.BucketSKUs).ForEach(func(k, v []byte) error {
 			if !want(string(k)) {
 				return nil
 			}
@@ -55,10 +56,10 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]stock.Audit, erro
 		if err != nil || len(audits) == 0 {
 			return err
 		}
-		return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
+		return tx.Bucket(store.BucketOrders).ForEach(func(k, v []byte) error {
 			// Counted in place: the audit reads every order the ledger
 			// holds, so it must not allocate per order.
-			return tallyStoredOrders(k, v, func(sku []byte, state stock.OrderState, qty int64) {
+			return store.TallyStoredOrders(k, v, func(sku []byte, state stock.OrderState, qty int64) {
 				a, ok := audits[string(sku)]
 				if !ok {
 					return

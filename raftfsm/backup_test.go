@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strconv"
 	"sync"
@@ -77,21 +78,21 @@ func TestBackup_HoldsTheLedgerAtItsIndex(t *testing.T) {
 	if err := os.WriteFile(path, file, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h, err := VerifyBackupFile(path, "")
+	h, err := store.VerifyBackupFile(path, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.AppliedIndex != at || h.Node != "n1" || h.Format != BackupFormat || h.LedgerBytes <= 0 {
+	if h.AppliedIndex != at || h.Node != "n1" || h.Format != store.BackupFormat || h.LedgerBytes <= 0 {
 		t.Fatalf("header %+v, want index %d", h, at)
 	}
 
 	// The ledger inside, opened as a ledger: the state at the index, not after.
 	dir := t.TempDir()
-	f, err := os.Create(filepath.Join(dir, ledgerFileName))
+	f, err := os.Create(filepath.Join(dir, store.FileName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadBackup(bytes.NewReader(file), f); err != nil {
+	if _, err := store.ReadBackup(bytes.NewReader(file), f); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -134,7 +135,7 @@ func TestBackup_RefusesDamagedFiles(t *testing.T) {
 		if err := os.WriteFile(path, file, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := VerifyBackupFile(path, dir)
+		_, err := store.VerifyBackupFile(path, dir)
 		if !errors.Is(err, want) {
 			t.Errorf("%s: %v, want %v", name, err, want)
 		}
@@ -148,21 +149,21 @@ func TestBackup_RefusesDamagedFiles(t *testing.T) {
 		return b
 	}
 	f("good", good, nil)
-	f("flipped-in-ledger", flip(len(good)/2), ErrBackupChecksum)
-	f("flipped-in-checksum", flip(len(good)-1), ErrBackupChecksum)
-	f("flipped-in-header", flip(20), ErrBackupChecksum)
-	f("cut-in-ledger", good[:len(good)/2], ErrBackupTruncated)
-	f("cut-before-checksum", good[:len(good)-10], ErrBackupTruncated)
-	f("cut-in-magic", good[:4], ErrBackupTruncated)
-	f("empty", nil, ErrBackupTruncated)
-	f("trailing-bytes", append(bytes.Clone(good), 0), ErrBackupChecksum)
-	f("another-format", []byte("PK\x03\x04 a zip file, not a backup"), ErrBackupFormat)
+	f("flipped-in-ledger", flip(len(good)/2), store.ErrBackupChecksum)
+	f("flipped-in-checksum", flip(len(good)-1), store.ErrBackupChecksum)
+	f("flipped-in-header", flip(20), store.ErrBackupChecksum)
+	f("cut-in-ledger", good[:len(good)/2], store.ErrBackupTruncated)
+	f("cut-before-checksum", good[:len(good)-10], store.ErrBackupTruncated)
+	f("cut-in-magic", good[:4], store.ErrBackupTruncated)
+	f("empty", nil, store.ErrBackupTruncated)
+	f("trailing-bytes", append(bytes.Clone(good), 0), store.ErrBackupChecksum)
+	f("another-format", []byte("PK\x03\x04 a zip file, not a backup"), store.ErrBackupFormat)
 	later := bytes.Clone(good)
-	later[len(backupMagic)+1] = BackupFormat + 1
-	f("a-later-format", later, ErrBackupFormat)
-	ledgerFile, err := os.ReadFile(filepath.Join(tl.dir, ledgerFileName))
+	later[len(store.BackupMagic)+1] = store.BackupFormat + 1
+	f("a-later-format", later, store.ErrBackupFormat)
+	ledgerFile, err := os.ReadFile(filepath.Join(tl.dir, store.FileName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f("a-bare-ledger-file", ledgerFile, ErrBackupFormat)
+	f("a-bare-ledger-file", ledgerFile, store.ErrBackupFormat)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"reflect"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"testing"
 )
@@ -48,15 +49,15 @@ func FuzzDecodeCommand(f *testing.F) {
 
 func TestCodec_OrderRecordsRoundTripAndReadJSON(t *testing.T) {
 	o := stock.Order{ID: "n1-5-x", SKU: "s", User: "u", Qty: 3, State: stock.OrderHeld, RequestID: "r", Node: "n1", CreatedAtUnixNano: 5, ExpiresAtUnixNano: 9, ReleaseReason: ""}
-	got, err := decodeOrderRecord(o.ID, encodeOrderRecord(nil, &o))
+	got, err := store.DecodeOrderRecord(o.ID, store.EncodeOrderRecord(nil, &o))
 	if err != nil || !reflect.DeepEqual(got, o) {
 		t.Fatalf("round trip: %+v %v, want %+v", got, err, o)
 	}
 	legacy := []byte(`{"order_id":"n1-5-x","sku":"s","user":"u","qty":3,"state":"held","request_id":"r","node":"n1","created_at":5,"expires_at":9}`)
-	if got, err := decodeOrderRecord(o.ID, legacy); err != nil || !reflect.DeepEqual(got, o) {
+	if got, err := store.DecodeOrderRecord(o.ID, legacy); err != nil || !reflect.DeepEqual(got, o) {
 		t.Fatalf("json record: %+v %v", got, err)
 	}
-	if _, err := decodeOrderRecord("x", []byte{orderRecordFormat, 9}); !errors.Is(err, ErrMalformed) {
+	if _, err := store.DecodeOrderRecord("x", []byte{store.OrderRecordFormat, 9}); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("bad state code: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"stockd/raftfsm/store"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -71,7 +72,7 @@ func (l *Ledger) compactAsync() {
 			bh := l.bh
 			l.mu.RUnlock()
 			l.applyMu.Lock()
-			bh.forgetPersisted()
+			bh.ForgetPersisted()
 			l.applyMu.Unlock()
 			// Two collections: the first moves pooled buffers (bbolt's
 			// page pool) aside, the second frees them.
@@ -96,12 +97,12 @@ func (l *Ledger) Compact() (CompactResult, error) {
 	if db == nil {
 		return CompactResult{}, ErrLedgerClosed
 	}
-	bh.persistMu.Lock()
-	defer bh.persistMu.Unlock()
-	if bh.db != db {
+	bh.PersistMu.Lock()
+	defer bh.PersistMu.Unlock()
+	if bh.DB != db {
 		return CompactResult{}, nil
 	}
-	if err := bh.flushLocked(); err != nil {
+	if err := bh.FlushLocked(); err != nil {
 		return CompactResult{}, err
 	}
 	var res CompactResult
@@ -111,7 +112,7 @@ func (l *Ledger) Compact() (CompactResult, error) {
 	res.PagesBefore = pagesInUse(db)
 	tmp := l.path + ".compact"
 	_ = os.Remove(tmp) // left by a crash during an earlier compaction
-	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
+	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: store.OpenTimeout, InitialMmapSize: store.MmapBytes})
 	if err != nil {
 		return CompactResult{}, fmt.Errorf("open %s: %w", tmp, err)
 	}
@@ -124,8 +125,8 @@ func (l *Ledger) Compact() (CompactResult, error) {
 		return abandon(fmt.Errorf("copy %s: %w", l.path, err))
 	}
 	res.PagesAfter = pagesInUse(dst)
-	dropResidentPages(db)
-	dropResidentPages(dst)
+	store.DropResidentPages(db)
+	store.DropResidentPages(dst)
 	if l.closing.Load() {
 		return abandon(ErrLedgerClosed)
 	}
@@ -138,7 +139,7 @@ func (l *Ledger) Compact() (CompactResult, error) {
 		l.mu.Unlock()
 		return abandon(fmt.Errorf("replace %s: %w", l.path, err))
 	}
-	l.db, bh.db = dst, dst
+	l.db, bh.DB = dst, dst
 	l.mu.Unlock()
 	if d, err := os.Open(filepath.Dir(l.path)); err == nil {
 		_ = d.Sync() // the rename survives a crash

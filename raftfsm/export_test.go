@@ -4,6 +4,6 @@ package raftfsm
 // from here on nothing reaches ledger.db, as if the process died after
 // each commit. For raftfsm_test's crash test, which needs a raft node.
 func HaltPersister(l *Ledger) {
-	l.bh.halt()
+	l.bh.Halt()
 	l.test.noFinalWrite = true
 }

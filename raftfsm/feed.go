@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"stockd/internal/wire"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"sync"
 
@@ -31,13 +32,6 @@ const feedMemoryEvents = 16384
 
 // feedDeleteMax bounds the pruned events one write deletes from bbolt.
 const feedDeleteMax = 50_000
-
-var (
-	bucketEvents    = []byte("events")
-	bucketConsumers = []byte("consumers")
-	keyFeedSeq      = []byte("feed_seq")   // the last event in bucket events
-	keyFeedFloor    = []byte("feed_floor") // events at or below this sequence are pruned
-)
 
 // feed is the ledger's order feed. The FSM goroutine stages a batch's
 // events before it hands the batch to the persister and publishes them
@@ -68,11 +62,11 @@ func (f *feed) load(tx *bolt.Tx) error {
 	f.gen++
 	f.mem, f.seq, f.floorAt = eventChunks{}, 0, stock.Cursor{}
 	f.consumers = map[string]stock.Consumer{}
-	meta := tx.Bucket(bucketMeta)
-	if v := meta.Get(keyFeedSeq); len(v) == 8 {
+	meta := tx.Bucket(store.BucketMeta)
+	if v := meta.Get(store.KeyFeedSeq); len(v) == 8 {
 		f.seq = binary.BigEndian.Uint64(v)
 	}
-	if v := meta.Get(keyFeedFloor); v != nil {
+	if v := meta.Get(store.KeyFeedFloor); v != nil {
 		c, err := decodeCursor(v)
 		if err != nil {
 			return fmt.Errorf("feed floor: %w", err)
@@ -80,7 +74,7 @@ func (f *feed) load(tx *bolt.Tx) error {
 		f.floorAt = c
 	}
 	f.visible, f.persisted = f.seq, f.seq
-	return tx.Bucket(bucketConsumers).ForEach(func(k, v []byte) error {
+	return tx.Bucket(store.BucketConsumers).ForEach(func(k, v []byte) error {
 		c, err := decodeConsumer(string(k), v)
 		if err != nil {
 			return err
@@ -216,11 +210,11 @@ func (m *eventChunks) dropBefore(seq uint64) {
 	}
 }
 
-// persist writes to tx, inside the persister's transaction that takes
+// Persist writes to tx, inside the persister's transaction that takes
 // bbolt to index target, the events applied up to target, and deletes
 // pruned events (up to feedDeleteMax a write). It returns the feed's
 // generation and the last event written, for written.
-func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error) {
+func (f *feed) Persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error) {
 	f.mu.RLock()
 	gen, last = f.gen, f.persisted
 	// Pointers into the chunks: an event there never changes, and its
@@ -234,8 +228,8 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 		return true
 	})
 	f.mu.RUnlock()
-	events := tx.Bucket(bucketEvents)
-	events.FillPercent = persistFillPercent
+	events := tx.Bucket(store.BucketEvents)
+	events.FillPercent = store.PersistFillPercent
 	// bbolt keeps the key and value slices until the transaction ends:
 	// one buffer for all, carved up, never reused.
 	size := 0
@@ -255,14 +249,14 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 		last = part[len(part)-1].Seq
 	}
 	if len(batch) > 0 {
-		if err := tx.Bucket(bucketMeta).Put(keyFeedSeq, binary.BigEndian.AppendUint64(nil, last)); err != nil {
+		if err := tx.Bucket(store.BucketMeta).Put(store.KeyFeedSeq, binary.BigEndian.AppendUint64(nil, last)); err != nil {
 			return 0, 0, err
 		}
 	}
 	// The floor as of target: the pending changes this transaction wrote
 	// include it.
 	var floor uint64
-	if v := tx.Bucket(bucketMeta).Get(keyFeedFloor); v != nil {
+	if v := tx.Bucket(store.BucketMeta).Get(store.KeyFeedFloor); v != nil {
 		if c, err := decodeCursor(v); err == nil {
 			floor = c.Seq
 		}
@@ -287,10 +281,10 @@ func (f *feed) persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	return gen, last, nil
 }
 
-// written records that bbolt holds the events up to seq, and trims
+// Written records that bbolt holds the events up to seq, and trims
 // memory to the unwritten events and feedMemoryEvents before them (pruned
 // ones go), in steps large enough that the copies stay cheap.
-func (f *feed) written(gen, seq uint64) {
+func (f *feed) Written(gen, seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if gen != f.gen || seq <= f.persisted {
@@ -311,7 +305,7 @@ func encodeFeedEvent(dst []byte, e *stock.FeedEvent) []byte {
 	dst = wire.AppendUvarint(dst, e.Index)
 	dst = wire.AppendVarint(dst, e.At)
 	dst = wire.AppendString(dst, e.Order.ID)
-	return encodeOrderRecord(dst, &e.Order)
+	return store.EncodeOrderRecord(dst, &e.Order)
 }
 
 const feedRecordFormat byte = 0xE1
@@ -335,7 +329,7 @@ func decodeFeedEvent(seq uint64, b []byte) (stock.FeedEvent, error) {
 	if d.Err != nil {
 		return stock.FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, d.Err)
 	}
-	o, err := decodeOrderRecord(id, d.B)
+	o, err := store.DecodeOrderRecord(id, d.B)
 	if err != nil {
 		return stock.FeedEvent{}, fmt.Errorf("feed event %d: %w", seq, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strings"
 
@@ -26,7 +27,7 @@ func (l *Ledger) event(seq uint64) (stock.FeedEvent, bool, error) {
 	var found bool
 	err := l.view(func(tx *bolt.Tx) error {
 		var err error
-		e, found, err = readFeedEvent(tx.Bucket(bucketEvents), seq)
+		e, found, err = readFeedEvent(tx.Bucket(store.BucketEvents), seq)
 		return err
 	})
 	return e, found, err
@@ -106,7 +107,7 @@ func (l *Ledger) ReadFeed(after stock.Cursor, limit int) (stock.FeedPage, error)
 			end = min(to, memFirst-1)
 		}
 		err := l.view(func(tx *bolt.Tx) error {
-			cur := tx.Bucket(bucketEvents).Cursor()
+			cur := tx.Bucket(store.BucketEvents).Cursor()
 			want := from
 			for k, v := seekFeedChunk(cur, from); len(k) == 8 && want <= end; k, v = cur.Next() {
 				if binary.BigEndian.Uint64(k) > want {

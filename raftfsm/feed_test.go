@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"testing"
 
@@ -38,7 +39,7 @@ func (t *testLedger) rewriteFile(fn func(tx *bolt.Tx) error) *Ledger {
 	if err := t.l.Close(); err != nil {
 		t.tb.Fatal(err)
 	}
-	db, err := bolt.Open(filepath.Join(t.dir, ledgerFileName), 0o600, nil)
+	db, err := bolt.Open(filepath.Join(t.dir, store.FileName), 0o600, nil)
 	if err != nil {
 		t.tb.Fatal(err)
 	}
@@ -204,7 +205,7 @@ func TestFeed_OrderEventsSurviveReopenCrashAndRestore(t *testing.T) {
 
 	// A crash after applying, before the ledger's write: raft replays the
 	// entries and the feed numbers their events as it did the first time.
-	l2.bh.halt()
+	l2.bh.Halt()
 	l2.test.noFinalWrite = true
 	tl.l = l2
 	tl.apply(legacyCommand{Op: OpTake, Node: "n1", Takes: []TakeEntry{{SKU: "h", Qty: 1, User: "u9", OrderID: "o9"}}})
@@ -435,7 +436,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 	// The file holds the n events in three chunks; rewrite them as an
 	// earlier version wrote them.
 	l := tl.rewriteFile(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketEvents)
+		b := tx.Bucket(store.BucketEvents)
 		var keys, olds [][]byte
 		err := b.ForEach(func(k, v []byte) error {
 			keys = append(keys, slices.Clone(k))
@@ -500,7 +501,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 		t.Fatalf("%d order records, want %d", a.Orders, 2*n)
 	}
 	err := l.view(func(tx *bolt.Tx) error {
-		k, _ := tx.Bucket(bucketEvents).Cursor().First()
+		k, _ := tx.Bucket(store.BucketEvents).Cursor().First()
 		if first := binary.BigEndian.Uint64(k); first > through.Seq || first+feedDiskChunkEvents <= through.Seq {
 			return fmt.Errorf("the file's first chunk starts at %d: the pruned ones should be gone up to the one holding %d", first, through.Seq)
 		}

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/store"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,60 +21,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
-)
-
-// bbolt buckets of the ledger file.
-var (
-	bucketMeta   = []byte("meta")
-	bucketSKUs   = []byte("skus")
-	bucketOrders = []byte("orders")
-	bucketBuyers = []byte("buyers")
-	bucketNodes  = []byte("nodes")
-	// requests maps request ids to their order ids, a log entry's ids in
-	// one group keyed by the orders' creation time (8-byte big-endian unix
-	// nanos; see requestGroupFormat); files of format 1 have a record an
-	// id, keyed by the time then the id. New ids append at the end of the
-	// B+tree instead of dirtying random pages, and pruning by age picks
-	// the same ids on every node. Lookups by request id go through the
-	// in-memory mirror.
-	bucketRequestsByTime = []byte("requests_by_time")
-
-	keyApplied = []byte("applied_index")
-	// keyFormat is the file's format (big-endian uint32); absent: 1.
-	keyFormat = []byte("format")
-)
-
-// ledgerFormat is the format this version writes: 2 has request groups
-// and the feed's events in chunks, 3 the orders a take sells in blocks
-// (order_blocks.go). It reads every format up to it, and
-// refuses a file of a later one rather than misread it.
-const ledgerFormat = 3
-
-// errLedgerFormat is a file written by a later version.
-var errLedgerFormat = errors.New("the ledger file was written by a later version of stockd")
-
-// checkLedgerFormat reads a file's format from its meta bucket (nil: a new
-// file) and refuses one this version cannot read.
-func checkLedgerFormat(meta *bolt.Bucket) (uint32, error) {
-	format := uint32(1)
-	if meta != nil {
-		if v := meta.Get(keyFormat); len(v) == 4 {
-			format = binary.BigEndian.Uint32(v)
-		}
-	}
-	if format > ledgerFormat {
-		return format, fmt.Errorf("%w (format %d; this one reads up to %d)", errLedgerFormat, format, ledgerFormat)
-	}
-	return format, nil
-}
-
-const (
-	ledgerFileName    = "ledger.db"
-	ledgerOpenTimeout = 5 * time.Second // waiting for another process's file lock
-	// ledgerMmapBytes is mapped up front: bbolt must remap to grow, and a
-	// remap waits for every read transaction (audits, snapshot streams), so
-	// without headroom a long read would stall Apply. Address space only.
-	ledgerMmapBytes = 4 << 30
 )
 
 // EventKind says what an Event reports.
@@ -121,7 +68,7 @@ type Ledger struct {
 
 	mu      sync.RWMutex // guards db swaps in Restore and the mirrors below
 	db      *bolt.DB
-	bh      *behind // changes applied and not yet in bbolt, and their persister
+	bh      *store.WriteBehind // changes applied and not yet in bbolt, and their persister
 	applied uint64
 	rules   uint64 // the ledger's rules (rules.go)
 	// restoredFrom and restoredAt: a ledger restored from a backup at
@@ -228,7 +175,7 @@ func checkLedgerSize(path string) error {
 	if err != nil {
 		return fmt.Errorf("open ledger %s: %w", path, err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: ledgerOpenTimeout})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: store.OpenTimeout})
 	if err != nil {
 		return ledgerOpenError(path, err)
 	}
@@ -263,7 +210,7 @@ func OpenLedger(dir string, logger *slog.Logger) (*Ledger, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create ledger dir %s: %w", dir, err)
 	}
-	l := &Ledger{path: filepath.Join(dir, ledgerFileName), logger: logger, reqSeed: maphash.MakeSeed()}
+	l := &Ledger{path: filepath.Join(dir, store.FileName), logger: logger, reqSeed: maphash.MakeSeed()}
 	if err := l.open(); err != nil {
 		return nil, err
 	}
@@ -276,13 +223,13 @@ func (l *Ledger) open() error {
 		return err
 	}
 	l.db = db
-	l.bh = newBehind(l.applied)
-	l.bh.feed = &l.feed
-	l.bh.applying = &l.applyMu
+	l.bh = store.NewWriteBehind(l.applied)
+	l.bh.Rider = &l.feed
+	l.bh.Applying = &l.applyMu
 	if f := l.persistFault.Load(); f != nil {
-		l.bh.fault.Store(f)
+		l.bh.Fault.Store(f)
 	}
-	l.bh.start(db, ledgerPersistHealth{l: l, bh: l.bh})
+	l.bh.Start(db, ledgerPersistHealth{l: l, bh: l.bh})
 	return nil
 }
 
@@ -302,25 +249,25 @@ func (l *Ledger) openFile() (db *bolt.DB, err error) {
 	if err := checkLedgerSize(l.path); err != nil {
 		return nil, err
 	}
-	db, err = bolt.Open(l.path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout, InitialMmapSize: ledgerMmapBytes})
+	db, err = bolt.Open(l.path, 0o600, &bolt.Options{Timeout: store.OpenTimeout, InitialMmapSize: store.MmapBytes})
 	if err != nil {
 		return nil, ledgerOpenError(l.path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		if _, err := checkLedgerFormat(tx.Bucket(bucketMeta)); err != nil {
+		if _, err := store.CheckFormat(tx.Bucket(store.BucketMeta)); err != nil {
 			return err
 		}
-		for _, name := range [][]byte{bucketMeta, bucketSKUs, bucketOrders, bucketBuyers, bucketNodes, bucketRequestsByTime, bucketEvents, bucketConsumers, bucketEntries, bucketEntryUsers} {
+		for _, name := range [][]byte{store.BucketMeta, store.BucketSKUs, store.BucketOrders, store.BucketBuyers, store.BucketNodes, store.BucketRequestsByTime, store.BucketEvents, store.BucketConsumers, store.BucketEntries, store.BucketEntryUsers} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
 		}
 		// From here on the file may hold records of this format.
-		return tx.Bucket(bucketMeta).Put(keyFormat, binary.BigEndian.AppendUint32(nil, ledgerFormat))
+		return tx.Bucket(store.BucketMeta).Put(store.KeyFormat, binary.BigEndian.AppendUint32(nil, store.Format))
 	})
 	if err == nil {
 		err = l.loadMirrors(db)
-		dropResidentPages(db)
+		store.DropResidentPages(db)
 	}
 	if err != nil {
 		db.Close()
@@ -348,10 +295,10 @@ func (l *Ledger) Close() error {
 	if l.db == nil {
 		return nil
 	}
-	l.bh.halt()
+	l.bh.Halt()
 	var err error
 	if !l.test.noFinalWrite {
-		err = l.bh.flush()
+		err = l.bh.Flush()
 	}
 	if cerr := l.db.Close(); err == nil {
 		err = cerr
@@ -428,14 +375,6 @@ func (l *Ledger) view(fn func(tx *bolt.Tx) error) error {
 	}
 	defer tx.Rollback()
 	return fn(tx)
-}
-
-// appliedIn is the last log index a ledger file's transaction holds.
-func appliedIn(tx *bolt.Tx) uint64 {
-	if v := tx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
-		return binary.BigEndian.Uint64(v)
-	}
-	return 0
 }
 
 // beginRead begins a read transaction on the current file.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"stockd/internal/hashfilter"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
@@ -15,19 +16,19 @@ import (
 // ledger's PersistHealthy up to date.
 type ledgerPersistHealth struct {
 	l  *Ledger
-	bh *behind // the persister reporting (l.bh changes on a restore)
+	bh *store.WriteBehind // the persister reporting (l.bh changes on a restore)
 }
 
-func (h ledgerPersistHealth) failed(err error, attempt int) {
+func (h ledgerPersistHealth) Failed(err error, attempt int) {
 	h.l.persistFailures.Add(1)
 	if !h.l.persistFailing.Swap(true) || attempt%20 == 0 {
-		entries, changes := h.bh.lag()
+		entries, changes := h.bh.Lag()
 		h.l.logger.Error("cannot write the ledger; changes wait in memory and in the raft log, retrying",
 			"path", h.l.path, "attempt", attempt, "entries_behind", entries, "changes_waiting", changes, "err", err)
 	}
 }
 
-func (h ledgerPersistHealth) succeeded() {
+func (h ledgerPersistHealth) Succeeded() {
 	if h.l.persistFailing.Swap(false) {
 		h.l.logger.Info("ledger writes again", "path", h.l.path)
 	}
@@ -58,7 +59,7 @@ func (l *Ledger) SetPersistFault(fault func() error) {
 	bh := l.bh
 	l.mu.RUnlock()
 	if bh != nil {
-		bh.fault.Store(l.persistFault.Load())
+		bh.Fault.Store(l.persistFault.Load())
 	}
 }
 
@@ -71,7 +72,7 @@ func (l *Ledger) Flush() error {
 	if db == nil {
 		return ErrLedgerClosed
 	}
-	return bh.flush()
+	return bh.Flush()
 }
 
 // PersistLag is how far bbolt is behind the applied state: log entries,
@@ -83,7 +84,7 @@ func (l *Ledger) PersistLag() (entries uint64, changes int) {
 	if bh == nil {
 		return 0, 0
 	}
-	return bh.lag()
+	return bh.Lag()
 }
 
 func (l *Ledger) loadMirrors(db *bolt.DB) error {
@@ -98,13 +99,13 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	var applied, rules, restoredFrom, restoredAt uint64
 	var clusterID string
 	err := db.View(func(tx *bolt.Tx) error {
-		applied = appliedIn(tx)
-		restoredFrom, restoredAt, clusterID = loadRestored(tx.Bucket(bucketMeta))
+		applied = store.AppliedIn(tx)
+		restoredFrom, restoredAt, clusterID = store.LoadRestored(tx.Bucket(store.BucketMeta))
 		var err error
-		if rules, err = loadRules(tx.Bucket(bucketMeta).Get(keyRules)); err != nil {
+		if rules, err = loadRules(tx.Bucket(store.BucketMeta).Get(keyRules)); err != nil {
 			return err
 		}
-		err = tx.Bucket(bucketSKUs).ForEach(func(k, v []byte) error {
+		err = tx.Bucket(store.BucketSKUs).ForEach(func(k, v []byte) error {
 			var s stock.SKU
 			if err := json.Unmarshal(v, &s); err != nil {
 				return fmt.Errorf("decode sku %q: %w", k, err)
@@ -115,14 +116,14 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
-		err = tx.Bucket(bucketNodes).ForEach(func(k, v []byte) error {
+		err = tx.Bucket(store.BucketNodes).ForEach(func(k, v []byte) error {
 			nodes[string(k)] = string(v)
 			return nil
 		})
 		if err != nil {
 			return err
 		}
-		err = tx.Bucket(bucketBuyers).ForEach(func(k, v []byte) error {
+		err = tx.Bucket(store.BucketBuyers).ForEach(func(k, v []byte) error {
 			if len(v) == 8 {
 				bought[string(k)] = int64(binary.BigEndian.Uint64(v))
 				buyers.Add(maphash.Bytes(l.reqSeed, k))
@@ -132,8 +133,8 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
-		err = tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-			return eachStoredOrder(k, v, func(o *stock.Order) error {
+		err = tx.Bucket(store.BucketOrders).ForEach(func(k, v []byte) error {
+			return store.EachStoredOrder(k, v, func(o *stock.Order) error {
 				if o.State == stock.OrderHeld {
 					holds[o.ID] = o.ExpiresAtUnixNano
 				}
@@ -144,10 +145,10 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err != nil {
 			return err
 		}
-		if groupsAtMax, err = loadRequests(tx.Bucket(bucketRequestsByTime), requests); err != nil {
+		if groupsAtMax, err = loadRequests(tx.Bucket(store.BucketRequestsByTime), requests); err != nil {
 			return err
 		}
-		if err := loadOrderSeqs(tx.Bucket(bucketMeta), seqHigh); err != nil {
+		if err := loadOrderSeqs(tx.Bucket(store.BucketMeta), seqHigh); err != nil {
 			return err
 		}
 		return l.feed.load(tx)
@@ -191,4 +192,40 @@ func loadRequests(b *bolt.Bucket, requests *requestIndex) (atMax uint64, err err
 		return nil
 	})
 	return atMax, err
+}
+
+// BeginBackup writes what is pending to the file, then opens a read
+// transaction on it: a copy of the ledger at the index its meta bucket
+// records. Apply goes on meanwhile; node and version name the writer.
+func (l *Ledger) BeginBackup(node, version string) (*store.Backup, error) {
+	if err := l.Flush(); err != nil {
+		return nil, fmt.Errorf("persist before backup: %w", err)
+	}
+	tx, err := l.beginRead()
+	if err != nil {
+		return nil, fmt.Errorf("begin backup: %w", err)
+	}
+	return store.NewBackup(tx, node, version), nil
+}
+
+// ClusterID is the identity of the cluster this ledger belongs to: set by
+// a restore, "" for a cluster never restored. Nodes carry it on every
+// connection to each other; a node with one refuses a peer without it.
+func (l *Ledger) ClusterID() string {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.clusterID
+}
+
+// checkRestoreGap refuses a cursor that names an index the old cluster
+// may have written after the backup this ledger was restored from: its
+// events are not in this cluster, and reading on would skip them.
+func (l *Ledger) checkRestoreGap(c stock.Cursor) error {
+	l.mu.RLock()
+	from, at := l.restoredFrom, l.restoredAt
+	l.mu.RUnlock()
+	if c.Index > from && c.Index <= at {
+		return fmt.Errorf("%w: %s is from the cluster this one was restored from, after its backup at index %d; this cluster's feed goes on from index %d", stock.ErrCursorExpired, c, from, at)
+	}
+	return nil
 }

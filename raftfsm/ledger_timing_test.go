@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"os"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strconv"
 	"strings"
@@ -230,8 +231,8 @@ func BenchmarkLedger_AuditOrders(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			var sold int64
 			err := tl.l.view(func(tx *bolt.Tx) error {
-				return tx.Bucket(bucketOrders).ForEach(func(k, v []byte) error {
-					return eachStoredOrder(k, v, func(o *stock.Order) error {
+				return tx.Bucket(store.BucketOrders).ForEach(func(k, v []byte) error {
+					return store.EachStoredOrder(k, v, func(o *stock.Order) error {
 						if o.SKU == "s" && o.State == stock.OrderSold {
 							sold += o.Qty
 						}

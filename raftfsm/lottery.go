@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"stockd/internal/wire"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strconv"
 	"sync"
@@ -40,14 +41,6 @@ const (
 	MaxLotteryEntries = 10_000_000
 	// lotteryNode is Order.Node of a winner's order: the ledger made it.
 	lotteryNode = "lottery"
-)
-
-// bbolt buckets of lottery entries.
-var (
-	// entries: sku 0x00 be64(seq) -> entry record, in log order per sale.
-	bucketEntries = []byte("entries")
-	// entry_users: sku 0x00 user -> be64(seq): one entry per user.
-	bucketEntryUsers = []byte("entry_users")
 )
 
 // EntryResult is the verdict on one EnterEntry: OutcomeOK (entered) or
@@ -236,7 +229,7 @@ func (l *Ledger) EntryStatus(sku, user string) (stock.EntryStatus, bool, error) 
 	if !ok || row.Lottery == nil {
 		return stock.EntryStatus{}, false, nil
 	}
-	v, err := l.read(bucketEntryUsers, appendBuyerKey(nil, sku, user))
+	v, err := l.read(store.BucketEntryUsers, appendBuyerKey(nil, sku, user))
 	if err != nil || v == nil {
 		return stock.EntryStatus{}, false, err
 	}
@@ -244,7 +237,7 @@ func (l *Ledger) EntryStatus(sku, user string) (stock.EntryStatus, bool, error) 
 		return stock.EntryStatus{}, false, fmt.Errorf("%w: entry index of %q in %q", ErrMalformed, user, sku)
 	}
 	seq := int64(binary.BigEndian.Uint64(v))
-	rec, err := l.read(bucketEntries, entryKey(sku, seq))
+	rec, err := l.read(store.BucketEntries, entryKey(sku, seq))
 	if err != nil || rec == nil {
 		return stock.EntryStatus{}, false, err
 	}
@@ -287,9 +280,9 @@ func (l *Ledger) SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, e
 	}
 	var applied uint64
 	err := l.view(func(tx *bolt.Tx) error {
-		applied = appliedIn(tx)
+		applied = store.AppliedIn(tx)
 		prefix := append([]byte(sku), 0)
-		cur := tx.Bucket(bucketEntries).Cursor()
+		cur := tx.Bucket(store.BucketEntries).Cursor()
 		for k, v := cur.Seek(prefix); k != nil && len(k) == len(prefix)+8 && string(k[:len(prefix)]) == string(prefix); k, v = cur.Next() {
 			e, err := decodeEntryRecord(sku, int64(binary.BigEndian.Uint64(k[len(prefix):])), v)
 			if err != nil {

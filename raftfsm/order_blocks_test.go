@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"slices"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strconv"
 	"testing"
@@ -13,7 +14,7 @@ import (
 // orderKeys counts the orders bucket's blocks and order records.
 func orderKeys(t *testing.T, l *Ledger) (blocks, records int) {
 	t.Helper()
-	return countKeys(t, l, bucketOrders, isOrderBlockKey)
+	return countKeys(t, l, store.BucketOrders, store.IsOrderBlockKey)
 }
 
 // saleOrderIDs streams sku's orders after after and checks that they come
@@ -126,16 +127,16 @@ func TestOrders_BlocksAndRecordsOfTheEarlierFormat(t *testing.T) {
 	// Rewrite block 0 of n1 as an earlier version wrote its orders: a
 	// record each.
 	tl.rewriteFile(func(tx *bolt.Tx) error {
-		bucket := tx.Bucket(bucketOrders)
-		key := []byte(orderBlockKey("n1", 0))
-		b, err := parseOrderBlock(key, bucket.Get(key))
+		bucket := tx.Bucket(store.BucketOrders)
+		key := []byte(store.OrderBlockKey("n1", 0))
+		b, err := store.ParseOrderBlock(key, bucket.Get(key))
 		if err != nil {
 			return err
 		}
 		type record struct{ id, v []byte }
 		var records []record
-		err = b.each(func(_ int, m *blockMember) bool {
-			records = append(records, record{b.appendID(nil, m), slices.Clone(m.record)})
+		err = b.Each(func(_ int, m *store.BlockMember) bool {
+			records = append(records, record{b.AppendID(nil, m), slices.Clone(m.Record)})
 			return true
 		})
 		if err != nil {
@@ -291,7 +292,7 @@ func TestSeqWindow(t *testing.T) {
 func TestGrowBlock_AppendsInPlaceAndKeepsWhatReadersHold(t *testing.T) {
 	var l Ledger
 	v1 := l.growBlock("b", nil, []byte{1, 2})
-	if want := []byte{orderBlockFormat, 1, 2}; !slices.Equal(v1, want) {
+	if want := []byte{store.OrderBlockFormat, 1, 2}; !slices.Equal(v1, want) {
 		t.Fatalf("first batch: %v, want %v", v1, want)
 	}
 	held := slices.Clone(v1)
@@ -302,7 +303,7 @@ func TestGrowBlock_AppendsInPlaceAndKeepsWhatReadersHold(t *testing.T) {
 	if !slices.Equal(v1, held) {
 		t.Errorf("the first batch's value changed under its reader: %v, was %v", v1, held)
 	}
-	if want := []byte{orderBlockFormat, 1, 2, 3}; !slices.Equal(v2, want) {
+	if want := []byte{store.OrderBlockFormat, 1, 2, 3}; !slices.Equal(v2, want) {
 		t.Fatalf("second batch: %v, want %v", v2, want)
 	}
 	// The same bytes read from the file are not growBlock's: copied.
@@ -314,7 +315,7 @@ func TestGrowBlock_AppendsInPlaceAndKeepsWhatReadersHold(t *testing.T) {
 	// An older value of the block (an apply that failed after growing it)
 	// is copied too, and the newer one is left alone.
 	v4 := l.growBlock("b", v1, []byte{9})
-	if &v4[0] == &v1[0] || !slices.Equal(v2, []byte{orderBlockFormat, 1, 2, 3}) {
+	if &v4[0] == &v1[0] || !slices.Equal(v2, []byte{store.OrderBlockFormat, 1, 2, 3}) {
 		t.Errorf("an older value was grown in place: %v, newer %v", v4, v2)
 	}
 	for i := range 3 * growingBlocksMax {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"slices"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
@@ -20,21 +21,21 @@ func (l *Ledger) SaleOrders(sku string, state stock.OrderState, after string, fn
 	}
 	var snap stock.OrdersSnapshot
 	err := l.view(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
-		snap.Applied = appliedIn(tx)
-		if v := meta.Get(keyFeedSeq); len(v) == 8 {
+		meta := tx.Bucket(store.BucketMeta)
+		snap.Applied = store.AppliedIn(tx)
+		if v := meta.Get(store.KeyFeedSeq); len(v) == 8 {
 			seq := binary.BigEndian.Uint64(v)
-			if e, ok, err := readFeedEvent(tx.Bucket(bucketEvents), seq); err != nil {
+			if e, ok, err := readFeedEvent(tx.Bucket(store.BucketEvents), seq); err != nil {
 				return err
 			} else if ok {
 				snap.FeedCursor = e.Cursor()
-			} else if fv := meta.Get(keyFeedFloor); fv != nil {
+			} else if fv := meta.Get(store.KeyFeedFloor); fv != nil {
 				if c, err := decodeCursor(fv); err == nil && c.Seq == seq {
 					snap.FeedCursor = c // the newest event was pruned
 				}
 			}
 		}
-		return eachSaleOrder(tx.Bucket(bucketOrders), sku, state, after, fn)
+		return eachSaleOrder(tx.Bucket(store.BucketOrders), sku, state, after, fn)
 	})
 	return snap, err
 }
@@ -44,22 +45,22 @@ func (l *Ledger) SaleOrders(sku string, state stock.OrderState, after string, fn
 // references, sorted by id and merged with the order records after them.
 func eachSaleOrder(bucket *bolt.Bucket, sku string, state stock.OrderState, after string, fn func(*stock.Order) error) error {
 	type memberRef struct{ block, off uint32 }
-	var blocks []orderBlock
+	var blocks []store.OrderBlock
 	var refs []memberRef
 	var id []byte
 	cur := bucket.Cursor()
 	k, v := cur.First()
-	for ; k != nil && isOrderBlockKey(k); k, v = cur.Next() {
-		b, err := parseOrderBlock(k, v)
+	for ; k != nil && store.IsOrderBlockKey(k); k, v = cur.Next() {
+		b, err := store.ParseOrderBlock(k, v)
 		if err != nil {
 			return err
 		}
 		blocks = append(blocks, b)
-		err = b.each(func(off int, m *blockMember) bool {
-			if recSKU, recState, ok := orderRecordSKU(m.record); !ok || string(recSKU) != sku || (state != "" && recState != state) {
+		err = b.Each(func(off int, m *store.BlockMember) bool {
+			if recSKU, recState, ok := store.OrderRecordSKU(m.Record); !ok || string(recSKU) != sku || (state != "" && recState != state) {
 				return true // a record that does not decode fails when it is read
 			}
-			if id = b.appendID(id[:0], m); string(id) > after {
+			if id = b.AppendID(id[:0], m); string(id) > after {
 				refs = append(refs, memberRef{uint32(len(blocks) - 1), uint32(off)})
 			}
 			return true
@@ -68,15 +69,15 @@ func eachSaleOrder(bucket *bolt.Bucket, sku string, state stock.OrderState, afte
 			return err
 		}
 	}
-	member := func(r memberRef) blockMember {
-		m, _ := blocks[r.block].member(int(r.off)) // read once already
+	member := func(r memberRef) store.BlockMember {
+		m, _ := blocks[r.block].Member(int(r.off)) // read once already
 		return m
 	}
 	var other []byte
 	slices.SortFunc(refs, func(x, y memberRef) int {
 		mx, my := member(x), member(y)
-		id = blocks[x.block].appendID(id[:0], &mx)
-		other = blocks[y.block].appendID(other[:0], &my)
+		id = blocks[x.block].AppendID(id[:0], &mx)
+		other = blocks[y.block].AppendID(other[:0], &my)
 		return bytes.Compare(id, other)
 	})
 	if after != "" {
@@ -90,9 +91,9 @@ func eachSaleOrder(bucket *bolt.Bucket, sku string, state stock.OrderState, afte
 		var err error
 		if i < len(refs) {
 			m := member(refs[i])
-			if id = blocks[refs[i].block].appendID(id[:0], &m); k == nil || bytes.Compare(id, k) < 0 {
+			if id = blocks[refs[i].block].AppendID(id[:0], &m); k == nil || bytes.Compare(id, k) < 0 {
 				i++
-				if o, err = decodeOrderRecord(string(id), m.record); err != nil {
+				if o, err = store.DecodeOrderRecord(string(id), m.Record); err != nil {
 					return err
 				}
 				if err := fn(&o); err != nil {
@@ -101,7 +102,7 @@ func eachSaleOrder(bucket *bolt.Bucket, sku string, state stock.OrderState, afte
 				continue
 			}
 		}
-		if o, err = decodeOrderRecord(string(k), v); err != nil {
+		if o, err = store.DecodeOrderRecord(string(k), v); err != nil {
 			return err
 		}
 		k, v = cur.Next()

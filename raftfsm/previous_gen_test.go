@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/store"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -93,12 +94,12 @@ func TestPrevious_Write(t *testing.T) {
 	}
 	// The file's buckets, keys and values as that version wrote them,
 	// compacted: the ledger's file is 16 MiB of preallocated pages.
-	src, err := bolt.Open(filepath.Join(tl.dir, ledgerFileName), 0o600, &bolt.Options{ReadOnly: true})
+	src, err := bolt.Open(filepath.Join(tl.dir, store.FileName), 0o600, &bolt.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	dst, err := bolt.Open(filepath.Join(dir, ledgerFileName), 0o644, nil)
+	dst, err := bolt.Open(filepath.Join(dir, store.FileName), 0o644, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

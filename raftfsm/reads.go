@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sort"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"sync/atomic"
 
@@ -97,7 +98,7 @@ func (l *Ledger) lookupRequestKey(key []byte) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	v, ok, err := findRequest(func(k []byte, fn func([]byte) error) error { return l.readIn(bucketRequestsByTime, k, fn) }, at, string(key))
+	v, ok, err := findRequest(func(k []byte, fn func([]byte) error) error { return l.readIn(store.BucketRequestsByTime, k, fn) }, at, string(key))
 	return v, ok && err == nil
 }
 
@@ -164,7 +165,7 @@ func (l *Ledger) readIn(bucket, key []byte, fn func(v []byte) error) error {
 	bh := l.bh
 	l.mu.RUnlock()
 	if bh != nil {
-		if v, ok := bh.get(bucket, key); ok {
+		if v, ok := bh.Get(bucket, key); ok {
 			return fn(v) // pending values are never changed in place
 		}
 	}
@@ -219,7 +220,7 @@ func (l *Ledger) RequestIDs() int {
 
 // Order reads one order.
 func (l *Ledger) Order(id string) (stock.Order, bool, error) {
-	o, ok, err := readOrder(id, func(key []byte, fn func([]byte) error) error { return l.readIn(bucketOrders, key, fn) })
+	o, ok, err := store.ReadOrder(id, func(key []byte, fn func([]byte) error) error { return l.readIn(store.BucketOrders, key, fn) })
 	if err != nil {
 		return stock.Order{}, false, fmt.Errorf("read order %q: %w", id, err)
 	}

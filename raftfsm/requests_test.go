@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"testing"
 
@@ -40,7 +41,7 @@ func countKeys(t *testing.T, l *Ledger, bucket []byte, kind func(k []byte) bool)
 // and records of the earlier format.
 func requestRecords(t *testing.T, l *Ledger) (groups, singles int) {
 	t.Helper()
-	return countKeys(t, l, bucketRequestsByTime, func(k []byte) bool { return len(k) == 8 })
+	return countKeys(t, l, store.BucketRequestsByTime, func(k []byte) bool { return len(k) == 8 })
 }
 
 // TestRequests_GroupsAndRecordsOfTheEarlierFormat: a Take's request ids
@@ -75,7 +76,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 	}
 	// Rewrite the first group as an earlier version wrote it.
 	l := tl.rewriteFile(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketRequestsByTime)
+		b := tx.Bucket(store.BucketRequestsByTime)
 		key := requestGroupKey(10)
 		pairs, err := decodeRequestGroup(b.Get(key))
 		if err != nil {
@@ -153,7 +154,7 @@ func TestRequests_GroupsAndRecordsOfTheEarlierFormat(t *testing.T) {
 		t.Fatalf("after pruning: %d groups and %d single records, want 1 and 0", g, s)
 	}
 	err := l.view(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketRequestsByTime).Get(binary.BigEndian.AppendUint64(nil, 20))
+		v := tx.Bucket(store.BucketRequestsByTime).Get(binary.BigEndian.AppendUint64(nil, 20))
 		pairs, err := decodeRequestGroup(v)
 		if err == nil && len(pairs) != 3 {
 			err = fmt.Errorf("the cut group holds %d ids, want 3", len(pairs))
@@ -179,20 +180,20 @@ func TestLedger_FormatOfALaterVersionIsRefused(t *testing.T) {
 		t.Helper()
 		if err := l.view(func(tx *bolt.Tx) error {
 			var err error
-			f, err = checkLedgerFormat(tx.Bucket(bucketMeta))
+			f, err = store.CheckFormat(tx.Bucket(store.BucketMeta))
 			return err
 		}); err != nil {
 			t.Fatal(err)
 		}
 		return f
 	}
-	if f := format(tl.l); f != ledgerFormat {
-		t.Fatalf("a new file has format %d, want %d", f, ledgerFormat)
+	if f := format(tl.l); f != store.Format {
+		t.Fatalf("a new file has format %d, want %d", f, store.Format)
 	}
 	// A file of the first format carries no mark: it opens, and is marked.
-	l := tl.rewriteFile(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(keyFormat) })
-	if f := format(l); f != ledgerFormat {
-		t.Fatalf("a file of format 1 reopened has format %d, want %d", f, ledgerFormat)
+	l := tl.rewriteFile(func(tx *bolt.Tx) error { return tx.Bucket(store.BucketMeta).Delete(store.KeyFormat) })
+	if f := format(l); f != store.Format {
+		t.Fatalf("a file of format 1 reopened has format %d, want %d", f, store.Format)
 	}
 
 	// A snapshot from a later version is refused; the ledger stays as it
@@ -211,7 +212,7 @@ func TestLedger_FormatOfALaterVersionIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = db.Update(func(tx *bolt.Tx) error {
-			return tx.Bucket(bucketMeta).Put(keyFormat, binary.BigEndian.AppendUint32(nil, ledgerFormat+1))
+			return tx.Bucket(store.BucketMeta).Put(store.KeyFormat, binary.BigEndian.AppendUint32(nil, store.Format+1))
 		})
 		if cerr := db.Close(); err == nil {
 			err = cerr
@@ -225,7 +226,7 @@ func TestLedger_FormatOfALaterVersionIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Restore(f); !errors.Is(err, errLedgerFormat) {
+	if err := l.Restore(f); !errors.Is(err, store.ErrFormat) {
 		t.Fatalf("restore of a later format's snapshot: %v, want errLedgerFormat", err)
 	}
 	if _, _, ok := l.SKU("a"); !ok {
@@ -240,8 +241,8 @@ func TestLedger_FormatOfALaterVersionIsRefused(t *testing.T) {
 	if err := later.l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	markLater(filepath.Join(later.dir, ledgerFileName))
-	if _, err := OpenLedger(later.dir, nil); !errors.Is(err, errLedgerFormat) {
+	markLater(filepath.Join(later.dir, store.FileName))
+	if _, err := OpenLedger(later.dir, nil); !errors.Is(err, store.ErrFormat) {
 		t.Fatalf("open of a later format's file: %v, want errLedgerFormat", err)
 	}
 }

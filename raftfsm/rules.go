@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"stockd/internal/wire"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 )
 
@@ -52,7 +53,7 @@ func (a *applier) setRules(c *command.SetRules) *Result {
 		return &Result{Outcome: stock.OutcomeSame, Qty: int64(a.rules)}
 	}
 	a.rules = c.Rules
-	a.put(bucketMeta, keyRules, binary.BigEndian.AppendUint64(nil, c.Rules))
+	a.put(store.BucketMeta, keyRules, binary.BigEndian.AppendUint64(nil, c.Rules))
 	return &Result{Outcome: stock.OutcomeOK, Qty: int64(c.Rules)}
 }
 

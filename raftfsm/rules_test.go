@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strings"
 	"testing"
@@ -107,7 +108,7 @@ func TestPrevious_LedgerReplaysTheSame(t *testing.T) {
 
 	// The file the previous version wrote, opened by this one.
 	opened := &testLedger{tb: t, dir: t.TempDir()}
-	copyFile(t, filepath.Join("testdata", "previous", ledgerFileName), filepath.Join(opened.dir, ledgerFileName))
+	copyFile(t, filepath.Join("testdata", "previous", store.FileName), filepath.Join(opened.dir, store.FileName))
 	l, err := OpenLedger(opened.dir, nil)
 	if err != nil {
 		t.Fatal(err)

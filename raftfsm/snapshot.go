@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"stockd/raftfsm/store"
 
 	"github.com/hashicorp/raft"
 	bolt "go.etcd.io/bbolt"
@@ -122,7 +123,7 @@ func (l *Ledger) OpenStream() (rc io.ReadCloser, size int64, index uint64, err e
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("begin a copy of the ledger: %w", err)
 	}
-	index = appliedIn(tx)
+	index = store.AppliedIn(tx)
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
 	go func() {
@@ -197,7 +198,7 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 	l.mu.Lock()
 	old, oldBH := l.db, l.bh
 	if old != nil {
-		oldBH.stopAsync()
+		oldBH.StopAsync()
 		l.db = nil
 	}
 	if err := os.Rename(tmp, l.path); err != nil {
@@ -210,7 +211,7 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 	l.feed.wake()
 	if old != nil {
 		go func() {
-			oldBH.wait()
+			oldBH.Wait()
 			if err := old.Close(); err != nil {
 				l.logger.Warn("close the ledger file a snapshot replaced", "err", err)
 			}
@@ -240,13 +241,13 @@ func checkSnapshotFormat(path string) (err error) {
 			err = fmt.Errorf("snapshot %s is damaged: %v", path, r)
 		}
 	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: ledgerOpenTimeout})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: store.OpenTimeout})
 	if err != nil {
 		return fmt.Errorf("open snapshot %s: %w", path, err)
 	}
 	defer db.Close()
 	return db.View(func(tx *bolt.Tx) error {
-		_, err := checkLedgerFormat(tx.Bucket(bucketMeta))
+		_, err := store.CheckFormat(tx.Bucket(store.BucketMeta))
 		if err != nil {
 			return fmt.Errorf("snapshot: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/store"
 
 	"github.com/hashicorp/raft"
 
@@ -19,7 +20,7 @@ import (
 // marker is removed once the snapshot is in place; a marker left beside
 // raft state (a crash in between) is only removed.
 func startRestored(cfg *Config, ledger *raftfsm.Ledger, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, transport raft.Transport, logger *slog.Logger) error {
-	m, ok, err := raftfsm.ReadRestoreMarker(cfg.Dir)
+	m, ok, err := store.ReadRestoreMarker(cfg.Dir)
 	if err != nil || !ok {
 		return err
 	}
@@ -63,7 +64,7 @@ func startRestored(cfg *Config, ledger *raftfsm.Ledger, logs raft.LogStore, stab
 		}
 		logger.Info("started the cluster restored from a backup", "backup_index", m.From, "index", m.Index, "voters", len(servers))
 	}
-	if err := os.Remove(filepath.Join(cfg.Dir, raftfsm.RestoreMarkerFile)); err != nil {
+	if err := os.Remove(filepath.Join(cfg.Dir, store.RestoreMarkerFile)); err != nil {
 		return fmt.Errorf("remove the restore marker: %w", err)
 	}
 	return nil

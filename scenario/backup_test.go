@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"stockd/raftfsm/store"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,14 +47,14 @@ func fetchBackup(t *testing.T, c *fasthttp.HostClient, query string) ([]byte, ui
 }
 
 // openBackup verifies a backup file and opens the ledger inside it.
-func openBackup(t *testing.T, file []byte) (raftfsm.BackupHeader, *raftfsm.Ledger) {
+func openBackup(t *testing.T, file []byte) (store.BackupHeader, *raftfsm.Ledger) {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "b.backup")
 	if err := os.WriteFile(path, file, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h, err := raftfsm.VerifyBackupFile(path, dir)
+	h, err := store.VerifyBackupFile(path, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func openBackup(t *testing.T, file []byte) (raftfsm.BackupHeader, *raftfsm.Ledge
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := raftfsm.ReadBackup(bytes.NewReader(file), f); err != nil {
+	if _, err := store.ReadBackup(bytes.NewReader(file), f); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -434,7 +435,7 @@ func TestBackup_Scheduled(t *testing.T) {
 			if !strings.HasPrefix(name, "stockd-n1-") || !strings.HasSuffix(name, ".backup") {
 				t.Fatalf("%s: %s in the backup dir", when, name)
 			}
-			h, err := raftfsm.VerifyBackupFile(filepath.Join(dir, name), t.TempDir())
+			h, err := store.VerifyBackupFile(filepath.Join(dir, name), t.TempDir())
 			if err != nil {
 				t.Fatalf("%s: %s: %v", when, name, err)
 			}

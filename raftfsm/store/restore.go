@@ -1,4 +1,4 @@
-package raftfsm
+package store
 
 import (
 	"crypto/sha256"
@@ -72,23 +72,23 @@ type RestoreInfo struct {
 // cursors stay as they were. The file must not be open.
 func PrepareRestore(path string, from uint64, clusterID string) (RestoreInfo, error) {
 	info := RestoreInfo{From: from, At: from + RestoreIndexGap, ClusterID: clusterID}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: ledgerOpenTimeout})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: OpenTimeout})
 	if err != nil {
 		return info, fmt.Errorf("open the restored ledger: %w", err)
 	}
 	defer db.Close()
 	err = db.Update(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
+		meta := tx.Bucket(BucketMeta)
 		if meta == nil {
 			return fmt.Errorf("%w: the ledger has no meta bucket", ErrBackupChecksum)
 		}
-		if _, err := checkLedgerFormat(meta); err != nil {
+		if _, err := CheckFormat(meta); err != nil {
 			return err
 		}
 		if v := meta.Get(keyApplied); len(v) != 8 || binary.BigEndian.Uint64(v) != from {
 			return fmt.Errorf("%w: the ledger is not at the backup's index %d", ErrBackupChecksum, from)
 		}
-		skus := tx.Bucket(bucketSKUs)
+		skus := tx.Bucket(BucketSKUs)
 		err := skus.ForEach(func(k, v []byte) error {
 			var s stock.SKU
 			if err := json.Unmarshal(v, &s); err != nil {
@@ -112,10 +112,10 @@ func PrepareRestore(path string, from uint64, clusterID string) (RestoreInfo, er
 		if err != nil {
 			return err
 		}
-		if err := tx.DeleteBucket(bucketNodes); err != nil {
+		if err := tx.DeleteBucket(BucketNodes); err != nil {
 			return fmt.Errorf("forget the old nodes: %w", err)
 		}
-		if _, err := tx.CreateBucket(bucketNodes); err != nil {
+		if _, err := tx.CreateBucket(BucketNodes); err != nil {
 			return err
 		}
 		for _, kv := range []struct {
@@ -131,9 +131,9 @@ func PrepareRestore(path string, from uint64, clusterID string) (RestoreInfo, er
 	return info, err
 }
 
-// loadRestored reads a restored ledger's restore points and identity
+// LoadRestored reads a restored ledger's restore points and identity
 // (zero: the ledger was not restored).
-func loadRestored(meta *bolt.Bucket) (from, at uint64, clusterID string) {
+func LoadRestored(meta *bolt.Bucket) (from, at uint64, clusterID string) {
 	if v := meta.Get(keyRestoredFrom); len(v) == 8 {
 		from = binary.BigEndian.Uint64(v)
 	}
@@ -141,28 +141,6 @@ func loadRestored(meta *bolt.Bucket) (from, at uint64, clusterID string) {
 		at = binary.BigEndian.Uint64(v)
 	}
 	return from, at, string(meta.Get(keyClusterID))
-}
-
-// ClusterID is the identity of the cluster this ledger belongs to: set by
-// a restore, "" for a cluster never restored. Nodes carry it on every
-// connection to each other; a node with one refuses a peer without it.
-func (l *Ledger) ClusterID() string {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	return l.clusterID
-}
-
-// checkRestoreGap refuses a cursor that names an index the old cluster
-// may have written after the backup this ledger was restored from: its
-// events are not in this cluster, and reading on would skip them.
-func (l *Ledger) checkRestoreGap(c stock.Cursor) error {
-	l.mu.RLock()
-	from, at := l.restoredFrom, l.restoredAt
-	l.mu.RUnlock()
-	if c.Index > from && c.Index <= at {
-		return fmt.Errorf("%w: %s is from the cluster this one was restored from, after its backup at index %d; this cluster's feed goes on from index %d", stock.ErrCursorExpired, c, from, at)
-	}
-	return nil
 }
 
 // RestoreMarkerFile, in a data dir `stockd restore` built, says how the

@@ -1,4 +1,4 @@
-package raftfsm
+package store
 
 import (
 	"bufio"
@@ -28,7 +28,7 @@ import (
 // copy taken in one read transaction, so the node goes on applying while
 // it is written. The body of GET /v1/backup is such a file, as it is.
 const (
-	backupMagic = "STOCKDBK"
+	BackupMagic = "STOCKDBK"
 	// BackupFormat is the format this version writes and reads.
 	BackupFormat = 1
 	// backupHeaderMaxBytes bounds the JSON header a reader accepts: a
@@ -73,22 +73,13 @@ type Backup struct {
 	header BackupHeader
 }
 
-// BeginBackup writes what is pending to the file, then opens a read
-// transaction on it: a copy of the ledger at the index its meta bucket
-// records. Apply goes on meanwhile; node and version name the writer.
-func (l *Ledger) BeginBackup(node, version string) (*Backup, error) {
-	if err := l.Flush(); err != nil {
-		return nil, fmt.Errorf("persist before backup: %w", err)
-	}
-	tx, err := l.beginRead()
-	if err != nil {
-		return nil, fmt.Errorf("begin backup: %w", err)
-	}
-	applied := appliedIn(tx)
+// NewBackup is a backup of the ledger file as tx sees it, written by node
+// (version names its stockd). The backup owns tx: Close rolls it back.
+func NewBackup(tx *bolt.Tx, node, version string) *Backup {
 	return &Backup{tx: tx, header: BackupHeader{
-		Format: BackupFormat, Node: node, AppliedIndex: applied,
+		Format: BackupFormat, Node: node, AppliedIndex: AppliedIn(tx),
 		CreatedAt: time.Now().UTC(), LedgerBytes: tx.Size(), StockdVersion: version,
-	}}, nil
+	}}
 }
 
 // Header is what the backup will say about itself.
@@ -106,7 +97,7 @@ func (b *Backup) Size() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return int64(len(backupMagic)+6+len(head)) + b.header.LedgerBytes + sha256.Size, nil
+	return int64(len(BackupMagic)+6+len(head)) + b.header.LedgerBytes + sha256.Size, nil
 }
 
 // WriteTo writes the whole backup file to w.
@@ -117,8 +108,8 @@ func (b *Backup) WriteTo(w io.Writer) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	pre := make([]byte, 0, len(backupMagic)+6)
-	pre = append(pre, backupMagic...)
+	pre := make([]byte, 0, len(BackupMagic)+6)
+	pre = append(pre, BackupMagic...)
 	pre = binary.BigEndian.AppendUint16(pre, BackupFormat)
 	pre = binary.BigEndian.AppendUint32(pre, uint32(len(head)))
 	if _, err := cw.Write(append(pre, head...)); err != nil {
@@ -196,20 +187,20 @@ func ReadBackup(r io.Reader, ledger io.Writer) (BackupHeader, error) {
 	br := bufio.NewReaderSize(r, 1<<16)
 	tee := io.TeeReader(br, hash)
 	var h BackupHeader
-	pre := make([]byte, len(backupMagic)+6)
+	pre := make([]byte, len(BackupMagic)+6)
 	if n, err := io.ReadFull(tee, pre); err != nil {
-		if n >= len(backupMagic) && string(pre[:len(backupMagic)]) != backupMagic || n < len(backupMagic) && !bytes.HasPrefix([]byte(backupMagic), pre[:n]) {
+		if n >= len(BackupMagic) && string(pre[:len(BackupMagic)]) != BackupMagic || n < len(BackupMagic) && !bytes.HasPrefix([]byte(BackupMagic), pre[:n]) {
 			return h, fmt.Errorf("%w: not a stockd backup file", ErrBackupFormat)
 		}
 		return h, fmt.Errorf("%w: %d bytes, not even a header", ErrBackupTruncated, n)
 	}
-	if string(pre[:len(backupMagic)]) != backupMagic {
+	if string(pre[:len(BackupMagic)]) != BackupMagic {
 		return h, fmt.Errorf("%w: not a stockd backup file", ErrBackupFormat)
 	}
-	if f := binary.BigEndian.Uint16(pre[len(backupMagic):]); f != BackupFormat {
+	if f := binary.BigEndian.Uint16(pre[len(BackupMagic):]); f != BackupFormat {
 		return h, fmt.Errorf("%w: format %d (this version reads format %d)", ErrBackupFormat, f, BackupFormat)
 	}
-	size := binary.BigEndian.Uint32(pre[len(backupMagic)+2:])
+	size := binary.BigEndian.Uint32(pre[len(BackupMagic)+2:])
 	if size > backupHeaderMaxBytes {
 		return h, fmt.Errorf("%w: a header of %d bytes", ErrBackupChecksum, size)
 	}
@@ -292,12 +283,12 @@ func checkBackupLedger(path string, h BackupHeader) (err error) {
 			err = fmt.Errorf("%w: the ledger inside does not read: %v", ErrBackupChecksum, r)
 		}
 	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: ledgerOpenTimeout})
+	Db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: OpenTimeout})
 	if err != nil {
 		return fmt.Errorf("%w: open the ledger inside: %v", ErrBackupChecksum, err)
 	}
-	defer db.Close()
-	return db.View(func(tx *bolt.Tx) error {
+	defer Db.Close()
+	return Db.View(func(tx *bolt.Tx) error {
 		var first error
 		for cerr := range tx.Check() { // read to its end: the check runs on a goroutine of its own
 			if first == nil {
@@ -307,14 +298,14 @@ func checkBackupLedger(path string, h BackupHeader) (err error) {
 		if first != nil {
 			return fmt.Errorf("%w: the ledger inside: %v", ErrBackupChecksum, first)
 		}
-		meta := tx.Bucket(bucketMeta)
+		meta := tx.Bucket(BucketMeta)
 		if meta == nil {
 			return fmt.Errorf("%w: the ledger inside has no meta bucket", ErrBackupChecksum)
 		}
-		if _, err := checkLedgerFormat(meta); err != nil {
+		if _, err := CheckFormat(meta); err != nil {
 			return fmt.Errorf("the ledger inside: %w", err)
 		}
-		if applied := appliedIn(tx); applied != h.AppliedIndex {
+		if applied := AppliedIn(tx); applied != h.AppliedIndex {
 			return fmt.Errorf("%w: the ledger inside is at index %d, the header says %d", ErrBackupChecksum, applied, h.AppliedIndex)
 		}
 		return nil

@@ -1,6 +1,6 @@
 //go:build unix
 
-package raftfsm
+package store
 
 import (
 	"os"
@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dropResidentPages tells the kernel this process no longer needs the
+// DropResidentPages tells the kernel this process no longer needs the
 // pages of db's memory map it has touched: a full scan (an audit, loading
 // the mirrors) touches every page of ledger.db, and they would otherwise
 // stay in the node's resident memory. The pages stay in the page cache, and
@@ -18,7 +18,7 @@ import (
 // must hold db open (a read transaction, or its own handle nobody else
 // closes): on a file being closed the range may already be unmapped, and
 // reused by another mapping.
-func dropResidentPages(db *bolt.DB) {
+func DropResidentPages(db *bolt.DB) {
 	info := db.Info()
 	fi, err := os.Stat(db.Path())
 	if err != nil || info == nil || info.Data == 0 || fi.Size() <= 0 {

@@ -1,4 +1,4 @@
-package raftfsm
+package store
 
 import (
 	"bytes"
@@ -29,25 +29,25 @@ import (
 // no longer has.
 
 const (
-	// persistInterval paces the persister when few changes wait.
-	persistInterval = 50 * time.Millisecond
+	// PersistInterval paces the persister when few changes wait.
+	PersistInterval = 50 * time.Millisecond
 	// persistAfterChanges wakes the persister early.
 	persistAfterChanges = 8192
-	// pendingChangesMax bounds the changes waiting for bbolt (and so the
+	// PendingChangesMax bounds the changes waiting for bbolt (and so the
 	// memory they take and the replay after a crash): Apply waits for the
 	// persister beyond it.
-	pendingChangesMax = 200_000
-	// pendingChangesHardMax is where Apply stops while the persister
+	PendingChangesMax = 200_000
+	// PendingChangesHardMax is where Apply stops while the persister
 	// cannot write (a full or failing disk): up to it, applied changes
 	// wait in memory (the raft log holds them too); at it, Apply waits
 	// for a write up to persistStallMax, then the node stops.
-	pendingChangesHardMax = 4 * pendingChangesMax
-	persistStallMax       = 30 * time.Second
-	// persistRetryMax caps the backoff between failed writes.
-	persistRetryMax = 2 * time.Second
-	// persistFillPercent is how full bbolt fills a page before it splits
+	PendingChangesHardMax = 4 * PendingChangesMax
+	PersistStallMax       = 30 * time.Second
+	// PersistRetryMax caps the backoff between failed writes.
+	PersistRetryMax = 2 * time.Second
+	// PersistFillPercent is how full bbolt fills a page before it splits
 	// it (bbolt's default, 0.5, suits random inserts).
-	persistFillPercent = 0.9
+	PersistFillPercent = 0.9
 )
 
 // pendingValue is one change not yet in bbolt.
@@ -63,9 +63,9 @@ type loggedChange struct {
 	index uint64
 }
 
-// behind is the ledger's write-behind state. mu guards pending and the
+// WriteBehind is the ledger's write-WriteBehind state. mu guards pending and the
 // indexes; persistMu serialises writes to bbolt.
-type behind struct {
+type WriteBehind struct {
 	mu      sync.RWMutex
 	pending map[string]map[string]pendingValue // bucket -> key -> change
 	// log holds each bucket's changes in the order they were applied,
@@ -79,42 +79,43 @@ type behind struct {
 	persisted uint64 // the index bbolt holds
 	forgotten uint64 // pending holds nothing at or below this index
 
-	persistMu sync.Mutex
-	// db is the file written, under persistMu (a compaction swaps it).
-	db *bolt.DB
-	// applying is held by the FSM goroutine for each batch: the persister
+	PersistMu sync.Mutex
+	// DB is the file written, under persistMu (a compaction swaps it).
+	DB *bolt.DB
+	// Applying is held by the FSM goroutine for each batch: the persister
 	// drops what it wrote from pending only while no batch runs (a batch
 	// reads pending, then the file, and must see every change in one of
 	// them), so an idle ledger does not keep its last changes twice.
-	applying *sync.Mutex
-	// feed's events are written in the same transactions as the changes.
-	feed *feed
-	// fault, when set, is asked before every write; an error fails the
+	Applying *sync.Mutex
+	// Rider writes its own state in the same transactions as the
+	// changes (the order feed's events); nil: none.
+	Rider Rider
+	// Fault, when set, is asked before every write; an error fails the
 	// write as the disk would (tests of a full disk).
-	fault    atomic.Pointer[func() error]
+	Fault    atomic.Pointer[func() error]
 	wake     chan struct{}
 	stop     chan struct{}
 	stopping atomic.Bool // stop is closed
 	done     chan struct{}
 }
 
-func newBehind(persisted uint64) *behind {
-	return &behind{pending: map[string]map[string]pendingValue{}, log: map[string][]loggedChange{}, applied: persisted, persisted: persisted,
+func NewWriteBehind(persisted uint64) *WriteBehind {
+	return &WriteBehind{pending: map[string]map[string]pendingValue{}, log: map[string][]loggedChange{}, applied: persisted, persisted: persisted,
 		wake: make(chan struct{}, 1)}
 }
 
-// get reads a pending change: found reports whether pending decides the
+// Get reads a pending change: found reports whether pending decides the
 // key (value nil: deleted).
-func (b *behind) get(bucket, key []byte) (value []byte, found bool) {
+func (b *WriteBehind) Get(bucket, key []byte) (value []byte, found bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	pv, ok := b.pending[string(bucket)][string(key)]
 	return pv.value, ok
 }
 
-// merge adds a batch's changes, written at index; order lists each
+// Merge adds a batch's changes, written at index; order lists each
 // bucket's keys in the order the batch first changed them.
-func (b *behind) merge(batch map[string]map[string][]byte, order map[string][]string, index uint64) {
+func (b *WriteBehind) Merge(batch map[string]map[string][]byte, order map[string][]string, index uint64) {
 	b.mu.Lock()
 	for bucket, keys := range order {
 		kv := batch[bucket]
@@ -142,17 +143,17 @@ func (b *behind) merge(batch map[string]map[string][]byte, order map[string][]st
 	}
 }
 
-func (b *behind) signal() {
+func (b *WriteBehind) signal() {
 	select {
 	case b.wake <- struct{}{}:
 	default:
 	}
 }
 
-// forgetPersisted drops the changes bbolt now holds. The FSM goroutine
+// ForgetPersisted drops the changes bbolt now holds. The FSM goroutine
 // calls it before it opens a read transaction for a batch, the persister
 // while no batch runs (forgetIfIdle).
-func (b *behind) forgetPersisted() {
+func (b *WriteBehind) ForgetPersisted() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.changes == 0 || b.forgotten == b.persisted {
@@ -183,35 +184,35 @@ func (b *behind) forgetPersisted() {
 
 // forgetIfIdle drops the changes bbolt holds, unless a batch is being
 // applied (it does so itself at the start of the next one).
-func (b *behind) forgetIfIdle() {
-	if b.applying == nil || !b.applying.TryLock() {
+func (b *WriteBehind) forgetIfIdle() {
+	if b.Applying == nil || !b.Applying.TryLock() {
 		return
 	}
-	defer b.applying.Unlock()
-	b.forgetPersisted()
+	defer b.Applying.Unlock()
+	b.ForgetPersisted()
 }
 
-// lag is the log entries applied but not yet in bbolt, and the changes
+// Lag is the log entries applied but not yet in bbolt, and the changes
 // waiting.
-func (b *behind) lag() (entries uint64, changes int) {
+func (b *WriteBehind) Lag() (entries uint64, changes int) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return b.applied - b.persisted, b.changes
 }
 
-// flush writes every pending change to the file in one transaction with
+// Flush writes every pending change to the file in one transaction with
 // the index it reaches. Safe from any goroutine; it does not remove the
 // changes from pending (forgetPersisted does, on the FSM goroutine).
-func (b *behind) flush() error {
-	b.persistMu.Lock()
-	defer b.persistMu.Unlock()
-	return b.flushLocked()
+func (b *WriteBehind) Flush() error {
+	b.PersistMu.Lock()
+	defer b.PersistMu.Unlock()
+	return b.FlushLocked()
 }
 
-// flushLocked is flush for a caller holding persistMu.
-func (b *behind) flushLocked() error {
-	db := b.db
-	if f := b.fault.Load(); f != nil {
+// FlushLocked is flush for a caller holding persistMu.
+func (b *WriteBehind) FlushLocked() error {
+	db := b.DB
+	if f := b.Fault.Load(); f != nil {
 		if err := (*f)(); err != nil {
 			return fmt.Errorf("persist ledger: %w", err)
 		}
@@ -241,7 +242,7 @@ func (b *behind) flushLocked() error {
 			}
 			// Keys arrive mostly in order (log order, sequences, times):
 			// fill pages instead of splitting them half empty.
-			bk.FillPercent = persistFillPercent
+			bk.FillPercent = PersistFillPercent
 			// In key order: each key is put once, with its last value,
 			// and bbolt appends to a node instead of shifting its keys.
 			// The log is mostly in key order already (sequences, times),
@@ -273,15 +274,15 @@ func (b *behind) flushLocked() error {
 				}
 			}
 		}
-		if b.feed != nil {
+		if b.Rider != nil {
 			var err error
-			if feedGen, feedSeq, err = b.feed.persist(tx, target); err != nil {
+			if feedGen, feedSeq, err = b.Rider.Persist(tx, target); err != nil {
 				return fmt.Errorf("order feed: %w", err)
 			}
 		}
 		var idx [8]byte
 		binary.BigEndian.PutUint64(idx[:], target)
-		return tx.Bucket(bucketMeta).Put(keyApplied, idx[:])
+		return tx.Bucket(BucketMeta).Put(keyApplied, idx[:])
 	})
 	if err != nil {
 		return fmt.Errorf("persist ledger up to index %d: %w", target, err)
@@ -289,27 +290,36 @@ func (b *behind) flushLocked() error {
 	b.mu.Lock()
 	b.persisted = target
 	b.mu.Unlock()
-	if b.feed != nil {
-		b.feed.written(feedGen, feedSeq)
+	if b.Rider != nil {
+		b.Rider.Written(feedGen, feedSeq)
 	}
 	return nil
 }
 
-// persistHealth hears how the persister's writes go: failed after each
-// failure, succeeded after each success (a ledger's writes may have failed
+// Rider is a part of the ledger that keeps its own state besides the
+// staged changes and writes it in the persister's transactions: Persist
+// writes what it holds up to index in tx and says what it wrote (gen, seq:
+// its own bookkeeping); Written hears that tx committed.
+type Rider interface {
+	Persist(tx *bolt.Tx, index uint64) (gen, seq uint64, err error)
+	Written(gen, seq uint64)
+}
+
+// PersistHealth hears how the persister's writes go: Failed after each
+// failure, Succeeded after each success (a ledger's writes may have failed
 // in a persister a snapshot restore has since replaced).
-type persistHealth interface {
-	failed(err error, attempt int)
-	succeeded()
+type PersistHealth interface {
+	Failed(err error, attempt int)
+	Succeeded()
 }
 
 // run is the persister goroutine: it flushes every persistInterval, or
 // sooner when many changes wait, until stop closes. A write that fails
 // leaves its changes pending (bbolt rolled the transaction back) and is
 // tried again after a backoff growing to persistRetryMax.
-func (b *behind) run(health persistHealth) {
+func (b *WriteBehind) run(health PersistHealth) {
 	defer close(b.done)
-	t := time.NewTicker(persistInterval)
+	t := time.NewTicker(PersistInterval)
 	defer t.Stop()
 	failures := 0
 	for {
@@ -319,10 +329,10 @@ func (b *behind) run(health persistHealth) {
 		case <-t.C:
 		case <-b.wake:
 		}
-		if err := b.flush(); err != nil {
+		if err := b.Flush(); err != nil {
 			failures++
-			health.failed(err, failures)
-			backoff := time.NewTimer(min(persistInterval<<min(failures, 6), persistRetryMax))
+			health.Failed(err, failures)
+			backoff := time.NewTimer(min(PersistInterval<<min(failures, 6), PersistRetryMax))
 			select {
 			case <-b.stop:
 				backoff.Stop()
@@ -332,54 +342,54 @@ func (b *behind) run(health persistHealth) {
 			continue
 		}
 		failures = 0
-		health.succeeded()
+		health.Succeeded()
 		b.forgetIfIdle()
 	}
 }
 
-// start runs the persister over db.
-func (b *behind) start(db *bolt.DB, health persistHealth) {
+// Start runs the persister over db.
+func (b *WriteBehind) Start(db *bolt.DB, health PersistHealth) {
 	b.stop, b.done = make(chan struct{}), make(chan struct{})
 	b.stopping.Store(false)
-	b.persistMu.Lock()
-	b.db = db
-	b.persistMu.Unlock()
+	b.PersistMu.Lock()
+	b.DB = db
+	b.PersistMu.Unlock()
 	go b.run(health)
 }
 
-// halt stops the persister (it does not flush).
-func (b *behind) halt() {
+// Halt stops the persister (it does not flush).
+func (b *WriteBehind) Halt() {
 	if b.stop == nil {
 		return
 	}
-	b.stopAsync()
+	b.StopAsync()
 	<-b.done
 	b.stop = nil
 }
 
-// stopAsync tells the persister to stop without waiting for it; wait
+// StopAsync tells the persister to stop without waiting for it; wait
 // waits. A write in progress may still finish into the file.
-func (b *behind) stopAsync() {
+func (b *WriteBehind) StopAsync() {
 	if b.stop != nil && b.stopping.CompareAndSwap(false, true) {
 		close(b.stop)
 	}
 }
 
-func (b *behind) wait() {
+func (b *WriteBehind) Wait() {
 	if b.done != nil {
 		<-b.done
 	}
 }
 
-// ascend calls fn for every key of bucket in order, pending changes over
+// Ascend calls fn for every key of bucket in order, pending changes over
 // bbolt's, with batch's (the running batch's changes) over both; it stops
 // when fn returns false.
-func ascend(tx *bolt.Tx, b *behind, batch map[string][]byte, bucket []byte, fn func(k, v []byte) bool) {
-	ascendAfter(tx, b, batch, bucket, nil, fn)
+func Ascend(tx *bolt.Tx, b *WriteBehind, batch map[string][]byte, bucket []byte, fn func(k, v []byte) bool) {
+	AscendAfter(tx, b, batch, bucket, nil, fn)
 }
 
-// ascendAfter is ascend over the keys after from (all keys when from is nil).
-func ascendAfter(tx *bolt.Tx, b *behind, batch map[string][]byte, bucket, from []byte, fn func(k, v []byte) bool) {
+// AscendAfter is ascend over the keys after from (all keys when from is nil).
+func AscendAfter(tx *bolt.Tx, b *WriteBehind, batch map[string][]byte, bucket, from []byte, fn func(k, v []byte) bool) {
 	over := map[string][]byte{}
 	b.mu.RLock()
 	for k, pv := range b.pending[string(bucket)] {

@@ -1,4 +1,4 @@
-package raftfsm
+package store
 
 import (
 	"path/filepath"
@@ -19,7 +19,7 @@ func TestBehind_WritesEachKeysLastChangeOnce(t *testing.T) {
 	defer db.Close()
 	bucket := []byte("b")
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucket, bucketMeta} {
+		for _, name := range [][]byte{bucket, BucketMeta} {
 			if _, err := tx.CreateBucket(name); err != nil {
 				return err
 			}
@@ -29,8 +29,8 @@ func TestBehind_WritesEachKeysLastChangeOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBehind(0)
-	b.db = db
+	b := NewWriteBehind(0)
+	b.DB = db
 	merge := func(index uint64, kv ...string) {
 		batch, order := map[string][]byte{}, []string(nil)
 		for i := 0; i < len(kv); i += 2 {
@@ -41,7 +41,7 @@ func TestBehind_WritesEachKeysLastChangeOnce(t *testing.T) {
 			}
 			order = append(order, kv[i])
 		}
-		b.merge(map[string]map[string][]byte{"b": batch}, map[string][]string{"b": order}, index)
+		b.Merge(map[string]map[string][]byte{"b": batch}, map[string][]string{"b": order}, index)
 	}
 	file := func() map[string]string {
 		got := map[string]string{}
@@ -66,28 +66,28 @@ func TestBehind_WritesEachKeysLastChangeOnce(t *testing.T) {
 
 	merge(1, "k3", "a", "k1", "b", "k2", "c")
 	merge(2, "k1", "b2", "k2", "-", "k0", "d")
-	if err := b.flush(); err != nil {
+	if err := b.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	want("after the first write", file(), "k0", "d", "k1", "b2", "k3", "a")
 	merge(3, "k3", "-", "k4", "e")
-	b.forgetPersisted()
-	if v, ok := b.get(bucket, []byte("k1")); ok {
+	b.ForgetPersisted()
+	if v, ok := b.Get(bucket, []byte("k1")); ok {
 		t.Fatalf("k1 still pending (%q) after the file took it", v)
 	}
-	if v, ok := b.get(bucket, []byte("k3")); !ok || v != nil {
+	if v, ok := b.Get(bucket, []byte("k3")); !ok || v != nil {
 		t.Fatalf("k3's deletion at index 3 not pending: %q %v", v, ok)
 	}
-	if _, changes := b.lag(); changes != 2 {
+	if _, changes := b.Lag(); changes != 2 {
 		t.Fatalf("%d changes pending, want 2 (index 3's)", changes)
 	}
 	merge(4, "k4", "e2")
-	if err := b.flush(); err != nil {
+	if err := b.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	want("after the second write", file(), "k0", "d", "k1", "b2", "k4", "e2")
-	b.forgetPersisted()
-	if entries, changes := b.lag(); entries != 0 || changes != 0 || len(b.log) != 0 || len(b.pending) != 0 {
+	b.ForgetPersisted()
+	if entries, changes := b.Lag(); entries != 0 || changes != 0 || len(b.log) != 0 || len(b.pending) != 0 {
 		t.Fatalf("after forgetting all: lag %d entries %d changes, %d logs, %d pending buckets", entries, changes, len(b.log), len(b.pending))
 	}
 }

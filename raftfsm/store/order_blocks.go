@@ -1,4 +1,4 @@
-package raftfsm
+package store
 
 import (
 	"bytes"
@@ -28,15 +28,15 @@ import (
 // encodeOrderRecord writes it).
 
 const (
-	orderBlockFormat    byte = 0xB1
-	orderBlockBits           = 8
-	orderBlockKeyPrefix      = "\x00"
+	OrderBlockFormat    byte = 0xB1
+	OrderBlockBits           = 8
+	OrderBlockKeyPrefix      = "\x00"
 )
 
-// orderBlockPlace says where order id belongs when it is stored in a
+// OrderBlockPlace says where order id belongs when it is stored in a
 // block: the block's key, the member's slot in it and the id's random
 // part. ok is false for an id not of the engine's canonical shape.
-func orderBlockPlace(id string) (key string, slot byte, random string, ok bool) {
+func OrderBlockPlace(id string) (key string, slot byte, random string, ok bool) {
 	p, ok := orderid.Parse(id)
 	if !ok {
 		return "", 0, "", false
@@ -49,105 +49,105 @@ func blockPlace(p *orderid.ID) (key string, slot byte, random string, ok bool) {
 	if !p.CanonicalSeq() {
 		return "", 0, "", false // not canonical: "0a", "A"; its id could not be rebuilt
 	}
-	return orderBlockKey(p.Node, p.Seq>>orderBlockBits), byte(p.Seq), p.Random, true
+	return OrderBlockKey(p.Node, p.Seq>>OrderBlockBits), byte(p.Seq), p.Random, true
 }
 
-func orderBlockKey(owner string, block uint64) string {
-	return string(appendOrderBlockKey(make([]byte, 0, len(owner)+16), owner, block))
+func OrderBlockKey(owner string, block uint64) string {
+	return string(AppendOrderBlockKey(make([]byte, 0, len(owner)+16), owner, block))
 }
 
-// appendOrderBlockKey appends the key of owner's block to b.
-func appendOrderBlockKey(b []byte, owner string, block uint64) []byte {
-	b = append(b, orderBlockKeyPrefix...)
+// AppendOrderBlockKey appends the key of owner's block to b.
+func AppendOrderBlockKey(b []byte, owner string, block uint64) []byte {
+	b = append(b, OrderBlockKeyPrefix...)
 	b = append(b, owner...)
 	b = append(b, 0)
 	return strconv.AppendUint(b, block, 36)
 }
 
-func isOrderBlockKey(k []byte) bool { return len(k) > 0 && k[0] == orderBlockKeyPrefix[0] }
+func IsOrderBlockKey(k []byte) bool { return len(k) > 0 && k[0] == OrderBlockKeyPrefix[0] }
 
-// orderBlock is a block's record, decoded as far as its key.
-type orderBlock struct {
+// OrderBlock is a block's record, decoded as far as its key.
+type OrderBlock struct {
 	owner string
 	block uint64
 	v     []byte
 }
 
-func parseOrderBlock(k, v []byte) (orderBlock, error) {
+func ParseOrderBlock(k, v []byte) (OrderBlock, error) {
 	sep := bytes.LastIndexByte(k, 0)
-	if !isOrderBlockKey(k) || sep < 2 {
-		return orderBlock{}, fmt.Errorf("%w: order block key %q", ErrMalformed, k)
+	if !IsOrderBlockKey(k) || sep < 2 {
+		return OrderBlock{}, fmt.Errorf("%w: order block key %q", wire.ErrMalformed, k)
 	}
 	block, err := strconv.ParseUint(string(k[sep+1:]), 36, 64)
 	if err != nil {
-		return orderBlock{}, fmt.Errorf("%w: order block key %q", ErrMalformed, k)
+		return OrderBlock{}, fmt.Errorf("%w: order block key %q", wire.ErrMalformed, k)
 	}
-	if len(v) == 0 || v[0] != orderBlockFormat {
-		return orderBlock{}, fmt.Errorf("%w: order block %q: not a block", ErrMalformed, k)
+	if len(v) == 0 || v[0] != OrderBlockFormat {
+		return OrderBlock{}, fmt.Errorf("%w: order block %q: not a block", wire.ErrMalformed, k)
 	}
-	return orderBlock{owner: string(k[1:sep]), block: block, v: v}, nil
+	return OrderBlock{owner: string(k[1:sep]), block: block, v: v}, nil
 }
 
-// blockMember is one order of a block: its slot, its id's random part
+// BlockMember is one order of a block: its slot, its id's random part
 // and its record, as views into the block's value.
-type blockMember struct {
+type BlockMember struct {
 	slot   byte
 	random []byte
-	record []byte
-	next   int // the offset of the member after it
+	Record []byte
+	Next   int // the offset of the member after it
 }
 
-// member reads the member at offset off of the block's value (the first
+// Member reads the Member at offset off of the block's value (the first
 // is at 1).
-func (b *orderBlock) member(off int) (blockMember, error) {
+func (b *OrderBlock) Member(off int) (BlockMember, error) {
 	d := wire.Decoder{B: b.v[off:]}
-	m := blockMember{slot: d.Byte(), random: d.Bytes(), record: d.Bytes()}
+	m := BlockMember{slot: d.Byte(), random: d.Bytes(), Record: d.Bytes()}
 	if d.Err != nil {
-		return blockMember{}, fmt.Errorf("order block of %q %d at %d: %w", b.owner, b.block, off, d.Err)
+		return BlockMember{}, fmt.Errorf("order block of %q %d at %d: %w", b.owner, b.block, off, d.Err)
 	}
-	m.next = len(b.v) - len(d.B)
+	m.Next = len(b.v) - len(d.B)
 	return m, nil
 }
 
-// appendID appends member m's order id.
-func (b *orderBlock) appendID(dst []byte, m *blockMember) []byte {
+// AppendID appends member m's order id.
+func (b *OrderBlock) AppendID(dst []byte, m *BlockMember) []byte {
 	dst = append(dst, b.owner...)
 	dst = append(dst, '-')
-	dst = strconv.AppendUint(dst, b.block<<orderBlockBits|uint64(m.slot), 36)
+	dst = strconv.AppendUint(dst, b.block<<OrderBlockBits|uint64(m.slot), 36)
 	dst = append(dst, '-')
 	return append(dst, m.random...)
 }
 
-func (b *orderBlock) order(m *blockMember) (stock.Order, error) {
-	return decodeOrderRecord(string(b.appendID(nil, m)), m.record)
+func (b *OrderBlock) Order(m *BlockMember) (stock.Order, error) {
+	return DecodeOrderRecord(string(b.AppendID(nil, m)), m.Record)
 }
 
-// each calls fn for every member, in the order they were added, until fn
+// Each calls fn for every member, in the order they were added, until fn
 // returns false.
 // fn must not keep m past its call: one member value serves the whole
 // walk (passed by pointer to a func value, it lives on the heap: one
 // allocation a walk, not one a member).
-func (b *orderBlock) each(fn func(off int, m *blockMember) bool) error {
-	var m blockMember
+func (b *OrderBlock) Each(fn func(off int, m *BlockMember) bool) error {
+	var m BlockMember
 	for off := 1; off < len(b.v); {
 		var err error
-		if m, err = b.member(off); err != nil {
+		if m, err = b.Member(off); err != nil {
 			return err
 		}
 		if !fn(off, &m) {
 			return nil
 		}
-		off = m.next
+		off = m.Next
 	}
 	return nil
 }
 
 // find returns the record of the member with slot and random, or nil.
-func (b *orderBlock) find(slot byte, random string) ([]byte, error) {
+func (b *OrderBlock) find(slot byte, random string) ([]byte, error) {
 	var rec []byte
-	err := b.each(func(_ int, m *blockMember) bool {
+	err := b.Each(func(_ int, m *BlockMember) bool {
 		if m.slot == slot && string(m.random) == random {
-			rec = m.record
+			rec = m.Record
 			return false
 		}
 		return true
@@ -155,34 +155,34 @@ func (b *orderBlock) find(slot byte, random string) ([]byte, error) {
 	return rec, err
 }
 
-// appendBlockMember appends order o as a member of its block; scratch is
+// AppendBlockMember appends order o as a member of its block; scratch is
 // memory for its record, returned for the next call.
-func appendBlockMember(dst, scratch []byte, slot byte, random string, o *stock.Order) ([]byte, []byte) {
+func AppendBlockMember(dst, scratch []byte, slot byte, random string, o *stock.Order) ([]byte, []byte) {
 	dst = append(dst, slot)
 	dst = wire.AppendString(dst, random)
-	scratch = encodeOrderRecord(scratch[:0], o)
+	scratch = EncodeOrderRecord(scratch[:0], o)
 	dst = wire.AppendUvarint(dst, uint64(len(scratch)))
 	return append(dst, scratch...), scratch
 }
 
-// eachStoredOrder calls fn for the order, or each order of the block,
+// EachStoredOrder calls fn for the order, or each order of the block,
 // that record k, v of the orders bucket holds.
-func eachStoredOrder(k, v []byte, fn func(*stock.Order) error) error {
-	if !isOrderBlockKey(k) {
-		o, err := decodeOrderRecord(string(k), v)
+func EachStoredOrder(k, v []byte, fn func(*stock.Order) error) error {
+	if !IsOrderBlockKey(k) {
+		o, err := DecodeOrderRecord(string(k), v)
 		if err != nil {
 			return err
 		}
 		return fn(&o)
 	}
-	b, err := parseOrderBlock(k, v)
+	b, err := ParseOrderBlock(k, v)
 	if err != nil {
 		return err
 	}
 	var fnErr error
-	err = b.each(func(_ int, m *blockMember) bool {
+	err = b.Each(func(_ int, m *BlockMember) bool {
 		var o stock.Order
-		if o, fnErr = b.order(m); fnErr == nil {
+		if o, fnErr = b.Order(m); fnErr == nil {
 			fnErr = fn(&o)
 		}
 		return fnErr == nil
@@ -193,36 +193,36 @@ func eachStoredOrder(k, v []byte, fn func(*stock.Order) error) error {
 	return fnErr
 }
 
-// tallyStoredOrders calls fn with the sale, state and units of the
+// TallyStoredOrders calls fn with the sale, state and units of the
 // order, or each order of the block, that record k, v of the orders
 // bucket holds, reading them in place (sku is valid during the call). A
 // record it cannot read so is decoded in full, and an error of that is
 // returned.
-func tallyStoredOrders(k, v []byte, fn func(sku []byte, state stock.OrderState, qty int64)) error {
-	if !isOrderBlockKey(k) {
+func TallyStoredOrders(k, v []byte, fn func(sku []byte, state stock.OrderState, qty int64)) error {
+	if !IsOrderBlockKey(k) {
 		if sku, state, qty, ok := orderRecordTally(v); ok {
 			fn(sku, state, qty)
 			return nil
 		}
-		o, err := decodeOrderRecord(string(k), v)
+		o, err := DecodeOrderRecord(string(k), v)
 		if err != nil {
 			return err
 		}
 		fn([]byte(o.SKU), o.State, o.Qty)
 		return nil
 	}
-	b, err := parseOrderBlock(k, v)
+	b, err := ParseOrderBlock(k, v)
 	if err != nil {
 		return err
 	}
 	var orderErr error
-	err = b.each(func(_ int, m *blockMember) bool {
-		if sku, state, qty, ok := orderRecordTally(m.record); ok {
+	err = b.Each(func(_ int, m *BlockMember) bool {
+		if sku, state, qty, ok := orderRecordTally(m.Record); ok {
 			fn(sku, state, qty)
 			return true
 		}
 		var o stock.Order
-		if o, orderErr = b.order(m); orderErr != nil {
+		if o, orderErr = b.Order(m); orderErr != nil {
 			return false
 		}
 		fn([]byte(o.SKU), o.State, o.Qty)
@@ -234,10 +234,10 @@ func tallyStoredOrders(k, v []byte, fn func(sku []byte, state stock.OrderState, 
 	return orderErr
 }
 
-// readOrder finds order id through get, which calls fn with the value of
+// ReadOrder finds order id through get, which calls fn with the value of
 // a key of the orders bucket (nil: absent), valid during the call: its
 // own record first, then its place in a block.
-func readOrder(id string, get func(key []byte, fn func(v []byte) error) error) (stock.Order, bool, error) {
+func ReadOrder(id string, get func(key []byte, fn func(v []byte) error) error) (stock.Order, bool, error) {
 	var o stock.Order
 	found := false
 	err := get([]byte(id), func(v []byte) error {
@@ -246,10 +246,10 @@ func readOrder(id string, get func(key []byte, fn func(v []byte) error) error) (
 		}
 		found = true
 		var err error
-		o, err = decodeOrderRecord(id, v)
+		o, err = DecodeOrderRecord(id, v)
 		return err
 	})
-	key, slot, random, shaped := orderBlockPlace(id)
+	key, slot, random, shaped := OrderBlockPlace(id)
 	if found || err != nil || !shaped {
 		return o, found && err == nil, err
 	}
@@ -257,7 +257,7 @@ func readOrder(id string, get func(key []byte, fn func(v []byte) error) error) (
 		if v == nil {
 			return nil
 		}
-		b, err := parseOrderBlock([]byte(key), v)
+		b, err := ParseOrderBlock([]byte(key), v)
 		if err != nil {
 			return err
 		}
@@ -266,7 +266,7 @@ func readOrder(id string, get func(key []byte, fn func(v []byte) error) error) (
 			return err
 		}
 		found = true
-		o, err = decodeOrderRecord(id, rec)
+		o, err = DecodeOrderRecord(id, rec)
 		return err
 	})
 	return o, found && err == nil, err
