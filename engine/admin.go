@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"stockd/raftfsm/lottery"
 	"time"
 
 	"stockd/raftfsm"
@@ -73,7 +74,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 		// The seed and the order-id key: secret until the draw (the
 		// seed) or for ever (the key). A repeat of this call proposes
 		// another secret, which the ledger ignores for an existing sale.
-		cmd.Secret = make([]byte, raftfsm.LotterySecretBytes)
+		cmd.Secret = make([]byte, lottery.SecretBytes)
 		if _, err := crand.Read(cmd.Secret); err != nil {
 			return false, fmt.Errorf("draw a lottery seed: %w", err)
 		}

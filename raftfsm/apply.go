@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/lottery"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 	"time"
@@ -447,10 +448,10 @@ func (a *applier) createSale(c *command.CreateSale) *Result {
 	}
 	s := &stock.SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: c.Sale, CreatedAtUnixNano: a.at}
 	if c.Sale.Mode == stock.SaleModeLottery {
-		if len(c.Secret) != LotterySecretBytes {
-			return invalid("a lottery needs a %d-byte secret, got %d", LotterySecretBytes, len(c.Secret))
+		if len(c.Secret) != lottery.SecretBytes {
+			return invalid("a lottery needs a %d-byte secret, got %d", lottery.SecretBytes, len(c.Secret))
 		}
-		s.Lottery = newLottery(c.Secret)
+		s.Lottery = lottery.New(c.Secret)
 	}
 	a.touched[c.SKU] = s
 	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})

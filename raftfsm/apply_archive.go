@@ -197,7 +197,7 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 			if lt.PurgedEntries < lt.Entries {
 				return res, nil
 			}
-			a.ledger.forgetRanking(s.SKU)
+			a.ledger.rankings.Forget(s.SKU)
 		}
 		s.PurgeDone = true
 		res.Detail = "done"
@@ -279,7 +279,7 @@ func (a *applier) purgeOrders(c *command.PurgeOrders) (*Result, error) {
 	}
 	if c.OrdersDone && (lt == nil || lt.PurgedEntries >= lt.Entries) {
 		if lt != nil {
-			a.ledger.forgetRanking(s.SKU)
+			a.ledger.rankings.Forget(s.SKU)
 		}
 		s.PurgeDone = true
 		res.Detail = "done"

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/lottery"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 )
@@ -22,14 +23,14 @@ func (a *applier) entryOf(sku, user string) (stock.Entry, bool, error) {
 }
 
 func (a *applier) entry(sku string, seq int64) (stock.Entry, error) {
-	v, err := a.get(store.BucketEntries, entryKey(sku, seq))
+	v, err := a.get(store.BucketEntries, lottery.EntryKey(sku, seq))
 	if err != nil {
 		return stock.Entry{}, err
 	}
 	if v == nil {
 		panic(fmt.Sprintf("BUG: entry %d of lottery %q is missing", seq, sku))
 	}
-	return decodeEntryRecord(sku, seq, v)
+	return lottery.DecodeEntryRecord(sku, seq, v)
 }
 
 func (a *applier) enter(c *command.Enter) (*Result, error) {
@@ -75,14 +76,14 @@ func (a *applier) enter(c *command.Enter) (*Result, error) {
 			reqKey = rp.key
 		}
 		lt := s.Lottery
-		if s.Closed() || lt.Drawn() || a.at >= s.Config.EntriesCloseAtUnixNano || lt.Entries >= MaxLotteryEntries {
+		if s.Closed() || lt.Drawn() || a.at >= s.Config.EntriesCloseAtUnixNano || lt.Entries >= lottery.MaxEntries {
 			r.Outcome = stock.OutcomeEntriesClosed
 			continue
 		}
 		lt.Entries++
-		lt.EntriesHash = nextEntriesHash(lt.EntriesHash, e.User)
+		lt.EntriesHash = lottery.NextEntriesHash(lt.EntriesHash, e.User)
 		ent := stock.Entry{SKU: e.SKU, Seq: lt.Entries, User: e.User, RequestID: e.RequestID, AtUnixNano: a.at}
-		a.put(store.BucketEntries, entryKey(e.SKU, ent.Seq), encodeEntryRecord(&ent))
+		a.put(store.BucketEntries, lottery.EntryKey(e.SKU, ent.Seq), lottery.EncodeEntryRecord(&ent))
 		a.put(store.BucketEntryUsers, appendBuyerKey(nil, e.SKU, e.User), binary.BigEndian.AppendUint64(nil, uint64(ent.Seq)))
 		if reqKey != "" {
 			a.rememberRequest(reqKey, requestEntryValue(e.SKU), a.at)
@@ -114,10 +115,10 @@ func (a *applier) draw(c *command.Draw) (*Result, error) {
 		a.closeSale(&command.CloseSale{SKU: c.SKU})
 		return &Result{Outcome: stock.OutcomeOK}, nil
 	}
-	rk := a.ledger.ranking(c.SKU, lt)
+	rk := a.ledger.rankings.Get(c.SKU, lt)
 	winners := min(s.Available, lt.Entries)
 	for r := range winners {
-		if err := a.award(s, int64(rk.seqs[r])); err != nil {
+		if err := a.award(s, int64(rk.Seqs[r])); err != nil {
 			return nil, err
 		}
 	}
@@ -138,8 +139,8 @@ func (a *applier) award(s *stock.SKU, seq int64) error {
 	if s.Available < 1 {
 		panic(fmt.Sprintf("BUG: lottery %q awards entry %d with no unit available", s.SKU, seq))
 	}
-	o := stock.Order{ID: lotteryOrderID(s.Lottery.OrderKey, s.SKU, seq), SKU: s.SKU, User: e.User, Qty: 1,
-		Node: lotteryNode, CreatedAtUnixNano: a.at}
+	o := stock.Order{ID: lottery.OrderID(s.Lottery.OrderKey, s.SKU, seq), SKU: s.SKU, User: e.User, Qty: 1,
+		Node: lottery.Node, CreatedAtUnixNano: a.at}
 	if prior, err := a.getOrder(o.ID); err != nil || prior != nil {
 		if err != nil {
 			return err
@@ -172,7 +173,7 @@ func (a *applier) purgeEntries(s *stock.SKU, n int64) error {
 		if err != nil {
 			return err
 		}
-		a.put(store.BucketEntries, entryKey(s.SKU, seq), nil)
+		a.put(store.BucketEntries, lottery.EntryKey(s.SKU, seq), nil)
 		a.put(store.BucketEntryUsers, appendBuyerKey(nil, s.SKU, e.User), nil)
 		if e.RequestID != "" {
 			// Held under its scoped key if the entry came after the
@@ -194,12 +195,12 @@ func (a *applier) settleWaitlist(s *stock.SKU) error {
 		return nil
 	}
 	if !s.Closed() {
-		var rk *ranking
+		var rk *lottery.Ranking
 		for s.Available > 0 && lt.Won() < lt.Entries {
 			if rk == nil {
-				rk = a.ledger.ranking(s.SKU, lt)
+				rk = a.ledger.rankings.Get(s.SKU, lt)
 			}
-			if err := a.award(s, int64(rk.seqs[lt.Won()])); err != nil {
+			if err := a.award(s, int64(rk.Seqs[lt.Won()])); err != nil {
 				return err
 			}
 			lt.Promoted++

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/lottery"
 	"stockd/raftfsm/store"
 	"sync"
 	"sync/atomic"
@@ -98,8 +99,8 @@ type Ledger struct {
 	// a cluster must agree, from its first start).
 	feed    feed
 	feedOff atomic.Bool
-	// rankings caches drawn lotteries' rankings (lottery.go).
-	rankings lotteryRankings
+	// rankings caches drawn lotteries' rankings.
+	rankings lottery.Rankings
 
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced whenever applied advances

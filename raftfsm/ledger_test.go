@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"slices"
+	"stockd/raftfsm/lottery"
 	"stockd/stock"
 	"strconv"
 	"testing"
@@ -913,9 +914,9 @@ func randomCommandsKeepTheLaw(t *testing.T) int {
 				HoldTTLNanos: rapid.SampledFrom([]int64{0, 100}).Draw(rt, "hold_ttl"),
 			}})
 		}
-		lottery := SaleConfig{Total: rapid.Int64Range(0, 6).Draw(rt, "lottery_total"), Mode: SaleModeLottery,
+		lotterySale := SaleConfig{Total: rapid.Int64Range(0, 6).Draw(rt, "lottery_total"), Mode: SaleModeLottery,
 			HoldTTLNanos: rapid.SampledFrom([]int64{0, 100}).Draw(rt, "lottery_hold_ttl"), EntriesCloseAtUnixNano: m.closeAt}
-		if r := m.tl.applyTyped(0, &CreateSale{SKU: "L", Sale: lottery, Secret: bytes.Repeat([]byte{5}, LotterySecretBytes)}); r.Outcome != stock.OutcomeOK {
+		if r := m.tl.applyTyped(0, &CreateSale{SKU: "L", Sale: lotterySale, Secret: bytes.Repeat([]byte{5}, lottery.SecretBytes)}); r.Outcome != stock.OutcomeOK {
 			rt.Fatalf("create the lottery: %s %s", r.Outcome, r.Detail)
 		}
 		m.skus = append(m.skus, "L") // takes, leases, restocks, closes and archives meet it too

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"stockd/raftfsm/lottery"
 	"stockd/stock"
 	"testing"
 )
@@ -49,12 +50,12 @@ func recomputeDraw(t *testing.T, seed []byte, entries []stock.Entry) (hash []byt
 
 func TestLottery_DrawWaitlistAndLoss(t *testing.T) {
 	tl := newTestLedger(t)
-	secret := bytes.Repeat([]byte{7}, LotterySecretBytes)
+	secret := bytes.Repeat([]byte{7}, lottery.SecretBytes)
 	cfg := SaleConfig{Total: 3, HoldTTLNanos: 1000, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
 	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: secret}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("create: %s %s", r.Outcome, r.Detail)
 	}
-	other := bytes.Repeat([]byte{9}, LotterySecretBytes)
+	other := bytes.Repeat([]byte{9}, lottery.SecretBytes)
 	if r := tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: other}); r.Outcome != stock.OutcomeSame {
 		t.Fatalf("the same lottery again, with another secret: %s", r.Outcome)
 	}
@@ -188,11 +189,11 @@ func TestLottery_RankingOfAMillionIsAPermutation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a million entries")
 	}
-	r := rankEntries(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32), 1_000_000)
-	seen := make([]bool, len(r.seqs))
-	for rank, seq := range r.seqs {
-		if seen[seq-1] || r.rankOf[seq-1] != uint32(rank) {
-			t.Fatalf("rank %d: seq %d seen before or ranked %d", rank, seq, r.rankOf[seq-1])
+	r := lottery.Rank(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32), 1_000_000)
+	seen := make([]bool, len(r.Seqs))
+	for rank, seq := range r.Seqs {
+		if seen[seq-1] || r.RankOf[seq-1] != uint32(rank) {
+			t.Fatalf("rank %d: seq %d seen before or ranked %d", rank, seq, r.RankOf[seq-1])
 		}
 		seen[seq-1] = true
 	}
@@ -203,7 +204,7 @@ func BenchmarkLottery_Rank(b *testing.B) {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				rankEntries(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32), n)
+				lottery.Rank(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32), n)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/entry")
 		})
@@ -212,7 +213,7 @@ func BenchmarkLottery_Rank(b *testing.B) {
 
 func TestLottery_ArchiveTakesTheEntriesOut(t *testing.T) {
 	tl := newTestLedger(t)
-	secret := bytes.Repeat([]byte{3}, LotterySecretBytes)
+	secret := bytes.Repeat([]byte{3}, lottery.SecretBytes)
 	cfg := SaleConfig{Total: 4, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
 	tl.applyTyped(1, &CreateSale{SKU: "lot", Sale: cfg, Secret: secret})
 	tl.applyTyped(1, &CreateSale{SKU: "keep", Sale: cfg, Secret: secret})
@@ -285,13 +286,13 @@ func TestLottery_KeysSharingTheirFirstBytesRankByTheWholeKey(t *testing.T) {
 	set(4, 5, 1)
 	set(5, 5, 2)
 	set(6, 7, 1)
-	r := rankBy(6, func(seq uint32) [32]byte { return keys[seq] })
-	if want := []uint32{4, 5, 2, 3, 6, 1}; !slices.Equal(r.seqs, want) {
-		t.Fatalf("ranking %v, want %v", r.seqs, want)
+	r := lottery.RankBy(6, func(seq uint32) [32]byte { return keys[seq] })
+	if want := []uint32{4, 5, 2, 3, 6, 1}; !slices.Equal(r.Seqs, want) {
+		t.Fatalf("ranking %v, want %v", r.Seqs, want)
 	}
-	for rank, seq := range r.seqs {
-		if r.rankOf[seq-1] != uint32(rank) {
-			t.Fatalf("rankOf[%d] = %d, want %d", seq, r.rankOf[seq-1], rank)
+	for rank, seq := range r.Seqs {
+		if r.RankOf[seq-1] != uint32(rank) {
+			t.Fatalf("rankOf[%d] = %d, want %d", seq, r.RankOf[seq-1], rank)
 		}
 	}
 }
@@ -306,7 +307,7 @@ func TestLottery_DrawnWithNoEntriesCloses(t *testing.T) {
 		t.Helper()
 		tl := newTestLedger(t)
 		tl.applyTyped(0, &SetRules{Rules: rules})
-		secret := bytes.Repeat([]byte{7}, LotterySecretBytes)
+		secret := bytes.Repeat([]byte{7}, lottery.SecretBytes)
 		cfg := SaleConfig{Total: 3, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 100}
 		if r := tl.applyTyped(1, &CreateSale{SKU: "empty", Sale: cfg, Secret: secret}); r.Outcome != stock.OutcomeOK {
 			t.Fatalf("create: %s %s", r.Outcome, r.Detail)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"stockd/raftfsm/lottery"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strings"
@@ -181,7 +182,7 @@ func TestRules_ScopedEntriesShareTheUsersIDs(t *testing.T) {
 	tl.applyTyped(1, &SetRules{Rules: RulesCurrent})
 	tl.applyTyped(1, &CreateSale{SKU: "a", Sale: SaleConfig{Total: 10}})
 	tl.applyTyped(1, &CreateSale{SKU: "L", Sale: SaleConfig{Total: 2, Mode: SaleModeLottery, EntriesCloseAtUnixNano: 50},
-		Secret: make([]byte, LotterySecretBytes)})
+		Secret: make([]byte, lottery.SecretBytes)})
 	tl.applyTyped(1, &Lease{Node: "n1", SKU: "a", Want: 10})
 	take := func(user, req, order string) stock.Outcome {
 		t.Helper()
