@@ -56,7 +56,7 @@ func (l *Ledger) ApplyBatch(logs []*raft.Log) []interface{} {
 		return results
 	}
 	a.checkAndStageRows(last)
-	l.feed.stage(a.feed.events) // before the persister can see the batch
+	l.feed.Stage(a.feed.events) // before the persister can see the batch
 	bh.Merge(a.batch, a.batchOrder, last)
 	if l.test.afterCommit != nil {
 		l.test.afterCommit()

@@ -81,10 +81,9 @@ func (a *applier) archiveSale(c *command.ArchiveSale) *Result {
 
 // consumers is every consumer of the feed as this batch sees it.
 func (a *applier) consumers() []stock.Consumer {
-	f := &a.ledger.feed
-	f.mu.RLock()
-	out := make([]stock.Consumer, 0, len(f.consumers))
-	for name, c := range f.consumers {
+	committed := a.ledger.feed.Consumers()
+	out := make([]stock.Consumer, 0, len(committed))
+	for name, c := range committed {
 		if staged, ok := a.feed.consumers[name]; ok {
 			if staged != nil {
 				out = append(out, *staged)
@@ -93,9 +92,8 @@ func (a *applier) consumers() []stock.Consumer {
 		}
 		out = append(out, c)
 	}
-	f.mu.RUnlock()
 	for name, c := range a.feed.consumers {
-		if _, ok := f.consumers[name]; !ok && c != nil {
+		if _, ok := committed[name]; !ok && c != nil {
 			out = append(out, *c)
 		}
 	}

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"fmt"
 	"stockd/raftfsm/command"
+	"stockd/raftfsm/orderfeed"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 )
@@ -25,10 +26,8 @@ type feedBatch struct {
 }
 
 func (a *applier) startFeed() {
-	f := &a.ledger.feed
-	f.mu.RLock()
-	a.feed = feedBatch{on: !a.ledger.feedOff.Load(), seq: f.seq, floorAt: f.floorAt}
-	f.mu.RUnlock()
+	seq, floorAt := a.ledger.feed.Last()
+	a.feed = feedBatch{on: !a.ledger.feedOff.Load(), seq: seq, floorAt: floorAt}
 }
 
 // feedEvent records what just happened to o.
@@ -70,18 +69,14 @@ func (a *applier) feedEventIndex(seq uint64) (uint64, bool, error) {
 	if n := len(a.feed.events); n > 0 && seq >= a.feed.events[0].Seq {
 		return a.feed.events[seq-a.feed.events[0].Seq].Index, true, nil
 	}
-	f := &a.ledger.feed
-	f.mu.RLock()
-	e, ok := f.memEvent(seq)
-	f.mu.RUnlock()
-	if ok {
+	if e, ok := a.ledger.feed.MemEvent(seq); ok {
 		return e.Index, true, nil
 	}
 	tx, err := a.readTx()
 	if err != nil {
 		return 0, false, err
 	}
-	ev, ok, err := readFeedEvent(tx.Bucket(store.BucketEvents), seq)
+	ev, ok, err := orderfeed.ReadFeedEvent(tx.Bucket(store.BucketEvents), seq)
 	if err != nil || !ok {
 		return 0, false, err
 	}
@@ -135,7 +130,7 @@ func (a *applier) ackConsumer(c *command.AckConsumer) (*Result, error) {
 		return res, err
 	}
 	cons := &stock.Consumer{Name: c.Name, Cursor: c.Cursor, AckedUnixNano: a.at}
-	a.put(store.BucketConsumers, []byte(c.Name), encodeConsumer(cons))
+	a.put(store.BucketConsumers, []byte(c.Name), orderfeed.EncodeConsumer(cons))
 	a.stageConsumer(c.Name, cons)
 	return &Result{Outcome: stock.OutcomeOK}, nil
 }
@@ -144,11 +139,7 @@ func (a *applier) hasConsumer(name string) bool {
 	if c, ok := a.feed.consumers[name]; ok {
 		return c != nil
 	}
-	f := &a.ledger.feed
-	f.mu.RLock()
-	_, ok := f.consumers[name]
-	f.mu.RUnlock()
-	return ok
+	return a.ledger.feed.HasConsumer(name)
 }
 
 func (a *applier) stageConsumer(name string, c *stock.Consumer) {
@@ -170,27 +161,16 @@ func (a *applier) pruneEvents(c *command.PruneEvents) (*Result, error) {
 	}
 	pruned := c.Through.Seq - a.feed.floorAt.Seq
 	a.feed.floorAt, a.feed.newFloor = c.Through, true
-	a.put(store.BucketMeta, store.KeyFeedFloor, encodeCursor(c.Through))
+	a.put(store.BucketMeta, store.KeyFeedFloor, orderfeed.EncodeCursor(c.Through))
 	return &Result{Outcome: stock.OutcomeOK, Qty: int64(pruned)}, nil
 }
 
 // publishFeed makes the batch's feed changes visible. The caller has
 // already staged the events (before the persister could see the batch).
 func (a *applier) publishFeed() {
-	f := &a.ledger.feed
-	if len(a.feed.consumers) > 0 || a.feed.newFloor {
-		f.mu.Lock()
-		for name, c := range a.feed.consumers {
-			if c == nil {
-				delete(f.consumers, name)
-			} else {
-				f.consumers[name] = *c
-			}
-		}
-		if a.feed.newFloor {
-			f.floorAt = a.feed.floorAt
-		}
-		f.mu.Unlock()
+	var floorAt *stock.Cursor
+	if a.feed.newFloor {
+		floorAt = &a.feed.floorAt
 	}
-	f.publish()
+	a.ledger.feed.Publish(a.feed.consumers, floorAt)
 }

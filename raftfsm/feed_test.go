@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"stockd/raftfsm/orderfeed"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 	"testing"
@@ -324,7 +325,7 @@ func TestFeed_CursorsAndPruning(t *testing.T) {
 
 func TestFeed_ManyEventsReadFromFileAndMemory(t *testing.T) {
 	tl := newTestLedger(t)
-	const n = 3*feedMemoryEvents + 777
+	const n = 3*orderfeed.MemoryEvents + 777
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: n}})
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: n})
 	for i := 0; i < n; {
@@ -339,16 +340,11 @@ func TestFeed_ManyEventsReadFromFileAndMemory(t *testing.T) {
 			}
 		}
 	}
-	tl.l.feed.mu.RLock()
-	first, held := tl.l.feed.mem.firstSeq(), 0
-	for _, c := range tl.l.feed.mem.chunks {
-		held += len(c)
-	}
-	tl.l.feed.mu.RUnlock()
+	first, held := tl.l.feed.InMemory()
 	// The events not yet written (up to 5,000 here), the last
 	// feedMemoryEvents written, and whole chunks (a take's 1,000 events
 	// each) around them.
-	if first <= 1 || held > 5000+feedMemoryEvents+2*1000 {
+	if first <= 1 || held > 5000+orderfeed.MemoryEvents+2*1000 {
 		t.Fatalf("memory holds %d events from %d: not trimmed", held, first)
 	}
 	var all feedTally
@@ -366,59 +362,13 @@ func TestFeed_ManyEventsReadFromFileAndMemory(t *testing.T) {
 	}
 }
 
-func TestEventChunks_AddGetDrop(t *testing.T) {
-	var m eventChunks
-	batch := func(from uint64, n int) []stock.FeedEvent {
-		events := make([]stock.FeedEvent, n)
-		for i := range events {
-			events[i].Seq = from + uint64(i)
-		}
-		return events
-	}
-	m.addBatch(batch(5, 3)) // 5-7
-	m.addBatch(nil)
-	m.addBatch(batch(8, 1))   // 8
-	m.addBatch(batch(9, 100)) // 9-108
-	for _, seq := range []uint64{5, 6, 7, 8, 9, 50, 108} {
-		if e := m.get(seq); e == nil || e.Seq != seq {
-			t.Fatalf("get %d: %+v", seq, e)
-		}
-	}
-	for _, seq := range []uint64{0, 4, 109} {
-		if e := m.get(seq); e != nil {
-			t.Fatalf("get %d: %+v, want none", seq, e)
-		}
-	}
-	var seen []uint64
-	m.from(7, func(e *stock.FeedEvent) bool {
-		seen = append(seen, e.Seq)
-		return e.Seq < 10
-	})
-	if !slices.Equal(seen, []uint64{7, 8, 9, 10}) {
-		t.Fatalf("from 7: %v", seen)
-	}
-	seen = nil
-	m.from(2, func(e *stock.FeedEvent) bool { seen = append(seen, e.Seq); return len(seen) < 2 })
-	if !slices.Equal(seen, []uint64{5, 6}) {
-		t.Fatalf("from before the first: %v", seen)
-	}
-	m.dropBefore(9) // the first two chunks are wholly below
-	if m.firstSeq() != 9 || m.get(8) != nil || m.get(9) == nil || len(m.chunks) != 1 {
-		t.Fatalf("after dropping: first %d, %d chunks", m.firstSeq(), len(m.chunks))
-	}
-	m.dropBefore(1 << 62) // the last chunk stays
-	if len(m.chunks) != 1 || m.get(108) == nil {
-		t.Fatalf("after dropping everything: %d chunks", len(m.chunks))
-	}
-}
-
 // TestFeed_ChunksAndEventsOfTheEarlierFormat: the file keeps events in
 // chunks of up to feedDiskChunkEvents; a file of an earlier version, one
 // value an event, still reads, takes new chunks after its events, and
 // prunes both kinds.
 func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 	tl := newTestLedger(t)
-	const n = 2*feedDiskChunkEvents + 50
+	const n = 2*orderfeed.DiskChunkEvents + 50
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 2 * n}})
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 2 * n})
 	take := func(from, to int) {
@@ -440,8 +390,8 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 		var keys, olds [][]byte
 		err := b.ForEach(func(k, v []byte) error {
 			keys = append(keys, slices.Clone(k))
-			return eachFeedEvent(binary.BigEndian.Uint64(k), v, 0, 1<<62, func(e *stock.FeedEvent) bool {
-				olds = append(olds, binary.BigEndian.AppendUint64(nil, e.Seq), encodeFeedEvent(nil, e))
+			return orderfeed.EachFeedEvent(binary.BigEndian.Uint64(k), v, 0, 1<<62, func(e *stock.FeedEvent) bool {
+				olds = append(olds, binary.BigEndian.AppendUint64(nil, e.Seq), orderfeed.EncodeFeedEvent(nil, e))
 				return true
 			})
 		})
@@ -479,7 +429,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 	}
 
 	// Prune into the middle of the new chunks: what is left reads on.
-	through := all.events[n+feedDiskChunkEvents/2].Cursor()
+	through := all.events[n+orderfeed.DiskChunkEvents/2].Cursor()
 	if r := tl.applyTyped(0, &PruneEvents{Through: through}); r.Outcome != stock.OutcomeOK {
 		t.Fatalf("prune: %s %s", r.Outcome, r.Detail)
 	}
@@ -502,7 +452,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 	}
 	err := l.view(func(tx *bolt.Tx) error {
 		k, _ := tx.Bucket(store.BucketEvents).Cursor().First()
-		if first := binary.BigEndian.Uint64(k); first > through.Seq || first+feedDiskChunkEvents <= through.Seq {
+		if first := binary.BigEndian.Uint64(k); first > through.Seq || first+orderfeed.DiskChunkEvents <= through.Seq {
 			return fmt.Errorf("the file's first chunk starts at %d: the pruned ones should be gone up to the one holding %d", first, through.Seq)
 		}
 		return nil

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"stockd/raftfsm/lottery"
+	"stockd/raftfsm/orderfeed"
 	"stockd/raftfsm/store"
 	"sync"
 	"sync/atomic"
@@ -97,7 +98,7 @@ type Ledger struct {
 	orderSeqs map[string]*seqWindow
 	// feed is the order feed; feedOff stops recording it (every node of
 	// a cluster must agree, from its first start).
-	feed    feed
+	feed    orderfeed.Feed
 	feedOff atomic.Bool
 	// rankings caches drawn lotteries' rankings.
 	rankings lottery.Rankings
@@ -226,6 +227,7 @@ func (l *Ledger) open() error {
 	l.db = db
 	l.bh = store.NewWriteBehind(l.applied)
 	l.bh.Rider = &l.feed
+	l.feed.SetView(l.view)
 	l.bh.Applying = &l.applyMu
 	if f := l.persistFault.Load(); f != nil {
 		l.bh.Fault.Store(f)
@@ -305,7 +307,7 @@ func (l *Ledger) Close() error {
 		err = cerr
 	}
 	l.db = nil
-	l.feed.wake()
+	l.feed.Wake()
 	return err
 }
 

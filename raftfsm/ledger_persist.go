@@ -151,7 +151,7 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 		if err := loadOrderSeqs(tx.Bucket(store.BucketMeta), seqHigh); err != nil {
 			return err
 		}
-		return l.feed.load(tx)
+		return l.feed.Load(tx)
 	})
 	if err != nil {
 		return err

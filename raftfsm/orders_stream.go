@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"slices"
+	"stockd/raftfsm/orderfeed"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 
@@ -25,12 +26,12 @@ func (l *Ledger) SaleOrders(sku string, state stock.OrderState, after string, fn
 		snap.Applied = store.AppliedIn(tx)
 		if v := meta.Get(store.KeyFeedSeq); len(v) == 8 {
 			seq := binary.BigEndian.Uint64(v)
-			if e, ok, err := readFeedEvent(tx.Bucket(store.BucketEvents), seq); err != nil {
+			if e, ok, err := orderfeed.ReadFeedEvent(tx.Bucket(store.BucketEvents), seq); err != nil {
 				return err
 			} else if ok {
 				snap.FeedCursor = e.Cursor()
 			} else if fv := meta.Get(store.KeyFeedFloor); fv != nil {
-				if c, err := decodeCursor(fv); err == nil && c.Seq == seq {
+				if c, err := orderfeed.DecodeCursor(fv); err == nil && c.Seq == seq {
 					snap.FeedCursor = c // the newest event was pruned
 				}
 			}

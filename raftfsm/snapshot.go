@@ -208,7 +208,7 @@ func (l *Ledger) Restore(rc io.ReadCloser) error {
 	err = l.open()
 	applied := l.applied
 	l.mu.Unlock()
-	l.feed.wake()
+	l.feed.Wake()
 	if old != nil {
 		go func() {
 			oldBH.Wait()

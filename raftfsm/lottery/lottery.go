@@ -2,7 +2,7 @@
 // (docs/feed-and-lottery.md, "Lottery sales"): the sale takes entries until
 // entries_close_at, then the leader proposes a Draw and every node ranks
 // the entries by the same documented function of the seed, the entries'
-// hash and each entry's sequence number (docs/feed-and-lottery.md, "Lottery sales"):
+// hash and each entry's sequence number:
 //
 //	entries_hash_0 = 32 zero bytes
 //	entries_hash_n = SHA-256(entries_hash_(n-1) || be32(len(user_n)) || user_n)

@@ -1,8 +1,21 @@
-package raftfsm
+// Package orderfeed is the ledger's order feed (docs/feed-and-lottery.md):
+// every order event the ledger applies (an order created, confirmed or
+// released) gets the next sequence number of the feed, in log order. Every
+// node applies the same log, so every node numbers the same events the same
+// way, and a consumer may read a page from one node and the next from
+// another.
+//
+// Events live in bbolt (bucket events, keyed by sequence) and, until the
+// persister has written them and for a while after, in memory: the newest
+// events, which long-polling consumers read, never touch bbolt. The feed
+// is pruned through the log (PruneEvents): every node refuses the same
+// cursors. The persister deletes pruned events from bbolt lazily.
+package orderfeed
 
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"stockd/internal/wire"
@@ -13,33 +26,21 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// The order feed (docs/feed-and-lottery.md): every order event the
-// ledger applies (an order created, confirmed or released) gets the next
-// sequence number of the feed, in log order. Every node applies the same
-// log, so every node numbers the same events the same way, and a consumer
-// may read a page from one node and the next from another.
-//
-// Events live in bbolt (bucket events, keyed by sequence) and, until the
-// persister has written them and for a while after, in memory: the newest
-// events, which long-polling consumers read, never touch bbolt. The feed
-// is pruned through the log (PruneEvents): every node refuses the same
-// cursors. The persister deletes pruned events from bbolt lazily.
-
-// feedMemoryEvents is how many events already in bbolt the feed keeps in
+// MemoryEvents is how many events already in bbolt the feed keeps in
 // memory besides those not yet written: consumers that keep up read from
 // memory.
-const feedMemoryEvents = 16384
+const MemoryEvents = 16384
 
 // feedDeleteMax bounds the pruned events one write deletes from bbolt.
 const feedDeleteMax = 50_000
 
-// feed is the ledger's order feed. The FSM goroutine stages a batch's
+// Feed is the ledger's order feed. The FSM goroutine stages a batch's
 // events before it hands the batch to the persister and publishes them
 // with the batch; readers see published events only.
-type feed struct {
+type Feed struct {
 	mu sync.RWMutex
 	// mem holds events in order: every event not yet in bbolt, and up to
-	// about feedMemoryEvents before them.
+	// about MemoryEvents before them.
 	mem       eventChunks
 	seq       uint64 // the last event staged
 	visible   uint64 // the last event published
@@ -53,10 +54,17 @@ type feed struct {
 	// gen counts loads: a persister of a ledger file a restore replaced
 	// may finish a write after the load, and must not count it.
 	gen uint64
+	// view runs fn in a read transaction of the ledger file (the events
+	// older than those in memory are there).
+	view func(fn func(tx *bolt.Tx) error) error
 }
 
-// load reads the feed's state from a ledger file.
-func (f *feed) load(tx *bolt.Tx) error {
+// SetView gives the feed its way into the ledger file: view runs fn in a
+// read transaction of the file as it is now.
+func (f *Feed) SetView(view func(fn func(tx *bolt.Tx) error) error) { f.view = view }
+
+// Load reads the feed's state from a ledger file.
+func (f *Feed) Load(tx *bolt.Tx) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
@@ -67,7 +75,7 @@ func (f *feed) load(tx *bolt.Tx) error {
 		f.seq = binary.BigEndian.Uint64(v)
 	}
 	if v := meta.Get(store.KeyFeedFloor); v != nil {
-		c, err := decodeCursor(v)
+		c, err := DecodeCursor(v)
 		if err != nil {
 			return fmt.Errorf("feed floor: %w", err)
 		}
@@ -84,9 +92,9 @@ func (f *feed) load(tx *bolt.Tx) error {
 	})
 }
 
-// stage adds a batch's events (numbered after f.seq by the applier), which
+// Stage adds a batch's events (numbered after f.seq by the applier), which
 // the feed keeps as they are: the applier leaves them alone afterwards.
-func (f *feed) stage(events []stock.FeedEvent) {
+func (f *Feed) Stage(events []stock.FeedEvent) {
 	if len(events) == 0 {
 		return
 	}
@@ -96,8 +104,69 @@ func (f *feed) stage(events []stock.FeedEvent) {
 	f.mu.Unlock()
 }
 
+// Last is the last event staged and the last pruned: where a batch's
+// events and prunes go on from.
+func (f *Feed) Last() (seq uint64, floorAt stock.Cursor) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.seq, f.floorAt
+}
+
+// Consumers is a copy of the registered consumers by name.
+func (f *Feed) Consumers() map[string]stock.Consumer {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return maps.Clone(f.consumers)
+}
+
+// MemEvent reads event seq if memory holds it.
+func (f *Feed) MemEvent(seq uint64) (stock.FeedEvent, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.memEvent(seq)
+}
+
+// InMemory is what the feed holds in memory: its first event (0: none)
+// and how many events.
+func (f *Feed) InMemory() (first uint64, events int) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, c := range f.mem.chunks {
+		events += len(c)
+	}
+	return f.mem.firstSeq(), events
+}
+
+// HasConsumer reports whether consumer name is registered.
+func (f *Feed) HasConsumer(name string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_, ok := f.consumers[name]
+	return ok
+}
+
+// Publish applies a batch's consumer changes (nil: dropped) and its new
+// floor (nil: none), then makes every staged event visible.
+func (f *Feed) Publish(consumers map[string]*stock.Consumer, floorAt *stock.Cursor) {
+	if len(consumers) > 0 || floorAt != nil {
+		f.mu.Lock()
+		for name, c := range consumers {
+			if c == nil {
+				delete(f.consumers, name)
+			} else {
+				f.consumers[name] = *c
+			}
+		}
+		if floorAt != nil {
+			f.floorAt = *floorAt
+		}
+		f.mu.Unlock()
+	}
+	f.publish()
+}
+
 // publish makes every staged event visible and wakes waiting readers.
-func (f *feed) publish() {
+func (f *Feed) publish() {
 	f.mu.Lock()
 	if f.visible == f.seq {
 		f.mu.Unlock()
@@ -112,8 +181,8 @@ func (f *feed) publish() {
 	}
 }
 
-// wake wakes waiting readers without new events (a restore, a close).
-func (f *feed) wake() {
+// Wake wakes waiting readers without new events (a restore, a close).
+func (f *Feed) Wake() {
 	f.mu.Lock()
 	ch := f.notify
 	f.notify = nil
@@ -124,7 +193,7 @@ func (f *feed) wake() {
 }
 
 // changed returns a channel closed at the next publish.
-func (f *feed) changed() <-chan struct{} {
+func (f *Feed) changed() <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.notify == nil {
@@ -133,8 +202,8 @@ func (f *feed) changed() <-chan struct{} {
 	return f.notify
 }
 
-// memEvent returns event seq from memory.
-func (f *feed) memEvent(seq uint64) (stock.FeedEvent, bool) {
+// memEvent returns event seq from memory; f.mu is held.
+func (f *Feed) memEvent(seq uint64) (stock.FeedEvent, bool) {
 	if e := f.mem.get(seq); e != nil {
 		return *e, true
 	}
@@ -214,7 +283,7 @@ func (m *eventChunks) dropBefore(seq uint64) {
 // bbolt to index target, the events applied up to target, and deletes
 // pruned events (up to feedDeleteMax a write). It returns the feed's
 // generation and the last event written, for written.
-func (f *feed) Persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error) {
+func (f *Feed) Persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error) {
 	f.mu.RLock()
 	gen, last = f.gen, f.persisted
 	// Pointers into the chunks: an event there never changes, and its
@@ -233,12 +302,12 @@ func (f *feed) Persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	// bbolt keeps the key and value slices until the transaction ends:
 	// one buffer for all, carved up, never reused.
 	size := 0
-	for i := 0; i < len(batch); i += feedDiskChunkEvents {
-		size += 8 + feedChunkBytes(batch[i:min(i+feedDiskChunkEvents, len(batch))])
+	for i := 0; i < len(batch); i += DiskChunkEvents {
+		size += 8 + feedChunkBytes(batch[i:min(i+DiskChunkEvents, len(batch))])
 	}
 	buf := make([]byte, 0, size+8)
-	for i := 0; i < len(batch); i += feedDiskChunkEvents {
-		part := batch[i:min(i+feedDiskChunkEvents, len(batch))]
+	for i := 0; i < len(batch); i += DiskChunkEvents {
+		part := batch[i:min(i+DiskChunkEvents, len(batch))]
 		start := len(buf)
 		buf = binary.BigEndian.AppendUint64(buf, part[0].Seq)
 		mid := len(buf)
@@ -257,7 +326,7 @@ func (f *feed) Persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 	// include it.
 	var floor uint64
 	if v := tx.Bucket(store.BucketMeta).Get(store.KeyFeedFloor); v != nil {
-		if c, err := decodeCursor(v); err == nil {
+		if c, err := DecodeCursor(v); err == nil {
 			floor = c.Seq
 		}
 	}
@@ -284,7 +353,7 @@ func (f *feed) Persist(tx *bolt.Tx, target uint64) (gen, last uint64, err error)
 // Written records that bbolt holds the events up to seq, and trims
 // memory to the unwritten events and feedMemoryEvents before them (pruned
 // ones go), in steps large enough that the copies stay cheap.
-func (f *feed) Written(gen, seq uint64) {
+func (f *Feed) Written(gen, seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if gen != f.gen || seq <= f.persisted {
@@ -292,15 +361,15 @@ func (f *feed) Written(gen, seq uint64) {
 	}
 	f.persisted = seq
 	keepFrom := f.floorAt.Seq + 1
-	if f.persisted > feedMemoryEvents {
-		keepFrom = max(keepFrom, f.persisted-feedMemoryEvents+1)
+	if f.persisted > MemoryEvents {
+		keepFrom = max(keepFrom, f.persisted-MemoryEvents+1)
 	}
 	f.mem.dropBefore(min(keepFrom, f.persisted+1))
 }
 
-// encodeFeedEvent appends e's record: format, type, index, time, order id,
+// EncodeFeedEvent appends e's record: format, type, index, time, order id,
 // then the order's record.
-func encodeFeedEvent(dst []byte, e *stock.FeedEvent) []byte {
+func EncodeFeedEvent(dst []byte, e *stock.FeedEvent) []byte {
 	dst = append(dst, feedRecordFormat, byte(e.Type))
 	dst = wire.AppendUvarint(dst, e.Index)
 	dst = wire.AppendVarint(dst, e.At)
@@ -319,7 +388,7 @@ func feedEventSize(e *stock.FeedEvent) int {
 
 func decodeFeedEvent(seq uint64, b []byte) (stock.FeedEvent, error) {
 	if len(b) < 2 || b[0] != feedRecordFormat {
-		return stock.FeedEvent{}, fmt.Errorf("%w: feed event %d: not an event record", ErrMalformed, seq)
+		return stock.FeedEvent{}, fmt.Errorf("%w: feed event %d: not an event record", wire.ErrMalformed, seq)
 	}
 	e := stock.FeedEvent{Seq: seq, Type: stock.FeedEventType(b[1])}
 	d := wire.Decoder{B: b[2:]}
@@ -337,18 +406,18 @@ func decodeFeedEvent(seq uint64, b []byte) (stock.FeedEvent, error) {
 	return e, nil
 }
 
-func encodeCursor(c stock.Cursor) []byte {
+func EncodeCursor(c stock.Cursor) []byte {
 	return wire.AppendUvarint(wire.AppendUvarint(make([]byte, 0, 2*wire.MaxVarintBytes), c.Index), c.Seq)
 }
 
-func decodeCursor(b []byte) (stock.Cursor, error) {
+func DecodeCursor(b []byte) (stock.Cursor, error) {
 	d := wire.Decoder{B: b}
 	c := stock.Cursor{Index: d.Uvarint(), Seq: d.Uvarint()}
 	return c, d.Finish()
 }
 
-func encodeConsumer(c *stock.Consumer) []byte {
-	b := encodeCursor(c.Cursor)
+func EncodeConsumer(c *stock.Consumer) []byte {
+	b := EncodeCursor(c.Cursor)
 	return wire.AppendVarint(b, c.AckedUnixNano)
 }
 

@@ -1,8 +1,9 @@
-package raftfsm
+package orderfeed
 
 import (
 	"encoding/binary"
 	"fmt"
+	"stockd/internal/wire"
 	"stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
@@ -18,9 +19,9 @@ import (
 // wrote them; both are read.
 const feedChunkFormat byte = 0xE2
 
-// feedDiskChunkEvents bounds a chunk: a reader of one event decodes no
+// DiskChunkEvents bounds a chunk: a reader of one event decodes no
 // more than the lengths before it.
-const feedDiskChunkEvents = 256
+const DiskChunkEvents = 256
 
 // feedChunkBytes bounds the bytes appendFeedChunk appends for events.
 func feedChunkBytes(events []*stock.FeedEvent) int {
@@ -38,7 +39,7 @@ func appendFeedChunk(dst []byte, events []*stock.FeedEvent) []byte {
 	for _, e := range events {
 		at := len(dst)
 		dst = append(dst, 0, 0, 0, 0)
-		dst = encodeFeedEvent(dst, e)
+		dst = EncodeFeedEvent(dst, e)
 		binary.BigEndian.PutUint32(dst[at:], uint32(len(dst)-at-4))
 	}
 	return dst
@@ -52,13 +53,13 @@ func feedChunkCount(v []byte) (uint64, error) {
 	case len(v) >= 5 && v[0] == feedChunkFormat:
 		return uint64(binary.BigEndian.Uint32(v[1:5])), nil
 	}
-	return 0, fmt.Errorf("%w: not a feed chunk", ErrMalformed)
+	return 0, fmt.Errorf("%w: not a feed chunk", wire.ErrMalformed)
 }
 
-// eachFeedEvent decodes the events of the chunk at key first (value v)
+// EachFeedEvent decodes the events of the chunk at key first (value v)
 // whose sequences lie in [from, to], in order, and calls fn for each
 // until it returns false.
-func eachFeedEvent(first uint64, v []byte, from, to uint64, fn func(*stock.FeedEvent) bool) error {
+func EachFeedEvent(first uint64, v []byte, from, to uint64, fn func(*stock.FeedEvent) bool) error {
 	n, err := feedChunkCount(v)
 	if err != nil {
 		return fmt.Errorf("feed chunk %d: %w", first, err)
@@ -77,11 +78,11 @@ func eachFeedEvent(first uint64, v []byte, from, to uint64, fn func(*stock.FeedE
 	rest := v[5:]
 	for seq := first; seq < first+n && seq <= to; seq++ {
 		if len(rest) < 4 {
-			return fmt.Errorf("%w: feed chunk %d: event %d cut short", ErrMalformed, first, seq)
+			return fmt.Errorf("%w: feed chunk %d: event %d cut short", wire.ErrMalformed, first, seq)
 		}
 		size := binary.BigEndian.Uint32(rest)
 		if uint64(size) > uint64(len(rest)-4) {
-			return fmt.Errorf("%w: feed chunk %d: event %d cut short", ErrMalformed, first, seq)
+			return fmt.Errorf("%w: feed chunk %d: event %d cut short", wire.ErrMalformed, first, seq)
 		}
 		rec := rest[4 : 4+size]
 		rest = rest[4+size:]
@@ -120,15 +121,15 @@ func seekFeedChunk(cur *bolt.Cursor, seq uint64) (k, v []byte) {
 	return k, v
 }
 
-// readFeedEvent reads event seq from the events bucket b.
-func readFeedEvent(b *bolt.Bucket, seq uint64) (stock.FeedEvent, bool, error) {
+// ReadFeedEvent reads event seq from the events bucket b.
+func ReadFeedEvent(b *bolt.Bucket, seq uint64) (stock.FeedEvent, bool, error) {
 	k, v := seekFeedChunk(b.Cursor(), seq)
 	if len(k) != 8 {
 		return stock.FeedEvent{}, false, nil
 	}
 	var e stock.FeedEvent
 	found := false
-	err := eachFeedEvent(binary.BigEndian.Uint64(k), v, seq, seq, func(ev *stock.FeedEvent) bool {
+	err := EachFeedEvent(binary.BigEndian.Uint64(k), v, seq, seq, func(ev *stock.FeedEvent) bool {
 		e, found = *ev, true
 		return false
 	})
