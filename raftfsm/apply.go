@@ -9,6 +9,7 @@ import (
 	"sort"
 	"stockd/raftfsm/command"
 	"stockd/raftfsm/lottery"
+	"stockd/raftfsm/requestindex"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 	"time"
@@ -315,17 +316,17 @@ func (a *applier) updateMirrors() {
 	// Removals first: an id pruned and then sold again in this batch is
 	// added back by requestChanges.
 	for _, p := range a.prunedRequests {
-		l.requests.remove(p.request, p.at)
+		l.requests.Remove(p.request, p.at)
 	}
 	adds := l.addsSpare[:0]
 	for req, ch := range a.requestChanges {
 		if ch.order == "" {
-			l.requests.remove(req, ch.at)
+			l.requests.Remove(req, ch.at)
 		} else {
-			adds = append(adds, requestAdd{id: req, at: ch.at})
+			adds = append(adds, requestindex.Entry{ID: req, At: ch.at})
 		}
 	}
-	l.requests.addAll(adds)
+	l.requests.AddAll(adds)
 	if cap(adds) <= requestChangesKeptMax {
 		clear(adds) // let the ids' strings go
 		l.addsSpare = adds[:0]
@@ -345,10 +346,10 @@ func (a *applier) updateMirrors() {
 			l.buyerFilter.Load().Add(maphash.String(l.reqSeed, key))
 		}
 	}
-	if l.requests.rebuildFilterIfFull() {
-		l.reqFilter.Store(l.requests.filter)
+	if l.requests.RebuildFilterIfFull() {
+		l.reqFilter.Store(l.requests.Filter())
 	}
-	l.legacyRequests.Store(l.requests.legacy > 0)
+	l.legacyRequests.Store(l.requests.HoldsLegacy())
 	for node, addr := range a.nodeChanges {
 		l.nodes[node] = addr
 	}

@@ -23,7 +23,7 @@ func (a *applier) requestCount() int64 {
 	l := a.ledger
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	return int64(l.requests.len()) + a.requestDelta
+	return int64(l.requests.Len()) + a.requestDelta
 }
 
 // maxKeyBytes bounds the SKU and user parts of a buyer key; longer ids are
@@ -69,7 +69,7 @@ func (a *applier) requestOrder(requestID string) (string, bool, error) {
 	}
 	l := a.ledger
 	l.mu.RLock()
-	at, ok := l.requests.candidateString(requestID)
+	at, ok := l.requests.CandidateString(requestID)
 	l.mu.RUnlock()
 	if !ok {
 		return "", false, nil

@@ -2,8 +2,6 @@ package raftfsm
 
 import (
 	"errors"
-	"fmt"
-	"hash/maphash"
 	"reflect"
 	"stockd/raftfsm/store"
 	"stockd/stock"
@@ -59,64 +57,5 @@ func TestCodec_OrderRecordsRoundTripAndReadJSON(t *testing.T) {
 	}
 	if _, err := store.DecodeOrderRecord("x", []byte{store.OrderRecordFormat, 9}); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("bad state code: %v", err)
-	}
-}
-
-func TestRequestIndex_SharedHashGoesToExact(t *testing.T) {
-	r := newRequestIndex(maphash.MakeSeed())
-	r.add("a", 1)
-	// Another id already holds b's hash (added as add would: to the
-	// filter too): b must not overwrite it.
-	h := maphash.String(r.seed, "b")
-	r.byHash.Put(h, 7)
-	r.filter.Add(h)
-	r.add("b", 2)
-	if at, ok := r.candidate([]byte("b")); !ok || at != 2 {
-		t.Fatalf("b: %d %v, want 2 from exact", at, ok)
-	}
-	if at, ok := r.candidate([]byte("a")); !ok || at != 1 || r.len() != 3 {
-		t.Fatalf("a: %d %v, len %d", at, ok, r.len())
-	}
-	r.remove("b", 2)
-	if at, _ := r.candidate([]byte("b")); at != 7 {
-		t.Fatalf("after removing b its hash still names the other id's record (%d), which the caller's check rejects", at)
-	}
-	r.remove("a", 1)
-	if _, ok := r.candidate([]byte("a")); ok || r.len() != 1 {
-		t.Fatalf("a after removal: %v, len %d", ok, r.len())
-	}
-}
-
-// TestRequestIndex_AddAllIsAddOneByOne indexes the same ids, some sharing
-// a hash with an id held before, through add one by one and through
-// addAll (more than one chunk), and checks both indexes answer alike.
-func TestRequestIndex_AddAllIsAddOneByOne(t *testing.T) {
-	seed := maphash.MakeSeed()
-	one, all := newRequestIndex(seed), newRequestIndex(seed)
-	var adds []requestAdd
-	for i := range 1000 {
-		adds = append(adds, requestAdd{id: fmt.Sprintf("id-%d", i), at: int64(i + 1)})
-	}
-	// Ten ids whose hash another record holds already: they go to exact.
-	for _, r := range []*requestIndex{one, all} {
-		for _, a := range adds[:10] {
-			h := maphash.String(seed, a.id)
-			r.byHash.Put(h, -1)
-			r.filter.Add(h)
-		}
-	}
-	for _, a := range adds {
-		one.add(a.id, a.at)
-	}
-	all.addAll(adds)
-	if one.len() != all.len() || len(all.exact) != 10 {
-		t.Fatalf("len %d (one by one) against %d (addAll), %d exact, want 10", one.len(), all.len(), len(all.exact))
-	}
-	for _, a := range adds {
-		at, ok := all.candidate([]byte(a.id))
-		at1, ok1 := one.candidate([]byte(a.id))
-		if !ok || at != a.at || at != at1 || ok != ok1 {
-			t.Fatalf("%s: addAll's index gives %d, %v; add's %d, %v; want %d", a.id, at, ok, at1, ok1, a.at)
-		}
 	}
 }

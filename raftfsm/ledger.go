@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"stockd/raftfsm/lottery"
 	"stockd/raftfsm/orderfeed"
+	"stockd/raftfsm/requestindex"
 	"stockd/raftfsm/store"
 	"sync"
 	"sync/atomic"
@@ -78,7 +79,7 @@ type Ledger struct {
 	restoredFrom, restoredAt uint64
 	clusterID                string // the restored cluster's identity (restore.go)
 	skus                     map[string]*stock.SKU
-	requests                 *requestIndex // request id -> where its order id is
+	requests                 *requestindex.Index // request id -> where its order id is
 	// reqSeed hashes request ids and buyer keys, for the whole life of the
 	// ledger; reqFilter and buyerFilter answer "surely not" without a lock.
 	reqSeed   maphash.Seed
@@ -124,7 +125,7 @@ type Ledger struct {
 	prunedSpare []prunedRequest
 	// addsSpare is the last batch's list of request ids to index, empty,
 	// for the next (updateMirrors); the apply goroutine's alone.
-	addsSpare []requestAdd
+	addsSpare []requestindex.Entry
 	// requestGroupsAtMax is the highest time (as the group key's uint64)
 	// any record of the requests-by-time bucket has been written at: no
 	// group exists above it, so a take's entry, whose time is mostly

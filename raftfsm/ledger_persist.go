@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"stockd/internal/hashfilter"
+	"stockd/raftfsm/requestindex"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 
@@ -89,7 +90,7 @@ func (l *Ledger) PersistLag() (entries uint64, changes int) {
 
 func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	skus := make(map[string]*stock.SKU)
-	requests := newRequestIndex(l.reqSeed)
+	requests := requestindex.New(l.reqSeed, isLegacyRequestKey)
 	buyers := hashfilter.New(buyerFilterLog2Bits)
 	nodes := make(map[string]string)
 	holds := make(map[string]int64)
@@ -163,30 +164,30 @@ func (l *Ledger) loadMirrors(db *bolt.DB) error {
 	for owner, high := range seqHigh {
 		l.orderSeqs[owner] = &seqWindow{floor: high, high: high}
 	}
-	requests.rebuildFilterIfFull() // a ledger holding more ids than the default filter takes
-	l.reqFilter.Store(requests.filter)
-	l.legacyRequests.Store(requests.legacy > 0)
+	requests.RebuildFilterIfFull() // a ledger holding more ids than the default filter takes
+	l.reqFilter.Store(requests.Filter())
+	l.legacyRequests.Store(requests.HoldsLegacy())
 	l.buyerFilter.Store(buyers)
 	return nil
 }
 
 // loadRequests adds the request ids of the requests-by-time bucket b to
 // requests, and returns the newest record's time (Ledger.requestGroupsAtMax).
-func loadRequests(b *bolt.Bucket, requests *requestIndex) (atMax uint64, err error) {
+func loadRequests(b *bolt.Bucket, requests *requestindex.Index) (atMax uint64, err error) {
 	if k, _ := b.Cursor().Last(); len(k) >= 8 {
 		atMax = binary.BigEndian.Uint64(k[:8])
 	}
 	err = b.ForEach(func(k, v []byte) error {
 		switch {
 		case len(k) > 8: // a record of the earlier format
-			requests.add(string(k[8:]), int64(binary.BigEndian.Uint64(k[:8])))
+			requests.Add(string(k[8:]), int64(binary.BigEndian.Uint64(k[:8])))
 		case len(k) == 8:
 			pairs, err := decodeRequestGroup(v)
 			if err != nil {
 				return fmt.Errorf("request group %x: %w", k, err)
 			}
 			for _, p := range pairs {
-				requests.add(p.request, int64(binary.BigEndian.Uint64(k)))
+				requests.Add(p.request, int64(binary.BigEndian.Uint64(k)))
 			}
 		}
 		return nil

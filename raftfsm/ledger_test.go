@@ -956,13 +956,7 @@ type mirrors struct {
 func mirrorsOf(l *Ledger) mirrors {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	var times []int64
-	for _, at := range l.requests.byHash.All() {
-		times = append(times, at)
-	}
-	for _, at := range l.requests.exact {
-		times = append(times, at)
-	}
+	times := l.requests.Times()
 	slices.Sort(times)
 	seqHigh := map[string]uint64{}
 	for owner, w := range l.orderSeqs {

@@ -93,7 +93,7 @@ func (l *Ledger) LookupRequest(user, requestID []byte) (RequestRecord, bool) {
 // lookupRequestKey returns the value the ledger holds under request key.
 func (l *Ledger) lookupRequestKey(key []byte) (string, bool) {
 	l.mu.RLock()
-	at, ok := l.requests.candidate(key)
+	at, ok := l.requests.Candidate(key)
 	l.mu.RUnlock()
 	if !ok {
 		return "", false
@@ -215,7 +215,7 @@ func (l *Ledger) ExpiredHolds(nowUnixNano int64, limit int) []string {
 func (l *Ledger) RequestIDs() int {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	return l.requests.len()
+	return l.requests.Len()
 }
 
 // Order reads one order.

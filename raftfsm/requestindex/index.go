@@ -1,4 +1,7 @@
-package raftfsm
+// Package requestindex is the ledger's in-memory index of request ids:
+// from a request id to the time of the order it produced, in about 20-40
+// bytes an id, with a filter for lock-free "surely unknown" answers.
+package requestindex
 
 import (
 	"hash/maphash"
@@ -8,7 +11,7 @@ import (
 	"stockd/internal/u64map"
 )
 
-// requestIndex finds the order a request id produced without keeping the
+// Index finds the order a request id produced without keeping the
 // ids in memory: it maps a 64-bit hash of each request id to the creation
 // time of its order, which with the id itself is the key of its
 // requests_by_time record (whose value is the order id). A hit is
@@ -20,15 +23,18 @@ import (
 // deletes leave tombstones that make it slower as the ids turn over.
 //
 // Not safe for concurrent use: the Ledger guards it with its mutex.
-type requestIndex struct {
+type Index struct {
 	seed   maphash.Seed
 	byHash *u64map.Map      // hash(request id) -> created at (unix nanos)
 	exact  map[string]int64 // request ids whose hash another id holds
-	// filter holds every hash added, for lock-free "surely not held"
+	// Filter holds every hash added, for lock-free "surely not held"
 	// answers; ids removed stay in it until it is rebuilt.
 	filter *hashfilter.Filter
-	// legacy counts the keys held of the rules before scoped request ids
-	// (isLegacyRequestKey), or more, never fewer: while it is 0 the
+	// isLegacy says whether a key is held as the rules before scoped
+	// request ids held it.
+	isLegacy func(key string) bool
+	// Legacy counts the keys held of the rules before scoped request ids
+	// (isLegacy), or more, never fewer: while it is 0 the
 	// ledger holds none, and a scoped key that is not held needs no second
 	// look under its bare request id (reads, and Apply: the look would
 	// find nothing on any node, so skipping it cannot make two nodes
@@ -56,23 +62,23 @@ func filterLog2BitsFor(n int) uint {
 	return bits
 }
 
-func newRequestIndex(seed maphash.Seed) *requestIndex {
-	return &requestIndex{seed: seed, byHash: u64map.New(0), exact: map[string]int64{},
+func New(seed maphash.Seed, isLegacy func(key string) bool) *Index {
+	return &Index{seed: seed, isLegacy: isLegacy, byHash: u64map.New(0), exact: map[string]int64{},
 		filter: hashfilter.New(requestFilterLog2Bits)}
 }
 
-// rebuildFilterIfFull starts the filter afresh from the ids held when
+// RebuildFilterIfFull starts the filter afresh from the ids held when
 // the ids added (removed ones too) have filled it, sized for twice the ids
 // held: a ledger holding more ids than the default filter takes gets a
 // larger one, so a new id stays a "surely not" however many are held, and
 // rebuilds stay rare (the next comes after at least as many adds again).
 // The caller holds the ledger's lock; readers keep the old filter until
 // they load the new one.
-func (r *requestIndex) rebuildFilterIfFull() bool {
+func (r *Index) RebuildFilterIfFull() bool {
 	if r.filter.Adds() <= 2*r.filter.Capacity() {
 		return false
 	}
-	f := hashfilter.New(filterLog2BitsFor(r.len()))
+	f := hashfilter.New(filterLog2BitsFor(r.Len()))
 	for h := range r.byHash.All() {
 		f.Add(h)
 	}
@@ -83,19 +89,19 @@ func (r *requestIndex) rebuildFilterIfFull() bool {
 	return true
 }
 
-// candidate returns the creation time under which requestID's record
+// Candidate returns the creation time under which requestID's record
 // would be, if the index may hold it. The caller verifies the record.
-func (r *requestIndex) candidate(requestID []byte) (int64, bool) {
+func (r *Index) Candidate(requestID []byte) (int64, bool) {
 	return candidateOf(r, maphash.Bytes(r.seed, requestID), requestID)
 }
 
-// candidateString is candidate for a key held as a string.
-func (r *requestIndex) candidateString(requestID string) (int64, bool) {
+// CandidateString is candidate for a key held as a string.
+func (r *Index) CandidateString(requestID string) (int64, bool) {
 	return candidateOf(r, maphash.String(r.seed, requestID), requestID)
 }
 
 // candidateOf is candidate for the id requestID whose hash is h.
-func candidateOf[T ~string | ~[]byte](r *requestIndex, h uint64, requestID T) (int64, bool) {
+func candidateOf[T ~string | ~[]byte](r *Index, h uint64, requestID T) (int64, bool) {
 	// The filter holds every id added (exact ones too): a new id, the
 	// common case, is answered without a probe of the large map.
 	if !r.filter.MayContain(h) {
@@ -109,24 +115,24 @@ func candidateOf[T ~string | ~[]byte](r *requestIndex, h uint64, requestID T) (i
 	return r.byHash.Get(h)
 }
 
-// requestAdd is a request id on its way into the index (addAll).
-type requestAdd struct {
-	id string
-	at int64
+// Entry is a request id on its way into the index (addAll).
+type Entry struct {
+	ID string
+	At int64
 }
 
-// addAll adds request ids the ledger does not hold yet, as add would one
+// AddAll adds request ids the ledger does not hold yet, as add would one
 // by one. Each id's filter line and map slot lie at a random place, and
 // a batch of takes adds hundreds: their lines are read first, a chunk at
 // a time, in a loop of a few instructions each, so that the misses
 // overlap, where added one by one each id waited for its own two.
-func (r *requestIndex) addAll(adds []requestAdd) {
+func (r *Index) AddAll(adds []Entry) {
 	const chunk = 64
 	var hs [chunk]uint64
 	for len(adds) > 0 {
 		n := min(len(adds), chunk)
 		for i := range n {
-			hs[i] = maphash.String(r.seed, adds[i].id)
+			hs[i] = maphash.String(r.seed, adds[i].ID)
 		}
 		var sum uint64
 		for _, h := range hs[:n] {
@@ -134,20 +140,20 @@ func (r *requestIndex) addAll(adds []requestAdd) {
 		}
 		r.prefetched += sum
 		for i := range n {
-			r.addHashed(adds[i].id, hs[i], adds[i].at)
+			r.addHashed(adds[i].ID, hs[i], adds[i].At)
 		}
 		adds = adds[n:]
 	}
 }
 
-// add records a request id the ledger does not hold yet, created at at.
-func (r *requestIndex) add(requestID string, at int64) {
+// Add records a request id the ledger does not hold yet, created at at.
+func (r *Index) Add(requestID string, at int64) {
 	r.addHashed(requestID, maphash.String(r.seed, requestID), at)
 }
 
 // addHashed is add of an id whose hash is h.
-func (r *requestIndex) addHashed(requestID string, h uint64, at int64) {
-	if isLegacyRequestKey(requestID) {
+func (r *Index) addHashed(requestID string, h uint64, at int64) {
+	if r.isLegacy(requestID) {
 		r.legacy++
 	}
 	// A hash the filter has not seen is surely not in byHash: most are
@@ -166,11 +172,11 @@ func (r *requestIndex) addHashed(requestID string, h uint64, at int64) {
 	r.byHash.Put(h, at)
 }
 
-// remove forgets a request id the ledger holds, created at at.
-func (r *requestIndex) remove(requestID string, at int64) {
+// Remove forgets a request id the ledger holds, created at at.
+func (r *Index) Remove(requestID string, at int64) {
 	removed := false
 	defer func() {
-		if removed && isLegacyRequestKey(requestID) && r.legacy > 0 {
+		if removed && r.isLegacy(requestID) && r.legacy > 0 {
 			r.legacy--
 		}
 	}()
@@ -188,4 +194,24 @@ func (r *requestIndex) remove(requestID string, at int64) {
 	}
 }
 
-func (r *requestIndex) len() int { return r.byHash.Len() + len(r.exact) }
+func (r *Index) Len() int { return r.byHash.Len() + len(r.exact) }
+
+// Filter holds the hash of every request id added, for lock-free "surely
+// not held" answers; one the index rebuilt replaces it.
+func (r *Index) Filter() *hashfilter.Filter { return r.filter }
+
+// HoldsLegacy reports whether the index may hold keys of the rules before
+// scoped request ids: false means it surely holds none.
+func (r *Index) HoldsLegacy() bool { return r.legacy > 0 }
+
+// Times is the creation time of every request id held, in no order.
+func (r *Index) Times() []int64 {
+	var times []int64
+	for _, at := range r.byHash.All() {
+		times = append(times, at)
+	}
+	for _, at := range r.exact {
+		times = append(times, at)
+	}
+	return times
+}
