@@ -8,7 +8,6 @@ import (
 	"stockd/raftfsm/lottery"
 	"time"
 
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/stock"
 )
@@ -137,7 +136,7 @@ func (e *Engine) ArchiveSale(sku string) error {
 
 // saleOutcome is the error a sale-level command's outcome means (nil for
 // done, or done before).
-func saleOutcome(sku string, res *raftfsm.Result) error {
+func saleOutcome(sku string, res *command.Result) error {
 	switch res.Outcome {
 	case stock.OutcomeOK, stock.OutcomeSame:
 		return nil
@@ -159,7 +158,7 @@ func saleOutcome(sku string, res *raftfsm.Result) error {
 
 // propose stamps c with the engine's clock and replicates it. Its errors
 // are the engine's sentinels (see Proposer).
-func (e *Engine) propose(c command.Command) (*raftfsm.Result, error) {
+func (e *Engine) propose(c command.Command) (*command.Result, error) {
 	res, err := e.proposer.Propose(e.cfg.Now().UnixNano(), c)
 	switch {
 	case err == nil:

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/stock"
 )
@@ -182,7 +181,7 @@ func (e *Engine) retryTakes(batch []*pendingTake, cause error) {
 
 // settle turns the ledger's verdict on one take into the buyer's answer;
 // now is when the verdict came, read once for the batch.
-func (e *Engine) settle(p *pendingTake, tr raftfsm.TakeResult, now instant) {
+func (e *Engine) settle(p *pendingTake, tr command.TakeResult, now instant) {
 	s := p.sale
 	qty := p.entry.Qty
 	var r DeductResult

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/stock"
 )
@@ -26,7 +25,7 @@ type refusingProposer struct {
 	takes [][]string // order ids of every Take proposed, in order
 }
 
-func (p *refusingProposer) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p *refusingProposer) Propose(at int64, c command.Command) (*command.Result, error) {
 	take, ok := c.(*command.Take)
 	if !ok {
 		return p.inner.Propose(at, c)
@@ -193,7 +192,7 @@ type lostThenRefused struct {
 	takes int
 }
 
-func (p *lostThenRefused) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p *lostThenRefused) Propose(at int64, c command.Command) (*command.Result, error) {
 	if _, ok := c.(*command.Take); !ok {
 		return p.Proposer.Propose(at, c)
 	}
@@ -250,7 +249,7 @@ type lateThenRefused struct {
 	at    int64
 }
 
-func (p *lateThenRefused) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p *lateThenRefused) Propose(at int64, c command.Command) (*command.Result, error) {
 	if _, ok := c.(*command.Take); !ok {
 		return p.Proposer.Propose(at, c)
 	}

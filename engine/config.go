@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"time"
 
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/shard"
 )
@@ -92,7 +91,7 @@ const (
 // again). Any other error is taken as ErrOutcomeUnknown. node's Proposer
 // maps raft's errors onto these, once.
 type Proposer interface {
-	Propose(atUnixNano int64, c command.Command) (*raftfsm.Result, error)
+	Propose(atUnixNano int64, c command.Command) (*command.Result, error)
 }
 
 // Config holds the engine's knobs. Logger and NodeID are required.

@@ -143,7 +143,7 @@ type takesGate struct {
 	release chan struct{}
 }
 
-func (p takesGate) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p takesGate) Propose(at int64, c command.Command) (*command.Result, error) {
 	if _, ok := c.(*command.Take); ok {
 		<-p.release
 	}

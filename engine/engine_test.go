@@ -93,7 +93,7 @@ func startTestNodeWrapped(t *testing.T, dir string, tune func(*Config), wrap fun
 // reads nothing but its own).
 type raftProposer struct{ n *raftnode.Node }
 
-func (p raftProposer) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p raftProposer) Propose(at int64, c command.Command) (*command.Result, error) {
 	res, err := p.n.Propose(at, c)
 	switch {
 	case err == nil:
@@ -508,10 +508,10 @@ type laggingReturns struct {
 	returns atomic.Int64
 }
 
-func (p *laggingReturns) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p *laggingReturns) Propose(at int64, c command.Command) (*command.Result, error) {
 	if _, ok := c.(*command.Return); ok {
 		p.returns.Add(1)
-		return &raftfsm.Result{Outcome: stock.OutcomeOK, Index: 1 << 40}, nil
+		return &command.Result{Outcome: stock.OutcomeOK, Index: 1 << 40}, nil
 	}
 	return p.Proposer.Propose(at, c)
 }
@@ -547,7 +547,7 @@ const farAhead = 1 << 40
 // the cluster): committed at an index never applied here.
 type takesCommittedElsewhere struct{ Proposer }
 
-func (p takesCommittedElsewhere) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p takesCommittedElsewhere) Propose(at int64, c command.Command) (*command.Result, error) {
 	res, err := p.Proposer.Propose(at, c)
 	if _, ok := c.(*command.Take); ok && err == nil {
 		moved := *res
@@ -670,7 +670,7 @@ type takesHang struct {
 	release chan struct{}
 }
 
-func (p takesHang) Propose(at int64, c command.Command) (*raftfsm.Result, error) {
+func (p takesHang) Propose(at int64, c command.Command) (*command.Result, error) {
 	if _, ok := c.(*command.Take); ok {
 		<-p.release
 		return nil, fmt.Errorf("%w: released by the test", ErrUnavailable)
@@ -800,7 +800,7 @@ func TestEngine_LegacyRulesTakeOfAnotherUsersIDIsRefused(t *testing.T) {
 	tn, _, first := startUpgradingWithAlice(t)
 	p := &pendingTake{sale: tn.engine.lookupSale([]byte("a")), entry: command.TakeEntry{SKU: "a", User: "bob", RequestID: "r-1", Qty: 1, OrderID: "n1-x-1"}}
 	before := p.sale.buckets.Units()
-	tn.engine.settle(p, raftfsm.TakeResult{Outcome: stock.OutcomeSame, Order: first.Order}, instant{now: time.Now(), real: time.Now()})
+	tn.engine.settle(p, command.TakeResult{Outcome: stock.OutcomeSame, Order: first.Order}, instant{now: time.Now(), real: time.Now()})
 	r, done := p.outcome()
 	if !done || r.Status != StatusRequestIDReused || r.Order.ID != "" {
 		t.Fatalf("bob's take answered %v %s %q, want request_id_reused and no order", done, r.Status, r.Order.ID)

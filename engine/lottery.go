@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/stock"
 )
@@ -48,7 +47,7 @@ const (
 type pendingEntry struct {
 	entry command.EnterEntry
 	done  chan struct{}
-	res   raftfsm.EntryResult
+	res   command.EntryResult
 	err   error
 }
 
@@ -144,7 +143,7 @@ func (e *Engine) entrants() *batcher[*pendingEntry] {
 		maxItems: enterBatchMax, maxBytes: e.cfg.TakeBatchBytesMax,
 		slots: func() chan struct{} { return slots },
 		abandon: func(p *pendingEntry) {
-			p.finish(raftfsm.EntryResult{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable))
+			p.finish(command.EntryResult{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable))
 		},
 		commit: e.commitEntries,
 	}
@@ -172,7 +171,7 @@ func (e *Engine) commitEntries(batch []*pendingEntry) {
 		}
 	}
 	for i, p := range batch {
-		var r raftfsm.EntryResult
+		var r command.EntryResult
 		if err == nil {
 			r = res.Entries[i]
 		}
@@ -180,7 +179,7 @@ func (e *Engine) commitEntries(batch []*pendingEntry) {
 	}
 }
 
-func (p *pendingEntry) finish(r raftfsm.EntryResult, err error) {
+func (p *pendingEntry) finish(r command.EntryResult, err error) {
 	p.res, p.err = r, err
 	close(p.done)
 }

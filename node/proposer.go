@@ -33,7 +33,7 @@ type Proposer struct {
 }
 
 // Propose implements engine.Proposer.
-func (p *Proposer) Propose(atUnixNano int64, c command.Command) (*raftfsm.Result, error) {
+func (p *Proposer) Propose(atUnixNano int64, c command.Command) (*command.Result, error) {
 	b := command.EncodeCommand(nil, atUnixNano, c)
 	if len(b) > peer.MaxBodyBytes {
 		return nil, fmt.Errorf("%w: %s command of %d bytes, the most is %d", engine.ErrTooLarge, c.Op(), len(b), peer.MaxBodyBytes)
@@ -63,7 +63,7 @@ func translate(err error) error {
 // The command reaches this node's ledger a moment later, when this node
 // learns the commit: callers that need it applied here wait for
 // Result.Index (the engine does, for the bookkeeping of its takes).
-func (p *Proposer) forward(op command.Op, b []byte) (*raftfsm.Result, error) {
+func (p *Proposer) forward(op command.Op, b []byte) (*command.Result, error) {
 	leader, _ := p.raft.Leader()
 	if leader == "" {
 		return nil, fmt.Errorf("%w: no leader known", engine.ErrUnavailable)
@@ -87,7 +87,7 @@ func (p *Proposer) forward(op command.Op, b []byte) (*raftfsm.Result, error) {
 	default: // 504 and anything unexpected: the command may have entered the log
 		return nil, fmt.Errorf("%w: leader %s answered %d: %s", engine.ErrOutcomeUnknown, leader, status, bytes.TrimSpace(answer))
 	}
-	res, err := raftfsm.DecodeResult(answer)
+	res, err := command.DecodeResult(answer)
 	if err != nil {
 		return nil, fmt.Errorf("%w: decode the leader's answer: %v", engine.ErrOutcomeUnknown, err)
 	}
@@ -116,7 +116,7 @@ func (p *Proposer) HandleForwarded(fromNode string, body []byte) (int, []byte) {
 	res, err := p.raft.ProposeEncoded(bytes.Clone(body))
 	switch {
 	case err == nil:
-		return http.StatusOK, raftfsm.EncodeResult(nil, res)
+		return http.StatusOK, command.EncodeResult(nil, res)
 	case errors.Is(err, raftnode.ErrOutcomeUnknown):
 		return peer.ProposeOutcomeUnknown, peer.ErrorBody("outcome_unknown", err.Error())
 	case errors.Is(err, raftnode.ErrNotLeader):

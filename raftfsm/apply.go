@@ -107,7 +107,7 @@ func (a *applier) applyEntries(logs []*raft.Log, applied uint64) ([]interface{},
 		a.index = entry.Index
 		at, cmd, err := command.DecodeCommand(entry.Data)
 		if err != nil {
-			results[i] = &Result{Outcome: stock.OutcomeInvalid, Detail: err.Error()}
+			results[i] = &command.Result{Outcome: stock.OutcomeInvalid, Detail: err.Error()}
 			continue
 		}
 		a.at = at
@@ -375,7 +375,7 @@ func (a *applier) event(e Event) {
 	a.events = append(a.events, e)
 }
 
-func (a *applier) apply(c command.Command) (*Result, error) {
+func (a *applier) apply(c command.Command) (*command.Result, error) {
 	switch c := c.(type) {
 	case *command.CreateSale:
 		return a.createSale(c), nil
@@ -418,14 +418,14 @@ func (a *applier) apply(c command.Command) (*Result, error) {
 	case *command.SetRules:
 		return a.setRules(c), nil
 	}
-	return &Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
+	return &command.Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }
 
-func invalid(format string, args ...any) *Result {
-	return &Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf(format, args...)}
+func invalid(format string, args ...any) *command.Result {
+	return &command.Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf(format, args...)}
 }
 
-func (a *applier) createSale(c *command.CreateSale) *Result {
+func (a *applier) createSale(c *command.CreateSale) *command.Result {
 	if c.SKU == "" || c.Sale.Total < 0 || c.Sale.PerUser < 0 || c.Sale.HoldTTLNanos < 0 {
 		return invalid("create_sale needs a sku and a config with non-negative terms")
 	}
@@ -443,9 +443,9 @@ func (a *applier) createSale(c *command.CreateSale) *Result {
 	}
 	if s := a.sku(c.SKU); s != nil {
 		if s.Config == c.Sale {
-			return &Result{Outcome: stock.OutcomeSame}
+			return &command.Result{Outcome: stock.OutcomeSame}
 		}
-		return &Result{Outcome: stock.OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
+		return &command.Result{Outcome: stock.OutcomeConflict, Detail: fmt.Sprintf("sku %q exists with another config", c.SKU)}
 	}
 	s := &stock.SKU{SKU: c.SKU, Total: c.Sale.Total, Available: c.Sale.Total, Config: c.Sale, CreatedAtUnixNano: a.at}
 	if c.Sale.Mode == stock.SaleModeLottery {
@@ -456,22 +456,22 @@ func (a *applier) createSale(c *command.CreateSale) *Result {
 	}
 	a.touched[c.SKU] = s
 	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})
-	return &Result{Outcome: stock.OutcomeOK}
+	return &command.Result{Outcome: stock.OutcomeOK}
 }
 
-func (a *applier) restock(c *command.Restock) (*Result, error) {
+func (a *applier) restock(c *command.Restock) (*command.Result, error) {
 	if c.Qty <= 0 {
 		return invalid("restock qty %d <= 0", c.Qty), nil
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	}
 	if s.Closed() {
-		return &Result{Outcome: stock.OutcomeClosed}, nil
+		return &command.Result{Outcome: stock.OutcomeClosed}, nil
 	}
 	if s.Lottery != nil && s.Lottery.WaitlistLostAtUnixNano != 0 {
-		return &Result{Outcome: stock.OutcomeLottery, Detail: "the lottery's waitlist has lost: nobody could win the units"}, nil
+		return &command.Result{Outcome: stock.OutcomeLottery, Detail: "the lottery's waitlist has lost: nobody could win the units"}, nil
 	}
 	s.Total += c.Qty
 	s.Available += c.Qty
@@ -479,22 +479,22 @@ func (a *applier) restock(c *command.Restock) (*Result, error) {
 	if err := a.settleWaitlist(s); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: stock.OutcomeOK, Qty: c.Qty}, nil
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: c.Qty}, nil
 }
 
-func (a *applier) lease(c *command.Lease) *Result {
+func (a *applier) lease(c *command.Lease) *command.Result {
 	if c.Node == "" || c.Want <= 0 {
 		return invalid("lease needs a node and want > 0")
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: stock.OutcomeUnknownSKU}
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}
 	}
 	if s.Closed() {
-		return &Result{Outcome: stock.OutcomeClosed}
+		return &command.Result{Outcome: stock.OutcomeClosed}
 	}
 	if s.Lottery != nil {
-		return &Result{Outcome: stock.OutcomeLottery, Detail: "a lottery's units go to its draw, not to leases"}
+		return &command.Result{Outcome: stock.OutcomeLottery, Detail: "a lottery's units go to its draw, not to leases"}
 	}
 	grant := min(c.Want, s.Available)
 	if short := c.Want - grant; short > 0 && s.LeasedTotal()-s.Leased[c.Node] > 0 {
@@ -510,16 +510,16 @@ func (a *applier) lease(c *command.Lease) *Result {
 		s.Leased[c.Node] += grant
 		a.event(Event{Kind: EventLeaseGranted, Node: c.Node, SKU: c.SKU, Qty: grant})
 	}
-	return &Result{Outcome: stock.OutcomeOK, Qty: grant}
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: grant}
 }
 
-func (a *applier) giveBack(c *command.Return) *Result {
+func (a *applier) giveBack(c *command.Return) *command.Result {
 	if c.Node == "" || c.Qty <= 0 {
 		return invalid("return needs a node and qty > 0")
 	}
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: stock.OutcomeUnknownSKU}
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}
 	}
 	back := min(c.Qty, s.Leased[c.Node])
 	if back > 0 {
@@ -530,10 +530,10 @@ func (a *applier) giveBack(c *command.Return) *Result {
 		s.Available += back
 		a.event(Event{Kind: EventLeaseReturned, Node: c.Node, SKU: c.SKU, Qty: back})
 	}
-	return &Result{Outcome: stock.OutcomeOK, Qty: back}
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: back}
 }
 
-func (a *applier) reclaim(c *command.Reclaim) *Result {
+func (a *applier) reclaim(c *command.Reclaim) *command.Result {
 	if c.Node == "" {
 		return invalid("reclaim needs a node")
 	}
@@ -560,10 +560,10 @@ func (a *applier) reclaim(c *command.Reclaim) *Result {
 		total += n
 	}
 	a.event(Event{Kind: EventReclaimed, Node: c.Node, Qty: total})
-	return &Result{Outcome: stock.OutcomeOK, Qty: total}
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: total}
 }
 
-func (a *applier) register(c *command.Register) (*Result, error) {
+func (a *applier) register(c *command.Register) (*command.Result, error) {
 	if c.Node == "" || c.Addr == "" {
 		return invalid("register needs a node and an address"), nil
 	}
@@ -572,10 +572,10 @@ func (a *applier) register(c *command.Register) (*Result, error) {
 		return nil, err
 	}
 	if string(old) == c.Addr {
-		return &Result{Outcome: stock.OutcomeSame}, nil
+		return &command.Result{Outcome: stock.OutcomeSame}, nil
 	}
 	a.put(store.BucketNodes, []byte(c.Node), []byte(c.Addr))
 	a.nodeChanges[c.Node] = c.Addr
 	a.event(Event{Kind: EventNodeRegistered, Node: c.Node})
-	return &Result{Outcome: stock.OutcomeOK}, nil
+	return &command.Result{Outcome: stock.OutcomeOK}, nil
 }

@@ -38,13 +38,13 @@ func loadOrderSeqs(meta interface {
 // purgeScanMax bounds the order records one PurgeArchived step reads.
 const purgeScanMax = 100_000
 
-func (a *applier) closeSale(c *command.CloseSale) *Result {
+func (a *applier) closeSale(c *command.CloseSale) *command.Result {
 	s := a.sku(c.SKU)
 	if s == nil {
-		return &Result{Outcome: stock.OutcomeUnknownSKU}
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}
 	}
 	if s.Closed() {
-		return &Result{Outcome: stock.OutcomeSame}
+		return &command.Result{Outcome: stock.OutcomeSame}
 	}
 	s.ClosedAtUnixNano = max(a.at, 1)
 	var back int64
@@ -55,28 +55,28 @@ func (a *applier) closeSale(c *command.CloseSale) *Result {
 	s.Leased = nil
 	a.event(Event{Kind: EventSaleClosed, SKU: c.SKU, Qty: back})
 	_ = a.settleWaitlist(s) // a closed lottery's waitlist is lost; nothing is read
-	return &Result{Outcome: stock.OutcomeOK, Qty: back}
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: back}
 }
 
-func (a *applier) archiveSale(c *command.ArchiveSale) *Result {
+func (a *applier) archiveSale(c *command.ArchiveSale) *command.Result {
 	s := a.sku(c.SKU)
 	switch {
 	case s == nil:
-		return &Result{Outcome: stock.OutcomeUnknownSKU}
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}
 	case s.Archived:
-		return &Result{Outcome: stock.OutcomeSame}
+		return &command.Result{Outcome: stock.OutcomeSame}
 	case !s.Closed():
-		return &Result{Outcome: stock.OutcomeNotClosed, Detail: "close the sale first"}
+		return &command.Result{Outcome: stock.OutcomeNotClosed, Detail: "close the sale first"}
 	case s.Held > 0:
-		return &Result{Outcome: stock.OutcomeHoldsPending, Detail: fmt.Sprintf("%d units are still held: they may be confirmed until they expire", s.Held)}
+		return &command.Result{Outcome: stock.OutcomeHoldsPending, Detail: fmt.Sprintf("%d units are still held: they may be confirmed until they expire", s.Held)}
 	}
 	for _, cons := range a.consumers() {
 		if cons.Cursor.Seq < s.LastEventSeq {
-			return &Result{Outcome: stock.OutcomeUnconsumed, Detail: fmt.Sprintf("consumer %q has acknowledged up to event %d; the sale's last is %d", cons.Name, cons.Cursor.Seq, s.LastEventSeq)}
+			return &command.Result{Outcome: stock.OutcomeUnconsumed, Detail: fmt.Sprintf("consumer %q has acknowledged up to event %d; the sale's last is %d", cons.Name, cons.Cursor.Seq, s.LastEventSeq)}
 		}
 	}
 	s.Archived = true
-	return &Result{Outcome: stock.OutcomeOK}
+	return &command.Result{Outcome: stock.OutcomeOK}
 }
 
 // consumers is every consumer of the feed as this batch sees it.
@@ -103,17 +103,17 @@ func (a *applier) consumers() []stock.Consumer {
 // purgeArchived takes the archived sale's orders out of the next records
 // after c.After (which must be where the last step stopped), with their
 // request ids and per-user counts.
-func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
+func (a *applier) purgeArchived(c *command.PurgeArchived) (*command.Result, error) {
 	s := a.sku(c.SKU)
 	switch {
 	case a.rules >= RulesNamedPurges:
 		return invalid("under ledger rules %d an archive's purge names its orders (purge_orders)", a.rules), nil
 	case s == nil:
-		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	case !s.Archived:
-		return &Result{Outcome: stock.OutcomeInvalidState, Detail: "the sale is not archived"}, nil
+		return &command.Result{Outcome: stock.OutcomeInvalidState, Detail: "the sale is not archived"}, nil
 	case s.PurgeDone || c.After != s.PurgeAfter:
-		return &Result{Outcome: stock.OutcomeSame}, nil // a step proposed twice
+		return &command.Result{Outcome: stock.OutcomeSame}, nil // a step proposed twice
 	case c.Scan < 1 || c.Scan > purgeScanMax:
 		return invalid("purge scan %d outside 1..%d", c.Scan, purgeScanMax), nil
 	}
@@ -184,7 +184,7 @@ func (a *applier) purgeArchived(c *command.PurgeArchived) (*Result, error) {
 		return nil, err
 	}
 	s.PurgeAfter = last
-	res := &Result{Outcome: stock.OutcomeOK, Qty: int64(len(doomed))}
+	res := &command.Result{Outcome: stock.OutcomeOK, Qty: int64(len(doomed))}
 	if scanned < c.Scan {
 		// The orders are out; a lottery's entries follow, in the rest
 		// of this step's budget and the next steps'.
@@ -247,17 +247,17 @@ func (a *applier) forgetArchived(s *stock.SKU, doomed []stock.Order) error {
 // purgeOrders applies a PurgeOrders step: the named orders of the sale
 // leave, wherever this node's file keeps them (a record of their own or a
 // block), then some of a lottery's entries.
-func (a *applier) purgeOrders(c *command.PurgeOrders) (*Result, error) {
+func (a *applier) purgeOrders(c *command.PurgeOrders) (*command.Result, error) {
 	s := a.sku(c.SKU)
 	switch {
 	case a.rules < RulesNamedPurges:
 		return invalid("purge_orders needs ledger rules %d (the ledger runs %d)", RulesNamedPurges, a.rules), nil
 	case s == nil:
-		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	case !s.Archived:
-		return &Result{Outcome: stock.OutcomeInvalidState, Detail: "the sale is not archived"}, nil
+		return &command.Result{Outcome: stock.OutcomeInvalidState, Detail: "the sale is not archived"}, nil
 	case s.PurgeDone:
-		return &Result{Outcome: stock.OutcomeSame}, nil
+		return &command.Result{Outcome: stock.OutcomeSame}, nil
 	case len(c.IDs) > command.PurgeOrdersMax || c.Entries < 0 || c.Entries > purgeScanMax:
 		return invalid("a purge step names up to %d orders and %d entries", command.PurgeOrdersMax, purgeScanMax), nil
 	}
@@ -268,7 +268,7 @@ func (a *applier) purgeOrders(c *command.PurgeOrders) (*Result, error) {
 	if err := a.forgetArchived(s, doomed); err != nil {
 		return nil, err
 	}
-	res := &Result{Outcome: stock.OutcomeOK, Qty: int64(len(doomed))}
+	res := &command.Result{Outcome: stock.OutcomeOK, Qty: int64(len(doomed))}
 	lt := s.Lottery
 	if lt != nil && c.Entries > 0 && lt.PurgedEntries < lt.Entries {
 		if err := a.purgeEntries(s, c.Entries); err != nil {

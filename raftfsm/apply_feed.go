@@ -85,7 +85,7 @@ func (a *applier) feedEventIndex(seq uint64) (uint64, bool, error) {
 
 // checkFeedCursor is nil when c names an event of the feed at or after
 // its floor (or the start, or the floor itself), else a result saying why.
-func (a *applier) checkFeedCursor(c stock.Cursor) (*Result, error) {
+func (a *applier) checkFeedCursor(c stock.Cursor) (*command.Result, error) {
 	switch {
 	case c.Seq == 0 && c.Index == 0:
 		return nil, nil
@@ -94,7 +94,7 @@ func (a *applier) checkFeedCursor(c stock.Cursor) (*Result, error) {
 	case c.Seq > a.feed.seq:
 		return invalid("cursor %s is beyond the feed's newest event", c), nil
 	case c.Seq < a.feed.floorAt.Seq:
-		return &Result{Outcome: stock.OutcomeExpired, Detail: fmt.Sprintf("cursor %s is older than the feed's retention (pruned up to %s)", c, a.feed.floorAt)}, nil
+		return &command.Result{Outcome: stock.OutcomeExpired, Detail: fmt.Sprintf("cursor %s is older than the feed's retention (pruned up to %s)", c, a.feed.floorAt)}, nil
 	case c.Seq == a.feed.floorAt.Seq:
 		if c != a.feed.floorAt {
 			return invalid("cursor %s names no event of the feed", c), nil
@@ -114,17 +114,17 @@ func (a *applier) checkFeedCursor(c stock.Cursor) (*Result, error) {
 	return nil, nil
 }
 
-func (a *applier) ackConsumer(c *command.AckConsumer) (*Result, error) {
+func (a *applier) ackConsumer(c *command.AckConsumer) (*command.Result, error) {
 	if c.Name == "" || len(c.Name) > maxConsumerNameBytes {
 		return invalid("consumer name must be 1..%d bytes", maxConsumerNameBytes), nil
 	}
 	if c.Drop {
 		if !a.hasConsumer(c.Name) {
-			return &Result{Outcome: stock.OutcomeNotFound}, nil
+			return &command.Result{Outcome: stock.OutcomeNotFound}, nil
 		}
 		a.put(store.BucketConsumers, []byte(c.Name), nil)
 		a.stageConsumer(c.Name, nil)
-		return &Result{Outcome: stock.OutcomeOK}, nil
+		return &command.Result{Outcome: stock.OutcomeOK}, nil
 	}
 	if res, err := a.checkFeedCursor(c.Cursor); res != nil || err != nil {
 		return res, err
@@ -132,7 +132,7 @@ func (a *applier) ackConsumer(c *command.AckConsumer) (*Result, error) {
 	cons := &stock.Consumer{Name: c.Name, Cursor: c.Cursor, AckedUnixNano: a.at}
 	a.put(store.BucketConsumers, []byte(c.Name), orderfeed.EncodeConsumer(cons))
 	a.stageConsumer(c.Name, cons)
-	return &Result{Outcome: stock.OutcomeOK}, nil
+	return &command.Result{Outcome: stock.OutcomeOK}, nil
 }
 
 func (a *applier) hasConsumer(name string) bool {
@@ -149,12 +149,12 @@ func (a *applier) stageConsumer(name string, c *stock.Consumer) {
 	a.feed.consumers[name] = c
 }
 
-func (a *applier) pruneEvents(c *command.PruneEvents) (*Result, error) {
+func (a *applier) pruneEvents(c *command.PruneEvents) (*command.Result, error) {
 	if c.Through.Seq == 0 || c.Through.Index == 0 {
 		return invalid("prune_events needs a cursor"), nil
 	}
 	if c.Through.Seq <= a.feed.floorAt.Seq {
-		return &Result{Outcome: stock.OutcomeSame}, nil
+		return &command.Result{Outcome: stock.OutcomeSame}, nil
 	}
 	if res, err := a.checkFeedCursor(c.Through); res != nil || err != nil {
 		return res, err
@@ -162,7 +162,7 @@ func (a *applier) pruneEvents(c *command.PruneEvents) (*Result, error) {
 	pruned := c.Through.Seq - a.feed.floorAt.Seq
 	a.feed.floorAt, a.feed.newFloor = c.Through, true
 	a.put(store.BucketMeta, store.KeyFeedFloor, orderfeed.EncodeCursor(c.Through))
-	return &Result{Outcome: stock.OutcomeOK, Qty: int64(pruned)}, nil
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: int64(pruned)}, nil
 }
 
 // publishFeed makes the batch's feed changes visible. The caller has

@@ -33,8 +33,8 @@ func (a *applier) entry(sku string, seq int64) (stock.Entry, error) {
 	return lottery.DecodeEntryRecord(sku, seq, v)
 }
 
-func (a *applier) enter(c *command.Enter) (*Result, error) {
-	res := &Result{Outcome: stock.OutcomeOK, Entries: make([]EntryResult, len(c.Entries))}
+func (a *applier) enter(c *command.Enter) (*command.Result, error) {
+	res := &command.Result{Outcome: stock.OutcomeOK, Entries: make([]command.EntryResult, len(c.Entries))}
 	for i := range c.Entries {
 		e := &c.Entries[i]
 		r := &res.Entries[i]
@@ -93,19 +93,19 @@ func (a *applier) enter(c *command.Enter) (*Result, error) {
 	return res, a.flushRequestGroup()
 }
 
-func (a *applier) draw(c *command.Draw) (*Result, error) {
+func (a *applier) draw(c *command.Draw) (*command.Result, error) {
 	s := a.sku(c.SKU)
 	switch {
 	case s == nil:
-		return &Result{Outcome: stock.OutcomeUnknownSKU}, nil
+		return &command.Result{Outcome: stock.OutcomeUnknownSKU}, nil
 	case s.Lottery == nil:
-		return &Result{Outcome: stock.OutcomeNotLottery}, nil
+		return &command.Result{Outcome: stock.OutcomeNotLottery}, nil
 	case s.Lottery.Drawn():
-		return &Result{Outcome: stock.OutcomeSame, Qty: s.Lottery.Winners}, nil
+		return &command.Result{Outcome: stock.OutcomeSame, Qty: s.Lottery.Winners}, nil
 	case s.Closed():
-		return &Result{Outcome: stock.OutcomeClosed}, nil
+		return &command.Result{Outcome: stock.OutcomeClosed}, nil
 	case a.at < s.Config.EntriesCloseAtUnixNano:
-		return &Result{Outcome: stock.OutcomeInvalidState, Detail: "entries are still open"}, nil
+		return &command.Result{Outcome: stock.OutcomeInvalidState, Detail: "entries are still open"}, nil
 	}
 	lt := s.Lottery
 	lt.DrawnAtUnixNano = a.at
@@ -113,7 +113,7 @@ func (a *applier) draw(c *command.Draw) (*Result, error) {
 		// Nobody can win, and a lottery takes no deducts: no unit can
 		// reach a buyer, so the sale closes with its units available.
 		a.closeSale(&command.CloseSale{SKU: c.SKU})
-		return &Result{Outcome: stock.OutcomeOK}, nil
+		return &command.Result{Outcome: stock.OutcomeOK}, nil
 	}
 	rk := a.ledger.rankings.Get(c.SKU, lt)
 	winners := min(s.Available, lt.Entries)
@@ -126,7 +126,7 @@ func (a *applier) draw(c *command.Draw) (*Result, error) {
 	if err := a.settleWaitlist(s); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: stock.OutcomeOK, Qty: winners}, nil
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: winners}, nil
 }
 
 // award gives one unit of lottery s to entry seq: an order, held for the

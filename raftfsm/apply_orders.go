@@ -207,11 +207,11 @@ func (a *applier) putOrderRecord(o *stock.Order) {
 	a.putKey(store.BucketOrders, o.ID, store.EncodeOrderRecord(make([]byte, 0, size), o))
 }
 
-func (a *applier) take(c *command.Take) (*Result, error) {
+func (a *applier) take(c *command.Take) (*command.Result, error) {
 	if c.Node == "" {
 		return invalid("take needs a node"), nil
 	}
-	res := &Result{Outcome: stock.OutcomeOK, Takes: make([]TakeResult, len(c.Entries))}
+	res := &command.Result{Outcome: stock.OutcomeOK, Takes: make([]command.TakeResult, len(c.Entries))}
 	if a.feed.on {
 		a.feed.events = slices.Grow(a.feed.events, len(c.Entries)) // an event each, mostly
 	}
@@ -258,7 +258,7 @@ func (a *applier) prefetchRequests(entries []command.TakeEntry) {
 }
 
 // takeEntry judges one entry of node's Take into r.
-func (a *applier) takeEntry(node string, e *command.TakeEntry, r *TakeResult) error {
+func (a *applier) takeEntry(node string, e *command.TakeEntry, r *command.TakeResult) error {
 	if e.OrderID == "" || e.OrderID[0] == store.OrderBlockKeyPrefix[0] || e.Qty <= 0 || e.User == "" {
 		r.Outcome = stock.OutcomeInvalid
 		return nil
@@ -416,19 +416,19 @@ func (a *applier) createTaken(node string, e *command.TakeEntry, s *stock.SKU, t
 	return o, nil
 }
 
-func (a *applier) confirm(c *command.Confirm) (*Result, error) {
+func (a *applier) confirm(c *command.Confirm) (*command.Result, error) {
 	o, err := a.getOrder(c.OrderID)
 	if err != nil || o == nil {
-		return &Result{Outcome: stock.OutcomeNotFound}, err
+		return &command.Result{Outcome: stock.OutcomeNotFound}, err
 	}
 	switch o.State {
 	case stock.OrderSold:
-		return &Result{Outcome: stock.OutcomeSame, Order: o}, nil
+		return &command.Result{Outcome: stock.OutcomeSame, Order: o}, nil
 	case stock.OrderReleased:
 		if o.ReleaseReason == stock.ReleaseExpired {
-			return &Result{Outcome: stock.OutcomeExpired, Order: o}, nil
+			return &command.Result{Outcome: stock.OutcomeExpired, Order: o}, nil
 		}
-		return &Result{Outcome: stock.OutcomeInvalidState, Order: o}, nil
+		return &command.Result{Outcome: stock.OutcomeInvalidState, Order: o}, nil
 	}
 	if a.at > o.ExpiresAtUnixNano {
 		// Too late: the hold is over whether or not the leader has
@@ -437,7 +437,7 @@ func (a *applier) confirm(c *command.Confirm) (*Result, error) {
 		if err := a.releaseHeld(o, stock.ReleaseExpired); err != nil {
 			return nil, err
 		}
-		return &Result{Outcome: stock.OutcomeExpired, Order: o}, nil
+		return &command.Result{Outcome: stock.OutcomeExpired, Order: o}, nil
 	}
 	s := a.sku(o.SKU)
 	if s == nil {
@@ -451,30 +451,30 @@ func (a *applier) confirm(c *command.Confirm) (*Result, error) {
 	if err := a.putOrder(o); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: stock.OutcomeOK, Order: o}, a.settleWaitlist(s)
+	return &command.Result{Outcome: stock.OutcomeOK, Order: o}, a.settleWaitlist(s)
 }
 
-func (a *applier) release(c *command.Release) (*Result, error) {
+func (a *applier) release(c *command.Release) (*command.Result, error) {
 	if c.Reason != stock.ReleaseCancelled && c.Reason != stock.ReleaseExpired {
 		return invalid("release reason %q", c.Reason), nil
 	}
 	o, err := a.getOrder(c.OrderID)
 	if err != nil || o == nil {
-		return &Result{Outcome: stock.OutcomeNotFound}, err
+		return &command.Result{Outcome: stock.OutcomeNotFound}, err
 	}
 	switch o.State {
 	case stock.OrderReleased:
-		return &Result{Outcome: stock.OutcomeSame, Order: o}, nil
+		return &command.Result{Outcome: stock.OutcomeSame, Order: o}, nil
 	case stock.OrderSold:
-		return &Result{Outcome: stock.OutcomeInvalidState, Order: o}, nil
+		return &command.Result{Outcome: stock.OutcomeInvalidState, Order: o}, nil
 	}
 	if c.Reason == stock.ReleaseExpired && a.at < o.ExpiresAtUnixNano {
-		return &Result{Outcome: stock.OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
+		return &command.Result{Outcome: stock.OutcomeInvalidState, Order: o, Detail: "hold not yet expired"}, nil
 	}
 	if err := a.releaseHeld(o, c.Reason); err != nil {
 		return nil, err
 	}
-	return &Result{Outcome: stock.OutcomeOK, Order: o}, nil
+	return &command.Result{Outcome: stock.OutcomeOK, Order: o}, nil
 }
 
 // releaseHeld turns a held order released: its units go back to available
@@ -507,7 +507,7 @@ func (a *applier) releaseHeld(o *stock.Order, reason string) error {
 
 // expire releases the listed holds whose deadline has passed at the
 // command's time; others (confirmed, cancelled, not yet due) are skipped.
-func (a *applier) expire(c *command.Expire) (*Result, error) {
+func (a *applier) expire(c *command.Expire) (*command.Result, error) {
 	var units int64
 	for _, id := range c.OrderIDs {
 		o, err := a.getOrder(id)
@@ -522,5 +522,5 @@ func (a *applier) expire(c *command.Expire) (*Result, error) {
 		}
 		units += o.Qty
 	}
-	return &Result{Outcome: stock.OutcomeOK, Qty: units}, nil
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: units}, nil
 }

@@ -412,7 +412,7 @@ func (a *applier) forgetPruned(requestID string, at int64) {
 // pruneRequests forgets request ids whose order was created before the
 // command's cutoff, then the oldest ones beyond MaxKeep. The orders stay;
 // a retry of a forgotten request id is judged as a new deduct.
-func (a *applier) pruneRequests(c *command.PruneRequests) (*Result, error) {
+func (a *applier) pruneRequests(c *command.PruneRequests) (*command.Result, error) {
 	if c.MaxKeep < 0 {
 		return invalid("prune_requests max_keep %d < 0", c.MaxKeep), nil
 	}
@@ -473,5 +473,5 @@ func (a *applier) pruneRequests(c *command.PruneRequests) (*Result, error) {
 		a.putRequestGroup(g.at, g.left)
 	}
 	a.requestDelta -= forgotten
-	return &Result{Outcome: stock.OutcomeOK, Qty: forgotten}, nil
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: forgotten}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strconv"
@@ -268,7 +269,7 @@ func rowOf(t *testing.T, l *Ledger, sku string) stock.SKU {
 // ledger's rules take, reading at most scan records: a PurgeArchived
 // under earlier rules, else a PurgeOrders of the ids the file holds after
 // *after (which it moves on, as the leader's purger does).
-func purgeOneStep(t fataler, tl *testLedger, at int64, sku string, scan int64, after *[]byte) *Result {
+func purgeOneStep(t fataler, tl *testLedger, at int64, sku string, scan int64, after *[]byte) *command.Result {
 	t.Helper()
 	if tl.l.Rules() < RulesNamedPurges {
 		row, _, _ := tl.l.SKU(sku)

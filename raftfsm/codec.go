@@ -1,99 +1,9 @@
 package raftfsm
 
 import (
-	"fmt"
-
 	"stockd/internal/wire"
-	"stockd/raftfsm/store"
-	"stockd/stock"
 )
 
 // ErrMalformed marks bytes that are not a valid command or result: a
 // sender that gets it back must not send the same bytes again.
 var ErrMalformed = wire.ErrMalformed
-
-// resultFormat is the first byte of an encoded Result.
-const resultFormat byte = 0xD1
-
-// Result flags say which optional parts follow.
-const (
-	resultHasOrder byte = 1 << iota
-	resultHasTakes
-	resultHasEntries
-)
-
-// EncodeResult appends r to dst: the answer a leader sends back to a
-// follower that forwarded a command.
-func EncodeResult(dst []byte, r *Result) []byte {
-	var flags byte
-	if r.Order != nil {
-		flags |= resultHasOrder
-	}
-	if r.Takes != nil {
-		flags |= resultHasTakes
-	}
-	if r.Entries != nil {
-		flags |= resultHasEntries
-	}
-	dst = append(dst, resultFormat, byte(r.Outcome), flags)
-	dst = wire.AppendVarint(dst, r.Qty)
-	dst = wire.AppendUvarint(dst, r.Index)
-	dst = wire.AppendString(dst, r.Detail)
-	if r.Order != nil {
-		dst = store.AppendOrder(dst, r.Order)
-	}
-	if r.Takes != nil {
-		dst = wire.AppendUvarint(dst, uint64(len(r.Takes)))
-		for i := range r.Takes {
-			dst = append(dst, byte(r.Takes[i].Outcome))
-			dst = store.AppendOrder(dst, &r.Takes[i].Order)
-		}
-	}
-	if r.Entries != nil {
-		dst = wire.AppendUvarint(dst, uint64(len(r.Entries)))
-		for i := range r.Entries {
-			e := &r.Entries[i]
-			dst = append(dst, byte(e.Outcome))
-			dst = wire.AppendString(wire.AppendString(wire.AppendString(dst, e.Entry.SKU), e.Entry.User), e.Entry.RequestID)
-			dst = wire.AppendVarint(wire.AppendVarint(dst, e.Entry.Seq), e.Entry.AtUnixNano)
-		}
-	}
-	return dst
-}
-
-// DecodeResult parses bytes written by EncodeResult.
-func DecodeResult(b []byte) (*Result, error) {
-	if len(b) < 3 || b[0] != resultFormat {
-		return nil, fmt.Errorf("%w: not a result", ErrMalformed)
-	}
-	r := &Result{Outcome: stock.Outcome(b[1])}
-	flags := b[2]
-	d := wire.Decoder{B: b[3:]}
-	r.Qty = d.Varint()
-	r.Index = d.Uvarint()
-	r.Detail = d.String()
-	if flags&resultHasOrder != 0 {
-		o := store.DecodeOrder(&d)
-		r.Order = &o
-	}
-	if flags&resultHasTakes != 0 {
-		r.Takes = make([]TakeResult, d.Count(store.MinOrderBytes+1))
-		for i := range r.Takes {
-			r.Takes[i].Outcome = stock.Outcome(d.Byte())
-			r.Takes[i].Order = store.DecodeOrder(&d)
-		}
-	}
-	if flags&resultHasEntries != 0 {
-		r.Entries = make([]EntryResult, d.Count(6))
-		for i := range r.Entries {
-			e := &r.Entries[i]
-			e.Outcome = stock.Outcome(d.Byte())
-			e.Entry.SKU, e.Entry.User, e.Entry.RequestID = d.String(), d.String(), d.String()
-			e.Entry.Seq, e.Entry.AtUnixNano = d.Varint(), d.Varint()
-		}
-	}
-	if err := d.Finish(); err != nil {
-		return nil, fmt.Errorf("result: %w", err)
-	}
-	return r, nil
-}

@@ -3,30 +3,31 @@ package raftfsm
 import (
 	"errors"
 	"reflect"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 	"testing"
 )
 
 func TestCodec_ResultRoundTrips(t *testing.T) {
-	f := func(r *Result) {
+	f := func(r *command.Result) {
 		t.Helper()
-		b := EncodeResult(nil, r)
-		got, err := DecodeResult(b)
+		b := command.EncodeResult(nil, r)
+		got, err := command.DecodeResult(b)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !reflect.DeepEqual(got, r) {
 			t.Fatalf("got %+v, want %+v", got, r)
 		}
-		if _, err := DecodeResult(b[:len(b)-1]); !errors.Is(err, ErrMalformed) {
+		if _, err := command.DecodeResult(b[:len(b)-1]); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("cut result: err %v, want ErrMalformed", err)
 		}
 	}
 	o := stock.Order{ID: "o", SKU: "s", User: "u", Qty: 2, State: stock.OrderHeld, RequestID: "r", Node: "n1", CreatedAtUnixNano: 5, ExpiresAtUnixNano: 6}
-	f(&Result{Outcome: stock.OutcomeOK, Qty: 4, Index: 99})
-	f(&Result{Outcome: stock.OutcomeInvalidState, Order: &o, Detail: "hold not yet expired", Index: 1})
-	f(&Result{Outcome: stock.OutcomeOK, Takes: []TakeResult{{Outcome: stock.OutcomeOK, Order: o}, {Outcome: stock.OutcomeUserLimit}}, Index: 7})
+	f(&command.Result{Outcome: stock.OutcomeOK, Qty: 4, Index: 99})
+	f(&command.Result{Outcome: stock.OutcomeInvalidState, Order: &o, Detail: "hold not yet expired", Index: 1})
+	f(&command.Result{Outcome: stock.OutcomeOK, Takes: []command.TakeResult{{Outcome: stock.OutcomeOK, Order: o}, {Outcome: stock.OutcomeUserLimit}}, Index: 7})
 }
 
 func FuzzDecodeCommand(f *testing.F) {

@@ -44,7 +44,7 @@ func openRaftNode(t *testing.T, dir string) (*raftnode.Node, *raftfsm.Ledger) {
 	return startRaftNode(t, dir, l), l
 }
 
-func propose(t *testing.T, n *raftnode.Node, c command.Command) *raftfsm.Result {
+func propose(t *testing.T, n *raftnode.Node, c command.Command) *command.Result {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

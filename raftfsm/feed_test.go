@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderfeed"
 	"stockd/raftfsm/store"
 	"stockd/stock"
@@ -55,10 +56,10 @@ func (t *testLedger) rewriteFile(fn func(tx *bolt.Tx) error) *Ledger {
 }
 
 // applyTyped applies a typed command at the next log index.
-func (t *testLedger) applyTyped(at int64, c Command) *Result {
+func (t *testLedger) applyTyped(at int64, c Command) *command.Result {
 	t.tb.Helper()
 	t.index++
-	res, _ := t.l.Apply(&raft.Log{Index: t.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, at, c)}).(*Result)
+	res, _ := t.l.Apply(&raft.Log{Index: t.index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, at, c)}).(*command.Result)
 	if res == nil {
 		t.tb.Fatalf("apply %s at %d: no result", c.Op(), t.index)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"reflect"
 	"slices"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/lottery"
 	"stockd/stock"
 	"strconv"
@@ -47,10 +48,10 @@ func logOf(tb testing.TB, index uint64, c legacyCommand) *raft.Log {
 	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: EncodeCommand(nil, c.AtUnixNano, typed)}
 }
 
-func (t *testLedger) apply(c legacyCommand) *Result {
+func (t *testLedger) apply(c legacyCommand) *command.Result {
 	t.tb.Helper()
 	t.index++
-	res, _ := t.l.Apply(logOf(t.tb, t.index, c)).(*Result)
+	res, _ := t.l.Apply(logOf(t.tb, t.index, c)).(*command.Result)
 	if res == nil {
 		t.tb.Fatalf("apply %s at %d: no result", c.Op, t.index)
 	}
@@ -475,7 +476,7 @@ func (m *ledgerMachine) checkLottery(t *rapid.T) {
 	}
 }
 
-func (m *ledgerMachine) at(c legacyCommand) *Result {
+func (m *ledgerMachine) at(c legacyCommand) *command.Result {
 	c.AtUnixNano = m.clock
 	return m.tl.apply(c)
 }

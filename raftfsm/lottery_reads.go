@@ -10,13 +10,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// EntryResult is the verdict on one EnterEntry: OutcomeOK (entered) or
-// OutcomeSame (the user's entry exists; Entry is it).
-type EntryResult struct {
-	Outcome stock.Outcome
-	Entry   stock.Entry
-}
-
 // EntryStatus reads user's entry into lottery sku: ok is false when the
 // user has none (or sku is no lottery).
 func (l *Ledger) EntryStatus(sku, user string) (stock.EntryStatus, bool, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/store"
 	"stockd/stock"
 	"testing"
@@ -269,7 +270,7 @@ func TestRequests_PruneInTheBatchThatAddsKeepsTheIndexTrue(t *testing.T) {
 	f := func(name string, want int, logs ...*raft.Log) {
 		t.Helper()
 		for i, r := range l.ApplyBatch(logs) {
-			if res, ok := r.(*Result); !ok || res.Outcome != stock.OutcomeOK {
+			if res, ok := r.(*command.Result); !ok || res.Outcome != stock.OutcomeOK {
 				t.Fatalf("%s: entry %d: %+v", name, i, r)
 			}
 		}

@@ -43,18 +43,18 @@ const (
 // uint64; absent: RulesGlobalRequestIDs).
 var keyRules = []byte("rules")
 
-func (a *applier) setRules(c *command.SetRules) *Result {
+func (a *applier) setRules(c *command.SetRules) *command.Result {
 	if c.Rules > RulesCurrent {
 		// Applying the entries after it under rules this binary does not
 		// know would make this node disagree with the others.
 		panic(fmt.Sprintf("ledger rules %d are newer than this binary's (%d): run a newer stockd on this node", c.Rules, RulesCurrent))
 	}
 	if c.Rules <= a.rules {
-		return &Result{Outcome: stock.OutcomeSame, Qty: int64(a.rules)}
+		return &command.Result{Outcome: stock.OutcomeSame, Qty: int64(a.rules)}
 	}
 	a.rules = c.Rules
 	a.put(store.BucketMeta, keyRules, binary.BigEndian.AppendUint64(nil, c.Rules))
-	return &Result{Outcome: stock.OutcomeOK, Qty: int64(c.Rules)}
+	return &command.Result{Outcome: stock.OutcomeOK, Qty: int64(c.Rules)}
 }
 
 // Rules returns the rules the ledger applies entries under now. Safe for

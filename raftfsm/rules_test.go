@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"stockd/raftfsm/command"
 	"stockd/raftfsm/lottery"
 	"stockd/raftfsm/store"
 	"stockd/stock"
@@ -34,7 +35,7 @@ func readPrevious(t *testing.T) ([]previousEntry, []previousResult) {
 }
 
 // resultOf is r as previousResult records it.
-func resultOf(r *Result) previousResult {
+func resultOf(r *command.Result) previousResult {
 	out := previousResult{Outcome: r.Outcome.String()}
 	for _, tr := range r.Takes {
 		out.Takes = append(out.Takes, tr.Outcome.String()+" "+tr.Order.ID)

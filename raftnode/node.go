@@ -427,14 +427,14 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // Propose replicates one command and returns the ledger's result once it is
 // committed and applied on this node. Errors are the sentinels above, or a
 // wrapped encoding error.
-func (n *Node) Propose(atUnixNano int64, c command.Command) (*raftfsm.Result, error) {
+func (n *Node) Propose(atUnixNano int64, c command.Command) (*command.Result, error) {
 	return n.ProposeEncoded(command.EncodeCommand(nil, atUnixNano, c))
 }
 
 // ProposeEncoded replicates a command already in EncodeCommand form (as a
 // follower forwards it) and returns the ledger's result like Propose. The
 // caller must not change b afterwards.
-func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
+func (n *Node) ProposeEncoded(b []byte) (*command.Result, error) {
 	f := n.raft.Apply(b, applyEnqueueTimeout)
 	// raft never answers a proposal still queued for its leader loop when
 	// it shuts down (an Apply future does not watch for shutdown), so the
@@ -467,7 +467,7 @@ func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 	if err != nil {
 		return nil, proposalError(f, err)
 	}
-	res, ok := f.Response().(*raftfsm.Result)
+	res, ok := f.Response().(*command.Result)
 	if !ok || res == nil {
 		return nil, fmt.Errorf("BUG: command returned %T", f.Response())
 	}
@@ -478,7 +478,7 @@ func (n *Node) ProposeEncoded(b []byte) (*raftfsm.Result, error) {
 	// long: 270 MB of a node's heap after 2.6 million batch units, marked
 	// by every GC cycle (`TestNode_ProposalResultsAreNotKeptByRaft`).
 	out := *res
-	*res = raftfsm.Result{}
+	*res = command.Result{}
 	out.Index = f.Index()
 	return &out, nil
 }

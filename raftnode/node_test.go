@@ -63,9 +63,9 @@ func startTestNodeOn(t *testing.T, dir string, l *raftfsm.Ledger) (*Node, *raftf
 	return n, l
 }
 
-func mustPropose(t *testing.T, n *Node, c command.Command) *raftfsm.Result {
+func mustPropose(t *testing.T, n *Node, c command.Command) *command.Result {
 	t.Helper()
-	var res *raftfsm.Result
+	var res *command.Result
 	var err error
 	// The first proposals after an election can race leadership settling.
 	deadline := time.Now().Add(10 * time.Second)
