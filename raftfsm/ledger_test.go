@@ -10,6 +10,7 @@ import (
 	"slices"
 	"stockd/raftfsm/command"
 	"stockd/raftfsm/lottery"
+	"stockd/raftfsm/store"
 	"stockd/stock"
 	"strconv"
 	"testing"
@@ -255,7 +256,7 @@ func persistSnapshot(t *testing.T, l *Ledger) *bufferSink {
 func snapshotOf(t *testing.T, l *Ledger) *bytes.Buffer {
 	t.Helper()
 	ref := persistSnapshot(t, l)
-	if r, _, err := ReadSnapshotRef(ref); err != nil || r == nil || r.AppliedIndex != l.AppliedIndex() {
+	if r, _, err := store.ReadSnapshotRef(ref); err != nil || r == nil || r.AppliedIndex != l.AppliedIndex() {
 		t.Fatalf("the snapshot raft keeps: %+v %v, want a reference at %d", r, err, l.AppliedIndex())
 	}
 	rc, size, index, err := l.OpenStream()

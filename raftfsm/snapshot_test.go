@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"stockd/raftfsm/store"
 	"strings"
 	"testing"
 )
@@ -17,7 +18,7 @@ func TestSnapshot_IsAReferenceToTheFileAtTheAppliedIndex(t *testing.T) {
 	if sink.Len() > 64 || sink.cancelled {
 		t.Fatalf("the snapshot raft keeps is %d bytes (cancelled %v)", sink.Len(), sink.cancelled)
 	}
-	ref, rest, err := ReadSnapshotRef(sink)
+	ref, rest, err := store.ReadSnapshotRef(sink)
 	if err != nil || ref == nil || rest != nil || ref.AppliedIndex != 3 {
 		t.Fatalf("read back: %+v %v %v, want a reference at 3", ref, rest, err)
 	}
@@ -41,7 +42,7 @@ func TestRestore_OfAReference(t *testing.T) {
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
 	tl.apply(legacyCommand{Op: OpRestock, SKU: "a", Qty: 5})
 	refAt := func(index string) io.ReadCloser {
-		return io.NopCloser(strings.NewReader(snapshotRefMagic + `{"applied_index":` + index + `}`))
+		return io.NopCloser(strings.NewReader(store.SnapshotRefMagic + `{"applied_index":` + index + `}`))
 	}
 	if err := tl.l.Restore(refAt("2")); err != nil {
 		t.Fatalf("a reference at the applied index: %v", err)
@@ -65,19 +66,19 @@ func TestReadSnapshotRef_CopiesReadWholeAndDamageIsRefused(t *testing.T) {
 	tl := newTestLedger(t)
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 50}})
 	copied := snapshotOf(t, tl.l).Bytes()
-	ref, rest, err := ReadSnapshotRef(bytes.NewReader(copied))
+	ref, rest, err := store.ReadSnapshotRef(bytes.NewReader(copied))
 	if err != nil || ref != nil {
 		t.Fatalf("a copy read as %+v, %v", ref, err)
 	}
 	if got, err := io.ReadAll(rest); err != nil || !bytes.Equal(got, copied) {
 		t.Fatalf("a copy read back %d of %d bytes alike (%v)", len(got), len(copied), err)
 	}
-	for _, body := range []string{`{"applied_index":`, `[]`, `{"applied_index":1}` + strings.Repeat(" ", snapshotRefMaxBytes)} {
-		if ref, _, err := ReadSnapshotRef(strings.NewReader(snapshotRefMagic + body)); err == nil {
+	for _, body := range []string{`{"applied_index":`, `[]`, `{"applied_index":1}` + strings.Repeat(" ", store.SnapshotRefMaxBytes)} {
+		if ref, _, err := store.ReadSnapshotRef(strings.NewReader(store.SnapshotRefMagic + body)); err == nil {
 			t.Fatalf("a damaged reference (%d bytes) read as %+v", len(body), ref)
 		}
 	}
-	if ref, rest, err := ReadSnapshotRef(strings.NewReader("")); err != nil || ref != nil || rest == nil {
+	if ref, rest, err := store.ReadSnapshotRef(strings.NewReader("")); err != nil || ref != nil || rest == nil {
 		t.Fatalf("an empty snapshot: %+v %v %v", ref, rest, err)
 	}
 	checkAudit(t, tl.l, "a")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"stockd/raftfsm/store"
 
 	"github.com/hashicorp/raft"
 
@@ -11,7 +12,7 @@ import (
 )
 
 // ledgerSnapshots is raft's file snapshot store for a node whose snapshots
-// refer to its ledger file (raftfsm.SnapshotRef) instead of copying it.
+// refer to its ledger file (store.SnapshotRef) instead of copying it.
 // Open of such a snapshot, which raft does to send it to a follower,
 // streams the ledger file as it is now: a consistent copy at the
 // snapshot's index or later, which the follower restores and whose
@@ -55,12 +56,12 @@ type readCloser struct {
 
 // openStored opens snapshot id as stored: a reference comes back as ref,
 // a copy as copied, which the caller closes.
-func openStored(files *raft.FileSnapshotStore, id string) (meta *raft.SnapshotMeta, ref *raftfsm.SnapshotRef, copied io.ReadCloser, err error) {
+func openStored(files *raft.FileSnapshotStore, id string) (meta *raft.SnapshotMeta, ref *store.SnapshotRef, copied io.ReadCloser, err error) {
 	meta, rc, err := files.Open(id)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("open snapshot %s: %w", id, err)
 	}
-	ref, rest, err := raftfsm.ReadSnapshotRef(rc)
+	ref, rest, err := store.ReadSnapshotRef(rc)
 	switch {
 	case err != nil:
 		rc.Close()
