@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"bytes"
 	"stockd/raftfsm/store"
 
 	bolt "go.etcd.io/bbolt"
@@ -24,73 +23,9 @@ func (l *Ledger) ArchivedOrderIDs(sku string, after []byte, limit, scanMax int) 
 			return nil, nil, false, err
 		}
 	}
-	next = after
 	err = l.view(func(tx *bolt.Tx) error {
-		cur := tx.Bucket(store.BucketOrders).Cursor()
-		k, v := cur.First()
-		if after != nil {
-			if k, v = cur.Seek(after); k != nil && bytes.Equal(k, after) {
-				k, v = cur.Next()
-			}
-		}
-		scanned := 0
-		for ; k != nil; k, v = cur.Next() {
-			if len(ids) >= limit || scanned >= scanMax {
-				return nil
-			}
-			found, n, err := appendSaleOrderIDs(sku, k, v, ids)
-			if err != nil {
-				return err
-			}
-			if len(found) > limit && len(ids) > 0 {
-				return nil // this record waits for the next read; ids holds what came before it
-			}
-			ids, scanned, next = found, scanned+n, bytes.Clone(k)
-		}
-		done = true
-		return nil
+		ids, next, done, err = store.SaleOrderIDs(tx, sku, after, limit, scanMax)
+		return err
 	})
 	return ids, next, done, err
-}
-
-// appendSaleOrderIDs appends the ids of sku's orders in one record of the
-// orders bucket (an order's, or a block's) and counts the orders read.
-func appendSaleOrderIDs(sku string, k, v []byte, ids []string) ([]string, int, error) {
-	ofSale := func(id string, record []byte) (bool, error) {
-		if recSKU, _, ok := store.OrderRecordSKU(record); ok {
-			return string(recSKU) == sku, nil
-		}
-		o, err := store.DecodeOrderRecord(id, record) // an earlier version's record
-		return o.SKU == sku, err
-	}
-	if !store.IsOrderBlockKey(k) {
-		mine, err := ofSale(string(k), v)
-		if mine {
-			ids = append(ids, string(k))
-		}
-		return ids, 1, err
-	}
-	b, err := store.ParseOrderBlock(k, v)
-	if err != nil {
-		return ids, 0, err
-	}
-	n := 0
-	var failed error
-	err = b.Each(func(_ int, m *store.BlockMember) bool {
-		n++
-		id := string(b.AppendID(nil, m))
-		mine, err := ofSale(id, m.Record)
-		if err != nil {
-			failed = err
-			return false
-		}
-		if mine {
-			ids = append(ids, id)
-		}
-		return true
-	})
-	if failed != nil {
-		err = failed
-	}
-	return ids, n, err
 }

@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"stockd/raftfsm/store"
@@ -36,43 +35,14 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]stock.Audit, erro
 	if err := l.Flush(); err != nil {
 		return nil, err
 	}
-	audits := map[string]*stock.Audit{}
+	var audits map[string]*stock.Audit
 	err := l.view(func(tx *bolt.Tx) error {
 		// While the transaction holds the file open: a compaction or a
 		// restore closes a swapped-out file only after its readers.
 		defer store.DropResidentPages(tx.DB())
-		applied := store.AppliedIn(tx)
-		err := tx.Bucket(store.BucketSKUs).ForEach(func(k, v []byte) error {
-			if !want(string(k)) {
-				return nil
-			}
-			a := &stock.Audit{AppliedIndex: applied}
-			if err := json.Unmarshal(v, &a.Row); err != nil {
-				return fmt.Errorf("decode sku %q: %w", k, err)
-			}
-			audits[string(k)] = a
-			return nil
-		})
-		if err != nil || len(audits) == 0 {
-			return err
-		}
-		return tx.Bucket(store.BucketOrders).ForEach(func(k, v []byte) error {
-			// Counted in place: the audit reads every order the ledger
-			// holds, so it must not allocate per order.
-			return store.TallyStoredOrders(k, v, func(sku []byte, state stock.OrderState, qty int64) {
-				a, ok := audits[string(sku)]
-				if !ok {
-					return
-				}
-				a.Orders++
-				switch state {
-				case stock.OrderHeld:
-					a.OrdersHeld += qty
-				case stock.OrderSold:
-					a.OrdersSold += qty
-				}
-			})
-		})
+		var err error
+		audits, err = store.ReadAudits(tx, want)
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -43,17 +43,7 @@ func (l *Ledger) PagesInUse() int64 {
 	if db == nil {
 		return 0
 	}
-	return pagesInUse(db)
-}
-
-// pagesInUse is the bytes up to db's high-water page.
-func pagesInUse(db *bolt.DB) int64 {
-	var n int64
-	_ = db.View(func(tx *bolt.Tx) error {
-		n = tx.Size()
-		return nil
-	})
-	return n
+	return store.PagesInUse(db)
 }
 
 // compactAsync compacts the file in the background (after a purge).
@@ -109,7 +99,7 @@ func (l *Ledger) Compact() (CompactResult, error) {
 	if st, err := os.Stat(l.path); err == nil {
 		res.Before = st.Size()
 	}
-	res.PagesBefore = pagesInUse(db)
+	res.PagesBefore = store.PagesInUse(db)
 	tmp := l.path + ".compact"
 	_ = os.Remove(tmp) // left by a crash during an earlier compaction
 	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: store.OpenTimeout, InitialMmapSize: store.MmapBytes})
@@ -124,7 +114,7 @@ func (l *Ledger) Compact() (CompactResult, error) {
 	if err := bolt.Compact(dst, db, compactTxBytes); err != nil {
 		return abandon(fmt.Errorf("copy %s: %w", l.path, err))
 	}
-	res.PagesAfter = pagesInUse(dst)
+	res.PagesAfter = store.PagesInUse(dst)
 	store.DropResidentPages(db)
 	store.DropResidentPages(dst)
 	if l.closing.Load() {

@@ -85,3 +85,13 @@ func AppliedIn(tx *bolt.Tx) uint64 {
 	}
 	return 0
 }
+
+// PagesInUse is the bytes up to db's high-water page.
+func PagesInUse(db *bolt.DB) int64 {
+	var n int64
+	_ = db.View(func(tx *bolt.Tx) error {
+		n = tx.Size()
+		return nil
+	})
+	return n
+}
