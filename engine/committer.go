@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"stockd/internal/batcher"
 	"stockd/raftfsm/command"
 	"stockd/stock"
 )
@@ -18,21 +19,21 @@ import (
 // once its slot frees, for the rest of the wave. Slots come from
 // localSlots while this node leads and from forwardSlots while it
 // forwards to a leader elsewhere.
-func (e *Engine) committer() *batcher[*pendingTake] {
-	return &batcher[*pendingTake]{
-		queue: e.takeQueue, stop: e.stop, wg: &e.wg,
-		header:   command.TakeHeaderSize(e.cfg.NodeID),
-		size:     func(p *pendingTake) int { return p.entry.EncodedSize() },
-		maxItems: maxTakeBatchEntries, maxBytes: e.cfg.TakeBatchBytesMax,
-		slots: func() chan struct{} {
+func (e *Engine) committer() *batcher.Batcher[*pendingTake] {
+	return &batcher.Batcher[*pendingTake]{
+		Queue: e.takeQueue, Stop: e.stop, WG: &e.wg,
+		Header:   command.TakeHeaderSize(e.cfg.NodeID),
+		Size:     func(p *pendingTake) int { return p.entry.EncodedSize() },
+		MaxItems: maxTakeBatchEntries, MaxBytes: e.cfg.TakeBatchBytesMax,
+		Slots: func() chan struct{} {
 			if !e.isLeader() {
 				return e.forwardSlots
 			}
 			return e.localSlots
 		},
-		linger:  e.lingerFor,
-		abandon: e.abandon,
-		commit:  e.commitTakes,
+		Linger:  e.lingerFor,
+		Abandon: e.abandon,
+		Commit:  e.commitTakes,
 	}
 }
 

@@ -144,8 +144,8 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 func (e *Engine) Start(proposer Proposer) {
 	e.proposer = proposer
 	e.wg.Add(6)
-	go e.entrants().run()
-	go e.committer().run()
+	go e.entrants().Run()
+	go e.committer().Run()
 	go e.runLeaser()
 	go e.runJanitor()
 	go e.runPurger()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"stockd/internal/batcher"
 	"stockd/raftfsm/command"
 	"stockd/stock"
 )
@@ -134,18 +135,18 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (stock.
 // entrants batches queued entries into Enter commands (batcher), with at most
 // enterProposalsMax in flight: an idle node proposes a lone entry at once,
 // a busy one everything that queued while its proposals were out.
-func (e *Engine) entrants() *batcher[*pendingEntry] {
+func (e *Engine) entrants() *batcher.Batcher[*pendingEntry] {
 	slots := make(chan struct{}, enterProposalsMax)
-	return &batcher[*pendingEntry]{
-		queue: e.entryQueue, stop: e.stop, wg: &e.wg,
-		header:   command.EnterHeaderSize,
-		size:     func(p *pendingEntry) int { return p.entry.EncodedSize() },
-		maxItems: enterBatchMax, maxBytes: e.cfg.TakeBatchBytesMax,
-		slots: func() chan struct{} { return slots },
-		abandon: func(p *pendingEntry) {
+	return &batcher.Batcher[*pendingEntry]{
+		Queue: e.entryQueue, Stop: e.stop, WG: &e.wg,
+		Header:   command.EnterHeaderSize,
+		Size:     func(p *pendingEntry) int { return p.entry.EncodedSize() },
+		MaxItems: enterBatchMax, MaxBytes: e.cfg.TakeBatchBytesMax,
+		Slots: func() chan struct{} { return slots },
+		Abandon: func(p *pendingEntry) {
 			p.finish(command.EntryResult{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable))
 		},
-		commit: e.commitEntries,
+		Commit: e.commitEntries,
 	}
 }
 
