@@ -43,10 +43,7 @@ type Engine struct {
 	forwardSlots chan struct{} // semaphore of Take proposals forwarded to a leader
 	refills      chan *sale
 	giveBacks    chan *sale
-	purgeWake    chan struct{} // an archive was applied: the leader takes its orders out
-	entryQueue   chan *pendingEntry
-	drawing      atomic.Bool // the leader is proposing lottery draws
-	poll         *poller     // wakes deducts waiting for stock
+	poll         *poller // wakes deducts waiting for stock
 
 	ignoreEventsUpTo atomic.Uint64 // events at or below this index are already in the buckets
 
@@ -117,9 +114,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		forwardSlots: make(chan struct{}, cfg.ForwardedInFlightMax),
 		refills:      make(chan *sale, MaxSKUs),
 		giveBacks:    make(chan *sale, MaxSKUs),
-		purgeWake:    make(chan struct{}, 1),
 		drainLost:    make(chan struct{}),
-		entryQueue:   make(chan *pendingEntry, entryQueueMax),
 		poll:         newPoller(),
 		born:         time.Now(),
 		stop:         make(chan struct{}),
@@ -143,12 +138,10 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 // Call it once, before Close.
 func (e *Engine) Start(proposer Proposer) {
 	e.proposer = proposer
-	e.wg.Add(6)
-	go e.entrants().Run()
+	e.wg.Add(4)
 	go e.committer().Run()
 	go e.runLeaser()
 	go e.runJanitor()
-	go e.runPurger()
 	go func() { defer e.wg.Done(); e.poll.run(e.stop, e.pollWaiting) }()
 }
 

@@ -35,7 +35,7 @@ func (e *Engine) runJanitor() {
 	defer e.wg.Done()
 	t := time.NewTicker(janitorTick)
 	defer t.Stop()
-	var lastSlow, lastPrune, lastFeedPrune, lastAudit time.Time
+	var lastSlow, lastPrune, lastAudit time.Time
 	reclaimTried := map[string]time.Time{}
 	var selling sellingRate
 	var auditHeld time.Time // when a due audit was first held back; zero: none is
@@ -50,7 +50,6 @@ func (e *Engine) runJanitor() {
 		e.adaptive.update() // on the real clock, as the waits are
 		e.pendingIDs.rotate(now)
 		e.expireHolds(now)
-		e.drawDue(now)
 		busy := selling.busy(e.metrics.answered(), time.Now()) // on the real clock, as the rate is
 		gap := e.auditGap()
 		if busy && auditHeld.IsZero() && now.Sub(lastAudit) >= gap {
@@ -77,10 +76,6 @@ func (e *Engine) runJanitor() {
 		if since := now.Sub(lastPrune); since >= pruneInterval || since >= pruneOverCapInterval && e.overRequestCap() {
 			lastPrune = now
 			e.pruneRequests(now)
-		}
-		if now.Sub(lastFeedPrune) >= e.cfg.FeedPruneInterval {
-			lastFeedPrune = now
-			e.pruneFeed(now)
 		}
 		// Lease and membership duties need proposals; pace them slower.
 		if now.Sub(lastSlow) < min(e.cfg.LeaseIdleReturn/4, 250*time.Millisecond) {

@@ -8,8 +8,10 @@ import (
 	"stockd/stock"
 )
 
-// Ledger is what the engine reads of the replicated ledger, and where it
-// registers for its events. *raftfsm.Ledger implements it; every method may
+// Ledger is what the engine, the data plane, reads of the replicated
+// ledger, and where it registers for its events (the control plane reads
+// the feed, the lottery and the archive's orders through its own
+// interfaces, control.Ledger). *raftfsm.Ledger implements it; every method may
 // be called from any goroutine. The engine writes only through a Proposer.
 type Ledger interface {
 	// SKU and SKUs read sales' rows as applied, with the applied index.
@@ -47,21 +49,6 @@ type Ledger interface {
 	// FileBytes is the ledger file's size on disk.
 	FileBytes() int64
 	SetObserver(o raftfsm.Observer)
-	// The order feed: pages of events after a cursor, a channel closed
-	// when new ones are published, its state, and lookups for retention.
-	ReadFeed(after stock.Cursor, limit int) (stock.FeedPage, error)
-	FeedChanged() <-chan struct{}
-	// FeedOn says whether the ledger records the feed at all.
-	FeedOn() bool
-	FeedStats() (stock.FeedStats, error)
-	FeedEvent(seq uint64) (stock.FeedEvent, bool, error)
-	FeedCursorBefore(atUnixNano int64) (stock.Cursor, bool, error)
-	// Lottery entries: one entrant's standing, and every entry of a sale.
-	EntryStatus(sku, user string) (stock.EntryStatus, bool, error)
-	SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error)
-	SaleOrders(sku string, state stock.OrderState, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error)
-	// ArchivedOrderIDs lists an archived sale's orders for its purge.
-	ArchivedOrderIDs(sku string, after []byte, limit, scanMax int) (ids []string, next []byte, done bool, err error)
 }
 
 var _ Ledger = (*raftfsm.Ledger)(nil)

@@ -243,3 +243,13 @@ func (t SaleTail) Length() time.Duration {
 	}
 	return max(t.LastWin.Sub(t.FirstSoldOut), 0)
 }
+
+// CountEntries counts lottery entries answered after a commit.
+func (m *Metrics) CountEntries(n uint64) { m.entries.Add(n) }
+
+// NoteFeedPrune records a prune of the order feed: whether it cut into a
+// consumer's unacknowledged events (atCap), and how many it pruned so.
+func (m *Metrics) NoteFeedPrune(atCap bool, unread uint64) {
+	m.feedAtCap.Store(atCap)
+	m.feedUnreadPruned.Add(unread)
+}

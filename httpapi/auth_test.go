@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"stockd/engine/control"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -18,7 +19,7 @@ type countingEngine struct {
 	changes int
 }
 
-func (c *countingEngine) CreateSale(string, engine.SaleSpec) (bool, error) {
+func (c *countingEngine) CreateSale(string, control.SaleSpec) (bool, error) {
 	c.changes++
 	return true, nil
 }

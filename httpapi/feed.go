@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"stockd/engine/control"
 	"strconv"
 	"time"
 
@@ -64,8 +65,8 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 	limit := feedDefaultLimit
 	if v := args.Peek("limit"); len(v) > 0 {
 		n, err := strconv.Atoi(string(v))
-		if err != nil || n < 1 || n > engine.FeedLimitMax {
-			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("limit must be from 1 to %d", engine.FeedLimitMax))
+		if err != nil || n < 1 || n > control.FeedLimitMax {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("limit must be from 1 to %d", control.FeedLimitMax))
 			return
 		}
 		limit = n
@@ -73,8 +74,8 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 	var wait time.Duration
 	if v := args.Peek("wait"); len(v) > 0 {
 		wait, err = time.ParseDuration(string(v))
-		if err != nil || wait < 0 || wait > engine.FeedWaitMax {
-			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("wait must be a duration from 0 to %s", engine.FeedWaitMax))
+		if err != nil || wait < 0 || wait > control.FeedWaitMax {
+			writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("wait must be a duration from 0 to %s", control.FeedWaitMax))
 			return
 		}
 	}
@@ -161,7 +162,7 @@ type consumerJSON struct {
 }
 
 // consumersJSON is the consumers as the routes show them.
-func consumersJSON(cs []engine.ConsumerView) []consumerJSON {
+func consumersJSON(cs []control.ConsumerView) []consumerJSON {
 	out := make([]consumerJSON, 0, len(cs))
 	for _, c := range cs {
 		out = append(out, consumerJSON{Name: c.Name, Cursor: c.Cursor.String(),
@@ -290,7 +291,7 @@ func (s *Server) handleSaleOrders(ctx *fasthttp.RequestCtx, sku []byte) {
 			end.Orders++
 			return emit(orderJSON(*o))
 		})
-		if errors.Is(err, engine.ErrStreamStopped) {
+		if errors.Is(err, control.ErrStreamStopped) {
 			return nil
 		}
 		end.Done, end.AppliedIndex, end.FeedCursor = err == nil, snap.Applied, snap.FeedCursor.String()
@@ -322,7 +323,7 @@ func streamNDJSON(ctx *fasthttp.RequestCtx, flushEvery int, run func(emit func(a
 				return err
 			}
 			if lines++; lines%flushEvery == 0 && w.Flush() != nil {
-				return engine.ErrStreamStopped // the client went away
+				return control.ErrStreamStopped // the client went away
 			}
 			return nil
 		})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"stockd/engine/control"
 	"strings"
 	"time"
 
@@ -236,7 +237,7 @@ func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
 		f(fasthttp.StatusConflict, "holds_pending")
 	case errors.Is(err, engine.ErrUnconsumed):
 		f(fasthttp.StatusConflict, "unconsumed_events")
-	case errors.Is(err, engine.ErrEntriesClosed):
+	case errors.Is(err, control.ErrEntriesClosed):
 		f(fasthttp.StatusConflict, "entries_closed")
 	case errors.Is(err, engine.ErrOutcomeUnknown):
 		f(fasthttp.StatusGatewayTimeout, "outcome_unknown")
@@ -254,7 +255,7 @@ func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
 	if !decodeBody(ctx, &req) {
 		return
 	}
-	spec := engine.SaleSpec{PerUser: req.PerUser}
+	spec := control.SaleSpec{PerUser: req.PerUser}
 	switch {
 	case req.Total == nil:
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", "total is required")
@@ -335,9 +336,9 @@ func parseStoredTime(ctx *fasthttp.RequestCtx, field, v string) (time.Time, bool
 		// time.Parse drops what lies past the nanosecond without a word.
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", field+" "+v+" is more precise than the ledger stores: at most 9 fractional digits (nanoseconds)")
 		return time.Time{}, false
-	case at.Before(engine.StoredTimeMin) || at.After(engine.StoredTimeMax):
+	case at.Before(control.StoredTimeMin) || at.After(control.StoredTimeMax):
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", fmt.Sprintf("%s %s is outside the times the ledger stores exactly (%s to %s)",
-			field, v, engine.StoredTimeMin.Format(time.RFC3339Nano), engine.StoredTimeMax.Format(time.RFC3339Nano)))
+			field, v, control.StoredTimeMin.Format(time.RFC3339Nano), control.StoredTimeMax.Format(time.RFC3339Nano)))
 		return time.Time{}, false
 	}
 	return at, true

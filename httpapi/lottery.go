@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"stockd/engine/control"
 	"strconv"
 	"time"
 
@@ -108,20 +109,20 @@ func (s *Server) handleEnter(ctx *fasthttp.RequestCtx, sku []byte) {
 
 // writeLotteryError maps Enter's errors onto the contract's codes.
 func writeLotteryError(ctx *fasthttp.RequestCtx, err error) {
-	var notStarted *engine.NotStartedError
+	var notStarted *control.NotStartedError
 	switch {
 	case errors.As(err, &notStarted):
 		// The deduct's not_started answer, start time and Retry-After.
 		code, body, retryAfter := deductAnswer(&engine.DeductResult{Status: engine.StatusNotStarted, StartAt: notStarted.At}, nil)
 		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 		writeRaw(ctx, code, body)
-	case errors.Is(err, engine.ErrNotLottery):
+	case errors.Is(err, control.ErrNotLottery):
 		writeError(ctx, fasthttp.StatusConflict, "not_a_lottery", err.Error())
-	case errors.Is(err, engine.ErrEntriesClosed):
+	case errors.Is(err, control.ErrEntriesClosed):
 		writeError(ctx, fasthttp.StatusConflict, "entries_closed", err.Error())
-	case errors.Is(err, engine.ErrRequestIDReused):
+	case errors.Is(err, control.ErrRequestIDReused):
 		writeError(ctx, fasthttp.StatusUnprocessableEntity, "request_id_reused", err.Error())
-	case errors.Is(err, engine.ErrBusy):
+	case errors.Is(err, control.ErrBusy):
 		ctx.Response.Header.Set("Retry-After", "1")
 		writeError(ctx, fasthttp.StatusTooManyRequests, "rate_limited", err.Error())
 	default:
@@ -201,7 +202,7 @@ func (s *Server) handleSaleEntries(ctx *fasthttp.RequestCtx, sku []byte) {
 			end.Entries++
 			return emit(entryLine{EntryID: e.ID(), Seq: e.Seq, User: e.User, RequestID: e.RequestID, At: stamp(e.AtUnixNano)})
 		})
-		if errors.Is(err, engine.ErrStreamStopped) {
+		if errors.Is(err, control.ErrStreamStopped) {
 			return nil
 		}
 		end.Done, end.AppliedIndex = err == nil, applied

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"stockd/engine/control"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -36,7 +37,7 @@ type Engine interface {
 	Deduct(req *engine.DeductRequest, res *engine.DeductResult)
 	// DeductBatch runs each of reqs as Deduct would, into res.
 	DeductBatch(reqs []engine.DeductRequest, res []engine.DeductResult)
-	CreateSale(sku string, spec engine.SaleSpec) (bool, error)
+	CreateSale(sku string, spec control.SaleSpec) (bool, error)
 	Restock(sku string, qty int64) error
 	CloseSale(sku string) error
 	ArchiveSale(sku string) error
@@ -73,7 +74,7 @@ type Engine interface {
 	Vouch() (caughtUp bool, err error)
 	// The order feed.
 	Events(ctx context.Context, after stock.Cursor, limit int, wait time.Duration) (stock.FeedPage, error)
-	Feed() (engine.FeedView, error)
+	Feed() (control.FeedView, error)
 	AckConsumer(name string, c stock.Cursor) error
 	DropConsumer(name string) error
 	// Lottery sales.

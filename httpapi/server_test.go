@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"stockd/engine/control"
 	"strings"
 	"testing"
 	"time"
@@ -35,8 +36,8 @@ func (f *fakeEngine) Deduct(req *engine.DeductRequest, res *engine.DeductResult)
 	}
 	res.RetryAfter = f.retryAfter
 }
-func (f *fakeEngine) CreateSale(string, engine.SaleSpec) (bool, error) { return true, f.createErr }
-func (f *fakeEngine) Restock(string, int64) error                      { return engine.ErrUnknownSKU }
+func (f *fakeEngine) CreateSale(string, control.SaleSpec) (bool, error) { return true, f.createErr }
+func (f *fakeEngine) Restock(string, int64) error                       { return engine.ErrUnknownSKU }
 func (f *fakeEngine) SKU(sku string) (engine.SKUView, bool) {
 	return engine.SKUView{Row: stock.SKU{SKU: sku, Total: 1, Available: 1}, State: engine.StateOpen}, sku == "a"
 }
@@ -66,7 +67,7 @@ func (f *fakeEngine) SaleOrders(string, string, string, func(*stock.Order) error
 	return stock.OrdersSnapshot{}, nil
 }
 func (f *fakeEngine) Enter(context.Context, string, string, string) (stock.Entry, error) {
-	return stock.Entry{}, engine.ErrNotLottery
+	return stock.Entry{}, control.ErrNotLottery
 }
 func (f *fakeEngine) EntryStatus(string, string) (stock.EntryStatus, *stock.Order, bool, error) {
 	return stock.EntryStatus{}, nil, false, nil
@@ -80,7 +81,7 @@ func (f *fakeEngine) DeductBatch(reqs []engine.DeductRequest, res []engine.Deduc
 func (f *fakeEngine) SKUViews() []engine.SKUView             { return nil }
 func (f *fakeEngine) CloseSale(string) error                 { return nil }
 func (f *fakeEngine) ArchiveSale(string) error               { return nil }
-func (f *fakeEngine) Feed() (engine.FeedView, error)         { return engine.FeedView{}, nil }
+func (f *fakeEngine) Feed() (control.FeedView, error)        { return control.FeedView{}, nil }
 func (f *fakeEngine) AckConsumer(string, stock.Cursor) error { return nil }
 func (f *fakeEngine) DropConsumer(string) error              { return nil }
 

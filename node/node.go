@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"stockd/engine"
+	"stockd/engine/control"
 	"stockd/httpapi"
 	"stockd/httpapi/eventloop"
 	"stockd/internal/coarsedeadline"
@@ -200,6 +201,7 @@ type Node struct {
 	ledger   *raftfsm.Ledger
 	raft     *raftnode.Node
 	engine   *engine.Engine
+	control  *control.Plane // the control plane over engine
 	http     *httpapi.Server
 	httpAddr string
 	tls      *nodeTLS
@@ -255,6 +257,7 @@ func Start(cfg Config) (*Node, error) {
 	if n.engine, err = engine.New(ecfg, ledger); err != nil {
 		return fail(err)
 	}
+	n.control = control.New(n.engine, ledger)
 	rcfg := cfg.Raft
 	rcfg.NodeID, rcfg.Dir, rcfg.Peers, rcfg.Logger = cfg.ID, cfg.DataDir, cfg.Peers, logger
 	rcfg.StreamLayer, rcfg.NoBootstrap = cfg.StreamLayer, cfg.Join != ""
@@ -291,10 +294,11 @@ func Start(cfg Config) (*Node, error) {
 		hcfg.BackupStats = n.backups.stats
 	}
 	hcfg.ClientCerts, hcfg.TLSExpiries = tlsState.httpCA != nil, tlsState.expiries
-	if n.http, err = httpapi.New(hcfg, n.engine, view, cfg.Version); err != nil {
+	if n.http, err = httpapi.New(hcfg, n.control, view, cfg.Version); err != nil {
 		return fail(err)
 	}
 	n.engine.Start(proposer)
+	n.control.Start()
 	if n.backups != nil {
 		n.backups.start()
 	}
@@ -435,6 +439,9 @@ func (n *Node) stopAll(ctx context.Context, drain bool) error {
 		if err := n.http.Shutdown(ctx); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if n.control != nil {
+		n.control.Close()
 	}
 	if n.engine != nil {
 		if err := n.engine.Close(ctx); err != nil && drain {

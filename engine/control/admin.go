@@ -1,10 +1,10 @@
-package engine
+package control
 
 import (
 	crand "crypto/rand"
-	"errors"
 	"fmt"
 	"math"
+	"stockd/engine"
 	"stockd/raftfsm/lottery"
 	"time"
 
@@ -35,20 +35,20 @@ var (
 
 // CreateSale creates a sale. It reports created=false when a sale with the
 // same config already exists, and ErrConflict when one with another exists.
-func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error) {
+func (p *Plane) CreateSale(sku string, spec SaleSpec) (created bool, err error) {
 	if sku == "" || spec.Total < 0 || spec.PerUser < 0 || spec.HoldTTL < 0 {
-		return false, fmt.Errorf("%w: sale %q needs total, per_user and hold_ttl >= 0", ErrInvalid, sku)
+		return false, fmt.Errorf("%w: sale %q needs total, per_user and hold_ttl >= 0", engine.ErrInvalid, sku)
 	}
-	_, _, exists := e.ledger.SKU(sku)
-	if !exists && len(*e.sales.Load()) >= MaxSKUs {
-		return false, fmt.Errorf("%w: this node holds %d", ErrTooManySKUs, MaxSKUs)
+	_, _, exists := p.ledger.SKU(sku)
+	if !exists && p.e.Sales() >= engine.MaxSKUs {
+		return false, fmt.Errorf("%w: this node holds %d", engine.ErrTooManySKUs, engine.MaxSKUs)
 	}
 	for _, t := range []struct {
 		field string
 		at    time.Time
 	}{{"start_at", spec.StartAt}, {"entries_close_at", spec.EntriesCloseAt}} {
 		if !t.at.IsZero() && (t.at.Before(StoredTimeMin) || t.at.After(StoredTimeMax)) {
-			return false, fmt.Errorf("%w: %s %s is outside the times the ledger stores exactly (%s to %s)", ErrInvalid, t.field,
+			return false, fmt.Errorf("%w: %s %s is outside the times the ledger stores exactly (%s to %s)", engine.ErrInvalid, t.field,
 				t.at.Format(time.RFC3339Nano), StoredTimeMin.Format(time.RFC3339Nano), StoredTimeMax.Format(time.RFC3339Nano))
 		}
 	}
@@ -60,14 +60,14 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 	if spec.Lottery {
 		switch {
 		case spec.EntriesCloseAt.IsZero() || !spec.EntriesCloseAt.After(spec.StartAt):
-			return false, fmt.Errorf("%w: a lottery needs entries_close_at, after start_at", ErrInvalid)
-		case !exists && !spec.EntriesCloseAt.After(e.cfg.Now()):
+			return false, fmt.Errorf("%w: a lottery needs entries_close_at, after start_at", engine.ErrInvalid)
+		case !exists && !spec.EntriesCloseAt.After(p.cfg.Now()):
 			// A lottery closed before it is created would go straight to
 			// its draw with nobody in it. (The same call for a lottery
 			// that exists stays the idempotent repeat it is.)
-			return false, fmt.Errorf("%w: entries_close_at %s is already past", ErrInvalid, spec.EntriesCloseAt.UTC().Format(time.RFC3339Nano))
+			return false, fmt.Errorf("%w: entries_close_at %s is already past", engine.ErrInvalid, spec.EntriesCloseAt.UTC().Format(time.RFC3339Nano))
 		case spec.PerUser != 0:
-			return false, fmt.Errorf("%w: a lottery takes one entry per user; per_user does not apply", ErrInvalid)
+			return false, fmt.Errorf("%w: a lottery takes one entry per user; per_user does not apply", engine.ErrInvalid)
 		}
 		cmd.Sale.Mode, cmd.Sale.EntriesCloseAtUnixNano = stock.SaleModeLottery, spec.EntriesCloseAt.UnixNano()
 		// The seed and the order-id key: secret until the draw (the
@@ -78,7 +78,7 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 			return false, fmt.Errorf("draw a lottery seed: %w", err)
 		}
 	}
-	res, err := e.propose(cmd)
+	res, err := p.e.Propose(cmd)
 	if err != nil {
 		return false, err
 	}
@@ -88,22 +88,22 @@ func (e *Engine) CreateSale(sku string, spec SaleSpec) (created bool, err error)
 	case stock.OutcomeSame:
 		return false, nil
 	case stock.OutcomeConflict:
-		return false, fmt.Errorf("%w: sku %q", ErrConflict, sku)
+		return false, fmt.Errorf("%w: sku %q", engine.ErrConflict, sku)
 	}
-	return false, fmt.Errorf("%w: the ledger refused the sale (%s): %s", ErrInvalid, res.Outcome, res.Detail)
+	return false, fmt.Errorf("%w: the ledger refused the sale (%s): %s", engine.ErrInvalid, res.Outcome, res.Detail)
 }
 
 // Restock adds qty units to a sale.
-func (e *Engine) Restock(sku string, qty int64) error {
+func (p *Plane) Restock(sku string, qty int64) error {
 	if qty <= 0 {
-		return fmt.Errorf("%w: restock qty %d <= 0", ErrInvalid, qty)
+		return fmt.Errorf("%w: restock qty %d <= 0", engine.ErrInvalid, qty)
 	}
-	res, err := e.propose(&command.Restock{SKU: sku, Qty: qty})
+	res, err := p.e.Propose(&command.Restock{SKU: sku, Qty: qty})
 	if err != nil {
 		return err
 	}
 	if res.Outcome == stock.OutcomeOK {
-		e.holdAck() // no node may answer sold_out once this is answered
+		p.e.HoldAck() // no node may answer sold_out once this is answered
 	}
 	return saleOutcome(sku, res)
 }
@@ -111,8 +111,8 @@ func (e *Engine) Restock(sku string, qty int64) error {
 // CloseSale stops a sale: new deducts get closed, every node's lease goes
 // back to available; held orders may still be confirmed until they
 // expire.
-func (e *Engine) CloseSale(sku string) error {
-	res, err := e.propose(&command.CloseSale{SKU: sku})
+func (p *Plane) CloseSale(sku string) error {
+	res, err := p.e.Propose(&command.CloseSale{SKU: sku})
 	if err != nil {
 		return err
 	}
@@ -122,15 +122,15 @@ func (e *Engine) CloseSale(sku string) error {
 // ArchiveSale takes a closed sale's orders out of the ledger (its totals
 // stay): the leader then removes them in bounded steps, and every node
 // compacts its ledger file once they are gone.
-func (e *Engine) ArchiveSale(sku string) error {
-	res, err := e.propose(&command.ArchiveSale{SKU: sku})
+func (p *Plane) ArchiveSale(sku string) error {
+	res, err := p.e.Propose(&command.ArchiveSale{SKU: sku})
 	if err != nil {
 		return err
 	}
 	if err := saleOutcome(sku, res); err != nil {
 		return err
 	}
-	e.wakePurge()
+	p.wakePurge()
 	return nil
 }
 
@@ -141,50 +141,33 @@ func saleOutcome(sku string, res *command.Result) error {
 	case stock.OutcomeOK, stock.OutcomeSame:
 		return nil
 	case stock.OutcomeUnknownSKU:
-		return fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+		return fmt.Errorf("%w: %q", engine.ErrUnknownSKU, sku)
 	case stock.OutcomeClosed:
-		return fmt.Errorf("%w: %q", ErrSaleClosed, sku)
+		return fmt.Errorf("%w: %q", engine.ErrSaleClosed, sku)
 	case stock.OutcomeNotClosed:
-		return fmt.Errorf("%w: %s", ErrNotClosed, res.Detail)
+		return fmt.Errorf("%w: %s", engine.ErrNotClosed, res.Detail)
 	case stock.OutcomeHoldsPending:
-		return fmt.Errorf("%w: %s", ErrHoldsPending, res.Detail)
+		return fmt.Errorf("%w: %s", engine.ErrHoldsPending, res.Detail)
 	case stock.OutcomeUnconsumed:
-		return fmt.Errorf("%w: %s", ErrUnconsumed, res.Detail)
+		return fmt.Errorf("%w: %s", engine.ErrUnconsumed, res.Detail)
 	case stock.OutcomeLottery:
 		return fmt.Errorf("%w: %s", ErrEntriesClosed, res.Detail)
 	}
-	return fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
-}
-
-// propose stamps c with the engine's clock and replicates it. Its errors
-// are the engine's sentinels (see Proposer).
-func (e *Engine) propose(c command.Command) (*command.Result, error) {
-	res, err := e.proposer.Propose(e.cfg.Now().UnixNano(), c)
-	switch {
-	case err == nil:
-		e.noteAnswered(res.Index)
-		return res, nil
-	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUnavailable), errors.Is(err, ErrTooLarge), errors.Is(err, ErrRejected):
-		return nil, fmt.Errorf("%s: %w", c.Op(), err)
-	default:
-		// A Proposer breaking its contract: whether c was applied is not
-		// known, so its retry must carry the same ids.
-		return nil, fmt.Errorf("%w: %s: %w", ErrOutcomeUnknown, c.Op(), err)
-	}
+	return fmt.Errorf("%w: %s %s", engine.ErrInvalid, res.Outcome, res.Detail)
 }
 
 // Confirm turns a held order sold.
-func (e *Engine) Confirm(id string) (stock.Order, error) {
-	return e.orderCommand(&command.Confirm{OrderID: id})
+func (p *Plane) Confirm(id string) (stock.Order, error) {
+	return p.orderCommand(&command.Confirm{OrderID: id})
 }
 
 // Cancel releases a held order; its units return to available.
-func (e *Engine) Cancel(id string) (stock.Order, error) {
-	return e.orderCommand(&command.Release{OrderID: id, Reason: stock.ReleaseCancelled})
+func (p *Plane) Cancel(id string) (stock.Order, error) {
+	return p.orderCommand(&command.Release{OrderID: id, Reason: stock.ReleaseCancelled})
 }
 
-func (e *Engine) orderCommand(c command.Command) (stock.Order, error) {
-	res, err := e.propose(c)
+func (p *Plane) orderCommand(c command.Command) (stock.Order, error) {
+	res, err := p.e.Propose(c)
 	if err != nil {
 		return stock.Order{}, err
 	}
@@ -196,19 +179,19 @@ func (e *Engine) orderCommand(c command.Command) (stock.Order, error) {
 		// No node may answer the order held, or its units sold out or
 		// past the buyer's limit, once this is answered (vouch.go). A
 		// repeat waits too: its first call may still be in its hold.
-		e.holdAck()
+		p.e.HoldAck()
 	}
 	switch res.Outcome {
 	case stock.OutcomeOK, stock.OutcomeSame:
 		return o, nil
 	case stock.OutcomeNotFound:
-		return o, fmt.Errorf("%w: no order %q", ErrNotFound, orderOf(c))
+		return o, fmt.Errorf("%w: no order %q", engine.ErrNotFound, orderOf(c))
 	case stock.OutcomeExpired:
-		return o, ErrExpired
+		return o, engine.ErrExpired
 	case stock.OutcomeInvalidState:
-		return o, ErrInvalidState
+		return o, engine.ErrInvalidState
 	}
-	return o, fmt.Errorf("%w: %s %s", ErrInvalid, res.Outcome, res.Detail)
+	return o, fmt.Errorf("%w: %s %s", engine.ErrInvalid, res.Outcome, res.Detail)
 }
 
 // orderOf is the order a confirm or a release names.
@@ -224,8 +207,8 @@ func orderOf(c command.Command) string {
 
 // Reclaim returns all of node's leases to available (after it left the
 // cluster) and reports the units.
-func (e *Engine) Reclaim(node string) (int64, error) {
-	res, err := e.propose(&command.Reclaim{Node: node})
+func (p *Plane) Reclaim(node string) (int64, error) {
+	res, err := p.e.Propose(&command.Reclaim{Node: node})
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"stockd/engine"
 	"stockd/internal/batcher"
 	"stockd/raftfsm/command"
 	"stockd/stock"
@@ -55,73 +56,73 @@ type pendingEntry struct {
 // Enter enters user into lottery sku and returns their entry (the one they
 // already had, for a repeat), once it is committed. Entries from every
 // buyer on this node share Enter commands, like takes share Takes.
-func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (stock.Entry, error) {
-	if st, ok, err := e.ledger.EntryStatus(sku, user); err != nil || ok {
+func (p *Plane) Enter(ctx context.Context, sku, user, requestID string) (stock.Entry, error) {
+	if st, ok, err := p.ledger.EntryStatus(sku, user); err != nil || ok {
 		return st.Entry, err // a repeat: the first entry, whatever happened since
 	}
-	row, _, ok := e.ledger.SKU(sku)
+	row, _, ok := p.ledger.SKU(sku)
 	if !ok {
 		// Made through another node a moment ago, perhaps.
-		if err := e.catchUp(ctx); err != nil {
+		if err := p.e.CatchUp(ctx); err != nil {
 			return stock.Entry{}, err
 		}
-		row, _, ok = e.ledger.SKU(sku)
+		row, _, ok = p.ledger.SKU(sku)
 	}
 	switch {
 	case !ok:
-		return stock.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+		return stock.Entry{}, fmt.Errorf("%w: %q", engine.ErrUnknownSKU, sku)
 	case row.Lottery == nil:
 		return stock.Entry{}, fmt.Errorf("%w: %q sells first come, first served; deduct instead", ErrNotLottery, sku)
 	}
-	now := e.cfg.Now().UnixNano()
+	now := p.cfg.Now().UnixNano()
 	switch {
 	case row.Config.StartAtUnixNano > now:
 		return stock.Entry{}, &NotStartedError{At: time.Unix(0, row.Config.StartAtUnixNano)}
 	case row.Closed() || row.Lottery.Drawn() || now >= row.Config.EntriesCloseAtUnixNano:
 		return stock.Entry{}, fmt.Errorf("%w: entries to %q closed at %s", ErrEntriesClosed, sku,
 			time.Unix(0, row.Config.EntriesCloseAtUnixNano).UTC().Format(time.RFC3339))
-	case e.closing.Load():
-		return stock.Entry{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable)
+	case p.e.Closing():
+		return stock.Entry{}, fmt.Errorf("%w: node is shutting down", engine.ErrUnavailable)
 	}
 	// Deducts and entries share the user's ids; the ledger has the last
 	// word, this spares it the ones it would refuse.
 	if requestID != "" {
-		if rec, used := e.ledger.LookupRequest([]byte(user), []byte(requestID)); used {
+		if rec, used := p.ledger.LookupRequest([]byte(user), []byte(requestID)); used {
 			// This very entry, sent twice, may have committed through
 			// another node since the repeat check above: its entry then.
 			if rec.EntrySKU == sku {
-				if st, ok, err := e.ledger.EntryStatus(sku, user); err != nil || ok {
+				if st, ok, err := p.ledger.EntryStatus(sku, user); err != nil || ok {
 					return st.Entry, err
 				}
 			}
 			return stock.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
 		}
 	}
-	p := &pendingEntry{entry: command.EnterEntry{SKU: sku, User: user, RequestID: requestID}, done: make(chan struct{})}
+	pe := &pendingEntry{entry: command.EnterEntry{SKU: sku, User: user, RequestID: requestID}, done: make(chan struct{})}
 	select {
-	case e.entryQueue <- p:
+	case p.entryQueue <- pe:
 	default:
 		return stock.Entry{}, fmt.Errorf("%w: %d entries wait for the log on this node", ErrBusy, entryQueueMax)
 	}
 	ctx, cancel := context.WithTimeout(ctx, enterWaitMax)
 	defer cancel()
 	select {
-	case <-p.done:
+	case <-pe.done:
 	case <-ctx.Done():
-		return stock.Entry{}, fmt.Errorf("%w: the entry did not commit within %s; enter again (a repeat returns the same entry)", ErrOutcomeUnknown, enterWaitMax)
-	case <-e.stop:
+		return stock.Entry{}, fmt.Errorf("%w: the entry did not commit within %s; enter again (a repeat returns the same entry)", engine.ErrOutcomeUnknown, enterWaitMax)
+	case <-p.stop:
 		// Queued, maybe proposed: a repeat elsewhere finds out.
-		return stock.Entry{}, fmt.Errorf("%w: node stopped with the entry queued; enter again (a repeat returns the same entry)", ErrOutcomeUnknown)
+		return stock.Entry{}, fmt.Errorf("%w: node stopped with the entry queued; enter again (a repeat returns the same entry)", engine.ErrOutcomeUnknown)
 	}
-	if p.err != nil {
-		return stock.Entry{}, p.err
+	if pe.err != nil {
+		return stock.Entry{}, pe.err
 	}
-	switch p.res.Outcome {
+	switch pe.res.Outcome {
 	case stock.OutcomeOK, stock.OutcomeSame:
-		e.metrics.entries.Add(1)
-		return p.res.Entry, nil
+		p.e.Metrics().CountEntries(1)
+		return pe.res.Entry, nil
 	case stock.OutcomeUnknownSKU:
-		return stock.Entry{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+		return stock.Entry{}, fmt.Errorf("%w: %q", engine.ErrUnknownSKU, sku)
 	case stock.OutcomeNotLottery:
 		return stock.Entry{}, fmt.Errorf("%w: %q", ErrNotLottery, sku)
 	case stock.OutcomeEntriesClosed:
@@ -129,46 +130,46 @@ func (e *Engine) Enter(ctx context.Context, sku, user, requestID string) (stock.
 	case stock.OutcomeRequestIDReused:
 		return stock.Entry{}, fmt.Errorf("%w: user %q used request_id %q for a purchase or another lottery's entry", ErrRequestIDReused, user, requestID)
 	}
-	return stock.Entry{}, fmt.Errorf("%w: entry %s", ErrInvalid, p.res.Outcome)
+	return stock.Entry{}, fmt.Errorf("%w: entry %s", engine.ErrInvalid, pe.res.Outcome)
 }
 
 // entrants batches queued entries into Enter commands (batcher), with at most
 // enterProposalsMax in flight: an idle node proposes a lone entry at once,
 // a busy one everything that queued while its proposals were out.
-func (e *Engine) entrants() *batcher.Batcher[*pendingEntry] {
+func (p *Plane) entrants() *batcher.Batcher[*pendingEntry] {
 	slots := make(chan struct{}, enterProposalsMax)
 	return &batcher.Batcher[*pendingEntry]{
-		Queue: e.entryQueue, Stop: e.stop, WG: &e.wg,
+		Queue: p.entryQueue, Stop: p.stop, WG: &p.wg,
 		Header:   command.EnterHeaderSize,
 		Size:     func(p *pendingEntry) int { return p.entry.EncodedSize() },
-		MaxItems: enterBatchMax, MaxBytes: e.cfg.TakeBatchBytesMax,
+		MaxItems: enterBatchMax, MaxBytes: p.cfg.TakeBatchBytesMax,
 		Slots: func() chan struct{} { return slots },
 		Abandon: func(p *pendingEntry) {
-			p.finish(command.EntryResult{}, fmt.Errorf("%w: node is shutting down", ErrUnavailable))
+			p.finish(command.EntryResult{}, fmt.Errorf("%w: node is shutting down", engine.ErrUnavailable))
 		},
-		Commit: e.commitEntries,
+		Commit: p.commitEntries,
 	}
 }
 
 // commitEntries proposes one Enter and answers its entrants once this
 // node has applied it (a read here then sees their entries).
-func (e *Engine) commitEntries(batch []*pendingEntry) {
+func (p *Plane) commitEntries(batch []*pendingEntry) {
 	c := &command.Enter{Entries: make([]command.EnterEntry, len(batch))}
 	for i, p := range batch {
 		c.Entries[i] = p.entry
 	}
-	res, err := e.propose(c)
+	res, err := p.e.Propose(c)
 	if err == nil && len(res.Entries) != len(batch) {
 		// The command committed: its entries' fate is not "nothing applied".
-		e.logger.Error("BUG: entry results do not match the batch", "entries", len(batch), "results", len(res.Entries))
-		err = fmt.Errorf("%w: %d results for %d entries", ErrOutcomeUnknown, len(res.Entries), len(batch))
+		p.logger.Error("BUG: entry results do not match the batch", "entries", len(batch), "results", len(res.Entries))
+		err = fmt.Errorf("%w: %d results for %d entries", engine.ErrOutcomeUnknown, len(res.Entries), len(batch))
 	}
 	if err == nil {
-		ctx, cancel := context.WithTimeout(e.stopped, enterWaitMax)
-		err = e.ledger.WaitApplied(ctx, res.Index)
+		ctx, cancel := context.WithTimeout(p.stopped, enterWaitMax)
+		err = p.ledger.WaitApplied(ctx, res.Index)
 		cancel()
 		if err != nil {
-			err = fmt.Errorf("%w: entries committed, not yet applied here: %w", ErrOutcomeUnknown, err)
+			err = fmt.Errorf("%w: entries committed, not yet applied here: %w", engine.ErrOutcomeUnknown, err)
 		}
 	}
 	for i, p := range batch {
@@ -187,12 +188,12 @@ func (p *pendingEntry) finish(r command.EntryResult, err error) {
 
 // EntryStatus is where user stands in lottery sku, with their order when
 // they won; ok is false when they have no entry.
-func (e *Engine) EntryStatus(sku, user string) (stock.EntryStatus, *stock.Order, bool, error) {
-	st, ok, err := e.ledger.EntryStatus(sku, user)
+func (p *Plane) EntryStatus(sku, user string) (stock.EntryStatus, *stock.Order, bool, error) {
+	st, ok, err := p.ledger.EntryStatus(sku, user)
 	if err != nil || !ok || st.OrderID == "" {
 		return st, nil, ok, err
 	}
-	o, found, err := e.ledger.Order(st.OrderID)
+	o, found, err := p.ledger.Order(st.OrderID)
 	if err != nil || !found {
 		return st, nil, true, err
 	}
@@ -201,44 +202,33 @@ func (e *Engine) EntryStatus(sku, user string) (stock.EntryStatus, *stock.Order,
 
 // SaleEntries streams lottery sku's committed entries in log order (see
 // raftfsm.Ledger.SaleEntries).
-func (e *Engine) SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error) {
-	return e.ledger.SaleEntries(sku, fn)
+func (p *Plane) SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error) {
+	return p.ledger.SaleEntries(sku, fn)
 }
 
 // drawDue proposes the draw of every lottery whose entries have closed,
 // from the leader, one proposal at a time: a new leader after a failover
 // finds the draw still due (or done) in its ledger, so there is exactly one.
-func (e *Engine) drawDue(now time.Time) {
-	if !e.isLeader() || e.drawing.Load() {
+func (p *Plane) drawDue(now time.Time) {
+	if !p.e.IsLeader() || p.drawing.Load() {
 		return
 	}
-	var due []string
-	for name, s := range *e.sales.Load() {
-		if s.entriesCloseAtUnixNano == 0 || s.drawn.Load() || now.UnixNano() < s.entriesCloseAtUnixNano {
-			continue
-		}
-		row, _, ok := e.ledger.SKU(name)
-		if !ok || row.Lottery == nil || row.Lottery.Drawn() || row.Closed() {
-			s.drawn.Store(true)
-			continue
-		}
-		due = append(due, name)
-	}
-	if len(due) == 0 || !e.drawing.CompareAndSwap(false, true) {
+	due := p.e.LotteriesDue(now)
+	if len(due) == 0 || !p.drawing.CompareAndSwap(false, true) {
 		return
 	}
-	e.wg.Add(1)
+	p.wg.Add(1)
 	go func() {
-		defer e.wg.Done()
-		defer e.drawing.Store(false)
+		defer p.wg.Done()
+		defer p.drawing.Store(false)
 		for _, sku := range due {
 			start := time.Now()
-			res, err := e.propose(&command.Draw{SKU: sku})
+			res, err := p.e.Propose(&command.Draw{SKU: sku})
 			if err != nil {
-				e.logger.Warn("lottery draw not committed; the leader tries again", "sku", sku, "err", err)
+				p.logger.Warn("lottery draw not committed; the leader tries again", "sku", sku, "err", err)
 				continue
 			}
-			e.logger.Info("lottery drawn", "sku", sku, "outcome", res.Outcome.String(), "winners", res.Qty,
+			p.logger.Info("lottery drawn", "sku", sku, "outcome", res.Outcome.String(), "winners", res.Qty,
 				"took", time.Since(start).Round(time.Millisecond))
 		}
 	}()

@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"stockd/engine"
 	"stockd/raftfsm/command"
 	"stockd/stock"
 )
@@ -23,29 +24,29 @@ const FeedWaitMax = 30 * time.Second
 // Events returns up to limit events after cursor after. When there are
 // none yet it waits up to wait for some (or for this node to catch up
 // with a cursor from a node ahead of it).
-func (e *Engine) Events(ctx context.Context, after stock.Cursor, limit int, wait time.Duration) (stock.FeedPage, error) {
-	if !e.ledger.FeedOn() {
-		return stock.FeedPage{}, fmt.Errorf("%w: this node runs with -no-order-feed", ErrUnavailable)
+func (p *Plane) Events(ctx context.Context, after stock.Cursor, limit int, wait time.Duration) (stock.FeedPage, error) {
+	if !p.ledger.FeedOn() {
+		return stock.FeedPage{}, fmt.Errorf("%w: this node runs with -no-order-feed", engine.ErrUnavailable)
 	}
 	limit = min(max(limit, 1), FeedLimitMax)
 	wait = min(max(wait, 0), FeedWaitMax)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	for {
-		changed := e.ledger.FeedChanged()
-		page, err := e.ledger.ReadFeed(after, limit)
+		changed := p.ledger.FeedChanged()
+		page, err := p.ledger.ReadFeed(after, limit)
 		switch {
 		case errors.Is(err, stock.ErrCursorExpired):
-			return page, fmt.Errorf("%w: %w", ErrCursorExpired, err)
+			return page, fmt.Errorf("%w: %w", engine.ErrCursorExpired, err)
 		case errors.Is(err, stock.ErrBadCursor):
-			return page, fmt.Errorf("%w: %w", ErrBadCursor, err)
+			return page, fmt.Errorf("%w: %w", engine.ErrBadCursor, err)
 		case err != nil:
-			return page, fmt.Errorf("%w: read the order feed: %w", ErrUnavailable, err)
+			return page, fmt.Errorf("%w: read the order feed: %w", engine.ErrUnavailable, err)
 		case len(page.Events) > 0:
 			return page, nil
 		}
 		if page.Behind {
-			if e.ledger.WaitApplied(ctx, after.Index) != nil {
+			if p.ledger.WaitApplied(ctx, after.Index) != nil {
 				return page, nil // still behind: the page says so
 			}
 			continue
@@ -54,7 +55,7 @@ func (e *Engine) Events(ctx context.Context, after stock.Cursor, limit int, wait
 		case <-changed:
 		case <-ctx.Done():
 			return page, nil
-		case <-e.stopped.Done():
+		case <-p.stopped.Done():
 			return page, nil
 		}
 	}
@@ -81,21 +82,21 @@ type FeedView struct {
 }
 
 // Feed reads the feed's state and each consumer's lag.
-func (e *Engine) Feed() (FeedView, error) {
-	st, err := e.ledger.FeedStats()
+func (p *Plane) Feed() (FeedView, error) {
+	st, err := p.ledger.FeedStats()
 	if err != nil {
-		return FeedView{}, fmt.Errorf("%w: read the order feed: %w", ErrUnavailable, err)
+		return FeedView{}, fmt.Errorf("%w: read the order feed: %w", engine.ErrUnavailable, err)
 	}
-	v := FeedView{Head: st.Head, Floor: st.Floor, Retained: st.Retained, Cap: e.cfg.FeedCap, Retention: e.cfg.FeedRetention}
+	v := FeedView{Head: st.Head, Floor: st.Floor, Retained: st.Retained, Cap: p.cfg.FeedCap, Retention: p.cfg.FeedRetention}
 	if st.HeadAt != 0 {
 		v.HeadAt = time.Unix(0, st.HeadAt)
 	}
-	now := e.cfg.Now()
+	now := p.cfg.Now()
 	for _, c := range st.Consumers {
 		cv := ConsumerView{Name: c.Name, Cursor: c.Cursor, AckedAt: time.Unix(0, c.AckedUnixNano)}
 		if st.Head.Seq > c.Cursor.Seq {
 			cv.LagEvents = st.Head.Seq - c.Cursor.Seq
-			if next, ok, err := e.ledger.FeedEvent(max(c.Cursor.Seq, st.Floor.Seq) + 1); err == nil && ok {
+			if next, ok, err := p.ledger.FeedEvent(max(c.Cursor.Seq, st.Floor.Seq) + 1); err == nil && ok {
 				cv.LagSeconds = max(now.Sub(time.Unix(0, next.At)).Seconds(), 0)
 			}
 		}
@@ -106,17 +107,17 @@ func (e *Engine) Feed() (FeedView, error) {
 
 // AckConsumer records consumer name's acknowledged cursor (registering
 // it): the feed keeps every event after it, up to its cap.
-func (e *Engine) AckConsumer(name string, c stock.Cursor) error {
-	return e.consumerCommand(&command.AckConsumer{Name: name, Cursor: c})
+func (p *Plane) AckConsumer(name string, c stock.Cursor) error {
+	return p.consumerCommand(&command.AckConsumer{Name: name, Cursor: c})
 }
 
 // DropConsumer removes a consumer: it no longer holds retention.
-func (e *Engine) DropConsumer(name string) error {
-	return e.consumerCommand(&command.AckConsumer{Name: name, Drop: true})
+func (p *Plane) DropConsumer(name string) error {
+	return p.consumerCommand(&command.AckConsumer{Name: name, Drop: true})
 }
 
-func (e *Engine) consumerCommand(c *command.AckConsumer) error {
-	res, err := e.propose(c)
+func (p *Plane) consumerCommand(c *command.AckConsumer) error {
+	res, err := p.e.Propose(c)
 	if err != nil {
 		return err
 	}
@@ -124,26 +125,26 @@ func (e *Engine) consumerCommand(c *command.AckConsumer) error {
 	case stock.OutcomeOK:
 		return nil
 	case stock.OutcomeNotFound:
-		return fmt.Errorf("%w: no consumer %q", ErrNotFound, c.Name)
+		return fmt.Errorf("%w: no consumer %q", engine.ErrNotFound, c.Name)
 	case stock.OutcomeExpired:
-		return fmt.Errorf("%w: %s", ErrCursorExpired, res.Detail)
+		return fmt.Errorf("%w: %s", engine.ErrCursorExpired, res.Detail)
 	}
-	return fmt.Errorf("%w: %s", ErrInvalid, res.Detail)
+	return fmt.Errorf("%w: %s", engine.ErrInvalid, res.Detail)
 }
 
 // pruneFeed is the leader's retention: it prunes the events older than
 // FeedRetention that every consumer has acknowledged, and the oldest
 // beyond FeedCap whatever the consumers (with a warning when a consumer
 // had not read them).
-func (e *Engine) pruneFeed(now time.Time) {
-	if e.cfg.Cluster != nil && !e.cfg.Cluster.IsLeader() || e.commitBlocked.Load() {
+func (p *Plane) pruneFeed(now time.Time) {
+	if !p.e.IsLeader() || p.e.CommitBlocked() {
 		return
 	}
-	st, err := e.ledger.FeedStats()
+	st, err := p.ledger.FeedStats()
 	if err != nil || st.Retained == 0 {
 		return
 	}
-	through, _, err := e.ledger.FeedCursorBefore(now.Add(-e.cfg.FeedRetention).UnixNano())
+	through, _, err := p.ledger.FeedCursorBefore(now.Add(-p.cfg.FeedRetention).UnixNano())
 	if err != nil {
 		return
 	}
@@ -157,10 +158,10 @@ func (e *Engine) pruneFeed(now time.Time) {
 		through = slowest.Cursor // a consumer still needs the events after it
 	}
 	capped := false
-	if st.Retained > e.cfg.FeedCap {
-		capSeq := st.Head.Seq - e.cfg.FeedCap
+	if st.Retained > p.cfg.FeedCap {
+		capSeq := st.Head.Seq - p.cfg.FeedCap
 		if through.Seq < capSeq {
-			ev, ok, err := e.ledger.FeedEvent(capSeq)
+			ev, ok, err := p.ledger.FeedEvent(capSeq)
 			if err != nil || !ok {
 				return
 			}
@@ -168,44 +169,43 @@ func (e *Engine) pruneFeed(now time.Time) {
 		}
 	}
 	if through.Seq <= st.Floor.Seq {
-		e.metrics.feedAtCap.Store(false)
+		p.e.Metrics().NoteFeedPrune(false, 0)
 		return
 	}
-	res, err := e.propose(&command.PruneEvents{Through: through})
+	res, err := p.e.Propose(&command.PruneEvents{Through: through})
 	if err != nil || res.Outcome != stock.OutcomeOK {
-		e.logger.Debug("prune the order feed", "through", through.String(), "err", err)
+		p.logger.Debug("prune the order feed", "through", through.String(), "err", err)
 		return
 	}
 	unread := uint64(0)
 	if capped && slowest != nil && slowest.Cursor.Seq < through.Seq {
 		unread = through.Seq - max(slowest.Cursor.Seq, st.Floor.Seq)
 	}
-	e.metrics.feedAtCap.Store(unread > 0)
+	p.e.Metrics().NoteFeedPrune(unread > 0, unread)
 	if unread > 0 {
-		e.metrics.feedUnreadPruned.Add(unread)
-		e.logger.Warn("order feed at its cap: pruned events a consumer has not acknowledged",
+		p.logger.Warn("order feed at its cap: pruned events a consumer has not acknowledged",
 			"consumer", slowest.Name, "consumer_cursor", slowest.Cursor.String(), "pruned_through", through.String(),
-			"unacknowledged_events_pruned", unread, "cap", e.cfg.FeedCap)
+			"unacknowledged_events_pruned", unread, "cap", p.cfg.FeedCap)
 	}
-	e.logger.Debug("pruned the order feed", "through", through.String(), "events", res.Qty)
+	p.logger.Debug("pruned the order feed", "through", through.String(), "events", res.Qty)
 }
 
 // SaleOrders calls fn for every order of sku (in state, if set) whose id
 // sorts after after, in order id order, from one consistent state of this
 // node's ledger; it says which log index and feed cursor that state
 // reflects. For reconciliation: it scans every order of the ledger.
-func (e *Engine) SaleOrders(sku string, state string, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error) {
+func (p *Plane) SaleOrders(sku string, state string, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error) {
 	switch stock.OrderState(state) {
 	case "", stock.OrderHeld, stock.OrderSold, stock.OrderReleased:
 	default:
-		return stock.OrdersSnapshot{}, fmt.Errorf("%w: state %q is not held, sold or released", ErrInvalid, state)
+		return stock.OrdersSnapshot{}, fmt.Errorf("%w: state %q is not held, sold or released", engine.ErrInvalid, state)
 	}
-	if _, _, ok := e.ledger.SKU(sku); !ok {
-		return stock.OrdersSnapshot{}, fmt.Errorf("%w: %q", ErrUnknownSKU, sku)
+	if _, _, ok := p.ledger.SKU(sku); !ok {
+		return stock.OrdersSnapshot{}, fmt.Errorf("%w: %q", engine.ErrUnknownSKU, sku)
 	}
-	snap, err := e.ledger.SaleOrders(sku, stock.OrderState(state), after, fn)
+	snap, err := p.ledger.SaleOrders(sku, stock.OrderState(state), after, fn)
 	if err != nil && !errors.Is(err, ErrStreamStopped) {
-		return snap, fmt.Errorf("%w: read the orders of %q: %w", ErrUnavailable, sku, err)
+		return snap, fmt.Errorf("%w: read the orders of %q: %w", engine.ErrUnavailable, sku, err)
 	}
 	return snap, err
 }

@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"time"
@@ -18,33 +18,33 @@ const purgeStep = 20_000
 // (after a leader change, say); an archive wakes it at once.
 const purgeCheck = time.Second
 
-func (e *Engine) wakePurge() {
+func (p *Plane) wakePurge() {
 	select {
-	case e.purgeWake <- struct{}{}:
+	case p.purgeWake <- struct{}{}:
 	default:
 	}
 }
 
 // runPurger is the leader's side of archiving: it proposes PurgeArchived
 // steps for every archived sale until its orders are gone.
-func (e *Engine) runPurger() {
-	defer e.wg.Done()
+func (p *Plane) runPurger() {
+	defer p.wg.Done()
 	t := time.NewTicker(purgeCheck)
 	defer t.Stop()
 	for {
 		select {
-		case <-e.stop:
+		case <-p.stop:
 			return
 		case <-t.C:
-		case <-e.purgeWake:
+		case <-p.purgeWake:
 		}
-		if e.cfg.Cluster != nil && !e.cfg.Cluster.IsLeader() || e.commitBlocked.Load() {
+		if !p.e.IsLeader() || p.e.CommitBlocked() {
 			continue
 		}
-		rows, _ := e.ledger.SKUs()
+		rows, _ := p.ledger.SKUs()
 		for i := range rows {
 			if rows[i].Archived && !rows[i].PurgeDone {
-				e.purge(rows[i].SKU)
+				p.purge(rows[i].SKU)
 			}
 		}
 	}
@@ -54,8 +54,8 @@ func (e *Engine) runPurger() {
 // (the next check goes on from where the ledger says), or a stop. Each
 // step names the orders it removes, read from this node's file after
 // where its last read stopped (a place in this file only, kept here).
-func (e *Engine) purge(sku string) {
-	if e.ledger.Rules() < raftfsm.RulesNamedPurges {
+func (p *Plane) purge(sku string) {
+	if p.ledger.Rules() < raftfsm.RulesNamedPurges {
 		// Not every node runs a version whose steps name their orders
 		// yet: the orders wait (the rules switch once every voter does).
 		return
@@ -64,45 +64,45 @@ func (e *Engine) purge(sku string) {
 	var after []byte
 	for {
 		select {
-		case <-e.stop:
+		case <-p.stop:
 			return
 		default:
 		}
-		row, _, ok := e.ledger.SKU(sku)
+		row, _, ok := p.ledger.SKU(sku)
 		if !ok || !row.Archived || row.PurgeDone {
 			if ok {
-				e.logger.Info("archived sale's orders are out of the ledger", "sku", sku, "orders", row.ArchivedOrders,
+				p.logger.Info("archived sale's orders are out of the ledger", "sku", sku, "orders", row.ArchivedOrders,
 					"this_run", removed, "took", time.Since(started).Round(time.Millisecond))
 			}
 			return
 		}
-		ids, next, done, err := e.ledger.ArchivedOrderIDs(sku, after, command.PurgeOrdersMax, purgeStep)
+		ids, next, done, err := p.ledger.ArchivedOrderIDs(sku, after, command.PurgeOrdersMax, purgeStep)
 		if err != nil {
-			e.logger.Error("archive step: reading the sale's orders failed", "sku", sku, "err", err)
+			p.logger.Error("archive step: reading the sale's orders failed", "sku", sku, "err", err)
 			return
 		}
 		step := &command.PurgeOrders{SKU: sku, IDs: ids, OrdersDone: done}
 		if done {
 			step.Entries = purgeStep
 		}
-		res, err := e.propose(step)
+		res, err := p.e.Propose(step)
 		if err != nil {
-			e.logger.Warn("archive step not committed; trying again later", "sku", sku, "err", err)
+			p.logger.Warn("archive step not committed; trying again later", "sku", sku, "err", err)
 			return
 		}
 		if res.Outcome != stock.OutcomeOK && res.Outcome != stock.OutcomeSame {
-			e.logger.Error("archive step refused", "sku", sku, "outcome", res.Outcome.String(), "detail", res.Detail)
+			p.logger.Error("archive step refused", "sku", sku, "outcome", res.Outcome.String(), "detail", res.Detail)
 			return
 		}
 		removed, after = removed+res.Qty, next
-		if e.cfg.Cluster == nil {
+		if p.cfg.Cluster == nil {
 			continue // a node alone has applied its own step
 		}
-		if !e.cfg.Cluster.IsLeader() {
+		if !p.cfg.Cluster.IsLeader() {
 			return
 		}
 		// The next read must see this step applied here.
-		if err := e.ledger.WaitApplied(e.stopped, res.Index); err != nil {
+		if err := p.ledger.WaitApplied(p.stopped, res.Index); err != nil {
 			return
 		}
 	}
