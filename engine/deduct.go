@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"stockd/engine/admission"
 	"stockd/stock"
 	"time"
 )
@@ -113,7 +114,7 @@ func (e *Engine) deduct(req *DeductRequest, res *DeductResult) {
 	if s == nil {
 		return
 	}
-	defer e.admission.done()
+	defer e.admission.Done()
 	e.attempt(s, req, res)
 }
 
@@ -170,15 +171,15 @@ func (e *Engine) admitTo(s *sale, req *DeductRequest, res *DeductResult) *sale {
 		res.Status, res.Detail = StatusUnavailable, "the ledger cannot commit now (no quorum or no leader); retry shortly"
 		return nil
 	}
-	if e.adaptive.full() {
-		res.Status, res.RetryAfter = StatusRateLimited, adaptiveRetryAfter
+	if e.adaptive.Full() {
+		res.Status, res.RetryAfter = StatusRateLimited, admission.AdaptiveRetryAfter
 		res.Detail = "the ledger commits slower than deducts arrive; retry after the given seconds"
 		return nil
 	}
-	if now.IsZero() && e.admission.rateLimited() {
+	if now.IsZero() && e.admission.RateLimited() {
 		now = e.cfg.Now()
 	}
-	ok, retryAfter := e.admission.admit(req.Hint, now)
+	ok, retryAfter := e.admission.Admit(req.Hint, now)
 	if !ok {
 		res.Status, res.RetryAfter = StatusRateLimited, retryAfter
 		return nil
@@ -262,7 +263,7 @@ const needSlow = -1
 func (e *Engine) takeSlow(s *sale, req *DeductRequest, res *DeductResult) bool {
 	// A shared deadline and a shared poll, not a timer and a ticker each:
 	// a burst (a batch of deducts) waits here by the thousand.
-	deadline := e.deadlines.after(e.cfg.LeaseWait)
+	deadline := e.deadlines.After(e.cfg.LeaseWait)
 	// The next lease covers every waiting buyer, not one chunk: a burst
 	// would otherwise wait for refill after refill.
 	s.waitingUnits.Add(req.Qty)
@@ -389,7 +390,7 @@ func (e *Engine) won(s *sale, p *pendingTake, res *DeductResult) bool {
 		p.entered = time.Now()
 	}
 	p.path = e.adaptive
-	e.adaptive.enter()
+	e.adaptive.Enter()
 	select {
 	case e.takeQueue <- p:
 	default:
@@ -433,7 +434,7 @@ func (e *Engine) awaitPending(p *pendingTake, noWait bool, limit time.Duration, 
 	case <-taken:
 		answerTaken(p, res)
 		return
-	case <-e.commitWaits.after(limit):
+	case <-e.commitWaits.After(limit):
 	}
 	e.waitEnded(p, res)
 }

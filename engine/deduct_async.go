@@ -57,7 +57,7 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 				e.attempt(s, own, r)
 			}
 			if admitted {
-				e.admission.done()
+				e.admission.Done()
 			}
 			e.metrics.countDeduct(r.Status, own.Hint)
 		})
@@ -68,13 +68,13 @@ func (e *Engine) DeductAsync(req *DeductRequest, res *DeductResult, done func(*D
 	default:
 		aw := &asyncWait{e: e, p: w.p, hint: req.Hint, admitted: admitted, done: done}
 		if w.p.onDone(aw.settled) {
-			e.asyncWaits.add(e.commitWaits.after(w.limit), aw)
+			e.asyncWaits.add(e.commitWaits.After(w.limit), aw)
 			return false
 		}
 		*res, _ = w.p.outcome()
 	}
 	if admitted {
-		e.admission.done()
+		e.admission.Done()
 	}
 	e.metrics.countDeduct(res.Status, req.Hint)
 	return true
@@ -113,7 +113,7 @@ func (w *asyncWait) ended() {
 
 func (w *asyncWait) answer(r *DeductResult) {
 	if w.admitted {
-		w.e.admission.done()
+		w.e.admission.Done()
 	}
 	w.e.metrics.countDeduct(r.Status, w.hint)
 	w.done(r)

@@ -217,7 +217,7 @@ func TestEngine_DeductAsyncRepeatOfAPendingAttemptDoesNotBlock(t *testing.T) {
 	if a := tn.checkLedger("a"); a.Row.Sold != 1 || a.OrdersSold != 1 {
 		t.Fatalf("want one unit sold once: %+v", a)
 	}
-	if n := tn.engine.admission.inFlight.Load(); n != 0 {
+	if n := tn.engine.admission.InFlight(); n != 0 {
 		t.Fatalf("%d admission slots held after every answer, want 0", n)
 	}
 }

@@ -57,7 +57,7 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 			continue
 		}
 		if w.p == nil {
-			e.admission.done()
+			e.admission.Done()
 			e.metrics.countDeduct(r.Status, req.Hint)
 		}
 		waiters[i] = w
@@ -79,7 +79,7 @@ func (e *Engine) DeductBatch(reqs []DeductRequest, res []DeductResult) {
 			continue
 		}
 		e.awaitPending(w.p, reqs[i].NoWait, w.limit, &res[i])
-		e.admission.done()
+		e.admission.Done()
 		e.metrics.countDeduct(res[i].Status, reqs[i].Hint)
 	}
 }
@@ -141,7 +141,7 @@ func (l *batchLine) run(e *Engine, reqs []DeductRequest, res []DeductResult, wai
 		}
 		w := e.startAttempt(s, req, r, true)
 		if w.p == nil {
-			e.admission.done()
+			e.admission.Done()
 			e.metrics.countDeduct(r.Status, req.Hint)
 			if stopped = stopsLine(r.Status); stopped {
 				l.stop = *r

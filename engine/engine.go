@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"stockd/engine/admission"
+	"stockd/internal/deadline"
 	"stockd/raftfsm/command"
 	"stockd/raftfsm/orderid"
 )
@@ -28,12 +30,12 @@ type Engine struct {
 	pendingIDs *pendingFilter // request ids that may be in pendingReq, lock-free
 	batchSeed  maphash.Seed   // hashes a batch's request keys (reusedInBatch)
 	prefetched atomic.Uint64  // the words prefetchRequests read, summed so that they are read
-	deadlines  *deadlines     // shared timeouts of waiting deducts
+	deadlines  *deadline.Set  // shared timeouts of waiting deducts
 	// commitWaits are the deadlines of deducts waiting for the ledger's
 	// answer (awaitPending); they also end, all at once, when the engine
 	// stops or its drain loses the leader, so that such a wait selects on
 	// two channels, its take's and one of these.
-	commitWaits *deadlines
+	commitWaits *deadline.Set
 	asyncWaits  asyncWaits  // DeductAsync callers waiting for the ledger
 	pendingOrd  *takeIndex  // order id -> take awaiting commit
 	turnedDown  *turnedDown // pending orders the ledger did not take
@@ -57,8 +59,6 @@ type Engine struct {
 	consecutiveFailures atomic.Int64
 	failOpenUntilNanos  atomic.Int64
 
-	auditing atomic.Bool // a periodic audit is running
-
 	closing atomic.Bool // deducts answer unavailable: the node is stopping
 	// drainLost closes once the node is stopping and has reached no leader
 	// for drainLeaderlessMax: deducts waiting for a commit then answer
@@ -81,8 +81,8 @@ type Engine struct {
 	wg         sync.WaitGroup
 
 	metrics   *Metrics
-	admission *admission
-	adaptive  *adaptiveLimit
+	admission *admission.Gate
+	adaptive  *admission.Adaptive
 }
 
 // New builds an engine over an open ledger (a *raftfsm.Ledger, or a fake
@@ -105,8 +105,8 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		pendingReq:   newTakeIndex(byRequest),
 		pendingIDs:   newPendingFilter(cfg.Now()),
 		batchSeed:    maphash.MakeSeed(),
-		deadlines:    newDeadlines(time.Now),
-		commitWaits:  newDeadlines(time.Now),
+		deadlines:    deadline.New(time.Now),
+		commitWaits:  deadline.New(time.Now),
 		pendingOrd:   newTakeIndex(byOrder),
 		turnedDown:   newTurnedDown(),
 		takeQueue:    make(chan *pendingTake, cfg.TakeQueueMax),
@@ -119,8 +119,8 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		born:         time.Now(),
 		stop:         make(chan struct{}),
 		metrics:      newMetrics(),
-		admission:    newAdmission(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
-		adaptive:     newAdaptiveLimit(cfg.AdmissionLatency, cfg.MaxInFlight),
+		admission:    admission.NewGate(cfg.RateLimit, cfg.RateBurst, cfg.MaxInFlight),
+		adaptive:     admission.NewAdaptive(cfg.AdmissionLatency, cfg.MaxInFlight),
 	}
 	// Order ids must never repeat, even across restarts and for pending
 	// orders a crash lost: the sequence starts at the boot time in
@@ -173,7 +173,7 @@ func (e *Engine) watchLeaderlessDrain() {
 			since = time.Now()
 		case time.Since(since) >= drainLeaderlessMax:
 			close(e.drainLost)
-			e.commitWaits.end()
+			e.commitWaits.End()
 			return
 		}
 	}
@@ -245,6 +245,6 @@ func (e *Engine) Close(ctx context.Context) error {
 // halt tells the engine's goroutines to end.
 func (e *Engine) halt() {
 	close(e.stop)
-	e.commitWaits.end()
+	e.commitWaits.End()
 	e.endStopped()
 }

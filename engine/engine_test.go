@@ -751,22 +751,3 @@ func TestEngine_LegacyRulesTakeOfAnotherUsersIDIsRefused(t *testing.T) {
 		t.Fatalf("buckets %d after the refused take, want %d (its unit back)", after, before+1)
 	}
 }
-
-// TestAuditGap_PacedByTheAuditsOwnCost: the periodic audit recounts every
-// order, so its cost grows with the ledger; the next one waits a hundred
-// times the last one's duration when that is longer than AuditInterval,
-// keeping the recount under a hundredth of a core.
-func TestAuditGap_PacedByTheAuditsOwnCost(t *testing.T) {
-	e := &Engine{cfg: Config{AuditInterval: 30 * time.Second}, metrics: &Metrics{}}
-	if got := e.auditGap(); got != 30*time.Second {
-		t.Fatalf("before any audit: %s", got)
-	}
-	e.metrics.auditNanos.Store(int64(200 * time.Millisecond)) // a small ledger
-	if got := e.auditGap(); got != 30*time.Second {
-		t.Fatalf("after a 200ms audit: %s, want the interval", got)
-	}
-	e.metrics.auditNanos.Store(int64(4 * time.Second)) // ten million orders
-	if got := e.auditGap(); got != 400*time.Second {
-		t.Fatalf("after a 4s audit: %s, want 400s", got)
-	}
-}

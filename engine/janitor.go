@@ -6,22 +6,13 @@ import (
 
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
-	"stockd/stock"
 )
 
 const (
 	// expireBatchMax bounds one Expire command (each id ~20 bytes).
 	expireBatchMax = 512
-	// pruneInterval paces the leader's request-id pruning by age.
-	pruneInterval = 10 * time.Second
-	// pruneOverCapInterval paces it while the ledger holds more ids than
-	// RequestMaxKeep. A prune is one apply, which stalls every other for
-	// its length: at 250,000 new ids a second (batch deducts) past the
-	// cap, a prune every 10 s forgot 2.5 million ids in about a second;
-	// every second it forgets a tenth as many, for the same work in all.
-	pruneOverCapInterval = time.Second
 	// janitorTick paces the background checks: the commit breaker, idle
-	// leases, reclaims and registration. Short enough that the breaker
+	// leases, expiries and registration. Short enough that the breaker
 	// follows an election within a tick.
 	janitorTick = 50 * time.Millisecond
 	// breakerFailures consecutive failed Take proposals open the breaker
@@ -35,10 +26,7 @@ func (e *Engine) runJanitor() {
 	defer e.wg.Done()
 	t := time.NewTicker(janitorTick)
 	defer t.Stop()
-	var lastSlow, lastPrune, lastAudit time.Time
-	reclaimTried := map[string]time.Time{}
-	var selling sellingRate
-	var auditHeld time.Time // when a due audit was first held back; zero: none is
+	var lastSlow time.Time
 	for {
 		select {
 		case <-e.stop:
@@ -47,36 +35,9 @@ func (e *Engine) runJanitor() {
 		}
 		e.updateBreaker()
 		now := e.cfg.Now()
-		e.adaptive.update() // on the real clock, as the waits are
+		e.adaptive.Update() // on the real clock, as the waits are
 		e.pendingIDs.rotate(now)
 		e.expireHolds(now)
-		busy := selling.busy(e.metrics.answered(), time.Now()) // on the real clock, as the rate is
-		gap := e.auditGap()
-		if busy && auditHeld.IsZero() && now.Sub(lastAudit) >= gap {
-			auditHeld = now
-			e.logger.Info("periodic audit held back while the node sells", "answers_per_second_at_least", auditHoldRate, "at_most", auditHoldMax)
-		}
-		if auditDue(now.Sub(lastAudit), gap, busy) && e.auditing.CompareAndSwap(false, true) {
-			if !auditHeld.IsZero() {
-				e.logger.Info("periodic audit runs after being held back", "held", now.Sub(auditHeld).Round(time.Second), "still_selling", busy)
-				auditHeld = time.Time{}
-			}
-			// An audit scans every order: off the janitor's goroutine, one
-			// at a time, so the breaker and expiries keep their pace.
-			lastAudit = now
-			e.wg.Add(1)
-			go func() {
-				defer e.wg.Done()
-				defer e.auditing.Store(false)
-				start := time.Now()
-				e.auditAll()
-				e.metrics.auditNanos.Store(int64(time.Since(start)))
-			}()
-		}
-		if since := now.Sub(lastPrune); since >= pruneInterval || since >= pruneOverCapInterval && e.overRequestCap() {
-			lastPrune = now
-			e.pruneRequests(now)
-		}
 		// Lease and membership duties need proposals; pace them slower.
 		if now.Sub(lastSlow) < min(e.cfg.LeaseIdleReturn/4, 250*time.Millisecond) {
 			continue
@@ -85,7 +46,6 @@ func (e *Engine) runJanitor() {
 		e.registerSelf()
 		e.upgradeRules()
 		e.returnIdleLeases(now)
-		e.reclaimLostNodes(now, reclaimTried)
 	}
 }
 
@@ -224,55 +184,6 @@ func (e *Engine) rebuildSale(s *sale) {
 	s.stockChanged.broadcast()
 }
 
-// reclaimLostNodes runs on the leader: it returns to available the leases
-// of nodes that left the cluster, or that it has not reached for
-// ReclaimAfter. Their later takes fail in the ledger, so nothing oversells.
-func (e *Engine) reclaimLostNodes(now time.Time, tried map[string]time.Time) {
-	c := e.cfg.Cluster
-	if c == nil || !c.IsLeader() {
-		return
-	}
-	holders := map[string]bool{}
-	rows, _ := e.ledger.SKUs()
-	for i := range rows {
-		for node, units := range rows[i].Leased {
-			if units > 0 && node != e.cfg.NodeID {
-				holders[node] = true
-			}
-		}
-	}
-	if len(holders) == 0 {
-		return
-	}
-	members, err := c.MemberIDs()
-	if err != nil {
-		return
-	}
-	isMember := map[string]bool{}
-	for _, m := range members {
-		isMember[m] = true
-	}
-	unreachable := c.Unreachable()
-	for node := range holders {
-		why := ""
-		if !isMember[node] {
-			why = "not a cluster member"
-		} else if last, ok := unreachable[node]; ok && now.Sub(last) >= e.cfg.ReclaimAfter {
-			why = "unreachable since " + last.UTC().Format(time.RFC3339)
-		}
-		if why == "" || now.Sub(tried[node]) < e.cfg.ReclaimAfter/2 {
-			continue
-		}
-		tried[node] = now
-		res, err := e.propose(&command.Reclaim{Node: node})
-		if err != nil {
-			e.logger.Warn("reclaim failed", "node", node, "err", err)
-			continue
-		}
-		e.logger.Warn("reclaimed leases", "node", node, "units", res.Qty, "reason", why)
-	}
-}
-
 func (e *Engine) isLeader() bool { return e.cfg.Cluster == nil || e.cfg.Cluster.IsLeader() }
 
 // expireHolds runs on the leader: it proposes the release of holds past
@@ -293,116 +204,4 @@ func (e *Engine) expireHolds(now time.Time) {
 	}
 	e.metrics.holdsExpired.Add(uint64(res.Qty))
 	e.logger.Debug("expired holds", "orders", len(due), "units", res.Qty)
-}
-
-// overRequestCap reports whether the ledger holds more request ids than
-// RequestMaxKeep (0: no cap).
-func (e *Engine) overRequestCap() bool {
-	return e.cfg.RequestMaxKeep > 0 && int64(e.ledger.RequestIDs()) > e.cfg.RequestMaxKeep
-}
-
-// pruneRequests runs on the leader: it bounds the request ids kept for
-// idempotency by age and count.
-func (e *Engine) pruneRequests(now time.Time) {
-	if !e.isLeader() || e.commitBlocked.Load() {
-		return
-	}
-	before := now.Add(-e.cfg.RequestRetention).UnixNano()
-	res, err := e.propose(&command.PruneRequests{BeforeUnixNano: before, MaxKeep: e.cfg.RequestMaxKeep})
-	if err != nil {
-		e.logger.Warn("prune request ids", "err", err)
-		return
-	}
-	if res.Qty > 0 {
-		e.logger.Info("pruned request ids", "count", res.Qty)
-	}
-}
-
-// auditPaceFactor paces the periodic audit by its own cost: the next one
-// starts no sooner than this many times the last one's duration after it,
-// so the recount of every order takes at most a hundredth of a core
-// however many orders the ledger holds (at ten million, a recount of a
-// second or two runs every few minutes rather than every AuditInterval).
-// A twentieth, as it was, showed as a tax on every request of a node
-// holding millions of orders (`TestAuditGap_PacedByTheAuditsOwnCost`).
-const auditPaceFactor = 100
-
-// auditHoldRate and auditHoldMax hold the periodic audit back while a
-// sale is on. A node answering more deducts and lottery entries a second
-// than auditHoldRate is selling, and its audit's recount would take
-// from the sale: at ten million orders it is a second or two of a core
-// at once, and on two cores it halved a node's committed deducts while
-// it ran (`scripts/bench-audit-sale.sh` shows it). The audit
-// has no such hurry, so it waits for the rate to fall, up to
-// auditHoldMax past its time (a node that sells without pause is still
-// audited).
-const (
-	auditHoldRate = 1000
-	auditHoldMax  = 5 * time.Minute
-)
-
-// auditDue reports whether the periodic audit starts now, sinceLast
-// after the last one began: its gap has passed, and the node is not
-// busy selling or has held it back for auditHoldMax already.
-func auditDue(sinceLast, gap time.Duration, busy bool) bool {
-	if sinceLast < gap {
-		return false
-	}
-	return !busy || sinceLast >= gap+auditHoldMax
-}
-
-// sellingRate tells from the node's answered count whether it is busy
-// selling: at least auditHoldRate answers a second over the last second
-// or more.
-type sellingRate struct {
-	at       time.Time // when answered was read last
-	answered uint64
-	isBusy   bool
-}
-
-// busy takes the answered count at now and reports whether the node was
-// busy over the last measured second.
-func (r *sellingRate) busy(answered uint64, now time.Time) bool {
-	if r.at.IsZero() {
-		r.at, r.answered = now, answered
-		return false
-	}
-	if elapsed := now.Sub(r.at); elapsed >= time.Second {
-		r.isBusy = float64(answered-r.answered) >= auditHoldRate*elapsed.Seconds()
-		r.at, r.answered = now, answered
-	}
-	return r.isBusy
-}
-
-// auditGap is the time between two periodic audits: AuditInterval, or
-// longer when the last audit took long (auditPaceFactor).
-func (e *Engine) auditGap() time.Duration {
-	return max(e.cfg.AuditInterval, auditPaceFactor*time.Duration(e.metrics.auditNanos.Load()))
-}
-
-// auditAll checks every sale in the local ledger, in one pass over the
-// orders, and records the drift.
-func (e *Engine) auditAll() {
-	audits, err := e.ledger.AuditAll()
-	if err != nil {
-		e.logger.Warn("periodic audit", "err", err)
-		return
-	}
-	for sku, a := range audits {
-		drift := auditDrift(&a)
-		e.metrics.setDrift(sku, drift)
-		if drift != 0 {
-			e.logger.Error("audit found drift", "sku", sku, "drift_units", drift, "problem", a.Problem)
-		}
-	}
-}
-
-// auditDrift is how far an audit is from clean, in units: the conservation
-// law's residual plus the gaps between the rows and the order recount.
-func auditDrift(a *stock.Audit) int64 {
-	r := &a.Row
-	abs := func(v int64) int64 { return max(v, -v) }
-	// An archived sale's sold orders left the ledger: they count by their
-	// units (ArchivedSold), as the audit itself counts them.
-	return abs(r.Total-r.Available-r.LeasedTotal()-r.Held-r.Sold) + abs(a.OrdersHeld-r.Held) + abs(a.OrdersSold+r.ArchivedSold-r.Sold)
 }

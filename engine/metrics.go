@@ -45,10 +45,10 @@ type Metrics struct {
 	auditNanos atomic.Int64
 }
 
-// answered is how many deducts (of every outcome) and lottery entries
+// Answered is how many deducts (of every outcome) and lottery entries
 // the node has answered: how busy it is selling (the periodic audit waits
 // while it is: auditDue).
-func (m *Metrics) answered() uint64 {
+func (m *Metrics) Answered() uint64 {
 	n := m.entries.Load()
 	for s := range m.deducts {
 		for i := range m.deducts[s] {
@@ -58,7 +58,8 @@ func (m *Metrics) answered() uint64 {
 	return n
 }
 
-func (m *Metrics) setDrift(sku string, units int64) {
+// SetDrift records the units the last audit of sku found off.
+func (m *Metrics) SetDrift(sku string, units int64) {
 	m.driftMu.Lock()
 	if m.drift == nil {
 		m.drift = map[string]int64{}
@@ -164,8 +165,8 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s.LedgerPersistLagEntries, s.LedgerPendingChanges = e.ledger.PersistLag()
 	s.LedgerPersistFailures = e.ledger.PersistFailures()
 	s.LedgerFileBytes = e.ledger.FileBytes()
-	s.AdmissionLimit, s.AdmissionInPath = e.adaptive.limit.Load(), e.adaptive.inPath.Load()
-	s.AdmissionAdaptive = e.adaptive.target > 0
+	s.AdmissionLimit, s.AdmissionInPath = e.adaptive.Limit.Load(), e.adaptive.InPath.Load()
+	s.AdmissionAdaptive = e.adaptive.Target > 0
 	s.CommitBlocked = e.commitBlocked.Load()
 	if e.cfg.Cluster != nil {
 		s.PeersUnreachable = len(e.cfg.Cluster.Unreachable())
@@ -253,3 +254,10 @@ func (m *Metrics) NoteFeedPrune(atCap bool, unread uint64) {
 	m.feedAtCap.Store(atCap)
 	m.feedUnreadPruned.Add(unread)
 }
+
+// NoteAudit records how long the last periodic audit took (it paces the
+// next); AuditNanos reads it.
+func (m *Metrics) NoteAudit(d time.Duration) { m.auditNanos.Store(int64(d)) }
+
+// AuditNanos is how long the last periodic audit took.
+func (m *Metrics) AuditNanos() int64 { return m.auditNanos.Load() }

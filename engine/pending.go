@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"stockd/engine/admission"
 	"stockd/raftfsm"
 	"stockd/raftfsm/command"
 	"stockd/stock"
@@ -47,7 +48,7 @@ type pendingTake struct {
 	// path is the adaptive limit that counts this take while it waits for
 	// the ledger (set once it is queued for commit, at entered on the real
 	// clock: the engine's may be a test's).
-	path    *adaptiveLimit
+	path    *admission.Adaptive
 	entered time.Time
 }
 
@@ -134,7 +135,7 @@ func (p *pendingTake) resolveAt(r DeductResult, end time.Time) {
 		if end.IsZero() {
 			end = time.Now()
 		}
-		p.path.leave(end.Sub(p.entered))
+		p.path.Leave(end.Sub(p.entered))
 	}
 }
 

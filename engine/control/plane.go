@@ -34,6 +34,9 @@ type SaleLedger interface {
 	SKUs() ([]stock.SKU, uint64)
 	Order(id string) (stock.Order, bool, error)
 	Rules() uint64
+	// RequestIDs is how many request ids the ledger remembers.
+	RequestIDs() int
+	AuditAll() (map[string]stock.Audit, error)
 	AppliedIndex() uint64
 	WaitApplied(ctx context.Context, index uint64) error
 	SaleOrders(sku string, state stock.OrderState, after string, fn func(*stock.Order) error) (stock.OrdersSnapshot, error)
@@ -62,8 +65,8 @@ type LotteryLedger interface {
 	LookupRequest(user, requestID []byte) (raftfsm.RequestRecord, bool)
 }
 
-// loopTick paces the control plane's duties (draws due, the feed's
-// retention).
+// loopTick paces the control plane's duties (draws due, the feed's and
+// the request ids' retention, audits, reclaims).
 const loopTick = 50 * time.Millisecond
 
 // Plane is the control plane over one engine. It embeds the engine, so a
@@ -86,6 +89,8 @@ type Plane struct {
 	endStopped context.CancelFunc
 	closeOnce  sync.Once
 	wg         sync.WaitGroup
+
+	auditing atomic.Bool // a periodic audit is running
 }
 
 // New builds the control plane of e over ledger (the one e reads).
@@ -126,7 +131,11 @@ func (p *Plane) run() {
 	defer p.wg.Done()
 	t := time.NewTicker(loopTick)
 	defer t.Stop()
-	var lastFeedPrune time.Time
+	var lastFeedPrune, lastPrune, lastAudit time.Time
+	reclaimTried := map[string]time.Time{}
+	var selling sellingRate
+	var auditHeld time.Time // when a due audit was first held back; zero: none is
+	var lastSlow time.Time
 	for {
 		select {
 		case <-p.stop:
@@ -138,6 +147,38 @@ func (p *Plane) run() {
 		if now.Sub(lastFeedPrune) >= p.cfg.FeedPruneInterval {
 			lastFeedPrune = now
 			p.pruneFeed(now)
+		}
+		busy := selling.busy(p.e.Metrics().Answered(), time.Now()) // on the real clock, as the rate is
+		gap := p.auditGap()
+		if busy && auditHeld.IsZero() && now.Sub(lastAudit) >= gap {
+			auditHeld = now
+			p.logger.Info("periodic audit held back while the node sells", "answers_per_second_at_least", auditHoldRate, "at_most", auditHoldMax)
+		}
+		if auditDue(now.Sub(lastAudit), gap, busy) && p.auditing.CompareAndSwap(false, true) {
+			if !auditHeld.IsZero() {
+				p.logger.Info("periodic audit runs after being held back", "held", now.Sub(auditHeld).Round(time.Second), "still_selling", busy)
+				auditHeld = time.Time{}
+			}
+			// An audit scans every order: off this goroutine, one at a
+			// time, so the draws and retention keep their pace.
+			lastAudit = now
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				defer p.auditing.Store(false)
+				start := time.Now()
+				p.auditAll()
+				p.e.Metrics().NoteAudit(time.Since(start))
+			}()
+		}
+		if since := now.Sub(lastPrune); since >= pruneInterval || since >= pruneOverCapInterval && p.overRequestCap() {
+			lastPrune = now
+			p.pruneRequests(now)
+		}
+		// Membership duties need proposals; pace them slower.
+		if now.Sub(lastSlow) >= min(p.cfg.LeaseIdleReturn/4, 250*time.Millisecond) {
+			lastSlow = now
+			p.reclaimLostNodes(now, reclaimTried)
 		}
 	}
 }

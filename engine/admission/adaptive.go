@@ -1,4 +1,4 @@
-package engine
+package admission
 
 import (
 	"sync"
@@ -24,17 +24,17 @@ import (
 const (
 	adaptiveLimitMin = 16
 	adaptiveWindow   = 100 * time.Millisecond
-	// adaptiveRetryAfter is what a buyer turned away is told.
-	adaptiveRetryAfter = time.Second
+	// AdaptiveRetryAfter is what a buyer turned away is told.
+	AdaptiveRetryAfter = time.Second
 )
 
-type adaptiveLimit struct {
-	target time.Duration // 0: off
+type Adaptive struct {
+	Target time.Duration // 0: off
 	max    int64
 	now    func() time.Time // the real clock (tests set their own)
 
-	limit  atomic.Int64 // deducts allowed in the commit path
-	inPath atomic.Int64 // deducts won and not yet answered by the ledger
+	Limit  atomic.Int64 // deducts allowed in the commit path
+	InPath atomic.Int64 // deducts won and not yet answered by the ledger
 
 	// The current window's figures, kept in atomics: enter and leave run
 	// on every won deduct. update (the janitor alone) closes windows.
@@ -50,23 +50,23 @@ type adaptiveLimit struct {
 // adaptiveCeiling is the bound's ceiling when MaxInFlight sets none.
 const adaptiveCeiling = 10_000
 
-func newAdaptiveLimit(target time.Duration, maxInPath int) *adaptiveLimit {
+func NewAdaptive(target time.Duration, maxInPath int) *Adaptive {
 	if maxInPath <= 0 {
 		maxInPath = adaptiveCeiling
 	}
-	a := &adaptiveLimit{target: target, max: int64(max(maxInPath, adaptiveLimitMin)), now: time.Now}
-	a.limit.Store(a.max)
+	a := &Adaptive{Target: target, max: int64(max(maxInPath, adaptiveLimitMin)), now: time.Now}
+	a.Limit.Store(a.max)
 	return a
 }
 
-// full reports whether one more deduct would exceed the bound.
-func (a *adaptiveLimit) full() bool {
-	return a.target > 0 && a.inPath.Load() >= a.limit.Load()
+// Full reports whether one more deduct would exceed the bound.
+func (a *Adaptive) Full() bool {
+	return a.Target > 0 && a.InPath.Load() >= a.Limit.Load()
 }
 
-// enter counts a deduct into the commit path.
-func (a *adaptiveLimit) enter() {
-	n := a.inPath.Add(1)
+// Enter counts a deduct into the commit path.
+func (a *Adaptive) Enter() {
+	n := a.InPath.Add(1)
 	if n == 1 {
 		// The path was empty: "nothing answered" counts from now, not
 		// from the last answer of a burst long past (which made the first
@@ -77,18 +77,18 @@ func (a *adaptiveLimit) enter() {
 	}
 }
 
-// leave counts a deduct out of the path after waiting d.
-func (a *adaptiveLimit) leave(d time.Duration) {
-	a.inPath.Add(-1)
+// Leave counts a deduct out of the path after waiting d.
+func (a *Adaptive) Leave(d time.Duration) {
+	a.InPath.Add(-1)
 	a.waitedNanos.Add(int64(d))
 	a.answered.Add(1)
 	a.lastAnswered.Store(a.now().UnixNano())
 }
 
-// update closes a window once adaptiveWindow has passed, and moves the
+// Update closes a window once adaptiveWindow has passed, and moves the
 // bound.
-func (a *adaptiveLimit) update() {
-	if a.target <= 0 {
+func (a *Adaptive) Update() {
+	if a.Target <= 0 {
 		return
 	}
 	now := a.now()
@@ -102,16 +102,16 @@ func (a *adaptiveLimit) update() {
 	if now.Sub(a.windowStart) < adaptiveWindow {
 		return
 	}
-	inPath, limit := a.inPath.Load(), a.limit.Load()
+	inPath, limit := a.InPath.Load(), a.Limit.Load()
 	answered, waited, peak := a.answered.Swap(0), a.waitedNanos.Swap(0), a.peak.Swap(inPath)
-	slow := answered > 0 && time.Duration(waited/answered) > a.target
-	stalled := inPath > 0 && now.UnixNano()-a.lastAnswered.Load() > int64(a.target)
+	slow := answered > 0 && time.Duration(waited/answered) > a.Target
+	stalled := inPath > 0 && now.UnixNano()-a.lastAnswered.Load() > int64(a.Target)
 	switch {
 	case slow || stalled:
 		next := max(adaptiveLimitMin, min(limit, max(peak, inPath))*3/4)
-		a.limit.Store(next)
+		a.Limit.Store(next)
 	case peak >= limit*3/4 && limit < a.max:
-		a.limit.Store(min(a.max, limit+max(1, limit/8)))
+		a.Limit.Store(min(a.max, limit+max(1, limit/8)))
 	}
 	a.windowStart = now
 }

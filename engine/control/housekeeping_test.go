@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"stockd/stock"
@@ -73,5 +73,22 @@ func TestSellingRate_BusyAtTheHoldRate(t *testing.T) {
 		if got := r.busy(s.answered, t0.Add(s.after)); got != s.want {
 			t.Fatalf("at +%s with %d answered: busy %v, want %v", s.after, s.answered, got, s.want)
 		}
+	}
+}
+
+// TestAuditGap_PacedByTheAuditsOwnCost: the periodic audit recounts every
+// order, so its cost grows with the ledger; the next one waits a hundred
+// times the last one's duration when that is longer than AuditInterval,
+// keeping the recount under a hundredth of a core.
+func TestAuditGap_PacedByTheAuditsOwnCost(t *testing.T) {
+	interval := 30 * time.Second
+	if got := auditGapAfter(interval, 0); got != 30*time.Second {
+		t.Fatalf("before any audit: %s", got)
+	}
+	if got := auditGapAfter(interval, 200*time.Millisecond); got != 30*time.Second { // a small ledger
+		t.Fatalf("after a 200ms audit: %s, want the interval", got)
+	}
+	if got := auditGapAfter(interval, 4*time.Second); got != 400*time.Second { // ten million orders
+		t.Fatalf("after a 4s audit: %s, want 400s", got)
 	}
 }

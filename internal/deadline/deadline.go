@@ -1,20 +1,22 @@
-package engine
+// Package deadline hands out shared timeouts: channels that close once a
+// duration has passed, one timer per grain for every waiter in it.
+package deadline
 
 import (
 	"sync"
 	"time"
 )
 
-// deadlines hands out channels that close once a duration has passed,
+// Set hands out channels that close once a duration has passed,
 // rounded up to deadlineGrain, shared by every caller whose deadline falls
 // in the same grain: a waiting deduct needs a bound, not its own timer,
 // and a timer per request costs an allocation and a timer-heap insert and
 // removal on the hot path. One timer per grain with waiters closes them.
-type deadlines struct {
+type Set struct {
 	mu      sync.Mutex
 	byGrain map[int64]chan struct{}
 	now     func() time.Time
-	// ended, once set by end, is the channel every later after returns:
+	// ended, once set by End, is the channel every later After returns:
 	// closed already.
 	ended chan struct{}
 }
@@ -23,13 +25,14 @@ type deadlines struct {
 // so up to this much late.
 const deadlineGrain = 50 * time.Millisecond
 
-func newDeadlines(now func() time.Time) *deadlines {
-	return &deadlines{byGrain: map[int64]chan struct{}{}, now: now}
+// New is an empty set of deadlines on the clock now.
+func New(now func() time.Time) *Set {
+	return &Set{byGrain: map[int64]chan struct{}{}, now: now}
 }
 
-// after returns a channel closed no earlier than d from now, and at most
+// After returns a channel closed no earlier than d from now, and at most
 // deadlineGrain later. Safe for concurrent use.
-func (dl *deadlines) after(d time.Duration) <-chan struct{} {
+func (dl *Set) After(d time.Duration) <-chan struct{} {
 	at := dl.now().Add(d)
 	grain := (at.UnixNano() + int64(deadlineGrain) - 1) / int64(deadlineGrain)
 	dl.mu.Lock()
@@ -54,12 +57,12 @@ func (dl *deadlines) after(d time.Duration) <-chan struct{} {
 	return ch
 }
 
-// end closes every channel handed out, at once, and makes every later
+// End closes every channel handed out, at once, and makes every later
 // after return a closed one: its waiters give up early (the engine ends
 // its waits this way when it stops, so that a wait selects on one shared
 // channel instead of one for each reason to stop). Safe to call more than
 // once.
-func (dl *deadlines) end() {
+func (dl *Set) End() {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
 	if dl.ended != nil {

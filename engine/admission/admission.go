@@ -1,4 +1,7 @@
-package engine
+// Package admission is the deduct funnel's gates before stock: a token
+// bucket with a cap on deducts in flight (Gate), and an in-path limit that
+// adapts to how long admitted deducts wait (Adaptive).
+package admission
 
 import (
 	"stockd/internal/counter"
@@ -7,12 +10,12 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// admission is the funnel's third layer: a token bucket and a cap on
+// Gate is the funnel's third layer: a token bucket and a cap on
 // deducts in flight per node. Rejected buyers get 429 with Retry-After
 // before they touch stock. The token bucket is split into shards picked by
 // the deduct's sticky hint, so concurrent deducts rarely share a limiter's
 // lock; each shard gets an equal part of the rate and burst.
-type admission struct {
+type Gate struct {
 	shards      []paddedLimiter
 	tokenEvery  time.Duration // one shard's refill interval: the retry hint
 	inFlight    counter.Int64
@@ -27,8 +30,8 @@ type paddedLimiter struct {
 // admissionShards spreads the token bucket; a power of two for the mask.
 const admissionShards = 8
 
-func newAdmission(ratePerSec float64, burst, maxInFlight int) *admission {
-	a := &admission{maxInFlight: int64(maxInFlight)}
+func NewGate(ratePerSec float64, burst, maxInFlight int) *Gate {
+	a := &Gate{maxInFlight: int64(maxInFlight)}
 	if ratePerSec > 0 {
 		a.shards = make([]paddedLimiter, admissionShards)
 		a.tokenEvery = time.Duration(float64(time.Second) * admissionShards / ratePerSec)
@@ -40,9 +43,9 @@ func newAdmission(ratePerSec float64, burst, maxInFlight int) *admission {
 	return a
 }
 
-// admit reports whether a deduct may proceed; when it may not, retryAfter
+// Admit reports whether a deduct may proceed; when it may not, retryAfter
 // says when to come back. An admitted deduct must call done.
-func (a *admission) admit(hint uint32, now time.Time) (ok bool, retryAfter time.Duration) {
+func (a *Gate) Admit(hint uint32, now time.Time) (ok bool, retryAfter time.Duration) {
 	if a.maxInFlight > 0 && a.inFlight.Add(1) > a.maxInFlight {
 		a.inFlight.Add(-1)
 		return false, time.Second
@@ -57,12 +60,15 @@ func (a *admission) admit(hint uint32, now time.Time) (ok bool, retryAfter time.
 	return true, 0
 }
 
-// rateLimited reports whether admit reads its now argument (a rate
+// RateLimited reports whether admit reads its now argument (a rate
 // limit is set); without one any now will do.
-func (a *admission) rateLimited() bool { return a.shards != nil }
+func (a *Gate) RateLimited() bool { return a.shards != nil }
 
-func (a *admission) done() {
+func (a *Gate) Done() {
 	if a.maxInFlight > 0 {
 		a.inFlight.Add(-1)
 	}
 }
+
+// InFlight is the deducts admitted and not yet done.
+func (a *Gate) InFlight() int64 { return a.inFlight.Load() }
