@@ -313,14 +313,6 @@ func TestLayout_OnlyMainAndTheHarnessImportNode(t *testing.T) {
 // can hold in mind.
 const packageLinesMax = 4000
 
-// packageLinesOver are the packages still over packageLinesMax until they
-// are split along their seams (docs/architecture.md, "The packages"),
-// each held at the size it had when the bound came: they may shrink, not
-// grow.
-var packageLinesOver = map[string]int{
-	module + "/engine": 5271,
-}
-
 func TestLayout_PackagesStaySmall(t *testing.T) {
 	for _, p := range listPackages(t) {
 		lines := 0
@@ -331,14 +323,8 @@ func TestLayout_PackagesStaySmall(t *testing.T) {
 			}
 			lines += bytes.Count(src, []byte("\n"))
 		}
-		limit, over := packageLinesOver[p.ImportPath]
-		switch {
-		case !over && lines > packageLinesMax:
+		if lines > packageLinesMax {
 			t.Errorf("%s: %d lines outside its tests, the most is %d: split it along a seam", p.ImportPath, lines, packageLinesMax)
-		case over && lines > limit:
-			t.Errorf("%s: %d lines outside its tests, more than the %d it is held at until it is split", p.ImportPath, lines, limit)
-		case over && lines <= packageLinesMax:
-			t.Errorf("%s: %d lines, under %d now: take it out of packageLinesOver", p.ImportPath, lines, packageLinesMax)
 		}
 	}
 }
