@@ -1,24 +1,26 @@
-// Package engine sells stock: it owns the sales a node knows, their per-core
-// buckets, the leases that fill them, and the group-commit pipeline that
-// turns won units into replicated orders; and, around them, lottery
-// entries, holds and their expiry, the order feed's reads, archiving and
-// the catch-up that makes a "not found" true.
+// Package engine is a node's data plane: it sells stock. It owns the sales
+// a node knows, their per-core buckets, the leases that fill them, the
+// admission in front of them (engine/admission), and the group-commit
+// pipeline that turns won units into replicated orders; and, around them,
+// holds and their expiry and the catch-up that makes a "not found" true.
+// The control plane (engine/control) runs over it: sales and orders'
+// confirms, the order feed, lottery entries and draws, archiving, and the
+// leader's housekeeping; the engine offers it Propose and a few reads
+// (plane.go) and knows nothing of it.
 //
-// Goroutines (Start launches the first six; Close stops them all):
+// Goroutines (Start launches the first four; Close stops them all):
 //   - the committer gathers won takes into Take batches and proposes each
 //     on a goroutine of its own, at most ProposalsInFlightMax (leading) or
 //     ForwardedInFlightMax (following) at a time. After a batch of more
 //     than one take it lingers up to ForwardLinger / ProposeLinger (1 ms)
 //     once a slot frees, so a wave of buyers shares one raft entry; an idle
-//     node, or one alone, proposes at once;
-//   - the entrants' committer does the same for lottery entries (one
-//     generic batcher serves both, batcher.go);
+//     node, or one alone, proposes at once (internal/batcher, which the
+//     control plane's lottery entries use too);
 //   - the leaser proposes Lease and Return commands for sales whose
 //     buckets run low, or that idle, or that another node needs;
-//   - the janitor, on the leader: expiries of holds, reclaims of silent
-//     nodes' leases, request-id and feed pruning, the ledger rules switch;
-//     on every node: the periodic self-audit;
-//   - the purger, on the leader: an archived sale's PurgeOrders steps;
+//   - the janitor: the commit breaker, the admission limit, idle leases'
+//     return, the node's registration; on the leader, expiries of holds
+//     and the ledger rules switch;
 //   - the poller wakes deducts waiting for units when the ledger changed
 //     under them (takes committed on other nodes send no event here);
 //   - a catch-up round at a time asks the cluster for a read index while
@@ -35,5 +37,5 @@
 // What crosses the boundary: DeductRequest/DeductResult (caller-owned, byte
 // slices in, no allocation for a loser), raftfsm commands out through the
 // Proposer (whose errors are the engine's sentinels), the ledger read
-// through the Ledger interface, raftfsm events in through Applied.
+// through the Ledger interface's roles, raftfsm events in through Applied.
 package engine

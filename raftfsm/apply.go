@@ -26,7 +26,7 @@ func (l *Ledger) Apply(log *raft.Log) interface{} {
 
 // ApplyBatch applies a batch of committed entries in memory and hands the
 // changes to the persister, which writes them to bbolt behind (see
-// behind.go). Entries at or below the applied index are skipped (they
+// store.WriteBehind). Entries at or below the applied index are skipped (they
 // were applied before a restart). It panics when the disk fails or an
 // entry would break the conservation law: a node must not go on from a
 // state it cannot trust.
