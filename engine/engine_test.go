@@ -348,11 +348,6 @@ func TestEngine_SoldOutDeductDoesNotAllocate(t *testing.T) {
 	tn.checkLedger("a")
 }
 
-// fakeClock is a clock tests move by hand.
-type fakeClock struct{ offset atomic.Int64 }
-
-func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
-func (c *fakeClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
