@@ -277,18 +277,9 @@ func ExtractBackup(path, ledgerPath string) (BackupHeader, error) {
 }
 
 // checkBackupLedger opens a backup's ledger read-only and checks it.
-func checkBackupLedger(path string, h BackupHeader) (err error) {
-	defer func() {
-		if r := recover(); r != nil { // bbolt panics on pages it cannot read
-			err = fmt.Errorf("%w: the ledger inside does not read: %v", ErrBackupChecksum, r)
-		}
-	}()
-	Db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: OpenTimeout})
-	if err != nil {
-		return fmt.Errorf("%w: open the ledger inside: %v", ErrBackupChecksum, err)
-	}
-	defer Db.Close()
-	return Db.View(func(tx *bolt.Tx) error {
+func checkBackupLedger(path string, h BackupHeader) error {
+	damaged := func(what string) error { return fmt.Errorf("%w: the ledger inside %s", ErrBackupChecksum, what) }
+	return viewFile(path, damaged, func(tx *bolt.Tx) error {
 		var first error
 		for cerr := range tx.Check() { // read to its end: the check runs on a goroutine of its own
 			if first == nil {
@@ -296,17 +287,17 @@ func checkBackupLedger(path string, h BackupHeader) (err error) {
 			}
 		}
 		if first != nil {
-			return fmt.Errorf("%w: the ledger inside: %v", ErrBackupChecksum, first)
+			return damaged(first.Error())
 		}
 		meta := tx.Bucket(BucketMeta)
 		if meta == nil {
-			return fmt.Errorf("%w: the ledger inside has no meta bucket", ErrBackupChecksum)
+			return damaged("has no meta bucket")
 		}
 		if _, err := CheckFormat(meta); err != nil {
 			return fmt.Errorf("the ledger inside: %w", err)
 		}
 		if applied := AppliedIn(tx); applied != h.AppliedIndex {
-			return fmt.Errorf("%w: the ledger inside is at index %d, the header says %d", ErrBackupChecksum, applied, h.AppliedIndex)
+			return damaged(fmt.Sprintf("is at index %d, the header says %d", applied, h.AppliedIndex))
 		}
 		return nil
 	})

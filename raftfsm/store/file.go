@@ -95,3 +95,20 @@ func PagesInUse(db *bolt.DB) int64 {
 	})
 	return n
 }
+
+// viewFile opens the ledger file at path read-only and runs fn in a read
+// transaction. A file that does not open or read (bbolt panics on pages
+// it cannot read) is the error damaged makes of what went wrong.
+func viewFile(path string, damaged func(what string) error, fn func(tx *bolt.Tx) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = damaged(fmt.Sprintf("does not read: %v", r))
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: OpenTimeout})
+	if err != nil {
+		return damaged(fmt.Sprintf("does not open: %v", err))
+	}
+	defer db.Close()
+	return db.View(fn)
+}

@@ -144,20 +144,10 @@ func WriteSnapshotFile(path string, r io.Reader) error {
 // checkSnapshotFile refuses a snapshot of a later format (a leader of a
 // later version sent it) before it replaces the ledger: this node would
 // misread it. Upgrade this node, and it takes the snapshot again.
-func checkSnapshotFile(path string) (err error) {
-	defer func() {
-		if r := recover(); r != nil { // bbolt panics on pages it cannot read
-			err = fmt.Errorf("snapshot %s is damaged: %v", path, r)
-		}
-	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: OpenTimeout})
-	if err != nil {
-		return fmt.Errorf("open snapshot %s: %w", path, err)
-	}
-	defer db.Close()
-	return db.View(func(tx *bolt.Tx) error {
-		_, err := CheckFormat(tx.Bucket(BucketMeta))
-		if err != nil {
+func checkSnapshotFile(path string) error {
+	damaged := func(what string) error { return fmt.Errorf("snapshot %s %s", path, what) }
+	return viewFile(path, damaged, func(tx *bolt.Tx) error {
+		if _, err := CheckFormat(tx.Bucket(BucketMeta)); err != nil {
 			return fmt.Errorf("snapshot: %w", err)
 		}
 		return nil
