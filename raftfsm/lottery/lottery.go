@@ -149,7 +149,7 @@ func Rank(seed, hash []byte, n int64) *Ranking {
 	b := append(append(buf[:0], seed...), hash...)
 	prefix := len(b)
 	b = b[:prefix+8]
-	r := RankBy(n, func(seq uint32) [sha256.Size]byte {
+	r := rankBy(n, func(seq uint32) [sha256.Size]byte {
 		binary.BigEndian.PutUint64(b[prefix:], uint64(seq))
 		return sha256.Sum256(b)
 	})
@@ -157,8 +157,8 @@ func Rank(seed, hash []byte, n int64) *Ranking {
 	return r
 }
 
-// RankBy ranks entries 1..n by key (ascending, by seq on equal keys).
-func RankBy(n int64, key func(seq uint32) [sha256.Size]byte) *Ranking {
+// rankBy ranks entries 1..n by key (ascending, by seq on equal keys).
+func rankBy(n int64, key func(seq uint32) [sha256.Size]byte) *Ranking {
 	type keyed struct {
 		prefix uint64
 		seq    uint32
