@@ -165,8 +165,8 @@ func (e *Engine) MetricsSnapshot() Snapshot {
 	s.LedgerPersistLagEntries, s.LedgerPendingChanges = e.ledger.PersistLag()
 	s.LedgerPersistFailures = e.ledger.PersistFailures()
 	s.LedgerFileBytes = e.ledger.FileBytes()
-	s.AdmissionLimit, s.AdmissionInPath = e.adaptive.Limit.Load(), e.adaptive.InPath.Load()
-	s.AdmissionAdaptive = e.adaptive.Target > 0
+	s.AdmissionLimit, s.AdmissionInPath = e.adaptive.Limit(), e.adaptive.InPath()
+	s.AdmissionAdaptive = e.adaptive.On()
 	s.CommitBlocked = e.commitBlocked.Load()
 	if e.cfg.Cluster != nil {
 		s.PeersUnreachable = len(e.cfg.Cluster.Unreachable())

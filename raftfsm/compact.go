@@ -87,12 +87,12 @@ func (l *Ledger) Compact() (CompactResult, error) {
 	if db == nil {
 		return CompactResult{}, ErrLedgerClosed
 	}
-	bh.PersistMu.Lock()
-	defer bh.PersistMu.Unlock()
-	if bh.DB != db {
+	written, release := bh.Hold()
+	defer release()
+	if written != db {
 		return CompactResult{}, nil
 	}
-	if err := bh.FlushLocked(); err != nil {
+	if err := bh.FlushHeld(); err != nil {
 		return CompactResult{}, err
 	}
 	var res CompactResult
@@ -129,7 +129,8 @@ func (l *Ledger) Compact() (CompactResult, error) {
 		l.mu.Unlock()
 		return abandon(fmt.Errorf("replace %s: %w", l.path, err))
 	}
-	l.db, bh.DB = dst, dst
+	l.db = dst
+	bh.SwapHeld(dst)
 	l.mu.Unlock()
 	if d, err := os.Open(filepath.Dir(l.path)); err == nil {
 		_ = d.Sync() // the rename survives a crash

@@ -226,13 +226,9 @@ func (l *Ledger) open() error {
 		return err
 	}
 	l.db = db
-	l.bh = store.NewWriteBehind(l.applied)
-	l.bh.Rider = &l.feed
+	l.bh = store.NewWriteBehind(l.applied, &l.applyMu, &l.feed)
 	l.feed.SetView(l.view)
-	l.bh.Applying = &l.applyMu
-	if f := l.persistFault.Load(); f != nil {
-		l.bh.Fault.Store(f)
-	}
+	l.bh.SetFault(l.persistFault.Load())
 	l.bh.Start(db, ledgerPersistHealth{l: l, bh: l.bh})
 	return nil
 }

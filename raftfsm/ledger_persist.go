@@ -60,7 +60,7 @@ func (l *Ledger) SetPersistFault(fault func() error) {
 	bh := l.bh
 	l.mu.RUnlock()
 	if bh != nil {
-		bh.Fault.Store(l.persistFault.Load())
+		bh.SetFault(l.persistFault.Load())
 	}
 }
 

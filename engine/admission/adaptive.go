@@ -29,12 +29,12 @@ const (
 )
 
 type Adaptive struct {
-	Target time.Duration // 0: off
+	target time.Duration // 0: off
 	max    int64
 	now    func() time.Time // the real clock (tests set their own)
 
-	Limit  atomic.Int64 // deducts allowed in the commit path
-	InPath atomic.Int64 // deducts won and not yet answered by the ledger
+	limit  atomic.Int64 // deducts allowed in the commit path
+	inPath atomic.Int64 // deducts won and not yet answered by the ledger
 
 	// The current window's figures, kept in atomics: enter and leave run
 	// on every won deduct. update (the janitor alone) closes windows.
@@ -54,19 +54,19 @@ func NewAdaptive(target time.Duration, maxInPath int) *Adaptive {
 	if maxInPath <= 0 {
 		maxInPath = adaptiveCeiling
 	}
-	a := &Adaptive{Target: target, max: int64(max(maxInPath, adaptiveLimitMin)), now: time.Now}
-	a.Limit.Store(a.max)
+	a := &Adaptive{target: target, max: int64(max(maxInPath, adaptiveLimitMin)), now: time.Now}
+	a.limit.Store(a.max)
 	return a
 }
 
 // Full reports whether one more deduct would exceed the bound.
 func (a *Adaptive) Full() bool {
-	return a.Target > 0 && a.InPath.Load() >= a.Limit.Load()
+	return a.target > 0 && a.inPath.Load() >= a.limit.Load()
 }
 
 // Enter counts a deduct into the commit path.
 func (a *Adaptive) Enter() {
-	n := a.InPath.Add(1)
+	n := a.inPath.Add(1)
 	if n == 1 {
 		// The path was empty: "nothing answered" counts from now, not
 		// from the last answer of a burst long past (which made the first
@@ -79,7 +79,7 @@ func (a *Adaptive) Enter() {
 
 // Leave counts a deduct out of the path after waiting d.
 func (a *Adaptive) Leave(d time.Duration) {
-	a.InPath.Add(-1)
+	a.inPath.Add(-1)
 	a.waitedNanos.Add(int64(d))
 	a.answered.Add(1)
 	a.lastAnswered.Store(a.now().UnixNano())
@@ -88,7 +88,7 @@ func (a *Adaptive) Leave(d time.Duration) {
 // Update closes a window once adaptiveWindow has passed, and moves the
 // bound.
 func (a *Adaptive) Update() {
-	if a.Target <= 0 {
+	if a.target <= 0 {
 		return
 	}
 	now := a.now()
@@ -102,16 +102,25 @@ func (a *Adaptive) Update() {
 	if now.Sub(a.windowStart) < adaptiveWindow {
 		return
 	}
-	inPath, limit := a.InPath.Load(), a.Limit.Load()
+	inPath, limit := a.inPath.Load(), a.limit.Load()
 	answered, waited, peak := a.answered.Swap(0), a.waitedNanos.Swap(0), a.peak.Swap(inPath)
-	slow := answered > 0 && time.Duration(waited/answered) > a.Target
-	stalled := inPath > 0 && now.UnixNano()-a.lastAnswered.Load() > int64(a.Target)
+	slow := answered > 0 && time.Duration(waited/answered) > a.target
+	stalled := inPath > 0 && now.UnixNano()-a.lastAnswered.Load() > int64(a.target)
 	switch {
 	case slow || stalled:
 		next := max(adaptiveLimitMin, min(limit, max(peak, inPath))*3/4)
-		a.Limit.Store(next)
+		a.limit.Store(next)
 	case peak >= limit*3/4 && limit < a.max:
-		a.Limit.Store(min(a.max, limit+max(1, limit/8)))
+		a.limit.Store(min(a.max, limit+max(1, limit/8)))
 	}
 	a.windowStart = now
 }
+
+// Limit is how many deducts the limit lets into the commit path now.
+func (a *Adaptive) Limit() int64 { return a.limit.Load() }
+
+// InPath is how many deducts are in the commit path.
+func (a *Adaptive) InPath() int64 { return a.inPath.Load() }
+
+// On reports whether the limit adapts at all (a target wait was set).
+func (a *Adaptive) On() bool { return a.target > 0 }

@@ -11,8 +11,8 @@ func TestAdaptiveLimit_FallsOnSlowWaitsAndClimbsBack(t *testing.T) {
 	a.now = func() time.Time { return now }
 	step := func() { now = now.Add(adaptiveWindow); a.Update() }
 	a.Update()
-	if a.Full() || a.Limit.Load() != 1000 {
-		t.Fatalf("a new limit is %d, full %v", a.Limit.Load(), a.Full())
+	if a.Full() || a.limit.Load() != 1000 {
+		t.Fatalf("a new limit is %d, full %v", a.limit.Load(), a.Full())
 	}
 	// 200 deducts wait; the window's slowest answer waited too long.
 	for range 200 {
@@ -20,7 +20,7 @@ func TestAdaptiveLimit_FallsOnSlowWaitsAndClimbsBack(t *testing.T) {
 	}
 	a.Leave(300 * time.Millisecond)
 	step()
-	if got := a.Limit.Load(); got != 200*3/4 {
+	if got := a.limit.Load(); got != 200*3/4 {
 		t.Fatalf("after a slow window the limit is %d, want %d", got, 200*3/4)
 	}
 	if !a.Full() {
@@ -30,31 +30,31 @@ func TestAdaptiveLimit_FallsOnSlowWaitsAndClimbsBack(t *testing.T) {
 	// stall shrinks it too.
 	step()
 	step()
-	if got := a.Limit.Load(); got >= 150 {
+	if got := a.limit.Load(); got >= 150 {
 		t.Fatalf("after a stalled window the limit is %d, want below 150", got)
 	}
 	// It never falls below the floor.
 	for range 50 {
 		step()
 	}
-	if got := a.Limit.Load(); got != adaptiveLimitMin {
+	if got := a.limit.Load(); got != adaptiveLimitMin {
 		t.Fatalf("the limit fell to %d, the floor is %d", got, adaptiveLimitMin)
 	}
 	// Fast answers while the path is nearly full: it climbs back, to the
 	// ceiling and no further.
-	for a.InPath.Load() > 0 {
+	for a.inPath.Load() > 0 {
 		a.Leave(time.Millisecond)
 	}
 	for range 200 {
-		for range int(a.Limit.Load()) {
+		for range int(a.limit.Load()) {
 			a.Enter()
 		}
-		for a.InPath.Load() > 0 {
+		for a.inPath.Load() > 0 {
 			a.Leave(time.Millisecond)
 		}
 		step()
 	}
-	if got := a.Limit.Load(); got != 1000 {
+	if got := a.limit.Load(); got != 1000 {
 		t.Fatalf("after fast windows the limit is %d, want the ceiling 1000", got)
 	}
 	// Off: never full.
@@ -85,13 +85,13 @@ func TestAdaptiveLimit_ABurstAfterQuietIsNoStall(t *testing.T) {
 	}
 	now = now.Add(adaptiveWindow + time.Millisecond)
 	a.Update()
-	if got := a.Limit.Load(); got != 1000 {
+	if got := a.limit.Load(); got != 1000 {
 		t.Fatalf("a burst after a quiet spell cut the limit to %d", got)
 	}
 	// A real stall still counts from the burst's start.
 	now = now.Add(3 * time.Second)
 	a.Update()
-	if got := a.Limit.Load(); got >= 1000 {
+	if got := a.limit.Load(); got >= 1000 {
 		t.Fatalf("nothing answered for 3s while 20 wait: the limit stayed %d", got)
 	}
 }

@@ -63,7 +63,7 @@ type loggedChange struct {
 	index uint64
 }
 
-// WriteBehind is the ledger's write-WriteBehind state. mu guards pending and the
+// WriteBehind is the ledger's write-behind state. mu guards pending and the
 // indexes; persistMu serialises writes to bbolt.
 type WriteBehind struct {
 	mu      sync.RWMutex
@@ -79,30 +79,50 @@ type WriteBehind struct {
 	persisted uint64 // the index bbolt holds
 	forgotten uint64 // pending holds nothing at or below this index
 
-	PersistMu sync.Mutex
-	// DB is the file written, under persistMu (a compaction swaps it).
-	DB *bolt.DB
-	// Applying is held by the FSM goroutine for each batch: the persister
+	persistMu sync.Mutex
+	// db is the file written, under persistMu (a compaction swaps it).
+	db *bolt.DB
+	// applying is held by the FSM goroutine for each batch: the persister
 	// drops what it wrote from pending only while no batch runs (a batch
 	// reads pending, then the file, and must see every change in one of
 	// them), so an idle ledger does not keep its last changes twice.
-	Applying *sync.Mutex
-	// Rider writes its own state in the same transactions as the
+	applying *sync.Mutex
+	// rider writes its own state in the same transactions as the
 	// changes (the order feed's events); nil: none.
-	Rider Rider
-	// Fault, when set, is asked before every write; an error fails the
+	rider Rider
+	// fault, when set, is asked before every write; an error fails the
 	// write as the disk would (tests of a full disk).
-	Fault    atomic.Pointer[func() error]
+	fault    atomic.Pointer[func() error]
 	wake     chan struct{}
 	stop     chan struct{}
 	stopping atomic.Bool // stop is closed
 	done     chan struct{}
 }
 
-func NewWriteBehind(persisted uint64) *WriteBehind {
+// NewWriteBehind is the write-behind of a file that holds every change up
+// to index persisted. applying is the lock the FSM goroutine holds for each
+// batch; rider (nil: none) writes its own state in the persister's
+// transactions.
+func NewWriteBehind(persisted uint64, applying *sync.Mutex, rider Rider) *WriteBehind {
 	return &WriteBehind{pending: map[string]map[string]pendingValue{}, log: map[string][]loggedChange{}, applied: persisted, persisted: persisted,
-		wake: make(chan struct{}, 1)}
+		applying: applying, rider: rider, wake: make(chan struct{}, 1)}
 }
+
+// SetFault makes every write ask fault first (nil: none); an error fails
+// the write as the disk would.
+func (b *WriteBehind) SetFault(fault *func() error) { b.fault.Store(fault) }
+
+// Hold stops the persister's writes until the returned release is called,
+// and says which file it writes: a compaction copies that file while
+// held, flushes (FlushHeld) and swaps the copy in (SwapHeld).
+func (b *WriteBehind) Hold() (db *bolt.DB, release func()) {
+	b.persistMu.Lock()
+	return b.db, b.persistMu.Unlock
+}
+
+// SwapHeld makes the persister write to db from now on; the caller holds
+// the persister (Hold).
+func (b *WriteBehind) SwapHeld(db *bolt.DB) { b.db = db }
 
 // Get reads a pending change: found reports whether pending decides the
 // key (value nil: deleted).
@@ -185,10 +205,10 @@ func (b *WriteBehind) ForgetPersisted() {
 // forgetIfIdle drops the changes bbolt holds, unless a batch is being
 // applied (it does so itself at the start of the next one).
 func (b *WriteBehind) forgetIfIdle() {
-	if b.Applying == nil || !b.Applying.TryLock() {
+	if b.applying == nil || !b.applying.TryLock() {
 		return
 	}
-	defer b.Applying.Unlock()
+	defer b.applying.Unlock()
 	b.ForgetPersisted()
 }
 
@@ -204,15 +224,15 @@ func (b *WriteBehind) Lag() (entries uint64, changes int) {
 // the index it reaches. Safe from any goroutine; it does not remove the
 // changes from pending (forgetPersisted does, on the FSM goroutine).
 func (b *WriteBehind) Flush() error {
-	b.PersistMu.Lock()
-	defer b.PersistMu.Unlock()
-	return b.FlushLocked()
+	b.persistMu.Lock()
+	defer b.persistMu.Unlock()
+	return b.FlushHeld()
 }
 
-// FlushLocked is flush for a caller holding persistMu.
-func (b *WriteBehind) FlushLocked() error {
-	db := b.DB
-	if f := b.Fault.Load(); f != nil {
+// FlushHeld is Flush for a caller holding the persister (Hold).
+func (b *WriteBehind) FlushHeld() error {
+	db := b.db
+	if f := b.fault.Load(); f != nil {
 		if err := (*f)(); err != nil {
 			return fmt.Errorf("persist ledger: %w", err)
 		}
@@ -274,9 +294,9 @@ func (b *WriteBehind) FlushLocked() error {
 				}
 			}
 		}
-		if b.Rider != nil {
+		if b.rider != nil {
 			var err error
-			if feedGen, feedSeq, err = b.Rider.Persist(tx, target); err != nil {
+			if feedGen, feedSeq, err = b.rider.Persist(tx, target); err != nil {
 				return fmt.Errorf("order feed: %w", err)
 			}
 		}
@@ -290,8 +310,8 @@ func (b *WriteBehind) FlushLocked() error {
 	b.mu.Lock()
 	b.persisted = target
 	b.mu.Unlock()
-	if b.Rider != nil {
-		b.Rider.Written(feedGen, feedSeq)
+	if b.rider != nil {
+		b.rider.Written(feedGen, feedSeq)
 	}
 	return nil
 }
@@ -351,9 +371,9 @@ func (b *WriteBehind) run(health PersistHealth) {
 func (b *WriteBehind) Start(db *bolt.DB, health PersistHealth) {
 	b.stop, b.done = make(chan struct{}), make(chan struct{})
 	b.stopping.Store(false)
-	b.PersistMu.Lock()
-	b.DB = db
-	b.PersistMu.Unlock()
+	b.persistMu.Lock()
+	b.db = db
+	b.persistMu.Unlock()
 	go b.run(health)
 }
 

@@ -2,6 +2,7 @@ package store
 
 import (
 	"path/filepath"
+	"sync"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -29,8 +30,8 @@ func TestBehind_WritesEachKeysLastChangeOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := NewWriteBehind(0)
-	b.DB = db
+	b := NewWriteBehind(0, new(sync.Mutex), nil)
+	b.db = db
 	merge := func(index uint64, kv ...string) {
 		batch, order := map[string][]byte{}, []string(nil)
 		for i := 0; i < len(kv); i += 2 {
