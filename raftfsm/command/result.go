@@ -3,7 +3,6 @@ package command
 import (
 	"fmt"
 	"stockd/internal/wire"
-	"stockd/raftfsm/store"
 	"stockd/stock"
 )
 
@@ -67,13 +66,13 @@ func EncodeResult(dst []byte, r *Result) []byte {
 	dst = wire.AppendUvarint(dst, r.Index)
 	dst = wire.AppendString(dst, r.Detail)
 	if r.Order != nil {
-		dst = store.AppendOrder(dst, r.Order)
+		dst = appendOrder(dst, r.Order)
 	}
 	if r.Takes != nil {
 		dst = wire.AppendUvarint(dst, uint64(len(r.Takes)))
 		for i := range r.Takes {
 			dst = append(dst, byte(r.Takes[i].Outcome))
-			dst = store.AppendOrder(dst, &r.Takes[i].Order)
+			dst = appendOrder(dst, &r.Takes[i].Order)
 		}
 	}
 	if r.Entries != nil {
@@ -100,14 +99,14 @@ func DecodeResult(b []byte) (*Result, error) {
 	r.Index = d.Uvarint()
 	r.Detail = d.String()
 	if flags&resultHasOrder != 0 {
-		o := store.DecodeOrder(&d)
+		o := decodeOrder(&d)
 		r.Order = &o
 	}
 	if flags&resultHasTakes != 0 {
-		r.Takes = make([]TakeResult, d.Count(store.MinOrderBytes+1))
+		r.Takes = make([]TakeResult, d.Count(minOrderBytes+1))
 		for i := range r.Takes {
 			r.Takes[i].Outcome = stock.Outcome(d.Byte())
-			r.Takes[i].Order = store.DecodeOrder(&d)
+			r.Takes[i].Order = decodeOrder(&d)
 		}
 	}
 	if flags&resultHasEntries != 0 {
@@ -123,4 +122,31 @@ func DecodeResult(b []byte) (*Result, error) {
 		return nil, fmt.Errorf("result: %w", err)
 	}
 	return r, nil
+}
+
+// minOrderBytes is the smallest encoded order (empty strings, one-byte
+// numbers).
+const minOrderBytes = 10
+
+// appendOrder appends o as a result carries it.
+func appendOrder(b []byte, o *stock.Order) []byte {
+	b = wire.AppendString(b, o.ID)
+	b = wire.AppendString(b, o.SKU)
+	b = wire.AppendString(b, o.User)
+	b = wire.AppendVarint(b, o.Qty)
+	b = wire.AppendString(b, string(o.State))
+	b = wire.AppendString(b, o.RequestID)
+	b = wire.AppendString(b, o.Node)
+	b = wire.AppendVarint(b, o.CreatedAtUnixNano)
+	b = wire.AppendVarint(b, o.ExpiresAtUnixNano)
+	return wire.AppendString(b, o.ReleaseReason)
+}
+
+// decodeOrder reads an order appendOrder wrote.
+func decodeOrder(d *wire.Decoder) stock.Order {
+	return stock.Order{
+		ID: d.String(), SKU: d.String(), User: d.String(), Qty: d.Varint(),
+		State: stock.OrderState(d.String()), RequestID: d.String(), Node: d.String(),
+		CreatedAtUnixNano: d.Varint(), ExpiresAtUnixNano: d.Varint(), ReleaseReason: d.String(),
+	}
 }

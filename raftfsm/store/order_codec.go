@@ -7,31 +7,6 @@ import (
 	"stockd/stock"
 )
 
-// MinOrderBytes is the smallest encoded order (empty strings, one-byte
-// numbers).
-const MinOrderBytes = 10
-
-func AppendOrder(b []byte, o *stock.Order) []byte {
-	b = wire.AppendString(b, o.ID)
-	b = wire.AppendString(b, o.SKU)
-	b = wire.AppendString(b, o.User)
-	b = wire.AppendVarint(b, o.Qty)
-	b = wire.AppendString(b, string(o.State))
-	b = wire.AppendString(b, o.RequestID)
-	b = wire.AppendString(b, o.Node)
-	b = wire.AppendVarint(b, o.CreatedAtUnixNano)
-	b = wire.AppendVarint(b, o.ExpiresAtUnixNano)
-	return wire.AppendString(b, o.ReleaseReason)
-}
-
-func DecodeOrder(d *wire.Decoder) stock.Order {
-	return stock.Order{
-		ID: d.String(), SKU: d.String(), User: d.String(), Qty: d.Varint(),
-		State: stock.OrderState(d.String()), RequestID: d.String(), Node: d.String(),
-		CreatedAtUnixNano: d.Varint(), ExpiresAtUnixNano: d.Varint(), ReleaseReason: d.String(),
-	}
-}
-
 // OrderRecordFormat is the first byte of an order record in ledger.db. A
 // record of an earlier version is JSON (it starts with '{') and is still
 // read.
