@@ -18,6 +18,7 @@ image:
 	rm -rf deploy/context && mkdir -p deploy/context/data
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o deploy/context/stockd .
 	docker build -f deploy/Dockerfile -t $(IMAGE) deploy/context
+	@echo "image: $(IMAGE)"
 
 # One node on 127.0.0.1:8080 (raft on 127.0.0.1:7000), data in ./data;
 # the operator's page at http://127.0.0.1:8080/ui.
@@ -67,9 +68,9 @@ test-memory:
 test-crowd:
 	STOCKD_CROWD=1 $(GO) test -count=1 -v -timeout 10m -run MultiProcess_Crowd ./scenario
 
-# Seeded random fault schedules against an in-process cluster (DESIGN.md's
-# invariants and a linearizability check after each): 20 over three nodes
-# and 5 over five. A failure prints its seed and the command that replays
+# Seeded random fault schedules against an in-process cluster (the
+# ledger's invariants and a linearizability check after each): 20 over
+# three nodes and 5 over five. A failure prints its seed and the command that replays
 # it. `make test` runs 2 of them. NEMESIS=32,8 (make's variable, or the
 # environment's, so `NEMESIS=32,8 bash .ci/run` works) runs another count.
 NEMESIS ?= 20,5

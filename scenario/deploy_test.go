@@ -91,6 +91,33 @@ func TestDeploy_SystemdUnit(t *testing.T) {
 		}
 	}
 	checkConfig(t, "the systemd unit", bin, args, env)
+
+	// The check command the unit's header gives, run as written (the
+	// paths pointed at this test's files, as the user it names).
+	var check string
+	for _, line := range strings.Split(string(unit), "\n") {
+		if _, rest, ok := strings.Cut(line, "# them with: "); ok {
+			check = rest
+		}
+	}
+	if !strings.HasPrefix(check, "sudo -u stockd ") {
+		t.Fatalf("the unit's header gives no check command as sudo -u stockd ...: %q", check)
+	}
+	envSrc, err := os.ReadFile(filepath.Join(root, "deploy", "systemd", "stockd.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	envCopy := filepath.Join(dir, "stockd.env")
+	if err := os.WriteFile(envCopy, []byte(strings.ReplaceAll(string(envSrc), "/etc/stockd/", certDir+"/")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check = strings.TrimPrefix(check, "sudo -u stockd ")
+	check = strings.NewReplacer("/etc/stockd/stockd.env", envCopy, "exec stockd ", "exec "+bin+" ", "/var/lib/stockd", filepath.Join(dir, "data")).Replace(check)
+	cmd := exec.Command("sh", "-c", check)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the unit's check command %q: %v\n%s", check, err, out)
+	}
 }
 
 // expandCompose substitutes ${VAR} and ${VAR:-default} as compose does,

@@ -136,7 +136,7 @@ func TestDocker_Image(t *testing.T) {
 		"-v", certDir+":/certs:ro", "-e", "STOCKD_ADMIN_TOKEN=test-admin-token",
 		"-e", "STOCKD_ADVERTISE_RAFT=n1:7000", "-e", "STOCKD_NODE_CERT=/certs/n1.pem", "-e", "STOCKD_NODE_KEY=/certs/n1-key.pem", "-e", "STOCKD_NODE_CA=/certs/ca.pem",
 		tag)
-	t.Cleanup(func() { exec.Command("docker", "rm", "-f", name).Run() })
+	t.Cleanup(func() { exec.Command("docker", "rm", "-f", "-v", name).Run() }) // -v: its anonymous /data volume too
 	defer func() {
 		if t.Failed() {
 			out, _ := exec.Command("docker", "logs", "--tail", "40", name).CombinedOutput()
@@ -245,6 +245,23 @@ func TestDocker_Compose(t *testing.T) {
 	container := map[string]string{}
 	for _, n := range []string{"n1", "n2", "n3"} {
 		container[n] = run("ps", "-q", n)
+		// What the node sees of the certificates: the CA's certificate and
+		// its own pair, never the CA's key or the whole directory.
+		out, err := exec.Command("docker", "inspect", "-f", `{{range .Mounts}}{{.Source}}:{{.Destination}} {{end}}`, container[n]).Output()
+		if err != nil {
+			t.Fatalf("docker inspect %s: %v", n, err)
+		}
+		var certs []string
+		for _, m := range strings.Fields(string(out)) {
+			if src, dst, _ := strings.Cut(m, ":"); strings.HasPrefix(src, certDir) {
+				certs = append(certs, dst)
+			}
+		}
+		slices.Sort(certs)
+		if want := []string{"/certs/ca.pem", "/certs/" + n + "-key.pem", "/certs/" + n + ".pem"}; !slices.Equal(certs, want) {
+			t.Fatalf("%s mounts %v of the certificates' directory, want %v", n, certs, want)
+		}
+		t.Logf("%s mounts %v", n, certs)
 	}
 	defer func() {
 		if t.Failed() {
