@@ -40,7 +40,7 @@ func (p *Plane) CreateSale(sku string, spec SaleSpec) (created bool, err error) 
 		return false, fmt.Errorf("%w: sale %q needs total, per_user and hold_ttl >= 0", engine.ErrInvalid, sku)
 	}
 	_, _, exists := p.ledger.SKU(sku)
-	if !exists && p.e.Sales() >= engine.MaxSKUs {
+	if !exists && p.Engine.Sales() >= engine.MaxSKUs {
 		return false, fmt.Errorf("%w: this node holds %d", engine.ErrTooManySKUs, engine.MaxSKUs)
 	}
 	for _, t := range []struct {
@@ -78,7 +78,7 @@ func (p *Plane) CreateSale(sku string, spec SaleSpec) (created bool, err error) 
 			return false, fmt.Errorf("draw a lottery seed: %w", err)
 		}
 	}
-	res, err := p.e.Propose(cmd)
+	res, err := p.Engine.Propose(cmd)
 	if err != nil {
 		return false, err
 	}
@@ -98,12 +98,12 @@ func (p *Plane) Restock(sku string, qty int64) error {
 	if qty <= 0 {
 		return fmt.Errorf("%w: restock qty %d <= 0", engine.ErrInvalid, qty)
 	}
-	res, err := p.e.Propose(&command.Restock{SKU: sku, Qty: qty})
+	res, err := p.Engine.Propose(&command.Restock{SKU: sku, Qty: qty})
 	if err != nil {
 		return err
 	}
 	if res.Outcome == stock.OutcomeOK {
-		p.e.HoldAck() // no node may answer sold_out once this is answered
+		p.Engine.HoldAck() // no node may answer sold_out once this is answered
 	}
 	return saleOutcome(sku, res)
 }
@@ -112,7 +112,7 @@ func (p *Plane) Restock(sku string, qty int64) error {
 // back to available; held orders may still be confirmed until they
 // expire.
 func (p *Plane) CloseSale(sku string) error {
-	res, err := p.e.Propose(&command.CloseSale{SKU: sku})
+	res, err := p.Engine.Propose(&command.CloseSale{SKU: sku})
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func (p *Plane) CloseSale(sku string) error {
 // stay): the leader then removes them in bounded steps, and every node
 // compacts its ledger file once they are gone.
 func (p *Plane) ArchiveSale(sku string) error {
-	res, err := p.e.Propose(&command.ArchiveSale{SKU: sku})
+	res, err := p.Engine.Propose(&command.ArchiveSale{SKU: sku})
 	if err != nil {
 		return err
 	}
@@ -167,7 +167,7 @@ func (p *Plane) Cancel(id string) (stock.Order, error) {
 }
 
 func (p *Plane) orderCommand(c command.Command) (stock.Order, error) {
-	res, err := p.e.Propose(c)
+	res, err := p.Engine.Propose(c)
 	if err != nil {
 		return stock.Order{}, err
 	}
@@ -179,7 +179,7 @@ func (p *Plane) orderCommand(c command.Command) (stock.Order, error) {
 		// No node may answer the order held, or its units sold out or
 		// past the buyer's limit, once this is answered (vouch.go). A
 		// repeat waits too: its first call may still be in its hold.
-		p.e.HoldAck()
+		p.Engine.HoldAck()
 	}
 	switch res.Outcome {
 	case stock.OutcomeOK, stock.OutcomeSame:
@@ -208,7 +208,7 @@ func orderOf(c command.Command) string {
 // Reclaim returns all of node's leases to available (after it left the
 // cluster) and reports the units.
 func (p *Plane) Reclaim(node string) (int64, error) {
-	res, err := p.e.Propose(&command.Reclaim{Node: node})
+	res, err := p.Engine.Propose(&command.Reclaim{Node: node})
 	if err != nil {
 		return 0, err
 	}

@@ -38,7 +38,7 @@ func (p *Plane) runPurger() {
 		case <-t.C:
 		case <-p.purgeWake:
 		}
-		if !p.e.IsLeader() || p.e.CommitBlocked() {
+		if !p.Engine.IsLeader() || p.Engine.CommitBlocked() {
 			continue
 		}
 		rows, _ := p.ledger.SKUs()
@@ -85,7 +85,7 @@ func (p *Plane) purge(sku string) {
 		if done {
 			step.Entries = purgeStep
 		}
-		res, err := p.e.Propose(step)
+		res, err := p.Engine.Propose(step)
 		if err != nil {
 			p.logger.Warn("archive step not committed; trying again later", "sku", sku, "err", err)
 			return

@@ -117,7 +117,7 @@ func (p *Plane) DropConsumer(name string) error {
 }
 
 func (p *Plane) consumerCommand(c *command.AckConsumer) error {
-	res, err := p.e.Propose(c)
+	res, err := p.Engine.Propose(c)
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func (p *Plane) consumerCommand(c *command.AckConsumer) error {
 // beyond FeedCap whatever the consumers (with a warning when a consumer
 // had not read them).
 func (p *Plane) pruneFeed(now time.Time) {
-	if !p.e.IsLeader() || p.e.CommitBlocked() {
+	if !p.Engine.IsLeader() || p.Engine.CommitBlocked() {
 		return
 	}
 	st, err := p.ledger.FeedStats()
@@ -169,10 +169,10 @@ func (p *Plane) pruneFeed(now time.Time) {
 		}
 	}
 	if through.Seq <= st.Floor.Seq {
-		p.e.Metrics().NoteFeedPrune(false, 0)
+		p.Engine.Metrics().NoteFeedPrune(false, 0)
 		return
 	}
-	res, err := p.e.Propose(&command.PruneEvents{Through: through})
+	res, err := p.Engine.Propose(&command.PruneEvents{Through: through})
 	if err != nil || res.Outcome != stock.OutcomeOK {
 		p.logger.Debug("prune the order feed", "through", through.String(), "err", err)
 		return
@@ -181,7 +181,7 @@ func (p *Plane) pruneFeed(now time.Time) {
 	if capped && slowest != nil && slowest.Cursor.Seq < through.Seq {
 		unread = through.Seq - max(slowest.Cursor.Seq, st.Floor.Seq)
 	}
-	p.e.Metrics().NoteFeedPrune(unread > 0, unread)
+	p.Engine.Metrics().NoteFeedPrune(unread > 0, unread)
 	if unread > 0 {
 		p.logger.Warn("order feed at its cap: pruned events a consumer has not acknowledged",
 			"consumer", slowest.Name, "consumer_cursor", slowest.Cursor.String(), "pruned_through", through.String(),

@@ -92,7 +92,7 @@ func (p *Plane) reclaimLostNodes(now time.Time, tried map[string]time.Time) {
 			continue
 		}
 		tried[node] = now
-		res, err := p.e.Propose(&command.Reclaim{Node: node})
+		res, err := p.Engine.Propose(&command.Reclaim{Node: node})
 		if err != nil {
 			p.logger.Warn("reclaim failed", "node", node, "err", err)
 			continue
@@ -110,11 +110,11 @@ func (p *Plane) overRequestCap() bool {
 // pruneRequests runs on the leader: it bounds the request ids kept for
 // idempotency by age and count.
 func (p *Plane) pruneRequests(now time.Time) {
-	if !p.e.IsLeader() || p.e.CommitBlocked() {
+	if !p.Engine.IsLeader() || p.Engine.CommitBlocked() {
 		return
 	}
 	before := now.Add(-p.cfg.RequestRetention).UnixNano()
-	res, err := p.e.Propose(&command.PruneRequests{BeforeUnixNano: before, MaxKeep: p.cfg.RequestMaxKeep})
+	res, err := p.Engine.Propose(&command.PruneRequests{BeforeUnixNano: before, MaxKeep: p.cfg.RequestMaxKeep})
 	if err != nil {
 		p.logger.Warn("prune request ids", "err", err)
 		return
@@ -151,7 +151,7 @@ func (r *sellingRate) busy(answered uint64, now time.Time) bool {
 // auditGap is the time between two periodic audits: AuditInterval, or
 // longer when the last audit took long (auditPaceFactor).
 func (p *Plane) auditGap() time.Duration {
-	return auditGapAfter(p.cfg.AuditInterval, time.Duration(p.e.Metrics().AuditNanos()))
+	return auditGapAfter(p.cfg.AuditInterval, time.Duration(p.Engine.Metrics().AuditNanos()))
 }
 
 // auditGapAfter is the gap after an audit that took last: interval, or
@@ -170,7 +170,7 @@ func (p *Plane) auditAll() {
 	}
 	for sku, a := range audits {
 		drift := auditDrift(&a)
-		p.e.Metrics().SetDrift(sku, drift)
+		p.Engine.Metrics().SetDrift(sku, drift)
 		if drift != 0 {
 			p.logger.Error("audit found drift", "sku", sku, "drift_units", drift, "problem", a.Problem)
 		}

@@ -63,7 +63,7 @@ func (p *Plane) Enter(ctx context.Context, sku, user, requestID string) (stock.E
 	row, _, ok := p.ledger.SKU(sku)
 	if !ok {
 		// Made through another node a moment ago, perhaps.
-		if err := p.e.CatchUp(ctx); err != nil {
+		if err := p.Engine.CatchUp(ctx); err != nil {
 			return stock.Entry{}, err
 		}
 		row, _, ok = p.ledger.SKU(sku)
@@ -81,7 +81,7 @@ func (p *Plane) Enter(ctx context.Context, sku, user, requestID string) (stock.E
 	case row.Closed() || row.Lottery.Drawn() || now >= row.Config.EntriesCloseAtUnixNano:
 		return stock.Entry{}, fmt.Errorf("%w: entries to %q closed at %s", ErrEntriesClosed, sku,
 			time.Unix(0, row.Config.EntriesCloseAtUnixNano).UTC().Format(time.RFC3339))
-	case p.e.Closing():
+	case p.Engine.Closing():
 		return stock.Entry{}, fmt.Errorf("%w: node is shutting down", engine.ErrUnavailable)
 	}
 	// Deducts and entries share the user's ids; the ledger has the last
@@ -119,7 +119,7 @@ func (p *Plane) Enter(ctx context.Context, sku, user, requestID string) (stock.E
 	}
 	switch pe.res.Outcome {
 	case stock.OutcomeOK, stock.OutcomeSame:
-		p.e.Metrics().CountEntries(1)
+		p.Engine.Metrics().CountEntries(1)
 		return pe.res.Entry, nil
 	case stock.OutcomeUnknownSKU:
 		return stock.Entry{}, fmt.Errorf("%w: %q", engine.ErrUnknownSKU, sku)
@@ -158,7 +158,7 @@ func (p *Plane) commitEntries(batch []*pendingEntry) {
 	for i, p := range batch {
 		c.Entries[i] = p.entry
 	}
-	res, err := p.e.Propose(c)
+	res, err := p.Engine.Propose(c)
 	if err == nil && len(res.Entries) != len(batch) {
 		// The command committed: its entries' fate is not "nothing applied".
 		p.logger.Error("BUG: entry results do not match the batch", "entries", len(batch), "results", len(res.Entries))
@@ -210,10 +210,10 @@ func (p *Plane) SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, er
 // from the leader, one proposal at a time: a new leader after a failover
 // finds the draw still due (or done) in its ledger, so there is exactly one.
 func (p *Plane) drawDue(now time.Time) {
-	if !p.e.IsLeader() || p.drawing.Load() {
+	if !p.Engine.IsLeader() || p.drawing.Load() {
 		return
 	}
-	due := p.e.LotteriesDue(now)
+	due := p.Engine.LotteriesDue(now)
 	if len(due) == 0 || !p.drawing.CompareAndSwap(false, true) {
 		return
 	}
@@ -223,7 +223,7 @@ func (p *Plane) drawDue(now time.Time) {
 		defer p.drawing.Store(false)
 		for _, sku := range due {
 			start := time.Now()
-			res, err := p.e.Propose(&command.Draw{SKU: sku})
+			res, err := p.Engine.Propose(&command.Draw{SKU: sku})
 			if err != nil {
 				p.logger.Warn("lottery draw not committed; the leader tries again", "sku", sku, "err", err)
 				continue

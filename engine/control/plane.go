@@ -74,7 +74,6 @@ const loopTick = 50 * time.Millisecond
 // control plane's.
 type Plane struct {
 	*engine.Engine
-	e      *engine.Engine
 	ledger Ledger
 	cfg    engine.Config
 	logger *slog.Logger
@@ -96,7 +95,7 @@ type Plane struct {
 // New builds the control plane of e over ledger (the one e reads).
 func New(e *engine.Engine, ledger Ledger) *Plane {
 	p := &Plane{
-		Engine: e, e: e, ledger: ledger, cfg: e.Config(),
+		Engine: e, ledger: ledger, cfg: e.Config(),
 		logger:     e.Logger().With("plane", "control"),
 		purgeWake:  make(chan struct{}, 1),
 		entryQueue: make(chan *pendingEntry, entryQueueMax),
@@ -148,7 +147,7 @@ func (p *Plane) run() {
 			lastFeedPrune = now
 			p.pruneFeed(now)
 		}
-		busy := selling.busy(p.e.Metrics().Answered(), time.Now()) // on the real clock, as the rate is
+		busy := selling.busy(p.Engine.Metrics().Answered(), time.Now()) // on the real clock, as the rate is
 		gap := p.auditGap()
 		if busy && auditHeld.IsZero() && now.Sub(lastAudit) >= gap {
 			auditHeld = now
@@ -168,7 +167,7 @@ func (p *Plane) run() {
 				defer p.auditing.Store(false)
 				start := time.Now()
 				p.auditAll()
-				p.e.Metrics().NoteAudit(time.Since(start))
+				p.Engine.Metrics().NoteAudit(time.Since(start))
 			}()
 		}
 		if since := now.Sub(lastPrune); since >= pruneInterval || since >= pruneOverCapInterval && p.overRequestCap() {
