@@ -34,12 +34,14 @@ GOTESTSUM ?= $(GO) run gotest.tools/gotestsum@v1.13.0
 test: vet
 	$(GO) test -count=1 -run Allocate ./httpapi/ ./engine/ ./shard/
 	$(GOTESTSUM) --format pkgname -- -race -count=1 -timeout 15m ./...
+	cd client && $(GOTESTSUM) --format pkgname -- -race -count=1 ./...
 
 # staticcheck, fetched through the module proxy on first use; and the
 # binary built for Windows and macOS, so that a Linux-only call outside a
 # build-tagged file is caught here (the tests themselves are Linux's).
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	cd client && $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 	GOOS=windows GOARCH=amd64 $(GO) build -o /dev/null .
 	GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null .
 
@@ -89,8 +91,11 @@ SEEDS ?= 100
 soak:
 	STOCKD_NEMESIS=$$(( $(SEEDS) - $(SEEDS) / 5 )),$$(( $(SEEDS) / 5 )) $(GO) test -count=1 -v -timeout $$(( $(SEEDS) * 60 ))s -run 'Nemesis$$' ./scenario | NEMESIS_LOG=soak.log scripts/nemesis-summary.sh
 
+# The client (client/) is a module of its own: vetted, linted and tested
+# from its own directory, against the oldest Go its go.mod declares.
 vet:
 	$(GO) vet ./...
+	cd client && $(GO) vet ./...
 	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }
 
 # A flash sale against a freshly launched local node: 1,000 units,

@@ -1,4 +1,4 @@
-module stockd
+module stockd.dev/stockd
 
 go 1.26.8
 
@@ -59,4 +59,7 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/term v0.44.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
+	stockd.dev/stockd/client v0.0.0
 )
+
+replace stockd.dev/stockd/client => ./client

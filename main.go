@@ -24,12 +24,12 @@ import (
 	"syscall"
 	"time"
 
-	"stockd/backup"
-	"stockd/bench"
-	"stockd/feed"
-	"stockd/internal/health"
-	"stockd/internal/pki"
-	"stockd/node"
+	"stockd.dev/stockd/backup"
+	"stockd.dev/stockd/bench"
+	"stockd.dev/stockd/feed"
+	"stockd.dev/stockd/internal/health"
+	"stockd.dev/stockd/internal/pki"
+	"stockd.dev/stockd/node"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

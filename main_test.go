@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 func TestApplyEnv_FlagWinsOverEnvironment(t *testing.T) {

@@ -15,11 +15,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"stockd/raftfsm/store"
 	"strings"
 	"time"
 
-	"stockd/internal/certs"
+	"stockd.dev/stockd/client"
+	"stockd.dev/stockd/raftfsm/store"
 )
 
 // Main runs `stockd backup [flags]` or `stockd backup verify FILE`.
@@ -86,7 +86,7 @@ func fetch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	var tlsCfg *tls.Config
 	if *caFile != "" || *certFile != "" {
-		if tlsCfg, err = certs.ClientTLS(*caFile, *certFile, *keyFile); err != nil {
+		if tlsCfg, err = client.TLSFiles(*caFile, *certFile, *keyFile); err != nil {
 			return fmt.Errorf("TLS files: %w", err)
 		}
 	}

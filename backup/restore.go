@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 	"strings"
 )
 

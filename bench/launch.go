@@ -14,10 +14,11 @@ import (
 	"syscall"
 	"time"
 
+	"stockd.dev/stockd/client"
+
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/certs"
-	"stockd/internal/loopport"
+	"stockd.dev/stockd/internal/loopport"
 )
 
 const (
@@ -223,11 +224,11 @@ func makeLaunchCerts(binary, dir string) (*launchTLS, error) {
 			}
 		}
 	}
-	client, err := certs.ClientTLS(filepath.Join(dir, "ca.pem"), "", "")
+	cfg, err := client.TLSFiles(filepath.Join(dir, "ca.pem"), "", "")
 	if err != nil {
 		return nil, err
 	}
-	return &launchTLS{dir: dir, client: client}, nil
+	return &launchTLS{dir: dir, client: cfg}, nil
 }
 
 // nodeArgs are node id's certificate flags: node-to-node TLS and HTTPS.

@@ -3,13 +3,14 @@ package bench
 import (
 	"crypto/tls"
 
+	"stockd.dev/stockd/client"
+
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"slices"
-	"stockd/internal/certs"
 	"strconv"
 	"strings"
 	"time"
@@ -131,7 +132,7 @@ hot-cold (Zipf over many SKUs), retry-storm (re-sent request ids), holds
 	}
 	if caFile != "" || certFile != "" {
 		var err error
-		if o.TLS, err = certs.ClientTLS(caFile, certFile, keyFile); err != nil {
+		if o.TLS, err = client.TLSFiles(caFile, certFile, keyFile); err != nil {
 			return o, err
 		}
 	}

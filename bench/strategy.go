@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"stockd/shard"
+	"stockd.dev/stockd/shard"
 )
 
 // strategyNames lists every strategy in table order.

@@ -25,6 +25,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -33,13 +34,12 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"stockd/internal/certs"
 )
 
 // Errors a call may end in; compare with errors.Is. A definite answer of
@@ -144,9 +144,26 @@ type Config struct {
 // client certificate certFile with its key keyFile when both are given
 // (for nodes started with -http-client-ca).
 func TLSFiles(caFile, certFile, keyFile string) (*tls.Config, error) {
-	cfg, err := certs.ClientTLS(caFile, certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA bundle: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("CA bundle %s: no PEM certificate in it", caFile)
+		}
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("a client certificate needs both its file and its key")
+	}
+	if certFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
 	}
 	return cfg, nil
 }

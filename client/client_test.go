@@ -2,12 +2,15 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,7 +112,7 @@ func TestDeduct_NotDefiniteAnswersAreRetriedWithTheSameRequestID(t *testing.T) {
 			bad, good := newFakeNode(t, failure), newFakeNode(t, won)
 			c := newTestClient(t, bad, good)
 			var ids []string
-			for range 4 { // the round robin starts on each node in turn
+			for i := 0; i < 4; i++ { // the round robin starts on each node in turn
 				o, err := c.Deduct(context.Background(), Deduct{SKU: "phone", User: "alice"})
 				if err != nil || o.OrderID != "n1-1-x" || o.State != "sold" || o.RequestID == "" {
 					t.Fatalf("deduct: %+v %v", o, err)
@@ -311,5 +314,32 @@ func TestClient_TokensAndTLS(t *testing.T) {
 		if v, _ := got.Load(path); v != want {
 			t.Fatalf("%s carried Authorization %q, want %q", path, v, want)
 		}
+	}
+}
+
+// TestTLSFiles_RefusesWhatCannotBeUsed: a missing CA file, a file with no
+// certificate in it, and a certificate without its key are errors that
+// name what is wrong, not a config that fails at the first handshake.
+func TestTLSFiles_RefusesWhatCannotBeUsed(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ca, cert, key, want string
+	}{
+		{filepath.Join(dir, "missing.pem"), "", "", "no such file"},
+		{notPEM, "", "", "no PEM certificate"},
+		{"", filepath.Join(dir, "svc.pem"), "", "needs both its file and its key"},
+		{"", filepath.Join(dir, "svc.pem"), filepath.Join(dir, "svc-key.pem"), "load client certificate"},
+	} {
+		if _, err := TLSFiles(c.ca, c.cert, c.key); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("TLSFiles(%q, %q, %q): want an error with %q, got %v", c.ca, c.cert, c.key, c.want, err)
+		}
+	}
+	cfg, err := TLSFiles("", "", "")
+	if err != nil || cfg.RootCAs != nil || cfg.MinVersion != tls.VersionTLS12 {
+		t.Errorf("TLSFiles with no files: %+v, %v; want the system's roots and TLS 1.2 at least", cfg, err)
 	}
 }

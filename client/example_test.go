@@ -9,7 +9,7 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"stockd/client"
+	"stockd.dev/stockd/client"
 )
 
 // A service buys through the client: one request id per purchase, kept

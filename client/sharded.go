@@ -109,8 +109,7 @@ func (s *Sharded) DeductBatch(ctx context.Context, ds []Deduct) []Result {
 	}
 	sort.Ints(keys)
 	for _, k := range keys {
-		idx := parts[k]
-		go func() {
+		go func(k int, idx []int) {
 			defer func() { done <- struct{}{} }()
 			part := make([]Deduct, len(idx))
 			for j, i := range idx {
@@ -119,7 +118,7 @@ func (s *Sharded) DeductBatch(ctx context.Context, ds []Deduct) []Result {
 			for j, r := range s.clusters[k].DeductBatch(ctx, part) {
 				out[idx[j]] = r
 			}
-		}()
+		}(k, parts[k])
 	}
 	for range keys {
 		<-done

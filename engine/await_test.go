@@ -1,7 +1,7 @@
 package engine
 
 import (
-	"stockd/internal/deadline"
+	"stockd.dev/stockd/internal/deadline"
 	"testing"
 	"time"
 )

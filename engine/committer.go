@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/internal/batcher"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/batcher"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // committer is the group commit of won takes (batcher): an idle node

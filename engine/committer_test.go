@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // refusingProposer stands for a leader with a smaller size limit than this

@@ -8,8 +8,8 @@ import (
 	"runtime"
 	"time"
 
-	"stockd/raftfsm/command"
-	"stockd/shard"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/shard"
 )
 
 // Errors of the engine's control-plane calls. Deduct reports its outcomes as

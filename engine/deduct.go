@@ -1,8 +1,8 @@
 package engine
 
 import (
-	"stockd/engine/admission"
-	"stockd/stock"
+	"stockd.dev/stockd/engine/admission"
+	"stockd.dev/stockd/stock"
 	"time"
 )
 

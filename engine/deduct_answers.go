@@ -1,8 +1,8 @@
 package engine
 
 import (
-	"stockd/raftfsm"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/stock"
 )
 
 // The answers a deduct gets before it tries for a unit: a repeated request

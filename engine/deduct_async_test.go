@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
 )
 
 // A DeductAsync caller whose take never commits is answered once, at its

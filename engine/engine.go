@@ -9,10 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stockd/engine/admission"
-	"stockd/internal/deadline"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/orderid"
+	"stockd.dev/stockd/engine/admission"
+	"stockd.dev/stockd/internal/deadline"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/orderid"
 )
 
 // Engine sells from one node. Its methods may be called from any goroutine.

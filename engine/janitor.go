@@ -4,8 +4,8 @@ import (
 	"errors"
 	"time"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
 )
 
 const (

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"time"
 
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // leasesInFlightMax bounds concurrent Lease proposals (one per SKU at most).

@@ -4,8 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 
-	"stockd/raftfsm"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/stock"
 )
 
 // Ledger is what the engine, the data plane, reads of the replicated

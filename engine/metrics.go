@@ -2,7 +2,7 @@ package engine
 
 import (
 	"maps"
-	"stockd/internal/counter"
+	"stockd.dev/stockd/internal/counter"
 	"sync"
 	"sync/atomic"
 	"time"

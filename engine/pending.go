@@ -1,10 +1,10 @@
 package engine
 
 import (
-	"stockd/engine/admission"
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/engine/admission"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 	"sync"
 	"time"
 )

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stockd/internal/hashfilter"
+	"stockd.dev/stockd/internal/hashfilter"
 )
 
 // pendingFilter says, without a lock, whether a request id may have an

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/command"
 )
 
 // What the engine, the data plane, offers its control plane (package

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"stockd/raftfsm/orderid"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/orderid"
+	"stockd.dev/stockd/stock"
 )
 
 // SKUView is a sale as GET /v1/skus/{sku} shows it.

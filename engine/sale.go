@@ -4,9 +4,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stockd/raftfsm"
-	"stockd/shard"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/shard"
+	"stockd.dev/stockd/stock"
 )
 
 // sale is one SKU's node-local selling state. Fields read on the fast path

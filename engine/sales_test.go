@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/lottery"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/lottery"
+	"stockd.dev/stockd/stock"
 )
 
 // The engine's tests make their sales through the log, as the control

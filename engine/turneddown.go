@@ -1,7 +1,7 @@
 package engine
 
 import (
-	"stockd/stock"
+	"stockd.dev/stockd/stock"
 	"sync"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
 )
 
 // availabilityReads counts the engine's reads of a sale's availability:

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/feed"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/feed"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // TestFeed_ThroughAFollowerOfARealCluster: the consumer reads a three-node

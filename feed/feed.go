@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"stockd/client"
+	"stockd.dev/stockd/client"
 )
 
 // options are the consumer's flags.

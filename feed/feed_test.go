@@ -14,7 +14,7 @@ import (
 	"sync"
 	"testing"
 
-	"stockd/feed"
+	"stockd.dev/stockd/feed"
 )
 
 // fakeFeed is a node's order feed as the consumer sees it: events 1 to n

@@ -6,7 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/httpapi/deductwire"
+	"stockd.dev/stockd/httpapi/deductwire"
 )
 
 // Who may call what: three credentials, each guarding its

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"stockd/engine/control"
+	"stockd.dev/stockd/engine/control"
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/stock"
 )
 
 // countingEngine counts every call that would change the ledger.

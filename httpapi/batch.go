@@ -8,8 +8,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/httpapi/deductwire"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi/deductwire"
 )
 
 // Batch deducts (docs/http.md): POST /v1/deducts carries up

@@ -11,7 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/coarsedeadline"
+	"stockd.dev/stockd/internal/coarsedeadline"
 )
 
 // startConnTestServer serves a server with short timeouts on loopback,

@@ -5,8 +5,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/httpapi/deductwire"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi/deductwire"
 )
 
 // The answers and rules of a single deduct live in deductwire, which the

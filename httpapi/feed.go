@@ -5,15 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"stockd/engine/control"
+	"stockd.dev/stockd/engine/control"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/httpapi/deductwire"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi/deductwire"
+	"stockd.dev/stockd/stock"
 )
 
 // The order feed's routes (docs/feed-and-lottery.md): GET /v1/events,

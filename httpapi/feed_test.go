@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"stockd/stock"
+	"stockd.dev/stockd/stock"
 )
 
 // eventsJSONReference builds GET /v1/events's answer the slow, obvious way;

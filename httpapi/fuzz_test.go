@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"stockd/engine"
+	"stockd.dev/stockd/engine"
 )
 
 // The deduct body decoder meets every client on the hot path: whatever

@@ -5,14 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"stockd/engine/control"
+	"stockd.dev/stockd/engine/control"
 	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/stock"
 )
 
 // saleRequest is the body of PUT /v1/skus/{sku}.

@@ -4,15 +4,15 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
-	"stockd/engine/control"
+	"stockd.dev/stockd/engine/control"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/httpapi/deductwire"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi/deductwire"
+	"stockd.dev/stockd/stock"
 )
 
 // lotteryJSON is a lottery sale's part of GET /v1/skus/{sku}.

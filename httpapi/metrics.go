@@ -6,8 +6,8 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"stockd/engine"
-	"stockd/internal/counter"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/internal/counter"
 	"sync/atomic"
 	"time"
 

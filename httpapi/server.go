@@ -14,15 +14,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"stockd/engine/control"
+	"stockd.dev/stockd/engine/control"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/pprofhandler"
 
-	"stockd/engine"
-	"stockd/httpapi/deductwire"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi/deductwire"
+	"stockd.dev/stockd/stock"
 )
 
 // Limits of the wire format, each with its reason.

@@ -4,15 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"net"
-	"stockd/engine/control"
+	"stockd.dev/stockd/engine/control"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/stock"
 )
 
 // fakeEngine answers every deduct with a fixed status and records calls.

@@ -15,9 +15,9 @@ import (
 	"syscall"
 	"time"
 
-	"stockd/httpapi"
-	"stockd/raftfsm"
-	"stockd/raftnode"
+	"stockd.dev/stockd/httpapi"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftnode"
 )
 
 // BackupSchedule is -backup-dir, -backup-interval and -backup-keep: the

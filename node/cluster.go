@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/httpapi"
-	"stockd/peer"
-	"stockd/raftfsm"
-	"stockd/raftnode"
+	"stockd.dev/stockd/httpapi"
+	"stockd.dev/stockd/peer"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftnode"
 )
 
 // clusterView gives the engine (engine.Cluster) and the HTTP layer

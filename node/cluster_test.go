@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // TestCluster_AFollowerForwardsAndTheLeaderDiesMidSale: three nodes over

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"stockd/peer"
-	"stockd/raftfsm"
-	"stockd/raftnode"
+	"stockd.dev/stockd/peer"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftnode"
 )
 
 const (

@@ -10,14 +10,14 @@ import (
 	"sync"
 	"time"
 
-	"stockd/engine"
-	"stockd/engine/control"
-	"stockd/httpapi"
-	"stockd/httpapi/eventloop"
-	"stockd/internal/coarsedeadline"
-	"stockd/peer"
-	"stockd/raftfsm"
-	"stockd/raftnode"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/engine/control"
+	"stockd.dev/stockd/httpapi"
+	"stockd.dev/stockd/httpapi/eventloop"
+	"stockd.dev/stockd/internal/coarsedeadline"
+	"stockd.dev/stockd/peer"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftnode"
 )
 
 // Peer is one voter of a cluster: its node id and raft address.

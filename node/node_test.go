@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"stockd/engine"
-	"stockd/raftfsm"
-	"stockd/raftnode"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftnode"
+	"stockd.dev/stockd/stock"
 )
 
 // testConfig is a single node on loopback ports chosen by the system,

@@ -8,11 +8,11 @@ import (
 	"net/http"
 	"time"
 
-	"stockd/engine"
-	"stockd/peer"
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
-	"stockd/raftnode"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/peer"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftnode"
 )
 
 const (

@@ -10,10 +10,10 @@ import (
 	"net/url"
 	"time"
 
-	"stockd/httpapi"
-	"stockd/internal/certs"
-	"stockd/internal/nodeport"
-	"stockd/raftnode"
+	"stockd.dev/stockd/httpapi"
+	"stockd.dev/stockd/internal/certs"
+	"stockd.dev/stockd/internal/nodeport"
+	"stockd.dev/stockd/raftnode"
 )
 
 // TLSFiles names a node's certificate files (PEM).

@@ -1,8 +1,8 @@
 package raftfsm
 
 import (
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // This package's tests name the commands unqualified, as the ledger did

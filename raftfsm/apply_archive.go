@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"strings"
 )
 

@@ -2,10 +2,10 @@ package raftfsm
 
 import (
 	"fmt"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/orderfeed"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/orderfeed"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 )
 
 // The applier's side of the order feed: a batch numbers its events after

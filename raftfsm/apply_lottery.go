@@ -3,10 +3,10 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/lottery"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/lottery"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 )
 
 // entryOf reads user's entry into sku as this batch sees it.

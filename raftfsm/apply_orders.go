@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"hash/maphash"
 	"slices"
-	"stockd/internal/wire"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/orderid"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/orderid"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"sync/atomic"
 )
 

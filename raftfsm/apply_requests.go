@@ -4,10 +4,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"stockd/internal/wire"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 )
 
 // requestChange is a request id's new record: its order and creation

@@ -1,7 +1,7 @@
 package raftfsm
 
 import (
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 
 	bolt "go.etcd.io/bbolt"
 )

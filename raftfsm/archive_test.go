@@ -2,7 +2,7 @@ package raftfsm
 
 import (
 	"fmt"
-	"stockd/stock"
+	"stockd.dev/stockd/stock"
 	"testing"
 )
 

@@ -3,8 +3,8 @@ package raftfsm
 import (
 	"errors"
 	"fmt"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )

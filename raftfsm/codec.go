@@ -1,7 +1,7 @@
 package raftfsm
 
 import (
-	"stockd/internal/wire"
+	"stockd.dev/stockd/internal/wire"
 )
 
 // ErrMalformed marks bytes that are not a valid command or result: a

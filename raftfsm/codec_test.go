@@ -3,9 +3,9 @@ package raftfsm
 import (
 	"errors"
 	"reflect"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"testing"
 )
 

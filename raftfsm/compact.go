@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 
 	bolt "go.etcd.io/bbolt"
 )

@@ -1,7 +1,7 @@
 package raftfsm
 
 import (
-	"stockd/stock"
+	"stockd.dev/stockd/stock"
 	"strconv"
 	"testing"
 )

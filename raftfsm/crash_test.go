@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
-	"stockd/raftnode"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftnode"
+	"stockd.dev/stockd/stock"
 )
 
 func startRaftNode(t *testing.T, dir string, l *raftfsm.Ledger) *raftnode.Node {

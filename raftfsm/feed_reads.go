@@ -1,6 +1,6 @@
 package raftfsm
 
-import "stockd/stock"
+import "stockd.dev/stockd/stock"
 
 // ReadFeed returns up to limit events after cursor after, in order.
 // Errors: ErrCursorExpired for a cursor older than retention (or from

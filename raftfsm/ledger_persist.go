@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
-	"stockd/internal/hashfilter"
-	"stockd/raftfsm/requestindex"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/hashfilter"
+	"stockd.dev/stockd/raftfsm/requestindex"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )

@@ -2,8 +2,8 @@ package raftfsm
 
 import (
 	"os"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"strconv"
 	"strings"
 	"testing"

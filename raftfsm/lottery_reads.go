@@ -3,9 +3,9 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
-	"stockd/raftfsm/lottery"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/lottery"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )

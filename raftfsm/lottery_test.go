@@ -6,8 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"stockd/raftfsm/lottery"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/lottery"
+	"stockd.dev/stockd/stock"
 	"testing"
 )
 

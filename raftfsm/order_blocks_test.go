@@ -3,8 +3,8 @@ package raftfsm
 import (
 	"fmt"
 	"slices"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"strconv"
 	"testing"
 

@@ -2,9 +2,9 @@ package raftfsm
 
 import (
 	"encoding/binary"
-	"stockd/raftfsm/orderfeed"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/orderfeed"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"

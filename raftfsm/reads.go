@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sort"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"

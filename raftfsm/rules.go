@@ -3,10 +3,10 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
-	"stockd/internal/wire"
-	"stockd/raftfsm/command"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 )
 
 // Ledger rules say how the ledger judges what it applies. A new rule is

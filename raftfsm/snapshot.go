@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 
 	"github.com/hashicorp/raft"
 )

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 	"strings"
 	"testing"
 )

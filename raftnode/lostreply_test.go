@@ -10,9 +10,9 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // replyLost is a leader's transport to one follower that, while hold is

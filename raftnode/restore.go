@@ -5,11 +5,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 
 	"github.com/hashicorp/raft"
 
-	"stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm"
 )
 
 // startRestored starts the new cluster of a data dir `stockd restore`

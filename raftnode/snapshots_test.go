@@ -3,8 +3,8 @@ package raftnode
 import (
 	"testing"
 
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 func TestSnapshotThreshold_GrowsWithTheLedger(t *testing.T) {

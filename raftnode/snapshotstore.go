@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 
 	"github.com/hashicorp/raft"
 
-	"stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm"
 )
 
 // ledgerSnapshots is raft's file snapshot store for a node whose snapshots

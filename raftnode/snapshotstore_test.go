@@ -14,9 +14,9 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // snapshotFiles lists the state files of the raft snapshots in dir.

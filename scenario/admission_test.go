@@ -10,8 +10,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/node"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // openLoad sends deducts at a fixed rate, whatever the answers (an open

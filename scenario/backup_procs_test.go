@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // stockdCmd runs the stockd binary bin with args and fails the test with

@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/store"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,11 +17,11 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/backup"
-	"stockd/node"
-	"stockd/node/nodetest"
-	"stockd/raftfsm"
-	"stockd/stock"
+	"stockd.dev/stockd/backup"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/stock"
 )
 
 // fetchBackup is GET /v1/backup on c; it returns the body and the index

@@ -3,7 +3,7 @@ package scenario
 import (
 	"encoding/json"
 	"fmt"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 	"strings"
 	"sync"
 	"testing"

@@ -2,7 +2,7 @@ package scenario
 
 import (
 	"fmt"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 	"strings"
 	"sync"
 	"testing"

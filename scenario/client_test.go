@@ -13,10 +13,10 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/client"
-	"stockd/node"
-	"stockd/node/nodetest"
-	"stockd/raftfsm"
+	"stockd.dev/stockd/client"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/raftfsm"
 )
 
 // ledgerOrders reads every order of sku from a node (the NDJSON stream),

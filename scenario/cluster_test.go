@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"stockd/httpapi"
-	"stockd/node"
-	"stockd/node/nodetest"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/httpapi"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 
 	"github.com/valyala/fasthttp"
 )

@@ -8,7 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 	"strings"
 	"sync"
 	"testing"

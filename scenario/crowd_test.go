@@ -6,7 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 	"strconv"
 	"strings"
 	"sync"

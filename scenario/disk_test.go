@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/node"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // diskFull is a switch a test flips to make writes fail with ENOSPC.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // needDocker skips the test, saying why, when no Docker engine answers.
@@ -54,7 +54,7 @@ func randomSuffix(t *testing.T) string {
 func buildImage(t *testing.T) string {
 	t.Helper()
 	ctx := t.TempDir()
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(ctx, "stockd"), "stockd")
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(ctx, "stockd"), "stockd.dev/stockd")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build a static stockd: %v\n%s", err, out)

@@ -15,9 +15,9 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/feed"
-	"stockd/node"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/feed"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // feedEvent is one event of GET /v1/events as a consumer reads it.

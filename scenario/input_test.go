@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/node"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // rawCall sends raw on a new connection to addr and reads one answer:

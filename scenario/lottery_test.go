@@ -7,7 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 	"strings"
 	"sync"
 	"sync/atomic"

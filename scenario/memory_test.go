@@ -6,7 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 	"strconv"
 	"strings"
 	"sync"

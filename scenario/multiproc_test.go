@@ -17,9 +17,9 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/client"
-	"stockd/internal/loopport"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/client"
+	"stockd.dev/stockd/internal/loopport"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // The multi-process test runs the real binary as three processes. It is
@@ -74,7 +74,7 @@ func freePort(t *testing.T) string {
 func buildStockd(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "stockd")
-	if out, err := exec.Command("go", "build", "-o", bin, "stockd").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "stockd.dev/stockd").CombinedOutput(); err != nil {
 		t.Fatalf("build stockd: %v\n%s", err, out)
 	}
 	return bin

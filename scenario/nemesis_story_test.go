@@ -9,8 +9,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/node/nodetest"
-	"stockd/stock"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/stock"
 )
 
 // boxCall is one call a box buyer made, as sent and answered.

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // seriesNames are the metric names the queries (lines with "expr") of an

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"stockd/node"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
 
 	"github.com/valyala/fasthttp"
 )

@@ -12,8 +12,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/node"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // The end of a sale, where answers must stay true (docs/architecture.md, "True

@@ -12,12 +12,12 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/client"
-	"stockd/feed"
-	"stockd/internal/pki"
-	"stockd/node"
-	"stockd/node/nodetest"
-	"stockd/raftfsm"
+	"stockd.dev/stockd/client"
+	"stockd.dev/stockd/feed"
+	"stockd.dev/stockd/internal/pki"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/raftfsm"
 )
 
 // inProcCerts makes, with stockd cert's code, a CA, node certificates

@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"stockd.dev/stockd/client"
+
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/certs"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/internal/certs"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // procSecurity runs a procCluster on node certificates and HTTPS made by
@@ -78,7 +80,7 @@ func (s *procSecurity) clientTLS(addr string) *tls.Config {
 	if s.clientCA {
 		cert, key = filepath.Join(s.dir, "client.pem"), filepath.Join(s.dir, "client-key.pem")
 	}
-	cfg, err := certs.ClientTLS(filepath.Join(s.dir, "ca.pem"), cert, key)
+	cfg, err := client.TLSFiles(filepath.Join(s.dir, "ca.pem"), cert, key)
 	if err != nil {
 		panic("the test cluster's certificates do not load: " + err.Error())
 	}

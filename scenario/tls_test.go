@@ -26,9 +26,9 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/internal/pki"
-	"stockd/node/nodetest"
-	"stockd/raftfsm/command"
+	"stockd.dev/stockd/internal/pki"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/raftfsm/command"
 )
 
 // The node port's protocol names (what nodeport's ALPN offers).

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node/nodetest"
 	"strings"
 	"testing"
 	"time"

@@ -5,8 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"stockd/node/nodetest"
-	"stockd/raftfsm"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/raftfsm"
 	"testing"
 	"time"
 )

@@ -12,7 +12,7 @@ package shard
 
 import (
 	"fmt"
-	"stockd/internal/counter"
+	"stockd.dev/stockd/internal/counter"
 	"sync/atomic"
 )
 

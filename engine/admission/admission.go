@@ -4,7 +4,7 @@
 package admission
 
 import (
-	"stockd/internal/counter"
+	"stockd.dev/stockd/internal/counter"
 	"time"
 
 	"golang.org/x/time/rate"

@@ -4,12 +4,12 @@ import (
 	crand "crypto/rand"
 	"fmt"
 	"math"
-	"stockd/engine"
-	"stockd/raftfsm/lottery"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/raftfsm/lottery"
 	"time"
 
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // SaleSpec is what CreateSale needs; zero values mean "none".

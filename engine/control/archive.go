@@ -3,9 +3,9 @@ package control
 import (
 	"time"
 
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // A purge step is one raft entry every node applies, so it stays short

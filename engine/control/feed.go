@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/engine"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // The order feed (docs/feed-and-lottery.md): reads with long-polling,

@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"stockd/engine"
-	"stockd/raftfsm"
-	"stockd/raftfsm/command"
-	"stockd/raftnode"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/raftnode"
+	"stockd.dev/stockd/stock"
 )
 
 type tbWriter struct{ tb testing.TB }

@@ -1,8 +1,8 @@
 package control
 
 import (
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 	"time"
 )
 

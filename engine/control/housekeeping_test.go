@@ -1,7 +1,7 @@
 package control
 
 import (
-	"stockd/stock"
+	"stockd.dev/stockd/stock"
 	"testing"
 	"time"
 )

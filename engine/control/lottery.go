@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"time"
 
-	"stockd/engine"
-	"stockd/internal/batcher"
-	"stockd/raftfsm/command"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/internal/batcher"
+	"stockd.dev/stockd/raftfsm/command"
+	"stockd.dev/stockd/stock"
 )
 
 // Lottery errors of Enter.

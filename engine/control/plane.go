@@ -14,9 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stockd/engine"
-	"stockd/raftfsm"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/raftfsm"
+	"stockd.dev/stockd/stock"
 )
 
 // Ledger is what the control plane reads of the replicated ledger: a

@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
+	"stockd.dev/stockd/engine"
 )
 
 // ContentTypeJSON is every answer's content type.

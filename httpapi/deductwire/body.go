@@ -5,7 +5,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"stockd/engine"
+	"stockd.dev/stockd/engine"
 )
 
 // A deduct's body has one meaning or is refused. The reader here follows

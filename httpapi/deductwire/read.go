@@ -6,7 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
+	"stockd.dev/stockd/engine"
 )
 
 // Limits of the wire format, each with its reason.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
+	"stockd.dev/stockd/engine"
 )
 
 // The event loop's reading of one plain deduct: fasthttp's header parser,

@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"stockd/engine"
-	"stockd/httpapi/deductwire"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi/deductwire"
 )
 
 // AsyncDeducter is an engine that answers a deduct without blocking its

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"stockd/engine"
-	"stockd/httpapi"
-	"stockd/httpapi/eventloop"
-	"stockd/node/nodetest"
-	"stockd/stock"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi"
+	"stockd.dev/stockd/httpapi/eventloop"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/stock"
 )
 
 // echoEngine answers a deduct from what it was asked, so an answer shows

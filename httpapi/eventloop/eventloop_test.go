@@ -20,8 +20,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/node"
-	"stockd/node/nodetest"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/node/nodetest"
 )
 
 // startLoopNode is one node serving plain deducts from its event loop

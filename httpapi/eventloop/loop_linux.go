@@ -17,8 +17,8 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
-	"stockd/engine"
-	"stockd/httpapi/deductwire"
+	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/httpapi/deductwire"
 )
 
 // loopMaxHead bounds a request head the loop reads: fasthttp's read

@@ -245,30 +245,3 @@ func nextCertificate(b []byte) ([]byte, []byte) {
 		b = rest
 	}
 }
-
-// ClientTLS is a client's TLS config from files: servers checked against
-// the CA bundle caFile (empty: the system's roots), presenting certFile
-// and keyFile when given (a client certificate).
-func ClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		b, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("read CA bundle: %w", err)
-		}
-		if cfg.RootCAs, _, err = parsePool(b); err != nil {
-			return nil, fmt.Errorf("CA bundle %s: %w", caFile, err)
-		}
-	}
-	if (certFile == "") != (keyFile == "") {
-		return nil, errors.New("a client certificate needs both its file and its key")
-	}
-	if certFile != "" {
-		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("load client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
-}

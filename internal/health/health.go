@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"stockd/internal/certs"
+	"stockd.dev/stockd/client"
 )
 
 // Main runs `stockd health [-target URL] [-ca F -cert F -key F] [-timeout D]`.
@@ -47,7 +47,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var tlsCfg *tls.Config
 	if *caFile != "" || *certFile != "" {
 		var err error
-		if tlsCfg, err = certs.ClientTLS(*caFile, *certFile, *keyFile); err != nil {
+		if tlsCfg, err = client.TLSFiles(*caFile, *certFile, *keyFile); err != nil {
 			return fmt.Errorf("TLS files: %w", err)
 		}
 	}

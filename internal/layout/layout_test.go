@@ -18,40 +18,41 @@ import (
 	"testing"
 )
 
-const module = "stockd"
+const module = "stockd.dev/stockd"
 
 // allowed says which of the module's packages each may import (its own
 // packages below it and the leaf helpers under internal/ aside). The
 // arrows point one way: main -> node -> httpapi -> engine -> {shard,
 // raftfsm}; node may also import engine, raftfsm and raftnode (the raft
 // node's wiring, which imports raftfsm); no production
-// package but main imports node; client and feed talk HTTP; backup talks
+// package but main imports node; client (a module of its own, importable
+// anywhere) and feed talk HTTP; backup talks
 // HTTP and reads backup files with raftfsm; bench may
 // import shard and engine for its in-process strategies; shard and raftfsm
 // import nothing of ours but what they own.
 var allowed = map[string][]string{
-	"stockd":      {"node", "bench", "feed", "backup"},
-	"stockd/node": {"httpapi", "peer", "engine", "raftfsm", "raftnode", "stock"},
+	"stockd.dev/stockd":      {"node", "bench", "feed", "backup"},
+	"stockd.dev/stockd/node": {"httpapi", "peer", "engine", "raftfsm", "raftnode", "stock"},
 	// The node-to-node wire, both ends: it speaks HTTP and knows none of
 	// the public contract (httpapi reaches it through httpapi.Peers).
-	"stockd/peer":     {},
-	"stockd/raftnode": {"raftfsm", "stock"},
-	"stockd/httpapi":  {"engine", "stock"},
-	"stockd/engine":   {"shard", "raftfsm", "stock"},
-	"stockd/shard":    {},
-	"stockd/raftfsm":  {"stock"},
+	"stockd.dev/stockd/peer":     {},
+	"stockd.dev/stockd/raftnode": {"raftfsm", "stock"},
+	"stockd.dev/stockd/httpapi":  {"engine", "stock"},
+	"stockd.dev/stockd/engine":   {"shard", "raftfsm", "stock"},
+	"stockd.dev/stockd/shard":    {},
+	"stockd.dev/stockd/raftfsm":  {"stock"},
 	// The domain types every layer speaks (a sale's row, orders, outcomes,
 	// entries, feed events, cursors): a leaf.
-	"stockd/stock":  {},
-	"stockd/client": {},
-	"stockd/feed":   {"client"},
+	"stockd.dev/stockd/stock":  {},
+	"stockd.dev/stockd/client": {},
+	"stockd.dev/stockd/feed":   {},
 	// stockd backup: fetches over HTTP, reads and checks the file with
 	// the ledger's own code.
-	"stockd/backup": {"raftfsm", "stock"},
-	"stockd/bench":  {"shard", "engine", "stock", "client"},
+	"stockd.dev/stockd/backup": {"raftfsm", "stock"},
+	"stockd.dev/stockd/bench":  {"shard", "engine", "stock"},
 	// The scenario tests (clusters, faults, crowds, the contract's
 	// conformance): test files only, so no arrows of their own.
-	"stockd/scenario": {},
+	"stockd.dev/stockd/scenario": {},
 }
 
 // apart are packages under one top-level package that must not import
@@ -59,14 +60,19 @@ var allowed = map[string][]string{
 // HTTP doors (the handlers, the event loop) share deductwire's one reading
 // of a deduct and neither reaches into the other; node wires them.
 var apart = map[string][]string{
-	"stockd/httpapi":            {"stockd/httpapi/eventloop"},
-	"stockd/httpapi/eventloop":  {"stockd/httpapi"},
-	"stockd/httpapi/deductwire": {"stockd/httpapi", "stockd/httpapi/eventloop"},
+	"stockd.dev/stockd/httpapi":            {"stockd.dev/stockd/httpapi/eventloop"},
+	"stockd.dev/stockd/httpapi/eventloop":  {"stockd.dev/stockd/httpapi"},
+	"stockd.dev/stockd/httpapi/deductwire": {"stockd.dev/stockd/httpapi", "stockd.dev/stockd/httpapi/eventloop"},
 }
 
 // harness is the multi-node test harness, beside node: only tests import
 // it, and it is the one package besides main that imports node.
-const harness = "stockd/node/nodetest"
+const harness = "stockd.dev/stockd/node/nodetest"
+
+// clientModule is the Go client, a module of its own on the standard
+// library alone: any package may import it as it would a library
+// (TestClientModule_AServiceGetsTheClientAlone checks it stays alone).
+const clientModule = module + "/client"
 
 type pkg struct {
 	ImportPath   string
@@ -130,6 +136,8 @@ func mayImport(from, to string) bool {
 	switch {
 	case to == harness || strings.HasPrefix(to, harness+"/"):
 		return false // tests only
+	case to == clientModule || strings.HasPrefix(to, clientModule+"/"):
+		return true // a library of its own
 	case strings.HasPrefix(to, module+"/internal/"):
 		return true // leaf helpers; TestLayout_InternalHelpersAreLeaves checks them
 	case slices.Contains(apart[from], to):
@@ -171,7 +179,7 @@ func TestLayout_InternalHelpersAreLeaves(t *testing.T) {
 			continue
 		}
 		for _, imp := range p.Imports {
-			if strings.HasPrefix(imp, module+"/") && !strings.HasPrefix(imp, module+"/internal/") {
+			if strings.HasPrefix(imp, module+"/") && !strings.HasPrefix(imp, module+"/internal/") && !mayImport(p.ImportPath, imp) {
 				t.Errorf("helper %s imports %s", p.ImportPath, imp)
 			}
 		}
@@ -254,39 +262,41 @@ func TestLayout_TheRulesRefuseWhatTheArrowsForbid(t *testing.T) {
 		from, to string
 		ok       bool
 	}{
-		{"stockd/engine", "stockd/httpapi", false},
-		{"stockd/raftfsm", "stockd/engine", false},
-		{"stockd/shard", "stockd/raftfsm", false},
-		{"stockd/httpapi", "stockd/node", false},
-		{"stockd/httpapi", "stockd/raftfsm", false},
-		{"stockd/client", "stockd/engine", false},
-		{"stockd/feed", "stockd/httpapi", false},
-		{"stockd/bench", "stockd/node", false},
-		{"stockd/engine", harness, false},
-		{"stockd/node", "stockd/httpapi", true},
-		{"stockd/node", "stockd/raftfsm", true},
-		{"stockd/engine", "stockd/raftfsm", true},
-		{"stockd/raftfsm", "stockd/internal/hashfilter", true},
-		{"stockd", "stockd/node", true},
-		{"stockd", "stockd/raftfsm", false},
-		{"stockd/engine", "stockd/raftnode", false},
-		{"stockd/raftfsm", "stockd/raftnode", false},
-		{"stockd/raftnode", "stockd/raftfsm", true},
-		{"stockd/httpapi", "stockd/httpapi/eventloop", false},
-		{"stockd/httpapi/eventloop", "stockd/httpapi", false},
-		{"stockd/httpapi/eventloop", "stockd/httpapi/deductwire", true},
-		{"stockd/httpapi", "stockd/httpapi/deductwire", true},
-		{"stockd/node", "stockd/httpapi/eventloop", true},
-		{"stockd/node", "stockd/peer", true},
-		{"stockd/httpapi", "stockd/peer", false},
-		{"stockd/peer", "stockd/httpapi", false},
-		{"stockd/peer", "stockd/node", false},
-		{"stockd/engine", "stockd/peer", false},
-		{harness, "stockd/node", true},
-		{harness, "stockd/raftnode", true},
-		{harness, "stockd/scenario", false},
-		{harness, "stockd/bench", false},
-		{"stockd/scenario", "stockd/node", false},
+		{"stockd.dev/stockd/engine", "stockd.dev/stockd/httpapi", false},
+		{"stockd.dev/stockd/raftfsm", "stockd.dev/stockd/engine", false},
+		{"stockd.dev/stockd/shard", "stockd.dev/stockd/raftfsm", false},
+		{"stockd.dev/stockd/httpapi", "stockd.dev/stockd/node", false},
+		{"stockd.dev/stockd/httpapi", "stockd.dev/stockd/raftfsm", false},
+		{"stockd.dev/stockd/client", "stockd.dev/stockd/engine", false},
+		{"stockd.dev/stockd/feed", "stockd.dev/stockd/httpapi", false},
+		{"stockd.dev/stockd/bench", "stockd.dev/stockd/node", false},
+		{"stockd.dev/stockd/engine", harness, false},
+		{"stockd.dev/stockd/node", "stockd.dev/stockd/httpapi", true},
+		{"stockd.dev/stockd/node", "stockd.dev/stockd/raftfsm", true},
+		{"stockd.dev/stockd/engine", "stockd.dev/stockd/raftfsm", true},
+		{"stockd.dev/stockd/raftfsm", "stockd.dev/stockd/internal/hashfilter", true},
+		{module, "stockd.dev/stockd/node", true},
+		{module, "stockd.dev/stockd/raftfsm", false},
+		{"stockd.dev/stockd/engine", "stockd.dev/stockd/raftnode", false},
+		{"stockd.dev/stockd/raftfsm", "stockd.dev/stockd/raftnode", false},
+		{"stockd.dev/stockd/raftnode", "stockd.dev/stockd/raftfsm", true},
+		{"stockd.dev/stockd/httpapi", "stockd.dev/stockd/httpapi/eventloop", false},
+		{"stockd.dev/stockd/httpapi/eventloop", "stockd.dev/stockd/httpapi", false},
+		{"stockd.dev/stockd/httpapi/eventloop", "stockd.dev/stockd/httpapi/deductwire", true},
+		{"stockd.dev/stockd/httpapi", "stockd.dev/stockd/httpapi/deductwire", true},
+		{"stockd.dev/stockd/node", "stockd.dev/stockd/httpapi/eventloop", true},
+		{"stockd.dev/stockd/node", "stockd.dev/stockd/peer", true},
+		{"stockd.dev/stockd/httpapi", "stockd.dev/stockd/peer", false},
+		{"stockd.dev/stockd/peer", "stockd.dev/stockd/httpapi", false},
+		{"stockd.dev/stockd/peer", "stockd.dev/stockd/node", false},
+		{"stockd.dev/stockd/engine", "stockd.dev/stockd/peer", false},
+		{"stockd.dev/stockd/internal/health", clientModule, true},
+		{"stockd.dev/stockd/internal/health", "stockd.dev/stockd/stock", false},
+		{harness, "stockd.dev/stockd/node", true},
+		{harness, "stockd.dev/stockd/raftnode", true},
+		{harness, "stockd.dev/stockd/scenario", false},
+		{harness, "stockd.dev/stockd/bench", false},
+		{"stockd.dev/stockd/scenario", "stockd.dev/stockd/node", false},
 	} {
 		if got := mayImport(c.from, c.to); got != c.ok {
 			t.Errorf("%s -> %s: allowed %v, want %v", c.from, c.to, got, c.ok)

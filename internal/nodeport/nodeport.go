@@ -27,7 +27,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"stockd/internal/certs"
+	"stockd.dev/stockd/internal/certs"
 )
 
 // The protocols a node-port connection may name.

@@ -16,9 +16,9 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"stockd/internal/certs"
-	"stockd/internal/nodeport"
-	"stockd/internal/pki"
+	"stockd.dev/stockd/internal/certs"
+	"stockd.dev/stockd/internal/nodeport"
+	"stockd.dev/stockd/internal/pki"
 )
 
 func store(t *testing.T, dir, id string) *certs.Store {

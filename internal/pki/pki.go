@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"stockd/internal/fsutil"
+	"stockd.dev/stockd/internal/fsutil"
 )
 
 // File names in a CA's directory.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"stockd/raftnode"
+	"stockd.dev/stockd/raftnode"
 	"sync"
 	"time"
 )

@@ -19,8 +19,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"stockd/node"
-	"stockd/raftfsm"
+	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/raftfsm"
 )
 
 // Record, when set, sees every exchange the helpers make (the scenario

@@ -3,8 +3,8 @@ package command
 import (
 	"errors"
 	"reflect"
-	"stockd/internal/wire"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/stock"
 	"strings"
 	"testing"
 )

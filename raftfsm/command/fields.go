@@ -4,9 +4,9 @@ import (
 	"cmp"
 	"maps"
 	"slices"
-	"stockd/internal/wire"
-	"stockd/raftfsm/orderid"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/raftfsm/orderid"
+	"stockd.dev/stockd/stock"
 )
 
 func (c *CreateSale) appendFields(b []byte) []byte {

@@ -3,8 +3,8 @@ package command
 import (
 	"encoding/json"
 	"fmt"
-	"stockd/internal/wire"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/stock"
 )
 
 // Legacy is the JSON log entry of versions before the binary

@@ -1,6 +1,6 @@
 package command
 
-import "stockd/internal/wire"
+import "stockd.dev/stockd/internal/wire"
 
 // Enter is a batch of lottery entries; each is accepted or refused on its
 // own, like a Take's.

@@ -2,8 +2,8 @@ package command
 
 import (
 	"fmt"
-	"stockd/internal/wire"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/stock"
 )
 
 // Result is the ledger's answer to one command, read through

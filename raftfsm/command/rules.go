@@ -1,6 +1,6 @@
 package command
 
-import "stockd/internal/wire"
+import "stockd.dev/stockd/internal/wire"
 
 // SetRules switches the ledger to Rules, from the next entry on. Rules
 // only go up: a SetRules at or below the ledger's rules changes nothing.

@@ -19,8 +19,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
-	"stockd/internal/wire"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/stock"
 	"strconv"
 	"sync"
 )

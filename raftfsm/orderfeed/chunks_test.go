@@ -2,7 +2,7 @@ package orderfeed
 
 import (
 	"slices"
-	"stockd/stock"
+	"stockd.dev/stockd/stock"
 	"testing"
 )
 

@@ -18,9 +18,9 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"stockd/internal/wire"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"sync"
 
 	bolt "go.etcd.io/bbolt"

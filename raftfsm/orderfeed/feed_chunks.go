@@ -3,8 +3,8 @@ package orderfeed
 import (
 	"encoding/binary"
 	"fmt"
-	"stockd/internal/wire"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )

@@ -4,8 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"stockd/raftfsm/store"
-	"stockd/stock"
+	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/stock"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"

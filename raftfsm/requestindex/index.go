@@ -7,8 +7,8 @@ import (
 	"hash/maphash"
 	"strings"
 
-	"stockd/internal/hashfilter"
-	"stockd/internal/u64map"
+	"stockd.dev/stockd/internal/hashfilter"
+	"stockd.dev/stockd/internal/u64map"
 )
 
 // Index finds the order a request id produced without keeping the

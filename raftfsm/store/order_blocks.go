@@ -3,9 +3,9 @@ package store
 import (
 	"bytes"
 	"fmt"
-	"stockd/internal/wire"
-	"stockd/raftfsm/orderid"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/raftfsm/orderid"
+	"stockd.dev/stockd/stock"
 	"strconv"
 )
 

@@ -13,8 +13,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"stockd/internal/fsutil"
-	"stockd/stock"
+	"stockd.dev/stockd/internal/fsutil"
+	"stockd.dev/stockd/stock"
 )
 
 // RestoreIndexGap is how far a restored ledger's log index jumps past its

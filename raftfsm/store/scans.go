@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"stockd/stock"
+	"stockd.dev/stockd/stock"
 
 	bolt "go.etcd.io/bbolt"
 )
