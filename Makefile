@@ -6,7 +6,7 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: image ui-screenshot build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
+.PHONY: image ui-screenshot bench-screenshot build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -100,9 +100,11 @@ vet:
 
 # A flash sale against a freshly launched local node: 1,000 units,
 # 100,000 buyers, 64 connections; prints throughput, latency, outcomes and
-# the oversell check.
+# the oversell check, what each column means, and where it wrote the HTML
+# report (BENCH_HTML: tables and charts, self-contained).
+BENCH_HTML ?= bin/bench-report.html
 bench: build
-	$(BIN) bench -launch 1 -scenario flash -units 1000 -requests 100000 -conns 64
+	$(BIN) bench -launch 1 -scenario flash -units 1000 -requests 100000 -conns 64 -html $(BENCH_HTML)
 
 # The full comparison table with Redis + Lua and PostgreSQL rows: installs
 # redis-server and postgresql when missing, runs them on loopback, stops them.
@@ -113,6 +115,11 @@ bench-peers: build
 # three-node cluster in the middle of a sale (docs/ui.png).
 ui-screenshot:
 	STOCKD_UI_SCREENSHOT=$(CURDIR)/docs/ui.png $(GO) test -count=1 -v -run 'TestUI_PageFollowsASaleLive' ./scenario
+
+# The picture of make bench's HTML report in docs/benchmarks.md: the
+# report of a short run opened in headless Chromium (docs/bench-report.png).
+bench-screenshot:
+	STOCKD_BENCH_SCREENSHOT=$(CURDIR)/docs/bench-report.png $(GO) test -count=1 -v -run 'TestBenchReport_EveryStrategyDrawn' ./scenario
 
 # The Go micro-benchmarks: shard variants and HTTP deduct vs a no-op handler.
 bench-go:

@@ -36,10 +36,6 @@ func newStockdBatch(targets []string, conns int, token, service string, tlsCfg *
 	return &stockdBatchStrategy{s}
 }
 
-func (s *stockdBatchStrategy) Durability() string {
-	return s.stockdStrategy.Durability() + fmt.Sprintf(", %d a request", batchSize)
-}
-
 func (s *stockdBatchStrategy) Supports(sc *Scenario) string {
 	if sc.HoldTTL > 0 {
 		return "holds are confirmed one order at a time"

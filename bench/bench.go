@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -206,16 +207,27 @@ func finishReport(report *Report, o *Options, stdout io.Writer) error {
 		if err := report.WriteJSON(o.JSONPath); err != nil {
 			return err
 		}
+		fmt.Fprintf(stdout, "JSON report: %s\n", absPath(o.JSONPath))
 	}
 	if o.HTMLPath != "" {
 		if err := report.WriteHTML(o.HTMLPath); err != nil {
 			return err
 		}
+		fmt.Fprintf(stdout, "HTML report: %s (open it in a browser; it needs nothing else)\n", absPath(o.HTMLPath))
 	}
 	if bad := report.Failed(); len(bad) > 0 {
 		return errors.New("check failed: " + strings.Join(bad, "; "))
 	}
 	return nil
+}
+
+// absPath is path made absolute where it can be, for a line that says
+// where a report went.
+func absPath(path string) string {
+	if abs, err := filepath.Abs(path); err == nil {
+		return abs
+	}
+	return path
 }
 
 // buildStrategies makes every selected strategy that can run, and a

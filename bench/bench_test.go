@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -178,8 +179,8 @@ func TestProcessCPU_ReadsAProcessesTime(t *testing.T) {
 }
 
 func TestWriteHTML_InProcessCountersOnTheirOwnPanels(t *testing.T) {
-	served := &Run{Scenario: "plentiful", Strategy: "stockd-commit", Timeline: []Slot{{AtSec: 0, Requests: 1000}, {AtSec: 1, Requests: 1200}}}
-	inproc := &Run{Scenario: "plentiful", Strategy: "inproc-atomic", Timeline: []Slot{{AtSec: 0, Requests: 5_000_000}}}
+	served := &Run{Scenario: "plentiful", Strategy: "stockd-commit", Timeline: []Slot{{AtSec: 0, Seconds: 1, Requests: 1000}, {AtSec: 1, Seconds: 1, Requests: 1200}}}
+	inproc := &Run{Scenario: "plentiful", Strategy: "inproc-atomic", Timeline: []Slot{{AtSec: 0, Seconds: 1, Requests: 5_000_000}}}
 	r := &Report{Runs: []*Run{served, inproc}}
 	path := filepath.Join(t.TempDir(), "report.html")
 	if err := r.WriteHTML(path); err != nil {
@@ -197,6 +198,40 @@ func TestWriteHTML_InProcessCountersOnTheirOwnPanels(t *testing.T) {
 	charts := timelineCharts("servers", []*Run{served})
 	if top := charts[0].MaxY; top >= float64(inproc.Timeline[0].Requests) {
 		t.Fatalf("the servers' throughput panel tops at %v: an in-process line is on it", top)
+	}
+}
+
+// TestTimeline_JoinsSlotsIntoAFewPoints: a row's slots become at most
+// timelinePoints of the time it ran, the requests all counted, the last
+// one as long as the row lasted; a short row keeps its fine slots.
+func TestTimeline_JoinsSlotsIntoAFewPoints(t *testing.T) {
+	slots := make([]slotStats, 1002)
+	for i := range slots[:1000] {
+		slots[i] = slotStats{n: 10, sumNanos: 10 * int64(time.Millisecond), maxNanos: int64(i)}
+	}
+	for _, c := range []struct {
+		elapsed  time.Duration
+		points   int
+		requests int
+		last     float64
+	}{
+		{300 * time.Millisecond, 30, 300, 0.01},
+		{305 * time.Millisecond, 31, 310, 0.005},
+		{10 * time.Second, 100, 10_000, 0.1},
+		{9_995 * time.Millisecond, 100, 10_000, 0.095},
+	} {
+		tl := timeline(slots, 10*time.Millisecond, c.elapsed)
+		n := 0
+		for _, s := range tl {
+			n += s.Requests
+			if s.Requests > 0 && s.MeanLatency != 1 {
+				t.Fatalf("%s: mean latency %v ms, want 1", c.elapsed, s.MeanLatency)
+			}
+		}
+		last := tl[len(tl)-1]
+		if len(tl) != c.points || n != c.requests || math.Abs(last.Seconds-c.last) > 1e-9 {
+			t.Errorf("%s: %d points, %d requests, the last %v s long; want %d, %d, %v", c.elapsed, len(tl), n, last.Seconds, c.points, c.requests, c.last)
+		}
 	}
 }
 

@@ -37,8 +37,8 @@ func (r *Report) Failed() []string {
 	return bad
 }
 
-// setRatios fills VsStockd: each row's rate over the first stockd-commit
-// row of its scenario.
+// setRatios fills VsStockd (the tables' "vs commit"): each row's rate
+// over the first stockd-commit row of its scenario.
 func (r *Report) setRatios() {
 	base := map[string]float64{}
 	for _, run := range r.Runs {
@@ -55,15 +55,36 @@ func (r *Report) setRatios() {
 	}
 }
 
-// PrintTables writes one table per scenario.
+// terms explain the tables' columns and the check lines under them, in
+// the text tables and the HTML report alike.
+var terms = [][2]string{
+	{"deducts/s", "deducts answered a second, wins and losses alike; a deduct is one buyer's request (the batch row sends " + fmt.Sprint(batchSize) + " in one HTTP request)"},
+	{"p50 p99 p99.9", "latency of one HTTP request as the client timed it, send to answer; marked * where a request carries many deducts (the batch row: one request of " + fmt.Sprint(batchSize) + ")"},
+	{"wins", "distinct orders won"},
+	{"losses", "definite refusals, by reason (sold_out, user_limit, ...)"},
+	{"errors", "answers that were neither: transport errors, 5xx, timeouts"},
+	{"oversold", "units sold past the stock on sale, by the client's kept wins or the strategy's own count; must be 0"},
+	{"vs commit", "the row's deducts/s over the stockd-commit row's in the same run (1.00: level with it); the noop row is the HTTP floor, a server that answers sold_out and stores nothing"},
+	{"flips", "request ids answered a win once and a loss another time; must be 0"},
+	{"late wins", "wins of deducts sent after a sold_out answer for their SKU had reached the client; must be 0"},
+	{"tail", "from the first sold_out answer to the last win of the same SKU (the longest over SKUs): how long the end of the sale stays uncertain"},
+	{"cpu per deduct", "CPU time (user + system, from /proc) a deduct: the client (this process) and the server processes the harness launched"},
+}
+
+// PrintTables writes one table per scenario, what its terms mean, and
+// each row's checks.
 func (r *Report) PrintTables(w io.Writer) {
+	durW := len("durability")
+	for _, run := range r.Runs {
+		durW = max(durW, len(run.Durability))
+	}
 	var scenario string
 	for _, run := range r.Runs {
 		if run.Scenario != scenario {
 			scenario = run.Scenario
 			fmt.Fprintf(w, "\nscenario %s (%d units on sale)\n", scenario, run.Total)
-			fmt.Fprintf(w, "%-33s %-38s %10s %9s %9s %9s %8s %-28s %6s %8s %8s\n",
-				"strategy", "durability", "req/s", "p50", "p99", "p99.9", "wins", "losses", "errors", "oversold", "x stockd")
+			fmt.Fprintf(w, "%-33s %-*s %10s %9s %9s %9s %8s %-28s %6s %8s %9s\n",
+				"strategy", durW, "durability", "deducts/s", "p50", "p99", "p99.9", "wins", "losses", "errors", "oversold", "vs commit")
 		}
 		if run.Skipped != "" {
 			fmt.Fprintf(w, "%-33s skipped: %s\n", run.Strategy, run.Skipped)
@@ -77,18 +98,26 @@ func (r *Report) PrintTables(w io.Writer) {
 		if run.VsStockd > 0 {
 			ratio = fmt.Sprintf("%.2f", run.VsStockd)
 		}
-		fmt.Fprintf(w, "%-33s %-38s %10.0f %9s %9s %9s %8d %-28s %6d %8s %8s\n",
-			run.Strategy, trunc(run.Durability, 38), run.Rate, fmtDur(run.Latency.P50), fmtDur(run.Latency.P99), fmtDur(run.Latency.P999),
+		mark := ""
+		if run.PerCall > 1 {
+			mark = "*"
+		}
+		fmt.Fprintf(w, "%-33s %-*s %10.0f %9s %9s %9s %8d %-28s %6d %8s %9s\n",
+			run.Strategy, durW, run.Durability, run.Rate, fmtDur(run.Latency.P50)+mark, fmtDur(run.Latency.P99)+mark, fmtDur(run.Latency.P999)+mark,
 			run.Wins, lossText(run.Losses), run.Errors, oversold, ratio)
 		for _, n := range run.ErrorNotes {
 			fmt.Fprintf(w, "%-33s   error: %s\n", "", trunc(n, 120))
 		}
 	}
 	fmt.Fprintln(w)
+	for _, t := range terms {
+		fmt.Fprintf(w, "  %-15s %s\n", t[0], t[1])
+	}
+	fmt.Fprintln(w)
 	for _, run := range r.Runs {
 		if run.Skipped == "" {
-			fmt.Fprintf(w, "oversold: %d  flips: %d  late wins: %d  tail: %s  cpu per request: client %.1f µs, server %s  (%s, %s)\n", run.Oversold, run.Flips, run.LateWins,
-				fmtDur(time.Duration(run.TailMs*float64(time.Millisecond))), run.ClientCPUus, serverCPUText(run.ServerCPUus), run.Scenario, run.Strategy)
+			fmt.Fprintf(w, "oversold: %d  flips: %d  late wins: %d  tail: %s  cpu per deduct: client %.1f µs, server %s  (%s, %s)\n", run.Oversold, run.Flips, run.LateWins,
+				fmtDur(time.Duration(run.TailMs*float64(time.Millisecond))), run.ClientCPUus, serverCPUText(run), run.Scenario, run.Strategy)
 			if run.FeedEvents > 0 || run.FeedNote != "" {
 				fmt.Fprintf(w, "    order feed read during the row: %d events, %.0f/s, %d behind the head at the end %s\n", run.FeedEvents, run.FeedPerSec, run.FeedBehind, run.FeedNote)
 			}
@@ -96,12 +125,15 @@ func (r *Report) PrintTables(w io.Writer) {
 	}
 }
 
-// serverCPUText is a server's CPU per request, or why it is not known.
-func serverCPUText(us float64) string {
-	if us == 0 {
+// serverCPUText is a row's server CPU per deduct, or why there is none.
+func serverCPUText(run *Run) string {
+	switch {
+	case strings.HasPrefix(run.Strategy, "inproc-"):
+		return "none (in process)"
+	case run.ServerCPUus == 0:
 		return "not measured (not launched by the harness)"
 	}
-	return fmt.Sprintf("%.1f µs", us)
+	return fmt.Sprintf("%.1f µs", run.ServerCPUus)
 }
 
 func lossText(losses map[string]int) string {
@@ -157,31 +189,56 @@ type chart struct {
 	MaxY   float64
 }
 
+// chartLine is one run's series: a polyline through its points, and a dot
+// on each when there are few (a run inside one sample is one dot).
 type chartLine struct {
 	Name   string
+	Note   string // beside the legend's name
 	Color  string
 	Points string // SVG polyline points in chart coordinates
+	Dots   [][2]float64
 }
 
-const chartW, chartH = 640.0, 240.0
+const (
+	chartW, chartH = 640.0, 240.0
+	dotsMax        = 40 // a series with more points is drawn as a line alone
+)
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22"}
 
+// throughputPoints are a run's deducts a second over time, each at the
+// middle of its slot; a last slot under a quarter of the one before is
+// folded into it (a few requests over a sliver of time would draw a
+// spike).
+func throughputPoints(run *Run) [][2]float64 {
+	var pts [][2]float64
+	var n, secs, at float64
+	for i, s := range run.Timeline {
+		if s.Seconds <= 0 {
+			continue
+		}
+		if i > 0 && i == len(run.Timeline)-1 && len(pts) > 0 && s.Seconds < secs/4 {
+			n, secs = n+float64(s.Requests), secs+s.Seconds
+			pts[len(pts)-1] = [2]float64{at + secs/2, n / secs}
+			continue
+		}
+		n, secs, at = float64(s.Requests), s.Seconds, s.AtSec
+		pts = append(pts, [2]float64{at + secs/2, n / secs})
+	}
+	return pts
+}
+
 // timelineCharts are throughput, mean latency and stock over time for one
-// group of runs.
+// group of runs; a chart none of the runs has points for is left out.
 func timelineCharts(group string, runs []*Run) []chart {
-	return []chart{
-		buildChart("throughput, "+group, "requests/s", runs, func(run *Run) [][2]float64 {
+	all := []chart{
+		buildChart("throughput, "+group, "deducts/s", runs, throughputPoints),
+		buildChart("mean latency of a request, "+group, "ms", runs, func(run *Run) [][2]float64 {
 			var pts [][2]float64
 			for _, s := range run.Timeline {
-				pts = append(pts, [2]float64{s.AtSec, float64(s.Requests) / slotWidth.Seconds()})
-			}
-			return pts
-		}),
-		buildChart("mean latency, "+group, "ms", runs, func(run *Run) [][2]float64 {
-			var pts [][2]float64
-			for _, s := range run.Timeline {
-				pts = append(pts, [2]float64{s.AtSec, s.MeanLatency})
+				if s.Requests > 0 {
+					pts = append(pts, [2]float64{s.AtSec + max(s.Seconds, 0)/2, s.MeanLatency})
+				}
 			}
 			return pts
 		}),
@@ -193,8 +250,17 @@ func timelineCharts(group string, runs []*Run) []chart {
 			return pts
 		}),
 	}
+	var out []chart
+	for _, c := range all {
+		if len(c.Lines) > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
+// buildChart draws each run's points; a run with none gets no line and
+// no legend entry.
 func buildChart(title, ylabel string, runs []*Run, pick func(*Run) [][2]float64) chart {
 	c := chart{Title: title, YLabel: ylabel}
 	series := make([][][2]float64, len(runs))
@@ -211,11 +277,23 @@ func buildChart(title, ylabel string, runs []*Run, pick func(*Run) [][2]float64)
 		c.MaxY = 1
 	}
 	for i, run := range runs {
+		if len(series[i]) == 0 {
+			continue
+		}
+		line := chartLine{Name: run.Strategy, Color: palette[i%len(palette)]}
 		var pts []string
 		for _, p := range series[i] {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", p[0]/c.MaxX*chartW, chartH-p[1]/c.MaxY*chartH))
+			x, y := p[0]/c.MaxX*chartW, chartH-p[1]/c.MaxY*chartH
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
+			if len(series[i]) <= dotsMax {
+				line.Dots = append(line.Dots, [2]float64{x, y})
+			}
 		}
-		c.Lines = append(c.Lines, chartLine{Name: run.Strategy, Color: palette[i%len(palette)], Points: strings.Join(pts, " ")})
+		line.Points = strings.Join(pts, " ")
+		if len(series[i]) == 1 {
+			line.Note = fmt.Sprintf("(one sample: it ran %.3g s)", run.ElapsedSec)
+		}
+		c.Lines = append(c.Lines, line)
 	}
 	return c
 }
@@ -223,6 +301,7 @@ func buildChart(title, ylabel string, runs []*Run, pick func(*Run) [][2]float64)
 var htmlReport = template.Must(template.New("report").Funcs(template.FuncMap{
 	"dur":  func(d time.Duration) string { return fmtDur(d) },
 	"f0":   func(v float64) string { return fmt.Sprintf("%.0f", v) },
+	"f1":   func(v float64) string { return fmt.Sprintf("%.1f", v) },
 	"f2":   func(v float64) string { return fmt.Sprintf("%.2f", v) },
 	"g":    func(v float64) string { return fmt.Sprintf("%.3g", v) },
 	"loss": lossText,
@@ -233,29 +312,33 @@ body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 td:first-child,td:nth-child(2),th{text-align:left}.bad{color:#c00;font-weight:bold}
 svg{background:#fafafa;border:1px solid #ddd;margin:0.5em 1em 0.5em 0}.legend span{margin-right:1em}
+dl.terms{display:grid;grid-template-columns:max-content auto;gap:2px 1em;font-size:90%}dl.terms dt{font-weight:bold}dl.terms dd{margin:0}
 </style></head><body>
 <h1>stockd bench</h1>
 <p>{{.Report.Date}} · <code>{{.Report.Command}}</code> · {{.Report.Machine}}</p>
 {{range .Scenarios}}
 <h2>scenario {{.Name}} ({{.Units}} units)</h2>
-<table><tr><th>strategy</th><th>durability</th><th>req/s</th><th>p50</th><th>p99</th><th>p99.9</th><th>wins</th><th>losses</th><th>errors</th><th>oversold</th><th>x stockd</th></tr>
-{{range .Runs}}{{if .Skipped}}<tr><td>{{.Strategy}}</td><td colspan="10" style="text-align:left">skipped: {{.Skipped}}</td></tr>
-{{else}}<tr><td>{{.Strategy}}</td><td>{{.Durability}}</td><td>{{f0 .Rate}}</td><td>{{dur .Latency.P50}}</td><td>{{dur .Latency.P99}}</td><td>{{dur .Latency.P999}}</td><td>{{.Wins}}</td><td>{{loss .Losses}}</td><td>{{.Errors}}</td><td{{if or .Oversold (not .Final.Valid)}} class="bad"{{end}}>{{.Oversold}}{{if not .Final.Valid}} (count failed){{end}}</td><td>{{if .VsStockd}}{{f2 .VsStockd}}{{else}}-{{end}}</td></tr>
+<table class="runs"><tr><th>strategy</th><th>durability</th><th>deducts/s</th><th>p50</th><th>p99</th><th>p99.9</th><th>wins</th><th>losses</th><th>errors</th><th>oversold</th><th>vs commit</th><th>flips</th><th>late wins</th><th>tail</th><th>server CPU a deduct</th></tr>
+{{range .Runs}}{{if .Skipped}}<tr><td>{{.Strategy}}</td><td colspan="14" style="text-align:left">skipped: {{.Skipped}}</td></tr>
+{{else}}{{$m := ""}}{{if gt .PerCall 1}}{{$m = "*"}}{{end}}<tr><td>{{.Strategy}}</td><td>{{.Durability}}</td><td>{{f0 .Rate}}</td><td>{{dur .Latency.P50}}{{$m}}</td><td>{{dur .Latency.P99}}{{$m}}</td><td>{{dur .Latency.P999}}{{$m}}</td><td>{{.Wins}}</td><td>{{loss .Losses}}</td><td>{{.Errors}}</td><td{{if or .Oversold (not .Final.Valid)}} class="bad"{{end}}>{{.Oversold}}{{if not .Final.Valid}} (count failed){{end}}</td><td>{{if .VsStockd}}{{f2 .VsStockd}}{{else}}-{{end}}</td><td{{if .Flips}} class="bad"{{end}}>{{.Flips}}</td><td{{if .LateWins}} class="bad"{{end}}>{{.LateWins}}</td><td>{{f1 .TailMs}} ms</td><td>{{if .ServerCPUus}}{{f1 .ServerCPUus}} µs{{else}}-{{end}}</td></tr>
 {{end}}{{end}}</table>
-{{range .Charts}}<svg width="700" height="290" viewBox="-50 -30 700 290">
+{{range .Charts}}<figure class="chart" style="display:inline-block;margin:0"><svg width="700" height="290" viewBox="-50 -30 700 290">
 <text x="0" y="-12" font-size="14">{{.Title}}</text>
 <line x1="0" y1="240" x2="640" y2="240" stroke="#999"/><line x1="0" y1="0" x2="0" y2="240" stroke="#999"/>
 <text x="-6" y="4" font-size="10" text-anchor="end">{{g .MaxY}}</text><text x="-6" y="244" font-size="10" text-anchor="end">0</text>
 <text x="640" y="255" font-size="10" text-anchor="end">{{g .MaxX}} s</text><text x="4" y="12" font-size="10">{{.YLabel}}</text>
-{{range .Lines}}<polyline fill="none" stroke="{{.Color}}" stroke-width="1.5" points="{{.Points}}"/>{{end}}
+{{range .Lines}}<g class="series" data-strategy="{{.Name}}"><polyline fill="none" stroke="{{.Color}}" stroke-width="1.5" points="{{.Points}}"/>{{$c := .Color}}{{range .Dots}}<circle cx="{{f1 (index . 0)}}" cy="{{f1 (index . 1)}}" r="3.5" fill="{{$c}}"/>{{end}}</g>{{end}}
 </svg>
-<div class="legend">{{range .Lines}}<span style="color:{{.Color}}">■ {{.Name}}</span>{{end}}</div>
+<figcaption class="legend">{{range .Lines}}<span style="color:{{.Color}}">■ {{.Name}}{{if .Note}} {{.Note}}{{end}}</span>{{end}}</figcaption></figure>
 {{end}}{{end}}
+<h2>Reading the tables</h2>
+<dl class="terms">{{range .Terms}}<dt>{{index . 0}}</dt><dd>{{index . 1}}</dd>{{end}}</dl>
 </body></html>
 `))
 
-// WriteHTML writes a self-contained report: the tables and, per scenario,
-// throughput, latency and remaining stock over time as inline SVG.
+// WriteHTML writes a self-contained report: the tables, what their terms
+// mean, and, per scenario, throughput, latency and remaining stock over
+// time as inline SVG.
 func (r *Report) WriteHTML(path string) error {
 	type scenarioView struct {
 		Name   string
@@ -275,19 +358,15 @@ func (r *Report) WriteHTML(path string) error {
 		v.Runs = append(v.Runs, run)
 	}
 	for _, v := range views {
-		var ran []*Run
-		for _, run := range v.Runs {
-			if run.Skipped == "" {
-				ran = append(ran, run)
-			}
-		}
 		// In-process counters run at millions a second: on one panel with
 		// the servers they would flatten every server's line.
 		var served, inproc []*Run
-		for _, run := range ran {
-			if strings.HasPrefix(run.Strategy, "inproc-") {
+		for _, run := range v.Runs {
+			switch {
+			case run.Skipped != "":
+			case strings.HasPrefix(run.Strategy, "inproc-"):
 				inproc = append(inproc, run)
-			} else {
+			default:
 				served = append(served, run)
 			}
 		}
@@ -305,7 +384,7 @@ func (r *Report) WriteHTML(path string) error {
 		return err
 	}
 	defer f.Close()
-	if err := htmlReport.Execute(f, map[string]any{"Report": r, "Scenarios": views}); err != nil {
+	if err := htmlReport.Execute(f, map[string]any{"Report": r, "Scenarios": views, "Terms": terms}); err != nil {
 		return fmt.Errorf("render %s: %w", path, err)
 	}
 	return f.Close()

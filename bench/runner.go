@@ -11,8 +11,15 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
-// slotWidth is the resolution of the over-time charts.
-const slotWidth = 250 * time.Millisecond
+// The over-time charts: a row records its requests in up to slotsPerRun
+// slots over -duration (10 ms for the default 10 s, never under 1 ms), and
+// its timeline joins them into at most timelinePoints of the time it ran,
+// so a row of a tenth of a second draws a line as a row of minutes does.
+const (
+	slotsPerRun    = 1000
+	slotMin        = time.Millisecond
+	timelinePoints = 100
+)
 
 // Run is one strategy's result on one scenario.
 type Run struct {
@@ -20,10 +27,14 @@ type Run struct {
 	Strategy   string         `json:"strategy"`
 	Durability string         `json:"durability"`
 	Skipped    string         `json:"skipped,omitempty"`
-	Sent       int            `json:"requests"`
+	Sent       int            `json:"requests"` // deducts: one buyer's request each
 	ElapsedSec float64        `json:"elapsed_seconds"`
-	Rate       float64        `json:"requests_per_second"`
-	Latency    Summary        `json:"latency"`
+	Rate       float64        `json:"requests_per_second"` // deducts a second
+	// PerCall is how many deducts one HTTP request of the row carries
+	// (the batch route's 100; 0 or 1: one): its latency is that
+	// request's.
+	PerCall int     `json:"deducts_per_call,omitempty"`
+	Latency Summary `json:"latency"`
 	Wins       int            `json:"wins"`      // distinct orders won
 	Kept       int            `json:"kept_wins"` // wins not cancelled or left to expire (holds)
 	Losses     map[string]int `json:"losses"`    // by reason
@@ -57,9 +68,11 @@ type Run struct {
 	Stock      []StockSample `json:"stock"`    // remaining stock over time
 }
 
-// Slot is one slotWidth of the run.
+// Slot is one stretch of the row's timeline (the last one as much of it
+// as the row lasted).
 type Slot struct {
 	AtSec       float64 `json:"at_seconds"`
+	Seconds     float64 `json:"seconds"`
 	Requests    int     `json:"requests"`
 	MeanLatency float64 `json:"mean_latency_ms"`
 	MaxLatency  float64 `json:"max_latency_ms"`
@@ -191,10 +204,14 @@ func runOne(ctx context.Context, st Strategy, sc *Scenario, o *Options, progress
 		run.Skipped = st.Name() + " " + why
 		return run, nil
 	}
+	if b, ok := st.(batchDeducter); ok {
+		run.PerCall = b.BatchSize()
+	}
 	if err := st.Setup(ctx, sc); err != nil {
 		return nil, fmt.Errorf("%s on %s: setup: %w", st.Name(), sc.Name, err)
 	}
-	r := &rowRun{ctx: ctx, st: st, sc: sc, run: run, start: time.Now(), slotsMax: int(o.Duration/slotWidth) + 2}
+	slot := max(o.Duration/slotsPerRun, slotMin)
+	r := &rowRun{ctx: ctx, st: st, sc: sc, run: run, start: time.Now(), slot: slot, slotsMax: int(o.Duration/slot) + 2, sampleEvery: max(o.Duration/200, 10*time.Millisecond)}
 	r.stopAt = r.start.Add(o.Duration)
 
 	// The stock-over-time sampler and the progress bar read, never write,
@@ -251,7 +268,10 @@ type rowRun struct {
 	next     atomic.Int64 // the next request to send
 	start    time.Time
 	stopAt   time.Time
+	slot     time.Duration // one slot of the workers' slotStats
 	slotsMax int
+	// sampleEvery is how often the stock over time is read.
+	sampleEvery time.Duration
 }
 
 // sample records the stock over time and moves the progress bar (when
@@ -264,7 +284,7 @@ func (r *rowRun) sample(progress io.Writer, done <-chan struct{}) {
 			progressbar.OptionShowCount(), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
 		defer bar.Finish()
 	}
-	t := time.NewTicker(slotWidth)
+	t := time.NewTicker(r.sampleEvery)
 	defer t.Stop()
 	sample := func() {
 		if left, err := r.st.Remaining(r.ctx); err == nil {
@@ -331,7 +351,7 @@ func (r *rowRun) work(w int, ws *workerStats) {
 func (r *rowRun) record(ws *workerStats, w, i int, req *Request, out Outcome, t0, t1 time.Time) {
 	d := t1.Sub(t0)
 	ws.lat.Record(d)
-	slot := &ws.slots[min(int(t0.Sub(r.start)/slotWidth), r.slotsMax-1)]
+	slot := &ws.slots[min(int(t0.Sub(r.start)/r.slot), r.slotsMax-1)]
 	slot.n++
 	slot.sumNanos += int64(d)
 	slot.maxNanos = max(slot.maxNanos, int64(d))
@@ -404,15 +424,29 @@ func (r *rowRun) merge(stats []*workerStats, elapsed time.Duration) map[string]b
 	if r.sc.HoldTTL == 0 {
 		tailChecks(run, stats)
 	}
-	for i, s := range merged {
-		if s.n == 0 && float64(i)*slotWidth.Seconds() > elapsed.Seconds() {
-			break
-		}
-		sl := Slot{AtSec: float64(i) * slotWidth.Seconds(), Requests: s.n, MaxLatency: float64(s.maxNanos) / 1e6}
-		if s.n > 0 {
-			sl.MeanLatency = float64(s.sumNanos) / float64(s.n) / 1e6
-		}
-		run.Timeline = append(run.Timeline, sl)
-	}
+	run.Timeline = timeline(merged, r.slot, elapsed)
 	return won
+}
+
+// timeline joins a row's slots of width slot, over the elapsed time it
+// ran, into at most timelinePoints slots of its timeline.
+func timeline(slots []slotStats, slot, elapsed time.Duration) []Slot {
+	used := min(int((elapsed+slot-1)/slot), len(slots))
+	k := max((used+timelinePoints-1)/timelinePoints, 1)
+	var out []Slot
+	for first := 0; first < used; first += k {
+		var g slotStats
+		for _, s := range slots[first:min(first+k, used)] {
+			g.n += s.n
+			g.sumNanos += s.sumNanos
+			g.maxNanos = max(g.maxNanos, s.maxNanos)
+		}
+		at := time.Duration(first) * slot
+		sl := Slot{AtSec: at.Seconds(), Seconds: min(time.Duration(k)*slot, elapsed-at).Seconds(), Requests: g.n, MaxLatency: float64(g.maxNanos) / 1e6}
+		if g.n > 0 {
+			sl.MeanLatency = float64(g.sumNanos) / float64(g.n) / 1e6
+		}
+		out = append(out, sl)
+	}
+	return out
 }

@@ -121,13 +121,13 @@ batch_phase() {
   settle "$u" # the ledger file is written behind: its share of these units counts
   t1=$(cpu_ticks "$pid")
   behind=$(echo "$(date +%s.%N) - $s0" | bc -l)
-  # The row: name, durability (words), req/s, p50, p99, p99.9, wins, losses, errors, oversold, x.
+  # The row: name, durability (words), deducts/s, p50, p99, p99.9 (marked *), wins, losses, errors, oversold, vs commit.
   row=$(echo "$out" | awk '$1 == "stockd-batch"')
   rate=$(echo "$row" | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/ && $i > 1000) {print $i; exit}}')
   wins=$(echo "$row" | awk '{print $(NF-4)}')
   errors=$(echo "$row" | awk '{print $(NF-2)}')
   per=$(awk -v a="$t0" -v b="$t1" -v hz="$hz" -v n="${wins:-0}" 'BEGIN {if (n > 0) printf "%.2f", (b - a) / hz * 1e6 / n; else print 0}')
-  client=$(echo "$out" | sed -n 's/.*cpu per request: client \([0-9.]*\) µs.*/\1/p' | head -1)
+  client=$(echo "$out" | sed -n 's/.*cpu per deduct: client \([0-9.]*\) µs.*/\1/p' | head -1)
 }
 
 # fresh_batch R: the batch phase on a fresh node (the same binary on an
