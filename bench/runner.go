@@ -23,18 +23,18 @@ const (
 
 // Run is one strategy's result on one scenario.
 type Run struct {
-	Scenario   string         `json:"scenario"`
-	Strategy   string         `json:"strategy"`
-	Durability string         `json:"durability"`
-	Skipped    string         `json:"skipped,omitempty"`
-	Sent       int            `json:"requests"` // deducts: one buyer's request each
-	ElapsedSec float64        `json:"elapsed_seconds"`
-	Rate       float64        `json:"requests_per_second"` // deducts a second
+	Scenario   string  `json:"scenario"`
+	Strategy   string  `json:"strategy"`
+	Durability string  `json:"durability"`
+	Skipped    string  `json:"skipped,omitempty"`
+	Sent       int     `json:"requests"` // deducts: one buyer's request each
+	ElapsedSec float64 `json:"elapsed_seconds"`
+	Rate       float64 `json:"requests_per_second"` // deducts a second
 	// PerCall is how many deducts one HTTP request of the row carries
 	// (the batch route's 100; 0 or 1: one): its latency is that
 	// request's.
-	PerCall int     `json:"deducts_per_call,omitempty"`
-	Latency Summary `json:"latency"`
+	PerCall    int            `json:"deducts_per_call,omitempty"`
+	Latency    Summary        `json:"latency"`
 	Wins       int            `json:"wins"`      // distinct orders won
 	Kept       int            `json:"kept_wins"` // wins not cancelled or left to expire (holds)
 	Losses     map[string]int `json:"losses"`    // by reason
