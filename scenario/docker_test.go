@@ -342,13 +342,18 @@ func TestDocker_Compose(t *testing.T) {
 	}
 	nodetest.WaitFor(t, time.Minute, "300 wins", func() bool { return wins.Load() >= 300 })
 	docker(t, "kill", container["n2"])
+	t.Logf("docker kill n2 at %d wins", wins.Load())
 	nodetest.WaitFor(t, time.Minute, "wins while n2 is down", func() bool { return wins.Load() >= 800 })
 	docker(t, "start", container["n2"])
+	t.Logf("docker start n2 at %d wins", wins.Load())
 	network := project + "_stockd"
 	docker(t, "network", "disconnect", network, container["n3"])
+	t.Logf("n3 cut off at %d wins", wins.Load())
 	nodetest.WaitFor(t, time.Minute, "wins while n3 is cut off", func() bool { return wins.Load() >= 1500 })
 	docker(t, "network", "connect", "--alias", "n3", network, container["n3"])
+	t.Logf("n3 reconnected at %d wins", wins.Load())
 	wg.Wait()
+	t.Logf("the sale ended: %d wins, %d sold_out answers", wins.Load(), losses.Load())
 	if wins.Load() != units {
 		t.Fatalf("%d wins answered for %d units", wins.Load(), units)
 	}
