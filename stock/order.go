@@ -31,6 +31,10 @@ const (
 	// OutcomeRequestIDReused: the entry's user already used its request id
 	// for another SKU or qty, or for a lottery entry (RulesScopedRequestIDs).
 	OutcomeRequestIDReused
+	OutcomeNotQueued         // a join or tick for a sale without a waiting room
+	OutcomeSoldOut           // a join of a queued sale that nothing can still be won from
+	OutcomeAdmissionRequired // a take from a queued sale without a ticket
+	OutcomeAdmissionInvalid  // a take whose ticket is not admitted now (spent, expired, another's)
 )
 
 var outcomeNames = [...]string{
@@ -41,6 +45,8 @@ var outcomeNames = [...]string{
 	OutcomeUnconsumed: "unconsumed_events", OutcomeNotLottery: "not_a_lottery",
 	OutcomeEntriesClosed: "entries_closed", OutcomeLottery: "lottery_sale",
 	OutcomeRequestIDReused: "request_id_reused",
+	OutcomeNotQueued:       "not_queued", OutcomeSoldOut: "sold_out",
+	OutcomeAdmissionRequired: "admission_required", OutcomeAdmissionInvalid: "admission_invalid",
 }
 
 func (o Outcome) String() string {

@@ -36,6 +36,9 @@ type SKU struct {
 	LastEventSeq uint64 `json:"last_event_seq,omitempty"`
 	// Lottery is set for a lottery sale (Config.Mode SaleModeLottery).
 	Lottery *Lottery `json:"lottery,omitempty"`
+	// Queue is set for a sale behind a waiting room (Config.Admission
+	// AdmissionQueue).
+	Queue *Queue `json:"queue,omitempty"`
 }
 
 // Closed reports whether the sale was closed.
@@ -80,6 +83,10 @@ func (s *SKU) Clone() *SKU {
 		lt := *s.Lottery // its slices are replaced, never changed in place
 		c.Lottery = &lt
 	}
+	if s.Queue != nil {
+		q := *s.Queue // its slices are replaced, never changed in place
+		c.Queue = &q
+	}
 	return &c
 }
 
@@ -93,6 +100,14 @@ type SaleConfig struct {
 	// entries close at EntriesCloseAtUnixNano.
 	Mode                   string `json:"mode,omitempty"`
 	EntriesCloseAtUnixNano int64  `json:"entries_close_at,omitempty"`
+	// Admission is "" for a sale anyone may buy from, or AdmissionQueue
+	// for one behind a waiting room: QueueOveradmitMilli is its
+	// queue_overadmit in thousandths (tokens out stay under
+	// ceil(overadmit × remaining)), QueueAdmitTTLNanos how long a token
+	// is valid.
+	Admission           string `json:"admission,omitempty"`
+	QueueOveradmitMilli int64  `json:"queue_overadmit_milli,omitempty"`
+	QueueAdmitTTLNanos  int64  `json:"queue_admit_ttl,omitempty"`
 }
 
 // SaleModeLottery is SaleConfig.Mode of a lottery sale.

@@ -32,6 +32,9 @@ const (
 	OpDraw
 	OpSetRules
 	OpPurgeOrders
+	OpJoin
+	OpQueueTick
+	OpRotateQueueKey
 )
 
 var opNames = [...]string{
@@ -41,6 +44,7 @@ var opNames = [...]string{
 	OpAckConsumer: "ack_consumer", OpPruneEvents: "prune_events",
 	OpCloseSale: "close_sale", OpArchiveSale: "archive_sale", OpPurgeArchived: "purge_archived",
 	OpEnter: "enter", OpDraw: "draw", OpSetRules: "set_rules", OpPurgeOrders: "purge_orders",
+	OpJoin: "join", OpQueueTick: "queue_tick", OpRotateQueueKey: "rotate_queue_key",
 }
 
 func (o Op) String() string {
@@ -62,8 +66,9 @@ type Command interface {
 
 // CreateSale puts a new sale of Sale.Total units on the ledger. A
 // lottery's Secret (LotterySecretBytes, drawn by the proposing node) holds
-// its seed and its order-id key; it is not part of the config, so the
-// same sale created again with a new secret is still the same sale.
+// its seed and its order-id key, a queued sale's its seed and its first
+// signing key; it is not part of the config, so the same sale created
+// again with a new secret is still the same sale.
 type CreateSale struct {
 	SKU    string
 	Sale   stock.SaleConfig
@@ -281,6 +286,12 @@ func newCommand(op Op) Command {
 		return &SetRules{}
 	case OpPurgeOrders:
 		return &PurgeOrders{}
+	case OpJoin:
+		return &Join{}
+	case OpQueueTick:
+		return &QueueTick{}
+	case OpRotateQueueKey:
+		return &RotateQueueKey{}
 	}
 	return nil
 }

@@ -15,12 +15,19 @@ func (c *CreateSale) appendFields(b []byte) []byte {
 	b = wire.AppendVarint(b, c.Sale.StartAtUnixNano)
 	b = wire.AppendVarint(b, c.Sale.PerUser)
 	b = wire.AppendVarint(b, c.Sale.HoldTTLNanos)
-	if c.Sale.Mode == "" && c.Sale.EntriesCloseAtUnixNano == 0 && len(c.Secret) == 0 {
+	queued := c.Sale.Admission != "" || c.Sale.QueueOveradmitMilli != 0 || c.Sale.QueueAdmitTTLNanos != 0
+	if c.Sale.Mode == "" && c.Sale.EntriesCloseAtUnixNano == 0 && len(c.Secret) == 0 && !queued {
 		return b // the format of versions before lottery sales
 	}
 	b = wire.AppendString(b, c.Sale.Mode)
 	b = wire.AppendVarint(b, c.Sale.EntriesCloseAtUnixNano)
-	return wire.AppendString(b, string(c.Secret))
+	b = wire.AppendString(b, string(c.Secret))
+	if !queued {
+		return b // the format of versions before waiting rooms
+	}
+	b = wire.AppendString(b, c.Sale.Admission)
+	b = wire.AppendVarint(b, c.Sale.QueueOveradmitMilli)
+	return wire.AppendVarint(b, c.Sale.QueueAdmitTTLNanos)
 }
 
 func (c *CreateSale) decodeFields(d *wire.Decoder) {
@@ -35,6 +42,11 @@ func (c *CreateSale) decodeFields(d *wire.Decoder) {
 		if secret := d.String(); secret != "" {
 			c.Secret = []byte(secret)
 		}
+	}
+	if len(d.B) > 0 && d.Err == nil {
+		c.Sale.Admission = d.String()
+		c.Sale.QueueOveradmitMilli = d.Varint()
+		c.Sale.QueueAdmitTTLNanos = d.Varint()
 	}
 }
 
