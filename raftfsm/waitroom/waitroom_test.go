@@ -22,7 +22,9 @@ type memTxn struct {
 
 func newTxn() *memTxn { return &memTxn{buckets: map[string]map[string][]byte{}} }
 
-func (m *memTxn) Get(bucket, key []byte) ([]byte, error) { return m.buckets[string(bucket)][string(key)], nil }
+func (m *memTxn) Get(bucket, key []byte) ([]byte, error) {
+	return m.buckets[string(bucket)][string(key)], nil
+}
 
 func (m *memTxn) Put(bucket, key, value []byte) {
 	b := m.buckets[string(bucket)]
