@@ -39,6 +39,30 @@ func TestCodec_EveryCommandRoundTrips(t *testing.T) {
 	f(&Register{Node: "n1", Addr: "127.0.0.1:8080"})
 	f(&Expire{OrderIDs: []string{"a", "b"}})
 	f(&PruneRequests{BeforeUnixNano: 99, MaxKeep: 1000})
+	f(&Join{Entries: []JoinEntry{{SKU: "a", User: "u", Secret: "0123456789abcdef0123456789abcdef"}, {SKU: "a", User: "v", Secret: "s"}}})
+	f(&QueueTick{SKU: "a", Through: 12345})
+	f(&RotateQueueKey{SKU: "a", Key: []byte("0123456789abcdef0123456789abcdef")})
+}
+
+// TestCodec_QueuedSaleRoundTrips: a queued sale's settings follow the
+// lottery's fields and secret; a sale without them keeps the shorter
+// forms of earlier versions.
+func TestCodec_QueuedSaleRoundTrips(t *testing.T) {
+	for _, c := range []*CreateSale{
+		{SKU: "q", Sale: stock.SaleConfig{Total: 10, StartAtUnixNano: 5, Admission: stock.AdmissionQueue, QueueOveradmitMilli: 1500, QueueAdmitTTLNanos: 6e10}, Secret: []byte("seed-and-key")},
+		{SKU: "q", Sale: stock.SaleConfig{Total: 10, Admission: stock.AdmissionQueue}},
+		{SKU: "l", Sale: stock.SaleConfig{Total: 10, Mode: stock.SaleModeLottery, EntriesCloseAtUnixNano: 9}, Secret: []byte("s")},
+	} {
+		_, got, err := DecodeCommand(EncodeCommand(nil, 1, c))
+		if err != nil || !reflect.DeepEqual(got, c) {
+			t.Fatalf("round trip of %+v: got %+v, %v", c, got, err)
+		}
+	}
+	plain := EncodeCommand(nil, 1, &CreateSale{SKU: "p", Sale: stock.SaleConfig{Total: 10}})
+	lottery := EncodeCommand(nil, 1, &CreateSale{SKU: "p", Sale: stock.SaleConfig{Total: 10, Mode: stock.SaleModeLottery}})
+	if len(plain) != 2+1+2+1+1+1+1 || len(lottery) != len(plain)+1+len(stock.SaleModeLottery)+1+1 {
+		t.Fatalf("a plain sale takes %d bytes and a lottery %d: the earlier forms changed", len(plain), len(lottery))
+	}
 }
 
 func TestCodec_TakeEntrySizeBoundsTheEncoding(t *testing.T) {
