@@ -28,6 +28,7 @@ func TestCodec_ResultRoundTrips(t *testing.T) {
 	f(&command.Result{Outcome: stock.OutcomeOK, Qty: 4, Index: 99})
 	f(&command.Result{Outcome: stock.OutcomeInvalidState, Order: &o, Detail: "hold not yet expired", Index: 1})
 	f(&command.Result{Outcome: stock.OutcomeOK, Takes: []command.TakeResult{{Outcome: stock.OutcomeOK, Order: o}, {Outcome: stock.OutcomeUserLimit}}, Index: 7})
+	f(&command.Result{Outcome: stock.OutcomeOK, Tickets: []command.TicketResult{{Outcome: stock.OutcomeOK, Joined: 3}, {Outcome: stock.OutcomeSame, Joined: 1}, {Outcome: stock.OutcomeSoldOut}}, Index: 8})
 }
 
 func FuzzDecodeCommand(f *testing.F) {

@@ -35,6 +35,9 @@ const (
 	OpJoin
 	OpQueueTick
 	OpRotateQueueKey
+	// OpTakeQueued is a Take whose entries carry waiting-room tickets:
+	// each entry's ticket follows its order id.
+	OpTakeQueued
 )
 
 var opNames = [...]string{
@@ -44,7 +47,7 @@ var opNames = [...]string{
 	OpAckConsumer: "ack_consumer", OpPruneEvents: "prune_events",
 	OpCloseSale: "close_sale", OpArchiveSale: "archive_sale", OpPurgeArchived: "purge_archived",
 	OpEnter: "enter", OpDraw: "draw", OpSetRules: "set_rules", OpPurgeOrders: "purge_orders",
-	OpJoin: "join", OpQueueTick: "queue_tick", OpRotateQueueKey: "rotate_queue_key",
+	OpJoin: "join", OpQueueTick: "queue_tick", OpRotateQueueKey: "rotate_queue_key", OpTakeQueued: "take_queued",
 }
 
 func (o Op) String() string {
@@ -102,6 +105,7 @@ type Return struct {
 type Take struct {
 	Node    string
 	Entries []TakeEntry
+	queued  bool // decoding an OpTakeQueued
 }
 
 // Confirm turns a held order sold.
@@ -194,13 +198,21 @@ type TakeEntry struct {
 	User      string `json:"user"`
 	RequestID string `json:"req,omitempty"`
 	OrderID   string `json:"order"`
+	// Ticket is the waiting-room ticket id (32 bytes) whose admission
+	// token the deduct carried, on a queued sale: the ledger spends it
+	// with the take ("" elsewhere).
+	Ticket string `json:"ticket,omitempty"`
 }
 
 // EncodedSize is the bytes the entry adds to an encoded Take: callers that
 // split batches by size use it.
 func (e *TakeEntry) EncodedSize() int {
-	return wire.UvarintLen(len(e.SKU)) + len(e.SKU) + wire.UvarintLen(len(e.User)) + len(e.User) +
+	n := wire.UvarintLen(len(e.SKU)) + len(e.SKU) + wire.UvarintLen(len(e.User)) + len(e.User) +
 		wire.UvarintLen(len(e.RequestID)) + len(e.RequestID) + wire.UvarintLen(len(e.OrderID)) + len(e.OrderID) + wire.MaxVarintBytes
+	if e.Ticket != "" {
+		n += wire.UvarintLen(len(e.Ticket)) + len(e.Ticket)
+	}
+	return n
 }
 
 // TakeHeaderSize bounds the bytes an encoded Take needs besides its
@@ -217,7 +229,18 @@ func (*Lease) Op() Op { return OpLease }
 
 func (*Return) Op() Op { return OpReturn }
 
-func (*Take) Op() Op { return OpTake }
+// Op is OpTakeQueued when an entry carries a ticket.
+func (c *Take) Op() Op {
+	if c.queued {
+		return OpTakeQueued
+	}
+	for i := range c.Entries {
+		if c.Entries[i].Ticket != "" {
+			return OpTakeQueued
+		}
+	}
+	return OpTake
+}
 
 func (*Confirm) Op() Op { return OpConfirm }
 
@@ -292,6 +315,8 @@ func newCommand(op Op) Command {
 		return &QueueTick{}
 	case OpRotateQueueKey:
 		return &RotateQueueKey{}
+	case OpTakeQueued:
+		return &Take{queued: true}
 	}
 	return nil
 }

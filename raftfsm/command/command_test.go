@@ -33,6 +33,7 @@ func TestCodec_EveryCommandRoundTrips(t *testing.T) {
 	f(&Return{Node: "n2", SKU: "b", Qty: 3})
 	f(&Take{Node: "n3", Entries: []TakeEntry{{SKU: "a", Qty: 1, User: "u", RequestID: "r", OrderID: "o"}, {SKU: "b", Qty: 2, User: "v", OrderID: "p"}}})
 	f(&Take{Node: "n3", Entries: []TakeEntry{}})
+	f(&Take{Node: "n3", Entries: []TakeEntry{{SKU: "q", Qty: 1, User: "u", OrderID: "o"}, {SKU: "q", Qty: 1, User: "v", OrderID: "p", Ticket: "0123456789abcdef0123456789abcdef"}}})
 	f(&Confirm{OrderID: "o1"})
 	f(&Release{OrderID: "o1", Reason: "cancelled"})
 	f(&Reclaim{Node: "n2"})

@@ -81,6 +81,7 @@ func (c *Take) appendFields(b []byte) []byte {
 		n += wire.MaxVarintBytes + wire.UvarintLen(len(e.SKU)) + len(e.SKU) + wire.UvarintLen(len(e.User)) + len(e.User) +
 			wire.UvarintLen(len(e.RequestID)) + len(e.RequestID) + wire.UvarintLen(len(e.OrderID)) + len(e.OrderID)
 	}
+	queued := c.Op() == OpTakeQueued
 	b = slices.Grow(b, n)
 	b = wire.AppendString(b, c.Node)
 	b = wire.AppendUvarint(b, uint64(len(c.Entries)))
@@ -91,6 +92,9 @@ func (c *Take) appendFields(b []byte) []byte {
 		b = wire.AppendString(b, e.User)
 		b = wire.AppendString(b, e.RequestID)
 		b = wire.AppendString(b, e.OrderID)
+		if queued {
+			b = wire.AppendString(b, e.Ticket)
+		}
 	}
 	return b
 }
@@ -100,6 +104,8 @@ func (c *Take) appendFields(b []byte) []byte {
 const minTakeEntryBytes = 5
 
 func (c *Take) decodeFields(d *wire.Decoder) {
+	queued := c.queued
+	c.queued = false // read from the op; the entries say it from here on
 	c.Node = d.String()
 	n := d.Count(minTakeEntryBytes)
 	c.Entries = make([]TakeEntry, n)
@@ -118,6 +124,9 @@ func (c *Take) decodeFields(d *wire.Decoder) {
 		var ids [3]string
 		d.Strings(ids[:])
 		e.User, e.RequestID, e.OrderID = ids[0], ids[1], ids[2]
+		if queued {
+			e.Ticket = d.String() // "" for an entry of a sale without a waiting room
+		}
 	}
 }
 

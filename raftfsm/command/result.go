@@ -17,7 +17,9 @@ type Result struct {
 	Takes   []TakeResult  `json:"takes,omitempty"`
 	// Entries is set for an Enter, one result per entry in order.
 	Entries []EntryResult `json:"entries,omitempty"`
-	Detail  string        `json:"detail,omitempty"`
+	// Tickets is set for a Join, one result per entry in order.
+	Tickets []TicketResult `json:"tickets,omitempty"`
+	Detail  string         `json:"detail,omitempty"`
 	// Index is the log index the command was applied at, set by the
 	// proposing node; a follower that forwarded the command waits until it
 	// has applied this index itself before it answers.
@@ -38,6 +40,15 @@ type EntryResult struct {
 	Entry   stock.Entry
 }
 
+// TicketResult is the verdict on one JoinEntry: OutcomeOK (a new ticket)
+// or OutcomeSame (the user's ticket), either with the ticket's join index
+// in its sale; the proposing node reads the ticket from its ledger, which
+// has applied the Join before it answers.
+type TicketResult struct {
+	Outcome stock.Outcome
+	Joined  int64
+}
+
 // resultFormat is the first byte of an encoded Result.
 const resultFormat byte = 0xD1
 
@@ -46,6 +57,7 @@ const (
 	resultHasOrder byte = 1 << iota
 	resultHasTakes
 	resultHasEntries
+	resultHasTickets
 )
 
 // EncodeResult appends r to dst: the answer a leader sends back to a
@@ -60,6 +72,9 @@ func EncodeResult(dst []byte, r *Result) []byte {
 	}
 	if r.Entries != nil {
 		flags |= resultHasEntries
+	}
+	if r.Tickets != nil {
+		flags |= resultHasTickets
 	}
 	dst = append(dst, resultFormat, byte(r.Outcome), flags)
 	dst = wire.AppendVarint(dst, r.Qty)
@@ -82,6 +97,12 @@ func EncodeResult(dst []byte, r *Result) []byte {
 			dst = append(dst, byte(e.Outcome))
 			dst = wire.AppendString(wire.AppendString(wire.AppendString(dst, e.Entry.SKU), e.Entry.User), e.Entry.RequestID)
 			dst = wire.AppendVarint(wire.AppendVarint(dst, e.Entry.Seq), e.Entry.AtUnixNano)
+		}
+	}
+	if r.Tickets != nil {
+		dst = wire.AppendUvarint(dst, uint64(len(r.Tickets)))
+		for _, t := range r.Tickets {
+			dst = wire.AppendVarint(append(dst, byte(t.Outcome)), t.Joined)
 		}
 	}
 	return dst
@@ -116,6 +137,12 @@ func DecodeResult(b []byte) (*Result, error) {
 			e.Outcome = stock.Outcome(d.Byte())
 			e.Entry.SKU, e.Entry.User, e.Entry.RequestID = d.String(), d.String(), d.String()
 			e.Entry.Seq, e.Entry.AtUnixNano = d.Varint(), d.Varint()
+		}
+	}
+	if flags&resultHasTickets != 0 {
+		r.Tickets = make([]TicketResult, d.Count(2))
+		for i := range r.Tickets {
+			r.Tickets[i] = TicketResult{Outcome: stock.Outcome(d.Byte()), Joined: d.Varint()}
 		}
 	}
 	if err := d.Finish(); err != nil {
