@@ -1,18 +1,21 @@
 package raftfsm
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
 	"maps"
 	"slices"
 	"sort"
+	"time"
+
 	"stockd.dev/stockd/raftfsm/command"
 	"stockd.dev/stockd/raftfsm/lottery"
 	"stockd.dev/stockd/raftfsm/requestindex"
 	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/waitroom"
 	"stockd.dev/stockd/stock"
-	"time"
 
 	"github.com/hashicorp/raft"
 	bolt "go.etcd.io/bbolt"
@@ -115,6 +118,9 @@ func (a *applier) applyEntries(logs []*raft.Log, applied uint64) ([]interface{},
 		if err != nil {
 			panic(fmt.Sprintf("ledger %s: apply %s at index %d: %v", a.ledger.path, cmd.Op(), entry.Index, err))
 		}
+		for _, s := range a.queued {
+			waitroom.Settle(s, at) // at this entry's time: batches differ between nodes
+		}
 		results[i] = res
 	}
 	return results, last
@@ -181,6 +187,7 @@ type applier struct {
 	// SetRules in the batch changes them for the entries after it).
 	rules   uint64
 	touched map[string]*stock.SKU
+	queued  []*stock.SKU // touched rows of sales behind a waiting room
 	events  []Event
 	feed    feedBatch
 	// purgeDone: an archived sale's last orders left in this batch (the
@@ -367,6 +374,9 @@ func (a *applier) sku(name string) *stock.SKU {
 	}
 	c := s.Clone()
 	a.touched[name] = c
+	if c.Queue != nil {
+		a.queued = append(a.queued, c)
+	}
 	return c
 }
 
@@ -417,6 +427,8 @@ func (a *applier) apply(c command.Command) (*command.Result, error) {
 		return a.draw(c)
 	case *command.SetRules:
 		return a.setRules(c), nil
+	case *command.Join, *command.QueueTick, *command.RotateQueueKey:
+		return waitroom.Apply(queueTxn{a}, c, a.sku)
 	}
 	return &command.Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf("unknown command %T", c)}, nil
 }
@@ -441,6 +453,9 @@ func (a *applier) createSale(c *command.CreateSale) *command.Result {
 	default:
 		return invalid("unknown sale mode %q", c.Sale.Mode)
 	}
+	if d := waitroom.CheckConfig(&c.Sale, c.Secret); d != "" || c.Sale.Admission != "" && a.rules < RulesWaitingRoom {
+		return invalid("%s", cmp.Or(d, "a waiting room needs the ledger rules of waiting rooms"))
+	}
 	if s := a.sku(c.SKU); s != nil {
 		if s.Config == c.Sale {
 			return &command.Result{Outcome: stock.OutcomeSame}
@@ -453,6 +468,9 @@ func (a *applier) createSale(c *command.CreateSale) *command.Result {
 			return invalid("a lottery needs a %d-byte secret, got %d", lottery.SecretBytes, len(c.Secret))
 		}
 		s.Lottery = lottery.New(c.Secret)
+	}
+	if c.Sale.Admission == stock.AdmissionQueue {
+		s.Queue = waitroom.New(c.Secret, a.at)
 	}
 	a.touched[c.SKU] = s
 	a.event(Event{Kind: EventSaleCreated, SKU: c.SKU, Qty: s.Total})

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"hash/maphash"
 	"slices"
+	"sync/atomic"
+
 	"stockd.dev/stockd/internal/wire"
 	"stockd.dev/stockd/raftfsm/command"
 	"stockd.dev/stockd/raftfsm/orderid"
 	"stockd.dev/stockd/raftfsm/store"
+	"stockd.dev/stockd/raftfsm/waitroom"
 	"stockd.dev/stockd/stock"
-	"sync/atomic"
 )
 
 // orderSeq is orderid.Parse for a caller that needs the owner and the
@@ -367,6 +369,12 @@ func (a *applier) takeAllowed(node string, e *command.TakeEntry, fresh bool) (*s
 		}
 		if bought+e.Qty > s.Config.PerUser {
 			outcome = stock.OutcomeUserLimit
+		}
+	}
+	if outcome == stock.OutcomeOK && s.Queue != nil {
+		var err error
+		if outcome, err = waitroom.SpendTake(queueTxn{a}, s, e); err != nil {
+			return nil, stock.OutcomeOK, err
 		}
 	}
 	if outcome != stock.OutcomeOK {

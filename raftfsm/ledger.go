@@ -11,13 +11,15 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
 	"stockd.dev/stockd/raftfsm/lottery"
 	"stockd.dev/stockd/raftfsm/orderfeed"
 	"stockd.dev/stockd/raftfsm/requestindex"
 	"stockd.dev/stockd/raftfsm/store"
-	"sync"
-	"sync/atomic"
-	"time"
+	"stockd.dev/stockd/raftfsm/waitroom"
 
 	"stockd.dev/stockd/internal/hashfilter"
 	"stockd.dev/stockd/stock"
@@ -257,7 +259,7 @@ func (l *Ledger) openFile() (db *bolt.DB, err error) {
 		if _, err := store.CheckFormat(tx.Bucket(store.BucketMeta)); err != nil {
 			return err
 		}
-		for _, name := range [][]byte{store.BucketMeta, store.BucketSKUs, store.BucketOrders, store.BucketBuyers, store.BucketNodes, store.BucketRequestsByTime, store.BucketEvents, store.BucketConsumers, store.BucketEntries, store.BucketEntryUsers} {
+		for _, name := range append([][]byte{store.BucketMeta, store.BucketSKUs, store.BucketOrders, store.BucketBuyers, store.BucketNodes, store.BucketRequestsByTime, store.BucketEvents, store.BucketConsumers, store.BucketEntries, store.BucketEntryUsers}, waitroom.Buckets...) {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"encoding/binary"
 	"fmt"
+
 	"stockd.dev/stockd/raftfsm/lottery"
 	"stockd.dev/stockd/raftfsm/store"
 	"stockd.dev/stockd/stock"
@@ -69,18 +70,7 @@ func (l *Ledger) SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, e
 	var applied uint64
 	err := l.view(func(tx *bolt.Tx) error {
 		applied = store.AppliedIn(tx)
-		prefix := append([]byte(sku), 0)
-		cur := tx.Bucket(store.BucketEntries).Cursor()
-		for k, v := cur.Seek(prefix); k != nil && len(k) == len(prefix)+8 && string(k[:len(prefix)]) == string(prefix); k, v = cur.Next() {
-			e, err := lottery.DecodeEntryRecord(sku, int64(binary.BigEndian.Uint64(k[len(prefix):])), v)
-			if err != nil {
-				return err
-			}
-			if err := fn(&e); err != nil {
-				return err
-			}
-		}
-		return nil
+		return lottery.EachEntry(tx.Bucket(store.BucketEntries), sku, fn)
 	})
 	return applied, err
 }

@@ -1,7 +1,6 @@
 package raftfsm
 
 import (
-	"encoding/binary"
 	"stockd.dev/stockd/raftfsm/orderfeed"
 	"stockd.dev/stockd/raftfsm/store"
 	"stockd.dev/stockd/stock"
@@ -19,20 +18,10 @@ func (l *Ledger) SaleOrders(sku string, state stock.OrderState, after string, fn
 		return stock.OrdersSnapshot{}, err
 	}
 	var snap stock.OrdersSnapshot
-	err := l.view(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(store.BucketMeta)
+	err := l.view(func(tx *bolt.Tx) (err error) {
 		snap.Applied = store.AppliedIn(tx)
-		if v := meta.Get(store.KeyFeedSeq); len(v) == 8 {
-			seq := binary.BigEndian.Uint64(v)
-			if e, ok, err := orderfeed.ReadFeedEvent(tx.Bucket(store.BucketEvents), seq); err != nil {
-				return err
-			} else if ok {
-				snap.FeedCursor = e.Cursor()
-			} else if fv := meta.Get(store.KeyFeedFloor); fv != nil {
-				if c, err := orderfeed.DecodeCursor(fv); err == nil && c.Seq == seq {
-					snap.FeedCursor = c // the newest event was pruned
-				}
-			}
+		if snap.FeedCursor, err = orderfeed.NewestCursorIn(tx); err != nil {
+			return err
 		}
 		return store.EachSaleOrder(tx.Bucket(store.BucketOrders), sku, state, after, fn)
 	})

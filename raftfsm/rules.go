@@ -35,8 +35,11 @@ const (
 	// units available, as a closed sale reads; under earlier rules it
 	// stayed open while every deduct was answered lottery_sale.
 	RulesEmptyDrawCloses uint64 = 3
+	// RulesWaitingRoom: sales behind a waiting room (raftfsm/waitroom),
+	// their commands and queued takes.
+	RulesWaitingRoom uint64 = 4
 	// RulesCurrent is the newest rules this binary applies.
-	RulesCurrent = RulesEmptyDrawCloses
+	RulesCurrent = RulesWaitingRoom
 )
 
 // keyRules holds the ledger's rules in the meta bucket (big-endian

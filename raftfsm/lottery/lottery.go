@@ -19,10 +19,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
-	"stockd.dev/stockd/internal/wire"
-	"stockd.dev/stockd/stock"
 	"strconv"
 	"sync"
+
+	bolt "go.etcd.io/bbolt"
+	"stockd.dev/stockd/internal/wire"
+	"stockd.dev/stockd/stock"
 )
 
 const (
@@ -49,6 +51,23 @@ func New(secret []byte) *stock.Lottery {
 		Seed: slices.Clone(seed), OrderKey: slices.Clone(secret[lotterySeedBytes:]),
 		SeedCommitment: sum[:], EntriesHash: make([]byte, sha256.Size),
 	}
+}
+
+// EachEntry calls fn for every entry of lottery sku in b (the entries
+// bucket), in sequence order, until fn returns an error.
+func EachEntry(b *bolt.Bucket, sku string, fn func(*stock.Entry) error) error {
+	prefix := append([]byte(sku), 0)
+	cur := b.Cursor()
+	for k, v := cur.Seek(prefix); k != nil && len(k) == len(prefix)+8 && string(k[:len(prefix)]) == string(prefix); k, v = cur.Next() {
+		e, err := DecodeEntryRecord(sku, int64(binary.BigEndian.Uint64(k[len(prefix):])), v)
+		if err != nil {
+			return err
+		}
+		if err := fn(&e); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // NextEntriesHash chains user onto the entries hash h.

@@ -4,9 +4,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strings"
+
 	"stockd.dev/stockd/raftfsm/store"
 	"stockd.dev/stockd/stock"
-	"strings"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -196,4 +197,24 @@ func (f *Feed) CursorBefore(atUnixNano int64) (stock.Cursor, bool, error) {
 		}
 	}
 	return best, found, nil
+}
+
+// NewestCursorIn is the cursor of the newest event the file tx reads
+// holds, or names as its floor when that event was pruned (zero: none).
+func NewestCursorIn(tx *bolt.Tx) (stock.Cursor, error) {
+	meta := tx.Bucket(store.BucketMeta)
+	v := meta.Get(store.KeyFeedSeq)
+	if len(v) != 8 {
+		return stock.Cursor{}, nil
+	}
+	seq := binary.BigEndian.Uint64(v)
+	if e, ok, err := ReadFeedEvent(tx.Bucket(store.BucketEvents), seq); err != nil || ok {
+		return e.Cursor(), err
+	}
+	if fv := meta.Get(store.KeyFeedFloor); fv != nil {
+		if c, err := DecodeCursor(fv); err == nil && c.Seq == seq {
+			return c, nil // the newest event was pruned
+		}
+	}
+	return stock.Cursor{}, nil
 }

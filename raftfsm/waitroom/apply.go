@@ -282,3 +282,82 @@ func Token(s *stock.SKU, t *stock.Ticket) string {
 
 // TicketIDHex is a ticket's public name on the wire.
 func TicketIDHex(t *stock.Ticket) string { return hex.EncodeToString(t.ID[:]) }
+
+// Apply applies a waiting-room command (Join, QueueTick, RotateQueueKey);
+// sku reads a sale's row for changing (nil: no such sale).
+func Apply(tx Txn, c command.Command, sku func(string) *stock.SKU) (*command.Result, error) {
+	switch c := c.(type) {
+	case *command.Join:
+		res := &command.Result{Outcome: stock.OutcomeOK, Tickets: make([]command.TicketResult, len(c.Entries))}
+		for i := range c.Entries {
+			o, t, err := Join(tx, sku(c.Entries[i].SKU), &c.Entries[i])
+			if err != nil {
+				return nil, err
+			}
+			res.Tickets[i] = command.TicketResult{Outcome: o, Joined: t.JoinedIndex}
+		}
+		return res, nil
+	case *command.QueueTick:
+		s := sku(c.SKU)
+		if o := queued(s); o != stock.OutcomeOK {
+			return &command.Result{Outcome: o}, nil
+		}
+		n, err := Tick(tx, s, c.Through)
+		return &command.Result{Outcome: stock.OutcomeOK, Qty: n}, err
+	case *command.RotateQueueKey:
+		s := sku(c.SKU)
+		if o := queued(s); o != stock.OutcomeOK {
+			return &command.Result{Outcome: o}, nil
+		}
+		return &command.Result{Outcome: Rotate(s, c.Key, tx.At())}, nil
+	}
+	return &command.Result{Outcome: stock.OutcomeInvalid, Detail: fmt.Sprintf("%T is no waiting-room command", c)}, nil
+}
+
+func queued(s *stock.SKU) stock.Outcome {
+	switch {
+	case s == nil:
+		return stock.OutcomeUnknownSKU
+	case s.Queue == nil:
+		return stock.OutcomeNotQueued
+	}
+	return stock.OutcomeOK
+}
+
+// SpendTake judges the ticket of a take from queued sale s: none
+// (OutcomeAdmissionRequired), or one Spend takes or refuses.
+func SpendTake(tx Txn, s *stock.SKU, e *command.TakeEntry) (stock.Outcome, error) {
+	if e.Ticket == "" {
+		return stock.OutcomeAdmissionRequired, nil
+	}
+	if len(e.Ticket) != queuetoken.IDSize {
+		return stock.OutcomeAdmissionInvalid, nil
+	}
+	return Spend(tx, s, e.User, [queuetoken.IDSize]byte([]byte(e.Ticket)))
+}
+
+// CheckConfig says what is wrong with a new sale's waiting-room settings
+// and its CreateSale's secret ("" when nothing is).
+func CheckConfig(cfg *stock.SaleConfig, secret []byte) string {
+	switch cfg.Admission {
+	case "":
+		if cfg.QueueOveradmitMilli != 0 || cfg.QueueAdmitTTLNanos != 0 {
+			return "queue_overadmit and queue_admit_ttl are for sales with admission queue"
+		}
+		return ""
+	case stock.AdmissionQueue:
+	default:
+		return fmt.Sprintf("unknown admission %q", cfg.Admission)
+	}
+	switch {
+	case cfg.Mode != "":
+		return "a lottery takes no waiting room"
+	case cfg.QueueOveradmitMilli != 0 && (cfg.QueueOveradmitMilli < 1000 || cfg.QueueOveradmitMilli > 100_000):
+		return "queue_overadmit must be from 1 to 100"
+	case cfg.QueueAdmitTTLNanos != 0 && cfg.QueueAdmitTTLNanos < 1e9:
+		return "queue_admit_ttl must be at least 1s"
+	case len(secret) != SecretBytes:
+		return fmt.Sprintf("a queued sale needs a %d-byte secret, got %d", SecretBytes, len(secret))
+	}
+	return ""
+}
