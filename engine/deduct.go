@@ -217,7 +217,7 @@ func (e *Engine) startAttempt(s *sale, req *DeductRequest, res *DeductResult, sl
 	var p *pendingTake
 	if len(req.RequestID) > 0 {
 		p = e.newPendingTake(s, req)
-		e.pendingIDs.add(p.entry.User, p.entry.RequestID) // before it is registered: see mayBeRepeat
+		e.pendingIDs.Add(p.entry.User, p.entry.RequestID) // before it is registered: see mayBeRepeat
 		if other, mine := e.pendingReq.putIfAbsent(p); !mine {
 			if taken {
 				e.putBack(s, req.Hint, req.Qty)

@@ -73,7 +73,7 @@ func (e *Engine) overUserLimit(s *sale, req *DeductRequest) bool {
 // sold-out flag it leads to), and an attempt adds its id before it
 // registers.
 func (e *Engine) mayBeRepeat(req *DeductRequest) bool {
-	return e.pendingIDs.mayContain(req.User, req.RequestID) || e.ledger.MayHoldRequest(req.User, req.RequestID)
+	return e.pendingIDs.MayContain(req.User, req.RequestID) || e.ledger.MayHoldRequest(req.User, req.RequestID)
 }
 
 // answerRepeat fills res with the first answer of req's request id, if this

@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"sync"
 	"time"
+
+	"stockd.dev/stockd/internal/pendingfilter"
 )
 
 // DeductBatch runs reqs as Deduct would, into res (same length), without
@@ -161,19 +163,19 @@ func (l *batchLine) run(e *Engine, reqs []DeductRequest, res []DeductResult, wai
 // into prefetched, so that no compiler drops the reads.
 func (e *Engine) prefetchRequests(reqs []DeductRequest) {
 	const chunk = 64
-	var lines [chunk]prefetchLine
+	var lines [chunk]pendingfilter.Lines
 	var sum uint64
 	for len(reqs) > 0 {
 		n := 0
 		for i := range min(len(reqs), chunk) {
 			if r := &reqs[i]; len(r.RequestID) > 0 {
-				lines[n] = e.pendingIDs.lines(r.User, r.RequestID)
-				lines[n].ledger = e.ledger.RequestLine(r.User, r.RequestID)
+				lines[n] = e.pendingIDs.Lines(r.User, r.RequestID)
+				lines[n].Ledger = e.ledger.RequestLine(r.User, r.RequestID)
 				n++
 			}
 		}
 		for _, l := range lines[:n] {
-			sum += l.cur.Load() + l.prev.Load() + l.ledger.Load()
+			sum += l.Cur.Load() + l.Prev.Load() + l.Ledger.Load()
 		}
 		reqs = reqs[min(len(reqs), chunk):]
 	}
@@ -196,7 +198,7 @@ func reusedInBatch(reqs []DeductRequest, seed maphash.Seed) []bool {
 		if first == nil {
 			first = make(map[uint64]int, len(reqs))
 		}
-		h := requestHash(seed, r.User, r.RequestID) // two pairs of one hash are compared below
+		h := pendingfilter.RequestHash(seed, r.User, r.RequestID) // two pairs of one hash are compared below
 		j, seen := first[h]
 		if !seen {
 			first[h] = i

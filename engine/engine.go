@@ -11,6 +11,7 @@ import (
 
 	"stockd.dev/stockd/engine/admission"
 	"stockd.dev/stockd/internal/deadline"
+	"stockd.dev/stockd/internal/pendingfilter"
 	"stockd.dev/stockd/raftfsm/command"
 	"stockd.dev/stockd/raftfsm/orderid"
 )
@@ -26,11 +27,11 @@ type Engine struct {
 	sales   atomic.Pointer[map[string]*sale] // copy on write: lock-free reads
 
 	orderIDs   *orderid.Minter
-	pendingReq *takeIndex     // request id -> take awaiting commit
-	pendingIDs *pendingFilter // request ids that may be in pendingReq, lock-free
-	batchSeed  maphash.Seed   // hashes a batch's request keys (reusedInBatch)
-	prefetched atomic.Uint64  // the words prefetchRequests read, summed so that they are read
-	deadlines  *deadline.Set  // shared timeouts of waiting deducts
+	pendingReq *takeIndex            // request id -> take awaiting commit
+	pendingIDs *pendingfilter.Filter // request ids that may be in pendingReq, lock-free
+	batchSeed  maphash.Seed          // hashes a batch's request keys (reusedInBatch)
+	prefetched atomic.Uint64         // the words prefetchRequests read, summed so that they are read
+	deadlines  *deadline.Set         // shared timeouts of waiting deducts
 	// commitWaits are the deadlines of deducts waiting for the ledger's
 	// answer (awaitPending); they also end, all at once, when the engine
 	// stops or its drain loses the leader, so that such a wait selects on
@@ -103,7 +104,7 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 		logger:       logger.With("component", "engine", "node", cfg.NodeID),
 		ledger:       ledger,
 		pendingReq:   newTakeIndex(byRequest),
-		pendingIDs:   newPendingFilter(cfg.Now()),
+		pendingIDs:   pendingfilter.New(cfg.Now()),
 		batchSeed:    maphash.MakeSeed(),
 		deadlines:    deadline.New(time.Now),
 		commitWaits:  deadline.New(time.Now),

@@ -36,7 +36,7 @@ func (e *Engine) runJanitor() {
 		e.updateBreaker()
 		now := e.cfg.Now()
 		e.adaptive.Update() // on the real clock, as the waits are
-		e.pendingIDs.rotate(now)
+		e.pendingIDs.Rotate(now)
 		e.expireHolds(now)
 		// Lease and membership duties need proposals; pace them slower.
 		if now.Sub(lastSlow) < min(e.cfg.LeaseIdleReturn/4, 250*time.Millisecond) {

@@ -197,7 +197,7 @@ const (
 // deductPath are the files a deduct runs through, handler to fsync.
 var deductPath = []string{
 	"httpapi/deduct.go", "httpapi/batch.go", "engine/deduct.go", "engine/deduct_batch.go", "engine/pending.go",
-	"engine/committer.go", "internal/batcher/batcher.go", "engine/admission/admission.go", "engine/pendingfilter.go", "shard/shard.go", "node/proposer.go",
+	"engine/committer.go", "internal/batcher/batcher.go", "engine/admission/admission.go", "internal/pendingfilter/pendingfilter.go", "shard/shard.go", "node/proposer.go",
 	"raftfsm/apply_orders.go", "raftfsm/apply.go",
 	"engine/deduct_async.go", "httpapi/eventloop/loop_linux.go", "httpapi/eventloop/parse_linux.go",
 	"httpapi/deductwire/read.go", "httpapi/deductwire/body.go", "httpapi/deductwire/answer.go",

@@ -1,4 +1,4 @@
-package engine
+package pendingfilter
 
 import (
 	"fmt"
@@ -11,33 +11,33 @@ import (
 // two; ids never added are not found, empty filters or not.
 func TestPendingFilter_KeepsAnIDForAtLeastOneSpan(t *testing.T) {
 	start := time.Unix(1_800_000_000, 0)
-	f := newPendingFilter(start)
-	has := func(user, id string) bool { return f.mayContain([]byte(user), []byte(id)) }
+	f := New(start)
+	has := func(user, id string) bool { return f.MayContain([]byte(user), []byte(id)) }
 	if has("alice", "r1") {
 		t.Fatal("an empty filter holds alice's r1")
 	}
-	f.add("alice", "r1")
+	f.Add("alice", "r1")
 	if !has("alice", "r1") {
 		t.Fatal("alice's r1 not found right after it was added")
 	}
 	if has("bob", "r1") {
 		t.Fatal("bob's r1 found: the filter mixed two users' ids (or a rare false maybe; the hash is seeded)")
 	}
-	f.rotate(start.Add(pendingFilterSpan / 2))
+	f.Rotate(start.Add(Span / 2))
 	if !has("alice", "r1") {
 		t.Fatal("a rotation before the span ended dropped alice's r1")
 	}
-	f.rotate(start.Add(pendingFilterSpan))
+	f.Rotate(start.Add(Span))
 	if !has("alice", "r1") {
 		t.Fatal("alice's r1 gone after one rotation; it must last one more span")
 	}
-	f.rotate(start.Add(2 * pendingFilterSpan))
+	f.Rotate(start.Add(2 * Span))
 	if has("alice", "r1") {
 		t.Fatal("alice's r1 still held after two rotations")
 	}
 	// Many ids, the last of them kept: none lost among the others.
 	for i := range 10_000 {
-		f.add(fmt.Sprint("u", i), "r")
+		f.Add(fmt.Sprint("u", i), "r")
 	}
 	for i := range 10_000 {
 		if !has(fmt.Sprint("u", i), "r") {
