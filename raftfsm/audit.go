@@ -1,8 +1,8 @@
 package raftfsm
 
 import (
-	"errors"
 	"fmt"
+
 	"stockd.dev/stockd/raftfsm/store"
 	"stockd.dev/stockd/stock"
 
@@ -49,20 +49,7 @@ func (l *Ledger) audit(want func(sku string) bool) (map[string]stock.Audit, erro
 	}
 	out := make(map[string]stock.Audit, len(audits))
 	for sku, a := range audits {
-		var problems []error
-		if err := a.Row.CheckLaw(); err != nil {
-			problems = append(problems, err)
-		}
-		// An archived sale's sold orders that left the ledger count by
-		// their units.
-		if a.OrdersHeld != a.Row.Held || a.OrdersSold+a.Row.ArchivedSold != a.Row.Sold {
-			problems = append(problems, fmt.Errorf("orders held %d sold %d, row held %d sold %d",
-				a.OrdersHeld, a.OrdersSold, a.Row.Held, a.Row.Sold))
-		}
-		a.OK = len(problems) == 0
-		if !a.OK {
-			a.Problem = errors.Join(problems...).Error()
-		}
+		a.Judge()
 		out[sku] = *a
 	}
 	return out, nil

@@ -42,6 +42,7 @@ const (
 	EventNodeRegistered                      // Node registered (or changed) its HTTP address
 	EventLeaseWanted                         // Node wanted Qty more units of SKU than available; others hold leases
 	EventSaleClosed                          // SKU was closed: every lease went back to available
+	EventQueueChanged                        // the batch changed queued sale SKU (tickets, admissions, keys, its stock)
 )
 
 // Event is a state change an engine must react to, with the log index that
