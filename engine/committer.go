@@ -210,6 +210,10 @@ func (e *Engine) settle(p *pendingTake, tr command.TakeResult, now instant) {
 	case stock.OutcomeUserLimit:
 		e.putBack(s, p.hint, qty)
 		r = DeductResult{Status: StatusUserLimit}
+	case stock.OutcomeAdmissionRequired, stock.OutcomeAdmissionInvalid:
+		// The ticket was spent (or expired) by the time the take applied.
+		e.putBack(s, p.hint, qty)
+		r = DeductResult{Status: StatusAdmissionInvalid, Detail: "the admission was used or expired before the take reached the ledger"}
 	case stock.OutcomeLeaseShort:
 		// The ledger no longer counts this unit as ours (a Reclaim): it is
 		// not put back. The Reclaim event rebuilds the buckets.

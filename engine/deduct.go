@@ -27,6 +27,12 @@ const (
 	// StatusRequestIDReused: the buyer used this request id for another
 	// SKU or qty, or for a lottery entry; nothing changed.
 	StatusRequestIDReused
+	// StatusAdmissionRequired: a sale behind a waiting room, and no
+	// admission token; StatusAdmissionInvalid: a token that does not admit
+	// this buyer now (forged, altered, expired, another's, spent, its key
+	// rotated out).
+	StatusAdmissionRequired
+	StatusAdmissionInvalid
 )
 
 var statusNames = [...]string{
@@ -34,7 +40,8 @@ var statusNames = [...]string{
 	StatusNotStarted: "not_started", StatusUnknownSKU: "unknown_sku", StatusBadRequest: "bad_request",
 	StatusUnavailable: "unavailable", StatusOutcomeUnknown: "outcome_unknown", StatusRateLimited: "rate_limited",
 	StatusTryAgain: "try_again", StatusClosed: "closed", StatusLotterySale: "lottery_sale",
-	StatusRequestIDReused: "request_id_reused",
+	StatusRequestIDReused: "request_id_reused", StatusAdmissionRequired: "admission_required",
+	StatusAdmissionInvalid: "admission_invalid",
 }
 
 func (s Status) String() string {
@@ -48,7 +55,7 @@ func (s Status) String() string {
 func (s Status) Won() bool { return s == StatusOK || s == StatusAccepted }
 
 // statusCount sizes per-status counters.
-const statusCount = int(StatusRequestIDReused) + 1
+const statusCount = int(StatusAdmissionInvalid) + 1
 
 // DeductRequest is one buyer's attempt. The byte slices are only read during
 // Deduct and may be reused by the caller afterwards.
@@ -65,6 +72,12 @@ type DeductRequest struct {
 	// Hint picks the starting bucket; pass something sticky and free, such
 	// as a connection id.
 	Hint uint32
+	// AdmissionToken is the waiting room's token, for a queued sale.
+	AdmissionToken []byte
+
+	// ticket is the id of the waiting-room ticket the token admits, once
+	// checked: the take spends it.
+	ticket string
 
 	// clock, when set, is the time of the batch the deduct came in: one
 	// reading of the clocks for all its deducts instead of a few each.
@@ -165,6 +178,9 @@ func (e *Engine) admitTo(s *sale, req *DeductRequest, res *DeductResult) *sale {
 		}
 	}
 	if e.answeredBeforeStock(s, req, res) {
+		return nil
+	}
+	if s.queued && !e.admittedBy(s, req, &now, res) {
 		return nil
 	}
 	if !req.NoWait && e.commitBlocked.Load() {

@@ -37,6 +37,7 @@ type Metrics struct {
 	feedAtCap        atomic.Bool   // the last prune cut into a consumer's unacknowledged events
 	catchUps         atomic.Uint64 // misses that caught up with the leader before answering
 	catchUpRounds    atomic.Uint64 // read indexes asked for them
+	tokensRefused    [len(TokenRefusals)]atomic.Uint64
 
 	driftMu sync.Mutex
 	drift   map[string]int64 // sku -> units of drift found by the last audit
@@ -69,6 +70,26 @@ func (m *Metrics) SetDrift(sku string, units int64) {
 }
 
 func newMetrics() *Metrics { return &Metrics{} }
+
+// TokenRefusals name why a queued sale's deduct was refused its
+// admission: TokensRefused counts them in this order.
+var TokenRefusals = [...]string{"missing", "malformed", "forged", "expired", "key_rotated_out"}
+
+func (m *Metrics) countTokenRefused(reason string) {
+	for i, r := range TokenRefusals {
+		if r == reason {
+			m.tokensRefused[i].Add(1)
+		}
+	}
+}
+
+// TokensRefused reads the refusals by reason (TokenRefusals' order).
+func (m *Metrics) TokensRefused() (out [len(TokenRefusals)]uint64) {
+	for i := range out {
+		out[i] = m.tokensRefused[i].Load()
+	}
+	return out
+}
 
 // batchSizeBounds are the upper bounds of the Take batch size histogram.
 var batchSizeBounds = [...]float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}

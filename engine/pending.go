@@ -60,7 +60,7 @@ func (e *Engine) newPendingTake(s *sale, req *DeductRequest) *pendingTake {
 	req.slot = nil // a slot serves one take
 	*p = pendingTake{
 		sale: s, hint: req.Hint, created: req.clock.now, entered: req.clock.real,
-		entry: command.TakeEntry{SKU: s.sku, Qty: req.Qty},
+		entry: command.TakeEntry{SKU: s.sku, Qty: req.Qty, Ticket: req.ticket},
 	}
 	if len(req.RequestID) == 0 {
 		p.entry.User = string(req.User)

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"stockd.dev/stockd/internal/queuetoken"
 	"stockd.dev/stockd/raftfsm"
 	"stockd.dev/stockd/shard"
 	"stockd.dev/stockd/stock"
@@ -21,6 +22,10 @@ type sale struct {
 	// not deducts; drawn says its draw is done (or will never be).
 	entriesCloseAtUnixNano int64
 	drawn                  atomic.Bool
+	// queued: a sale behind a waiting room; queueKeys verify its tokens
+	// (updated as the ledger rotates them).
+	queued    bool
+	queueKeys atomic.Pointer[[]queuetoken.Key]
 
 	soldOut       atomic.Bool  // no unit here and none available in the ledger
 	closed        atomic.Bool  // the sale was closed: no deduct may win
@@ -80,6 +85,9 @@ func (e *Engine) saleFor(row *stock.SKU) (*sale, bool) {
 	}
 	if row.Lottery != nil {
 		s.entriesCloseAtUnixNano = max(row.Config.EntriesCloseAtUnixNano, 1)
+	}
+	if s.queued = row.Queue != nil; s.queued {
+		s.setQueueKeys(row)
 	}
 	s.lowWatermark.Store(1)
 	s.closed.Store(row.Closed())
@@ -145,6 +153,12 @@ func (e *Engine) Applied(events []raftfsm.Event) {
 				s.soldOut.Store(false)
 				s.firstSoldOutNanos.Store(0) // stock came back: a new tail, if it sells out again
 				s.stockChanged.broadcast()
+			}
+		case raftfsm.EventQueueChanged:
+			if s := e.lookupSale([]byte(ev.SKU)); s != nil && s.queued {
+				if row, _, ok := e.ledger.SKU(ev.SKU); ok && row.Queue != nil {
+					s.setQueueKeys(&row) // a rotation, mostly
+				}
 			}
 		case raftfsm.EventLeaseGranted:
 			if ev.Node != e.cfg.NodeID {

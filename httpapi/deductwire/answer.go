@@ -49,6 +49,11 @@ var (
 	BodyReused   = PrecomputedError("request_id_reused", "this user already used this request_id for another sku or qty (or a lottery entry); nothing changed: use a new request_id for a new purchase")
 	BodyBadSKU   = PrecomputedError("bad_request", "sku must be 1 to 128 letters, digits or . _ - :")
 	BodyBadWait  = PrecomputedError("bad_request", "wait must be commit or none")
+	// The waiting room's token: its form on the wire, then the engine's
+	// refusals.
+	BodyBadToken          = PrecomputedError("bad_request", "admission_token (or the Stockd-Admission header) must be a string of 1 to 512 bytes of text, given once")
+	BodyTokenDiffers      = PrecomputedError("bad_request", "the Stockd-Admission header and the body's admission_token differ: send one, or both the same")
+	BodyAdmissionRequired = PrecomputedError("admission_required", "this sale sells to buyers its waiting room admitted: POST /v1/skus/{sku}/queue, then deduct with the ticket's admission_token")
 	// BodyNeedServiceToken answers 401 a call without the service
 	// credential.
 	BodyNeedServiceToken = PrecomputedError("unauthorized", "this call needs Authorization: Bearer <service token>")
@@ -105,6 +110,10 @@ func Result(res *engine.DeductResult, buf []byte) Answer {
 		return Answer{Status: fasthttp.StatusConflict, Body: BodyLotterySale}
 	case engine.StatusRequestIDReused:
 		return Answer{Status: fasthttp.StatusUnprocessableEntity, Body: BodyReused}
+	case engine.StatusAdmissionRequired:
+		return Answer{Status: fasthttp.StatusForbidden, Body: BodyAdmissionRequired}
+	case engine.StatusAdmissionInvalid:
+		return Answer{Status: fasthttp.StatusForbidden, Body: ErrorJSON(buf, "admission_invalid", res.Detail)}
 	case engine.StatusNotStarted:
 		left := time.Until(res.StartAt)
 		b, _ := MarshalLine(map[string]any{

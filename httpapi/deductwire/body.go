@@ -24,6 +24,7 @@ const (
 	keyQty       = "qty"
 	keyRequestID = "request_id"
 	keySKU       = "sku"
+	keyToken     = "admission_token"
 )
 
 // jsonDepthMax bounds the nesting of a value under a key the reader
@@ -32,9 +33,9 @@ const jsonDepthMax = 16
 
 // deductBody is a deduct's fields as the body gave them.
 type deductBody struct {
-	user, requestID, sku                  []byte
-	qty                                   int64
-	hasUser, hasRequestID, hasQty, hasSKU bool
+	user, requestID, sku, token                     []byte
+	qty                                             int64
+	hasUser, hasRequestID, hasQty, hasSKU, hasToken bool
 }
 
 // lexer reads one JSON text. Its methods return the index after what
@@ -359,6 +360,10 @@ func (f *deductBody) field(x *lexer, key []byte, i int, withSKU bool) (int, []by
 		if bad := text(&f.requestID, &f.hasRequestID, BodyBadReqID); bad != nil {
 			return -1, bad
 		}
+	case string(key) == keyToken:
+		if bad := text(&f.token, &f.hasToken, BodyBadToken); bad != nil {
+			return -1, bad
+		}
 	case string(key) == keySKU && withSKU:
 		if bad := text(&f.sku, &f.hasSKU, BodyBadSKU); bad != nil {
 			return -1, bad
@@ -393,7 +398,7 @@ func (f *deductBody) field(x *lexer, key []byte, i int, withSKU bool) (int, []by
 
 // caseOf is the field key names in other letter case ("" for none).
 func caseOf(key []byte) string {
-	for _, k := range [...]string{keyUser, keyQty, keyRequestID, keySKU} {
+	for _, k := range [...]string{keyUser, keyQty, keyRequestID, keySKU, keyToken} {
 		if string(key) != k && strings.EqualFold(string(key), k) {
 			return k
 		}
@@ -423,6 +428,8 @@ func (f *deductBody) check(withSKU bool) []byte {
 		return BodyBadReqID
 	case withSKU && (!f.hasSKU || !ValidID(f.sku)):
 		return BodyBadSKU
+	case f.hasToken && (len(f.token) == 0 || len(f.token) > MaxTokenBytes || !cleanText(f.token)):
+		return BodyBadToken
 	}
 	if !f.hasQty {
 		f.qty = 1

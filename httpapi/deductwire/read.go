@@ -90,15 +90,49 @@ func (r *Reader) Read(req *fasthttp.Request, sku []byte, dst *engine.DeductReque
 	}
 	r.scratch = r.scratch[:0]
 	f, bad := readDeduct(req.Body(), &r.scratch, false)
-	requestID := f.requestID
+	requestID, token := f.requestID, f.token
 	if bad == nil {
 		requestID, bad = IdempotencyKey(&req.Header, requestID)
+	}
+	if bad == nil {
+		token, bad = AdmissionToken(&req.Header, token)
 	}
 	if bad != nil {
 		return fasthttp.StatusBadRequest, bad
 	}
-	*dst = engine.DeductRequest{SKU: sku, User: f.user, RequestID: requestID, Qty: f.qty, NoWait: noWait}
+	*dst = engine.DeductRequest{SKU: sku, User: f.user, RequestID: requestID, Qty: f.qty, NoWait: noWait, AdmissionToken: token}
 	return 0, nil
+}
+
+// HeaderAdmission carries a queued sale's admission token, as the body's
+// admission_token does.
+const HeaderAdmission = "Stockd-Admission"
+
+// MaxTokenBytes bounds an admission token on the wire (one is 103
+// bytes; a longer one is no token).
+const MaxTokenBytes = 512
+
+// AdmissionToken merges the Stockd-Admission header into the body's
+// admission_token: the header alone names it, both must agree; bad is
+// the 400 answer to a header given twice, empty, not text, or unlike the
+// body's.
+func AdmissionToken(h *fasthttp.RequestHeader, token []byte) ([]byte, []byte) {
+	var v []byte
+	n := 0
+	for k, val := range h.All() {
+		if string(k) == HeaderAdmission {
+			v, n = val, n+1
+		}
+	}
+	switch {
+	case n == 0:
+		return token, nil
+	case n > 1 || len(v) == 0 || len(v) > MaxTokenBytes || !cleanText(v):
+		return nil, BodyBadToken
+	case len(token) > 0 && string(v) != string(token):
+		return nil, BodyTokenDiffers
+	}
+	return v, nil
 }
 
 // ReadEntry reads a lottery entry's body ({"user", "request_id"?}, or
@@ -255,7 +289,7 @@ func (r *Reader) batchItems(x *lexer, i, maxItems int, dst []BatchItem) ([]Batch
 			return dst, -1, BodyBadBatch
 		}
 		f, bad := readDeduct(x.b[i:end], &r.scratch, true)
-		dst = append(dst, BatchItem{Req: engine.DeductRequest{SKU: f.sku, User: f.user, RequestID: f.requestID, Qty: f.qty}, Bad: bad})
+		dst = append(dst, BatchItem{Req: engine.DeductRequest{SKU: f.sku, User: f.user, RequestID: f.requestID, Qty: f.qty, AdmissionToken: f.token}, Bad: bad})
 		if i = x.space(end); i >= len(x.b) {
 			return dst, -1, BodyBadBatch
 		}

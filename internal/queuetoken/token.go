@@ -151,3 +151,17 @@ func (t Token) Verify(keys []Key, sku, user string, nowUnixNano int64) error {
 func TicketID(secret string) [IDSize]byte {
 	return sha256.Sum256([]byte(secret))
 }
+
+// Reason names a refusal of Parse or Verify for metrics: malformed,
+// forged, expired or key_rotated_out.
+func Reason(err error) string {
+	switch {
+	case errors.Is(err, ErrUnknownKey):
+		return "key_rotated_out"
+	case errors.Is(err, ErrForged):
+		return "forged"
+	case errors.Is(err, ErrExpired):
+		return "expired"
+	}
+	return "malformed"
+}
