@@ -218,3 +218,24 @@ func AtPosition(r Reader, s *stock.SKU, p int64) (stock.Ticket, error) {
 	}
 	return Read(r, s, n)
 }
+
+// Each calls fn for every ticket of sale s (its row as read) in line
+// order once it opened, in join order before, until fn returns an error.
+func Each(r Reader, s *stock.SKU, fn func(*stock.Ticket) error) error {
+	for i := int64(1); i <= s.Queue.Joined; i++ {
+		var t stock.Ticket
+		var err error
+		if s.Queue.Opened() {
+			t, err = AtPosition(r, s, i)
+		} else {
+			t, err = Read(r, s, i)
+		}
+		if err == nil {
+			err = fn(&t)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
