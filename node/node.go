@@ -258,6 +258,9 @@ func Start(cfg Config) (*Node, error) {
 		return fail(err)
 	}
 	n.control = control.New(n.engine, ledger)
+	// The ledger's events go to the engine, then to the control plane's
+	// waiting-room long-polls.
+	ledger.SetObserver(observers{n.engine, queueObserver{n.control}})
 	rcfg := cfg.Raft
 	rcfg.NodeID, rcfg.Dir, rcfg.Peers, rcfg.Logger = cfg.ID, cfg.DataDir, cfg.Peers, logger
 	rcfg.StreamLayer, rcfg.NoBootstrap = cfg.StreamLayer, cfg.Join != ""
@@ -503,3 +506,17 @@ func (b nodeBackups) BeginBackup() (httpapi.Backup, error) {
 	}
 	return bk, nil
 }
+
+// observers hands the ledger's events to each in turn (raftfsm.Observer).
+type observers []raftfsm.Observer
+
+func (o observers) Applied(events []raftfsm.Event) {
+	for _, x := range o {
+		x.Applied(events)
+	}
+}
+
+// queueObserver is the control plane's waiting room as an observer.
+type queueObserver struct{ p *control.Plane }
+
+func (q queueObserver) Applied(events []raftfsm.Event) { q.p.QueueApplied(events) }

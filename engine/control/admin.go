@@ -4,9 +4,11 @@ import (
 	crand "crypto/rand"
 	"fmt"
 	"math"
+	"time"
+
 	"stockd.dev/stockd/engine"
 	"stockd.dev/stockd/raftfsm/lottery"
-	"time"
+	"stockd.dev/stockd/raftfsm/waitroom"
 
 	"stockd.dev/stockd/raftfsm/command"
 	"stockd.dev/stockd/stock"
@@ -22,6 +24,12 @@ type SaleSpec struct {
 	// EntriesCloseAt (docs/feed-and-lottery.md).
 	Lottery        bool
 	EntriesCloseAt time.Time
+	// Queue puts the sale behind a waiting room: OveradmitMilli is its
+	// queue_overadmit in thousandths, AdmitTTL how long a token is valid
+	// (zero: the defaults).
+	Queue          bool
+	OveradmitMilli int64
+	AdmitTTL       time.Duration
 }
 
 // StoredTimeMin and StoredTimeMax bound the times the ledger stores
@@ -76,6 +84,18 @@ func (p *Plane) CreateSale(sku string, spec SaleSpec) (created bool, err error) 
 		cmd.Secret = make([]byte, lottery.SecretBytes)
 		if _, err := crand.Read(cmd.Secret); err != nil {
 			return false, fmt.Errorf("draw a lottery seed: %w", err)
+		}
+	}
+	if spec.Queue {
+		// The seed of the order at the open (its hash is shown, the seed
+		// revealed at the open) and the first signing key of its tokens.
+		cmd.Sale.Admission, cmd.Sale.QueueOveradmitMilli, cmd.Sale.QueueAdmitTTLNanos = stock.AdmissionQueue, spec.OveradmitMilli, int64(spec.AdmitTTL)
+		cmd.Secret = make([]byte, waitroom.SecretBytes)
+		if _, err := crand.Read(cmd.Secret); err != nil {
+			return false, fmt.Errorf("draw a waiting room's seed: %w", err)
+		}
+		if d := waitroom.CheckConfig(&cmd.Sale, cmd.Secret); d != "" {
+			return false, fmt.Errorf("%w: %s", engine.ErrInvalid, d)
 		}
 	}
 	res, err := p.Engine.Propose(cmd)

@@ -26,6 +26,7 @@ type Ledger interface {
 	SaleLedger
 	FeedLedger
 	LotteryLedger
+	QueueLedger
 }
 
 // SaleLedger reads sales and their orders.
@@ -90,6 +91,14 @@ type Plane struct {
 	wg         sync.WaitGroup
 
 	auditing atomic.Bool // a periodic audit is running
+
+	// The waiting room: joins waiting for a proposal, the long-polls of
+	// tickets by sale, the leader's admission state and the counters.
+	joinQueue    chan *pendingJoin
+	watchMu      sync.Mutex
+	watch        map[string]*queueWatchers
+	queueing     atomic.Bool // the leader is proposing queue ticks
+	queueMetrics queueMetrics
 }
 
 // New builds the control plane of e over ledger (the one e reads).
@@ -99,6 +108,8 @@ func New(e *engine.Engine, ledger Ledger) *Plane {
 		logger:     e.Logger().With("plane", "control"),
 		purgeWake:  make(chan struct{}, 1),
 		entryQueue: make(chan *pendingEntry, entryQueueMax),
+		joinQueue:  make(chan *pendingJoin, joinQueueMax),
+		watch:      map[string]*queueWatchers{},
 		stop:       make(chan struct{}),
 	}
 	p.stopped, p.endStopped = context.WithCancel(context.Background())
@@ -109,8 +120,9 @@ func New(e *engine.Engine, ledger Ledger) *Plane {
 // the archive's purger, and the loop of draws and feed retention. Call it
 // after the engine's Start, once.
 func (p *Plane) Start() {
-	p.wg.Add(3)
+	p.wg.Add(4)
 	go p.entrants().Run()
+	go p.joiners().Run()
 	go p.runPurger()
 	go p.run()
 }
@@ -143,6 +155,7 @@ func (p *Plane) run() {
 		}
 		now := p.cfg.Now()
 		p.drawDue(now)
+		p.tickQueues(now)
 		if now.Sub(lastFeedPrune) >= p.cfg.FeedPruneInterval {
 			lastFeedPrune = now
 			p.pruneFeed(now)
