@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"stockd.dev/stockd/engine/control"
 	"strings"
 	"time"
+
+	"stockd.dev/stockd/engine/control"
 
 	"github.com/valyala/fasthttp"
 
@@ -24,6 +25,10 @@ type saleRequest struct {
 	// Mode "lottery" takes entries until EntriesCloseAt, then draws.
 	Mode           string `json:"mode,omitempty"`
 	EntriesCloseAt string `json:"entries_close_at,omitempty"`
+	// Admission "queue" puts the sale behind a waiting room.
+	Admission      string       `json:"admission,omitempty"`
+	QueueOveradmit *json.Number `json:"queue_overadmit,omitempty"`
+	QueueAdmitTTL  string       `json:"queue_admit_ttl,omitempty"`
 }
 
 // skuResponse is GET /v1/skus/{sku}.
@@ -49,6 +54,10 @@ type skuResponse struct {
 	// Mode is "lottery" for a lottery sale, described by Lottery.
 	Mode    string       `json:"mode,omitempty"`
 	Lottery *lotteryJSON `json:"lottery,omitempty"`
+	// Admission is "queue" for a sale behind a waiting room, described by
+	// Queue.
+	Admission string         `json:"admission,omitempty"`
+	Queue     *saleQueueJSON `json:"queue,omitempty"`
 	// Stale: this node cannot reach a leader now; the figures are its last
 	// applied state.
 	Stale bool `json:"stale,omitempty"`
@@ -78,6 +87,7 @@ func skuJSON(v engine.SKUView) skuResponse {
 	out.Archived, out.ArchivedOrders, out.ArchiveDone = r.Archived, r.ArchivedOrders, r.PurgeDone
 	out.AppliedIndex = v.Applied
 	out.Mode, out.Lottery = r.Config.Mode, lotteryView(&r)
+	out.Admission, out.Queue = r.Config.Admission, saleQueueView(&r)
 	return out
 }
 
@@ -293,6 +303,9 @@ func (s *Server) handleCreateSale(ctx *fasthttp.RequestCtx, sku []byte) {
 		spec.Lottery, spec.EntriesCloseAt = true, at
 	default:
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", `mode must be "lottery" or absent`)
+		return
+	}
+	if !queueSpec(ctx, &req, &spec) {
 		return
 	}
 	if req.HoldTTL != "" {

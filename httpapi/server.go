@@ -81,6 +81,14 @@ type Engine interface {
 	Enter(ctx context.Context, sku, user, requestID string) (stock.Entry, error)
 	EntryStatus(sku, user string) (stock.EntryStatus, *stock.Order, bool, error)
 	SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error)
+	// Sales behind a waiting room.
+	Join(ctx context.Context, sku, user string) (stock.SKU, stock.Ticket, error)
+	Ticket(ctx context.Context, secret string, wait time.Duration) (stock.SKU, stock.Ticket, bool, error)
+	Queue(sku string) (control.QueueView, bool, error)
+	QueueTickets(sku string, fn func(*stock.Ticket) error) error
+	RotateQueueKey(sku string) error
+	AdmitRate(sku string) float64
+	QueueCounters() control.QueueCounters
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
@@ -359,6 +367,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.routeSKU(ctx, method, path[len(pathV1SKUs):])
 	case bytes.HasPrefix(path, pathV1Orders):
 		s.routeOrder(ctx, method, path[len(pathV1Orders):])
+	case bytes.HasPrefix(path, pathV1Queue):
+		s.routeQueue(ctx, method, path[len(pathV1Queue):])
 	case bytes.Equal(path, pathV1Deducts):
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
 			s.handleBatchDeduct(ctx)
@@ -440,6 +450,24 @@ func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 		return
 	}
 	switch {
+	case bytes.HasSuffix(rest, suffixQueueTickets):
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
+			s.handleQueueTickets(ctx, rest[:len(rest)-len(suffixQueueTickets)])
+		}
+	case bytes.HasSuffix(rest, suffixQueueRotate):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
+			s.handleQueueRotate(ctx, rest[:len(rest)-len(suffixQueueRotate)])
+			s.markApplied(ctx)
+		}
+	case bytes.HasSuffix(rest, suffixQueue):
+		name := rest[:len(rest)-len(suffixQueue)]
+		if string(method) == fasthttp.MethodPost {
+			if s.service(ctx) {
+				s.handleQueueJoin(ctx, name)
+			}
+		} else if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleQueueView(ctx, name)
+		}
 	case bytes.HasSuffix(rest, suffixEnter):
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
 			s.handleEnter(ctx, rest[:len(rest)-len(suffixEnter)])

@@ -73,6 +73,21 @@ func (f *fakeEngine) EntryStatus(string, string) (stock.EntryStatus, *stock.Orde
 	return stock.EntryStatus{}, nil, false, nil
 }
 func (f *fakeEngine) SaleEntries(string, func(*stock.Entry) error) (uint64, error) { return 0, nil }
+func (f *fakeEngine) Join(context.Context, string, string) (stock.SKU, stock.Ticket, error) {
+	return stock.SKU{}, stock.Ticket{}, engine.ErrUnknownSKU
+}
+func (f *fakeEngine) Ticket(context.Context, string, time.Duration) (stock.SKU, stock.Ticket, bool, error) {
+	return stock.SKU{}, stock.Ticket{}, false, nil
+}
+func (f *fakeEngine) Queue(string) (control.QueueView, bool, error) {
+	return control.QueueView{}, false, nil
+}
+func (f *fakeEngine) QueueTickets(string, func(*stock.Ticket) error) error {
+	return engine.ErrUnknownSKU
+}
+func (f *fakeEngine) RotateQueueKey(string) error          { return engine.ErrUnknownSKU }
+func (f *fakeEngine) AdmitRate(string) float64             { return 0 }
+func (f *fakeEngine) QueueCounters() control.QueueCounters { return control.QueueCounters{} }
 func (f *fakeEngine) DeductBatch(reqs []engine.DeductRequest, res []engine.DeductResult) {
 	for i := range reqs {
 		f.Deduct(&reqs[i], &res[i])

@@ -138,9 +138,9 @@ func peerMayNotSend(from string, c command.Command) string {
 		node = c.Node
 	case *command.Register:
 		node = c.Node
-	case *command.Enter, *command.Draw:
-		// Entries are the entrants', whom the sending node served; a
-		// draw is due or refused whoever asks. Neither speaks for a node.
+	case *command.Enter, *command.Draw, *command.Join:
+		// Entries and joins are the buyers', whom the sending node served;
+		// a draw is due or refused whoever asks. None speaks for a node.
 		if from == "" {
 			return fmt.Sprintf("%s needs the sending node's id", c.Op())
 		}

@@ -97,6 +97,7 @@ type Plane struct {
 	joinQueue    chan *pendingJoin
 	watchMu      sync.Mutex
 	watch        map[string]*queueWatchers
+	rates        map[string]*admitRate
 	queueing     atomic.Bool // the leader is proposing queue ticks
 	queueMetrics queueMetrics
 }
@@ -110,6 +111,7 @@ func New(e *engine.Engine, ledger Ledger) *Plane {
 		entryQueue: make(chan *pendingEntry, entryQueueMax),
 		joinQueue:  make(chan *pendingJoin, joinQueueMax),
 		watch:      map[string]*queueWatchers{},
+		rates:      map[string]*admitRate{},
 		stop:       make(chan struct{}),
 	}
 	p.stopped, p.endStopped = context.WithCancel(context.Background())
