@@ -30,6 +30,8 @@ func TestOpenAPI_DocumentIsValid(t *testing.T) {
 		"/v1/events": {"GET"}, "/v1/consumers": {"GET"}, "/v1/consumers/{name}": {"PUT", "DELETE"},
 		"/v1/cluster": {"GET"}, "/v1/cluster/join": {"POST"}, "/v1/cluster/nodes/{id}": {"DELETE"}, "/v1/backup": {"GET"},
 		"/v1/stats": {"GET"}, "/v1/openapi.json": {"GET"}, "/ui": {"GET"}, "/healthz": {"GET"}, "/readyz": {"GET"}, "/metrics": {"GET"},
+		"/v1/skus/{sku}/queue": {"POST", "GET"}, "/v1/skus/{sku}/queue/tickets": {"GET"}, "/v1/skus/{sku}/queue/rotate": {"POST"},
+		"/v1/queue/{ticket}": {"GET"},
 	}
 	for path, methods := range routes {
 		item := doc.Paths.Find(path)
@@ -46,7 +48,7 @@ func TestOpenAPI_DocumentIsValid(t *testing.T) {
 		t.Fatalf("the document has %d paths, the test knows %d", n, len(routes))
 	}
 	deduct := doc.Paths.Find("/v1/skus/{sku}/deduct").Post
-	for _, status := range []int{200, 202, 400, 404, 409, 422, 425, 429, 503, 504} {
+	for _, status := range []int{200, 202, 400, 403, 404, 409, 422, 425, 429, 503, 504} {
 		if deduct.Responses.Status(status) == nil {
 			t.Fatalf("the deduct's %d is not in the document", status)
 		}
