@@ -65,6 +65,9 @@ func (c *Client) deductBatch(ctx context.Context, ds []Deduct, out []Result) {
 		items := make([]map[string]any, len(pending))
 		for j, i := range pending {
 			items[j] = map[string]any{"sku": ds[i].SKU, "user": ds[i].User, "qty": ds[i].Qty, "request_id": ds[i].RequestID}
+			if ds[i].AdmissionToken != "" {
+				items[j]["admission_token"] = ds[i].AdmissionToken
+			}
 		}
 		body, err := json.Marshal(map[string]any{"deducts": items})
 		if err != nil {

@@ -50,6 +50,12 @@ type SaleConfig struct {
 	// Lottery sales take entries until EntriesCloseAt.
 	Lottery        bool
 	EntriesCloseAt time.Time
+	// Queue puts the sale behind a waiting room: tokens out stay under
+	// ceil(QueueOveradmit x remaining) (0: 1.2; at most three decimals),
+	// each valid for QueueAdmitTTL (0: 5m).
+	Queue          bool
+	QueueOveradmit float64
+	QueueAdmitTTL  time.Duration
 }
 
 // Entry is a lottery entrant's standing.
@@ -138,6 +144,15 @@ func (c *Client) CreateSale(ctx context.Context, sku string, cfg SaleConfig) (Sa
 	if cfg.Lottery {
 		body["mode"] = "lottery"
 		body["entries_close_at"] = cfg.EntriesCloseAt.UTC().Format(time.RFC3339Nano)
+	}
+	if cfg.Queue {
+		body["admission"] = "queue"
+		if cfg.QueueOveradmit != 0 {
+			body["queue_overadmit"] = cfg.QueueOveradmit
+		}
+		if cfg.QueueAdmitTTL != 0 {
+			body["queue_admit_ttl"] = cfg.QueueAdmitTTL.String()
+		}
 	}
 	var s Sale
 	err := c.call(ctx, http.MethodPut, "/v1/skus/"+url.PathEscape(sku), body, c.cfg.AdminToken, "", &s)

@@ -60,6 +60,11 @@ var (
 	ErrEntriesClosed   = errors.New("entries closed")
 	ErrNotALottery     = errors.New("not a lottery")
 	ErrUnauthorized    = errors.New("unauthorized")
+	// The waiting room: a join of a sale without one, and a queued sale's
+	// deduct without its token or with one that does not admit the buyer.
+	ErrNotQueued         = errors.New("sale not queued")
+	ErrAdmissionRequired = errors.New("admission required")
+	ErrAdmissionInvalid  = errors.New("admission invalid")
 	// ErrNotDefinite: the context ended (or the client closed) before any
 	// node gave a definite answer; retry with the same request id.
 	ErrNotDefinite = errors.New("no definite answer")
@@ -71,7 +76,9 @@ var codeErrors = map[string]error{
 	"closed": ErrClosed, "request_id_reused": ErrRequestIDReused, "unknown_sku": ErrUnknownSKU,
 	"lottery_sale": ErrLotterySale, "bad_request": ErrBadRequest, "not_found": ErrNotFound,
 	"conflict": ErrConflict, "expired": ErrExpired, "invalid_state": ErrInvalidState,
-	"entries_closed": ErrEntriesClosed, "not_a_lottery": ErrNotALottery, "unauthorized": ErrUnauthorized, "client_certificate_required": ErrUnauthorized,
+	"entries_closed": ErrEntriesClosed, "not_a_lottery": ErrNotALottery,
+	"not_queued": ErrNotQueued, "admission_required": ErrAdmissionRequired, "admission_invalid": ErrAdmissionInvalid,
+	"unauthorized": ErrUnauthorized, "client_certificate_required": ErrUnauthorized,
 	"cursor_expired": ErrCursorExpired,
 }
 
@@ -265,6 +272,9 @@ type Deduct struct {
 	// NoWait answers as soon as the unit is won (wait=none): the Order is
 	// then "pending" until the ledger commits it.
 	NoWait bool
+	// AdmissionToken is the buyer's Ticket.AdmissionToken, for a sale
+	// behind a waiting room.
+	AdmissionToken string
 }
 
 // Order is what a deduct won, or (with an error) the request id to retry
@@ -290,7 +300,11 @@ func (c *Client) Deduct(ctx context.Context, d Deduct) (Order, error) {
 		d.Qty = 1
 	}
 	out := Order{RequestID: d.RequestID, SKU: d.SKU, Qty: d.Qty}
-	body, err := json.Marshal(map[string]any{"user": d.User, "qty": d.Qty, "request_id": d.RequestID})
+	fields := map[string]any{"user": d.User, "qty": d.Qty, "request_id": d.RequestID}
+	if d.AdmissionToken != "" {
+		fields["admission_token"] = d.AdmissionToken
+	}
+	body, err := json.Marshal(fields)
 	if err != nil {
 		return out, err
 	}
@@ -432,7 +446,7 @@ func retryAfter(h http.Header) time.Duration {
 // attempt is one try on one member. err is set when no HTTP answer came
 // (a dial failure, a dropped connection, the attempt's timeout).
 func (c *Client) attempt(ctx context.Context, m *member, method, path string, body []byte, token string) (int, []byte, http.Header, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout+longPoll(ctx))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, m.base+path, bytes.NewReader(body))
 	if err != nil {

@@ -392,3 +392,51 @@ func TestClient_TokensOnANode(t *testing.T) {
 		t.Fatalf("a deduct with the token: %+v %v", o, err)
 	}
 }
+
+// TestClient_QueuedSale: a queued sale through the client: Join (twice:
+// one ticket), Ticket's long-poll until admitted, Deduct with the token,
+// and the refusals as sentinels (no token, the spent token, a join of a
+// sale without a waiting room).
+func TestClient_QueuedSale(t *testing.T) {
+	_, cl := startClientNode(t)
+	ctx := context.Background()
+	start := time.Now().Add(time.Second)
+	sale, err := cl.CreateSale(ctx, "qc", client.SaleConfig{Total: 2, StartAt: start, Queue: true, QueueOveradmit: 1.5, QueueAdmitTTL: time.Minute})
+	if err != nil || sale.Total != 2 {
+		t.Fatalf("create: %+v %v", sale, err)
+	}
+	first, err := cl.Join(ctx, "qc", "alice")
+	again, err2 := cl.Join(ctx, "qc", "alice")
+	if err != nil || err2 != nil || first.Ticket == "" || again.Ticket != first.Ticket || first.State != client.TicketWaiting {
+		t.Fatalf("joins: %+v %v / %+v %v", first, err, again, err2)
+	}
+	tk := first
+	deadline := time.Now().Add(20 * time.Second)
+	for tk.State != client.TicketAdmitted && time.Now().Before(deadline) {
+		if tk, err = cl.Ticket(ctx, first.Ticket, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tk.State != client.TicketAdmitted || tk.AdmissionToken == "" || tk.Position != 1 {
+		t.Fatalf("alice's ticket after the open: %+v", tk)
+	}
+	if _, err := cl.Deduct(ctx, client.Deduct{SKU: "qc", User: "alice"}); !errors.Is(err, client.ErrAdmissionRequired) {
+		t.Fatalf("a deduct without the token: %v", err)
+	}
+	o, err := cl.Deduct(ctx, client.Deduct{SKU: "qc", User: "alice", AdmissionToken: tk.AdmissionToken})
+	if err != nil || o.State != "sold" {
+		t.Fatalf("alice's deduct with her token: %+v %v", o, err)
+	}
+	if _, err := cl.Deduct(ctx, client.Deduct{SKU: "qc", User: "alice", AdmissionToken: tk.AdmissionToken}); !errors.Is(err, client.ErrAdmissionInvalid) {
+		t.Fatalf("the spent token again: %v", err)
+	}
+	if _, err := cl.CreateSale(ctx, "plain", client.SaleConfig{Total: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Join(ctx, "plain", "bob"); !errors.Is(err, client.ErrNotQueued) {
+		t.Fatalf("a join of a sale without a waiting room: %v", err)
+	}
+	if bought, err := cl.Ticket(ctx, first.Ticket, 0); err != nil || bought.State != client.TicketBought {
+		t.Fatalf("alice's ticket after her purchase: %+v %v", bought, err)
+	}
+}
