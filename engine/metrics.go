@@ -141,6 +141,7 @@ type Snapshot struct {
 	CommitBlocked    bool
 	HoldsExpired     uint64
 	LotteryEntries   uint64
+	TokensRefused    [len(TokenRefusals)]uint64 // queued sales' deducts refused admission, by reason
 	// FeedUnreadPruned counts feed events pruned at the cap before a
 	// consumer acknowledged them; FeedAtCap: the last prune did so.
 	// AdmissionLimit bounds the deducts won and waiting for the ledger
@@ -226,6 +227,7 @@ func (m *Metrics) snapshot() Snapshot {
 		TakeSplits:       m.takeSplits.Load(),
 		HoldsExpired:     m.holdsExpired.Load(),
 		LotteryEntries:   m.entries.Load(),
+		TokensRefused:    m.TokensRefused(),
 		FeedUnreadPruned: m.feedUnreadPruned.Load(),
 		FeedAtCap:        m.feedAtCap.Load(),
 		BatchSizeBounds:  batchSizeBounds[:],

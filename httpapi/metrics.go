@@ -100,6 +100,7 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 	}
 	metrics.WriteGaugeUint64(&w, "stockd_admission_waiting_commit", uint64(max(m.AdmissionInPath, 0)))
 	s.writeSaleMetrics(&w, &m)
+	s.writeQueueMetrics(&w, &m)
 	s.latency.write(&w, "stockd_deduct_duration_seconds")
 	writeHistogram(&w, "stockd_take_batch_entries", m.BatchSizeBounds, m.BatchSizeCounts, float64(m.TakeBatchEntries))
 	writeHistogram(&w, "stockd_take_commit_seconds", m.CommitBounds, m.CommitCounts, m.CommitSeconds)

@@ -1,15 +1,19 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
+	"stockd.dev/stockd/engine"
 	"stockd.dev/stockd/engine/control"
 	"stockd.dev/stockd/httpapi/deductwire"
 	"stockd.dev/stockd/raftfsm/waitroom"
@@ -338,4 +342,41 @@ func thousandths(n string) (int64, bool) {
 		f = v
 	}
 	return w*1000 + f, true
+}
+
+// writeQueueMetrics writes the waiting rooms' metrics: per queued sale,
+// tickets by state, the tokens out against their bound, the admit rate
+// and how long after the last unit sold this node told every waiting
+// ticket; the joins, admissions and refused tokens counted.
+func (s *Server) writeQueueMetrics(w *bytes.Buffer, m *engine.Snapshot) {
+	for _, v := range s.engine.SKUViews() {
+		r := &v.Row
+		q := r.Queue
+		if q == nil {
+			continue
+		}
+		qv, _, err := s.engine.Queue(r.SKU)
+		if err != nil {
+			continue
+		}
+		for _, st := range []struct {
+			state string
+			n     int64
+		}{{stock.TicketWaiting, qv.Waiting}, {stock.TicketAdmitted, q.Outstanding}, {stock.TicketBought, q.Bought},
+			{stock.TicketExpired, q.Expired}, {stock.TicketSoldOut, qv.SoldOutTold}} {
+			metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_queue_tickets{sku=%q,state=%q}`, r.SKU, st.state), uint64(max(st.n, 0)))
+		}
+		metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_queue_admitted_outstanding{sku=%q}`, r.SKU), uint64(max(q.Outstanding, 0)))
+		metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_queue_admitted_bound{sku=%q}`, r.SKU), uint64(max(qv.Bound, 0)))
+		metrics.WriteGaugeFloat64(w, fmt.Sprintf(`stockd_queue_admit_per_second{sku=%q}`, r.SKU), s.engine.AdmitRate(r.SKU))
+	}
+	c := s.engine.QueueCounters()
+	for sku, secs := range c.SoldOutTold {
+		metrics.WriteGaugeFloat64(w, fmt.Sprintf(`stockd_queue_sold_out_told_seconds{sku=%q}`, sku), secs)
+	}
+	metrics.WriteCounterUint64(w, "stockd_queue_joins_total", c.Joins)
+	metrics.WriteCounterUint64(w, "stockd_queue_admissions_total", c.Admitted)
+	for i, reason := range engine.TokenRefusals {
+		metrics.WriteCounterUint64(w, fmt.Sprintf(`stockd_queue_tokens_refused_total{reason=%q}`, reason), m.TokensRefused[i])
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -262,6 +263,17 @@ func TestQueue_SellsInLineOrderToAdmittedBuyersAndTellsEveryoneAtOnce(t *testing
 	}
 	_, v := nodetest.Call(t, c.Client(c.IDs[1]), "GET", "/v1/skus/q1/queue", "")
 	checkQueueBound(t, v, units)
+	metricsText := nodetest.GetRaw(t, c.Client(c.IDs[0]), "/metrics")
+	for _, want := range []string{`stockd_queue_tickets{sku="q1",state="bought"} 30`, `stockd_queue_tokens_refused_total{reason="missing"} 1`,
+		`stockd_queue_admitted_outstanding{sku="q1"} 0`, `stockd_queue_tokens_refused_total{reason="malformed"} 0`} {
+		if !strings.Contains(metricsText, want+"\n") {
+			t.Errorf("n1's metrics lack %s", want)
+		}
+	}
+	// The forged token, and tokens lent to mallory, some on n1.
+	if strings.Contains(metricsText, `stockd_queue_tokens_refused_total{reason="forged"} 0`+"\n") {
+		t.Errorf("n1 counts no forged token")
+	}
 	t.Logf("bought %d (the last at position %d), told sold_out %d, expired %d, most tokens out at once %d; queue %v", bought.Load(), lastWinner.Load(), told.Load(), expired.Load(), maxOut.Load(), v)
 }
 
