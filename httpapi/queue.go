@@ -16,7 +16,6 @@ import (
 	"stockd.dev/stockd/engine"
 	"stockd.dev/stockd/engine/control"
 	"stockd.dev/stockd/httpapi/deductwire"
-	"stockd.dev/stockd/raftfsm/waitroom"
 	"stockd.dev/stockd/stock"
 )
 
@@ -51,7 +50,7 @@ type ticketResponse struct {
 // ticketJSON is ticket t of sale row as its holder sees it: the people
 // ahead and an ETA once it opened, the token while admitted.
 func ticketJSON(row *stock.SKU, t *stock.Ticket, perSec float64) ticketResponse {
-	out := ticketResponse{Ticket: t.Secret, TicketID: waitroom.TicketIDHex(t), SKU: t.SKU, User: t.User, State: t.State,
+	out := ticketResponse{Ticket: t.Secret, TicketID: hex.EncodeToString(t.ID[:]), SKU: t.SKU, User: t.User, State: t.State,
 		Position: t.Position, Remaining: max(row.Remaining(), 0), Held: row.Held}
 	if t.State == stock.TicketWaiting && t.Position > 0 {
 		out.Ahead = max(t.Position-row.Queue.AdmittedThrough-1, 0)
@@ -59,10 +58,49 @@ func ticketJSON(row *stock.SKU, t *stock.Ticket, perSec float64) ticketResponse 
 			out.ETAMillis = int64(float64(out.Ahead+1) / perSec * 1000)
 		}
 	}
-	if tok := waitroom.Token(row, t); tok != "" {
+	if tok := control.TicketToken(row, t); tok != "" {
 		out.AdmissionToken, out.AdmittedUntil = tok, stamp(t.AdmittedUntilUnixNano)
 	}
 	return out
+}
+
+// QueueEngine is the waiting room's part of Engine.
+type QueueEngine interface {
+	Join(ctx context.Context, sku, user string) (stock.SKU, stock.Ticket, error)
+	Ticket(ctx context.Context, secret string, wait time.Duration) (stock.SKU, stock.Ticket, bool, error)
+	Queue(sku string) (control.QueueView, bool, error)
+	QueueTickets(sku string, fn func(*stock.Ticket) error) error
+	RotateQueueKey(sku string) error
+	AdmitRate(sku string) float64
+	QueueCounters() control.QueueCounters
+}
+
+// routeQueueSKU serves /v1/skus/{sku}/queue[/tickets|/rotate], and
+// reports whether rest was one of them.
+func (s *Server) routeQueueSKU(ctx *fasthttp.RequestCtx, method, rest []byte) bool {
+	switch {
+	case bytes.HasSuffix(rest, suffixQueueTickets):
+		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
+			s.handleQueueTickets(ctx, rest[:len(rest)-len(suffixQueueTickets)])
+		}
+	case bytes.HasSuffix(rest, suffixQueueRotate):
+		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
+			s.handleQueueRotate(ctx, rest[:len(rest)-len(suffixQueueRotate)])
+			s.markApplied(ctx)
+		}
+	case bytes.HasSuffix(rest, suffixQueue):
+		name := rest[:len(rest)-len(suffixQueue)]
+		if string(method) == fasthttp.MethodPost {
+			if s.service(ctx) {
+				s.handleQueueJoin(ctx, name)
+			}
+		} else if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleQueueView(ctx, name)
+		}
+	default:
+		return false
+	}
+	return true
 }
 
 // routeQueue serves GET /v1/queue/{ticket}.
@@ -227,7 +265,7 @@ func (s *Server) handleQueueTickets(ctx *fasthttp.RequestCtx, sku []byte) {
 		end := ticketsEnd{}
 		err := s.engine.QueueTickets(name, func(t *stock.Ticket) error {
 			end.Tickets++
-			return emit(ticketLine{TicketID: waitroom.TicketIDHex(t), User: t.User, JoinedIndex: t.JoinedIndex, Position: t.Position})
+			return emit(ticketLine{TicketID: hex.EncodeToString(t.ID[:]), User: t.User, JoinedIndex: t.JoinedIndex, Position: t.Position})
 		})
 		if errors.Is(err, control.ErrStreamStopped) {
 			return nil

@@ -14,8 +14,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"stockd.dev/stockd/engine/control"
 	"time"
+
+	"stockd.dev/stockd/engine/control"
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/pprofhandler"
@@ -82,13 +83,7 @@ type Engine interface {
 	EntryStatus(sku, user string) (stock.EntryStatus, *stock.Order, bool, error)
 	SaleEntries(sku string, fn func(*stock.Entry) error) (uint64, error)
 	// Sales behind a waiting room.
-	Join(ctx context.Context, sku, user string) (stock.SKU, stock.Ticket, error)
-	Ticket(ctx context.Context, secret string, wait time.Duration) (stock.SKU, stock.Ticket, bool, error)
-	Queue(sku string) (control.QueueView, bool, error)
-	QueueTickets(sku string, fn func(*stock.Ticket) error) error
-	RotateQueueKey(sku string) error
-	AdmitRate(sku string) float64
-	QueueCounters() control.QueueCounters
+	QueueEngine
 }
 
 // ClusterStatus is a node's view of the cluster for /v1/cluster and /readyz.
@@ -449,25 +444,10 @@ func (s *Server) routeSKU(ctx *fasthttp.RequestCtx, method, rest []byte) {
 		}
 		return
 	}
+	if s.routeQueueSKU(ctx, method, rest) {
+		return
+	}
 	switch {
-	case bytes.HasSuffix(rest, suffixQueueTickets):
-		if s.allow(ctx, method, fasthttp.MethodGet) && s.service(ctx) {
-			s.handleQueueTickets(ctx, rest[:len(rest)-len(suffixQueueTickets)])
-		}
-	case bytes.HasSuffix(rest, suffixQueueRotate):
-		if s.allow(ctx, method, fasthttp.MethodPost) && s.admin(ctx) && !s.relayed(ctx) {
-			s.handleQueueRotate(ctx, rest[:len(rest)-len(suffixQueueRotate)])
-			s.markApplied(ctx)
-		}
-	case bytes.HasSuffix(rest, suffixQueue):
-		name := rest[:len(rest)-len(suffixQueue)]
-		if string(method) == fasthttp.MethodPost {
-			if s.service(ctx) {
-				s.handleQueueJoin(ctx, name)
-			}
-		} else if s.allow(ctx, method, fasthttp.MethodGet) {
-			s.handleQueueView(ctx, name)
-		}
 	case bytes.HasSuffix(rest, suffixEnter):
 		if s.allow(ctx, method, fasthttp.MethodPost) && s.service(ctx) {
 			s.handleEnter(ctx, rest[:len(rest)-len(suffixEnter)])

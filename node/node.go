@@ -257,10 +257,7 @@ func Start(cfg Config) (*Node, error) {
 	if n.engine, err = engine.New(ecfg, ledger); err != nil {
 		return fail(err)
 	}
-	n.control = control.New(n.engine, ledger)
-	// The ledger's events go to the engine, then to the control plane's
-	// waiting-room long-polls.
-	ledger.SetObserver(observers{n.engine, queueObserver{n.control}})
+	n.control = newControl(n.engine, ledger)
 	rcfg := cfg.Raft
 	rcfg.NodeID, rcfg.Dir, rcfg.Peers, rcfg.Logger = cfg.ID, cfg.DataDir, cfg.Peers, logger
 	rcfg.StreamLayer, rcfg.NoBootstrap = cfg.StreamLayer, cfg.Join != ""
@@ -507,7 +504,17 @@ func (b nodeBackups) BeginBackup() (httpapi.Backup, error) {
 	return bk, nil
 }
 
-// observers hands the ledger's events to each in turn (raftfsm.Observer).
+// newControl is the control plane over e, which also hears the ledger's
+// events (after the engine).
+func newControl(e *engine.Engine, ledger *raftfsm.Ledger) *control.Plane {
+	p := control.New(e, ledger)
+	ledger.SetObserver(observers{e, queueObserver{p}})
+	return p
+}
+
+// observers hands the ledger's events to each in turn (raftfsm.Observer):
+// a node's are the engine's, then the control plane's waiting-room
+// long-polls.
 type observers []raftfsm.Observer
 
 func (o observers) Applied(events []raftfsm.Event) {

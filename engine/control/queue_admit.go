@@ -212,3 +212,7 @@ func (p *Plane) QueueTickets(sku string, fn func(*stock.Ticket) error) error {
 	}
 	return waitroom.Each(p.ledger.QueueRecords(), &row, fn)
 }
+
+// TicketToken is the admission token of ticket t of queued sale row, as
+// every node computes it ("" unless it is admitted and its key verifies).
+func TicketToken(row *stock.SKU, t *stock.Ticket) string { return waitroom.Token(row, t) }
