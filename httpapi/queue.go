@@ -202,16 +202,8 @@ type queueResponse struct {
 
 // handleQueueView serves GET /v1/skus/{sku}/queue.
 func (s *Server) handleQueueView(ctx *fasthttp.RequestCtx, sku []byte) {
-	if !validID(sku) {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
-		return
-	}
-	sv, ok, answered := s.saleCaughtUp(ctx, sku)
-	if answered {
-		return
-	}
+	sv, ok := s.queuedSale(ctx, sku)
 	if !ok {
-		writeRaw(ctx, fasthttp.StatusNotFound, deductwire.BodyUnknownSKU)
 		return
 	}
 	v, _, err := s.engine.Queue(string(sku))
@@ -228,6 +220,20 @@ func (s *Server) handleQueueView(ctx *fasthttp.RequestCtx, sku []byte) {
 		out.Seed = hex.EncodeToString(q.Seed)
 	}
 	writeJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// queuedSale reads sale sku for a queue read, caught up with the
+// cluster before it finds none; false when it answered (400, 404, 503).
+func (s *Server) queuedSale(ctx *fasthttp.RequestCtx, sku []byte) (engine.SKUView, bool) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+		return engine.SKUView{}, false
+	}
+	v, ok, answered := s.saleCaughtUp(ctx, sku)
+	if !ok && !answered {
+		writeRaw(ctx, fasthttp.StatusNotFound, deductwire.BodyUnknownSKU)
+	}
+	return v, ok && !answered
 }
 
 // ticketLine is one line of GET /v1/skus/{sku}/queue/tickets.
@@ -248,15 +254,11 @@ type ticketsEnd struct {
 // handleQueueTickets serves GET /v1/skus/{sku}/queue/tickets: every
 // ticket in line order once the sale opened, in join order before it.
 func (s *Server) handleQueueTickets(ctx *fasthttp.RequestCtx, sku []byte) {
-	if !validID(sku) {
-		writeRaw(ctx, fasthttp.StatusBadRequest, bodyBadSKU)
+	v, ok := s.queuedSale(ctx, sku)
+	if !ok {
 		return
 	}
-	v, ok, answered := s.saleCaughtUp(ctx, sku)
-	if answered {
-		return
-	}
-	if !ok || v.Row.Queue == nil {
+	if v.Row.Queue == nil {
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no sale with a waiting room has this sku")
 		return
 	}

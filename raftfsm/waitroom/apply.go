@@ -152,11 +152,7 @@ func Tick(tx Txn, s *stock.SKU, through int64) (int64, error) {
 	}
 	for q.ExpiredThrough < q.AdmittedThrough {
 		p := q.ExpiredThrough + 1
-		n, err := joinedAt(tx, s, p)
-		if err != nil {
-			return 0, err
-		}
-		t, state, err := ticketAt(tx, s.SKU, n)
+		t, state, err := positionOf(tx, s, p)
 		if err != nil {
 			return 0, err
 		}
@@ -183,11 +179,7 @@ func Tick(tx Txn, s *stock.SKU, through int64) (int64, error) {
 	var admitted int64
 	for ; admitted < min(want, room); admitted++ {
 		p := q.AdmittedThrough + 1
-		n, err := joinedAt(tx, s, p)
-		if err != nil {
-			return 0, err
-		}
-		t, state, err := ticketAt(tx, s.SKU, n)
+		t, state, err := positionOf(tx, s, p)
 		if err != nil {
 			return 0, err
 		}

@@ -212,11 +212,20 @@ func OfUser(r Reader, s *stock.SKU, user string) (stock.Ticket, bool, error) {
 
 // AtPosition is the ticket at position p of sale s, once it opened.
 func AtPosition(r Reader, s *stock.SKU, p int64) (stock.Ticket, error) {
-	n, err := joinedAt(r, s, p)
+	t, state, err := positionOf(r, s, p)
 	if err != nil {
 		return stock.Ticket{}, err
 	}
-	return Read(r, s, n)
+	return Shown(s, t, state), nil
+}
+
+// positionOf reads the ticket at position p of sale s as stored.
+func positionOf(r Reader, s *stock.SKU, p int64) (stock.Ticket, byte, error) {
+	n, err := joinedAt(r, s, p)
+	if err != nil {
+		return stock.Ticket{}, 0, err
+	}
+	return ticketAt(r, s.SKU, n)
 }
 
 // Each calls fn for every ticket of sale s (its row as read) in line
