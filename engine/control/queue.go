@@ -173,9 +173,10 @@ func (j *pendingJoin) finish(r command.TicketResult, err error) {
 }
 
 // Ticket reads the ticket whose secret is secret, with its sale's row:
-// ok is false when there is none. With wait > 0 it returns once the
-// ticket's state or position differs from what it was, or wait (at most
-// TicketWaitMax) has passed, or ctx ends.
+// ok is false when there is none. With wait > 0 and the ticket waiting,
+// it returns once the ticket's state or position changes (admitted, sold
+// out, its place at the open), or wait (at most TicketWaitMax) has
+// passed, or ctx ends; a ticket in any other state is answered at once.
 func (p *Plane) Ticket(ctx context.Context, secret string, wait time.Duration) (stock.SKU, stock.Ticket, bool, error) {
 	recs := p.ledger.QueueRecords()
 	sku, n, ok, err := waitroom.Find(recs, secret)
@@ -191,8 +192,8 @@ func (p *Plane) Ticket(ctx context.Context, secret string, wait time.Duration) (
 		return row, t, err == nil, err
 	}
 	row, first, ok, err := read()
-	if err != nil || wait <= 0 || !ok {
-		return row, first, ok, err
+	if err != nil || wait <= 0 || !ok || first.State != stock.TicketWaiting {
+		return row, first, ok, err // only a waiting ticket is waited on: the others are acted on
 	}
 	// The channels are taken before the second read: a change after it
 	// closes one of them.
