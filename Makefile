@@ -58,9 +58,11 @@ lint:
 # cluster that sells the rest. And answers that stay true: a write through
 # one node and the next call on another at once, 50 times for each kind
 # of write; 100 fresh clusters used the instant they are ready; batches
-# of 1,000 buyers over 300 units won by exactly the first 300.
+# of 1,000 buyers over 300 units won by exactly the first 300. And a
+# queued sale of 10,000 units for 100,000 users who join twice at once,
+# the leader killed in the middle of admission (about a minute).
 test-multiproc:
-	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded|TLS|BackupRestore|AnswersStayTrue|FreshCluster|BatchJudged)' ./scenario
+	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -timeout 20m -run 'MultiProcess_(Leader|RollingUpgrade|Client|Sharded|TLS|BackupRestore|AnswersStayTrue|FreshCluster|BatchJudged|Queue)' ./scenario
 
 # One node filled with a million sold orders and their request ids; fails
 # when its peak resident memory (VmHWM) passes 384 MiB.
