@@ -71,6 +71,12 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		}
 		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
 	}
+	if i := slices.Index(o.Scenarios, queueScenario); i >= 0 {
+		if err := runQueues(ctx, &o, t, runID, stdout); err != nil {
+			return err
+		}
+		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
+	}
 	if len(o.Scenarios) == 0 {
 		return nil
 	}

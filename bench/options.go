@@ -73,7 +73,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&keyFile, "key", "", "the key of -cert (PEM)")
 	fs.BoolVar(&o.NoFinalAudit, "no-final-audit", false, "end each stockd row by reading its SKUs' rows (sold, held, available, leased) instead of auditing them: the count of oversold units stays, the recount of every order is left to the caller")
 	fs.BoolVar(&o.FeedReader, "feed-reader", false, "while each stockd row runs, read the order feed from its first node (long-polling, 1000 events a page) and report the events per second it got")
-	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (what admission does when the ledger is slow: a node of its own with every ledger batch stalled 50ms, sent 600 deducts/s for 4s, with admission following the ledger and with it fixed; it reports answers by kind and their latency); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed)")
+	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (what admission does when the ledger is slow: a node of its own with every ledger batch stalled 50ms, sent 600 deducts/s for 4s, with admission following the ledger and with it fixed; it reports answers by kind and their latency); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed); or queue (-requests users join a sale of -units behind a waiting room that opens -duration after its creation, the first -units positions buy with their tokens, then as many plain committed deducts and sold-out answers: rates and server CPU a call)")
 	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
 	fs.Int64Var(&o.Units, "units", 1000, "units on sale (hot-cold: per SKU; plentiful: ignored, stock is twice the requests)")
 	fs.IntVar(&o.Requests, "requests", 100_000, "deduct attempts per scenario and strategy (distinct buyers, but retry-storm re-sends)")
@@ -191,8 +191,8 @@ func (o *Options) validate() error {
 		}
 	}
 	for _, s := range o.Scenarios {
-		if !slices.Contains(scenarioNames, s) && s != overloadScenario && s != lotteryScenario {
-			return fmt.Errorf("-scenario %q: want one of %s, all, %s or %s", s, strings.Join(scenarioNames, ", "), overloadScenario, lotteryScenario)
+		if !slices.Contains(scenarioNames, s) && s != overloadScenario && s != lotteryScenario && s != queueScenario {
+			return fmt.Errorf("-scenario %q: want one of %s, all, %s, %s or %s", s, strings.Join(scenarioNames, ", "), overloadScenario, lotteryScenario, queueScenario)
 		}
 	}
 	for _, s := range o.Strategies {
