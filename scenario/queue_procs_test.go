@@ -44,7 +44,8 @@ const (
 // ticket is lost or moved by the kill, and tokens issued before it still
 // buy. Every unit sells, no user twice, the law holds on every node, and
 // a thousand long-polls at the back of the line are told sold_out within
-// a second of the last sale.
+// a second of the last sale. Then a sale with holds on the same cluster:
+// unpaid holds expire and admit the next positions, which win.
 func TestMultiProcess_QueueOfAHundredThousand(t *testing.T) {
 	if os.Getenv("STOCKD_MULTIPROC") == "" {
 		t.Skip("set STOCKD_MULTIPROC=1 (make test-multiproc) to run three stockd processes")
@@ -306,6 +307,10 @@ func TestMultiProcess_QueueOfAHundredThousand(t *testing.T) {
 	}
 	t.Logf("sold %d to admitted buyers (%d answers seen; the rest won with answers lost to the kill, then read bought); %d tokens issued, %v expired (%d buyers came after their token's expiry); %d long-polls told sold_out, the last %s after the last sale",
 		queueProcUnits, bought.Load(), int64(v["admitted_total"].(float64)), v["expired"], tooSlow.Load(), told, worst.Round(time.Millisecond))
+
+	// A second run on the same cluster: holds that expire unpaid let the
+	// next positions in, and they win.
+	holdsExpireAdmitTheNext(t, p, node, "held", 200, 600)
 }
 
 // buyWithToken deducts one unit for user i with its admission token.

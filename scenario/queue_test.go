@@ -336,36 +336,46 @@ func checkPositions(t *testing.T, c *nodetest.Cluster, seed []byte, n int) {
 }
 
 // TestQueue_HoldsThatExpireUnpaidAdmitTheNext: a queued sale of 20 units
-// with holds (queue_overadmit 1). The buyers at every fourth position
-// hold a unit and never pay: when their holds expire the units come back
-// and admit the next positions, which win them. At the end every unit is
-// sold (paid), the ones who did not pay hold no unit, every ticket that
-// did not buy reads sold_out, and the law holds on every node.
+// with holds on three in-process nodes (the multi-process queue test runs
+// the same at ten times the size).
 func TestQueue_HoldsThatExpireUnpaidAdmitTheNext(t *testing.T) {
 	c := nodetest.StartCluster(t)
 	nodetest.WaitRulesCurrent(t, c)
-	const units, users = 20, 60
+	holdsExpireAdmitTheNext(t, c, func(i int) *fasthttp.HostClient { return c.Client(c.IDs[i%3]) }, "qh", 20, 60)
+}
+
+// holdsExpireAdmitTheNext runs a queued sale of units with holds
+// (queue_overadmit 1) for users joined before its open. The buyers at
+// every fourth position hold a unit and never pay: when their holds
+// expire the units come back and admit the next positions, which win
+// them. At the end every unit is sold (paid), no unit is held, and the
+// law holds on every node.
+func holdsExpireAdmitTheNext(t *testing.T, sc nodetest.SalesCluster, node func(i int) *fasthttp.HostClient, sku string, units, users int) {
+	t.Helper()
 	start := time.Now().Add(2 * time.Second).UTC()
 	body := fmt.Sprintf(`{"total":%d,"admission":"queue","queue_overadmit":1,"queue_admit_ttl":"30s","hold_ttl":"1s","start_at":%q}`, units, start.Format(time.RFC3339Nano))
-	if code, out := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/qh", body); code != 201 {
+	if code, out := nodetest.Call(t, node(0), "PUT", "/v1/skus/"+sku, body); code != 201 {
 		t.Fatalf("create: %d %v", code, out)
 	}
-	nodetest.WaitSaleEverywhere(t, c, "qh")
+	nodetest.WaitSaleEverywhere(t, sc, sku)
 	secrets := make([]string, users)
 	for i := range users {
-		code, b := nodetest.Call(t, c.Client(c.IDs[i%3]), "POST", "/v1/skus/qh/queue", fmt.Sprintf(`{"user":"u%d"}`, i))
+		code, b := nodetest.Call(t, node(i), "POST", "/v1/skus/"+sku+"/queue", fmt.Sprintf(`{"user":"u%d"}`, i))
 		if code != 200 {
 			t.Fatalf("join u%d: %d %v", i, code, b)
 		}
 		secrets[i] = b["ticket"].(string)
+	}
+	if time.Now().After(start) {
+		t.Fatalf("the joins ran past the open")
 	}
 	var paid, unpaid atomic.Int64
 	var lastPaidPos atomic.Int64
 	var wg sync.WaitGroup
 	for i := range users {
 		wg.Go(func() {
-			cl := c.Client(c.IDs[i%3])
-			for deadline := time.Now().Add(40 * time.Second); time.Now().Before(deadline); {
+			cl := node(i)
+			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
 				code, b := nodetest.CallQuiet(cl, "GET", "/v1/queue/"+secrets[i]+"?wait=5s", "")
 				if code != 200 {
 					time.Sleep(50 * time.Millisecond) // a retry's pause
@@ -378,7 +388,7 @@ func TestQueue_HoldsThatExpireUnpaidAdmitTheNext(t *testing.T) {
 					continue
 				}
 				pos := int64(b["position"].(float64))
-				code, d := callHeader(cl, "POST", "/v1/skus/qh/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"h-%d"}`, i, i), "Stockd-Admission", b["admission_token"].(string))
+				code, d := callHeader(cl, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"h-%d"}`, i, i), "Stockd-Admission", b["admission_token"].(string))
 				switch {
 				case code == 200 && d["state"] == "held" && pos%4 == 0:
 					unpaid.Add(1) // never pays: the hold expires and the unit comes back
@@ -403,13 +413,13 @@ func TestQueue_HoldsThatExpireUnpaidAdmitTheNext(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if paid.Load() != units || unpaid.Load() == 0 || lastPaidPos.Load() <= units {
+	if paid.Load() != int64(units) || unpaid.Load() == 0 || lastPaidPos.Load() <= int64(units) {
 		t.Fatalf("%d paid (the last at position %d), %d holds left unpaid, for %d units", paid.Load(), lastPaidPos.Load(), unpaid.Load(), units)
 	}
-	audit := checkClusterLedgers(t, c, "qh", nil)
+	audit := checkClusterLedgers(t, sc, sku, nil)
 	if audit["sold"] != float64(units) || audit["held"] != 0.0 {
 		t.Fatalf("audit %v", audit)
 	}
-	_, v := nodetest.Call(t, c.Client(c.IDs[2]), "GET", "/v1/skus/qh/queue", "")
+	_, v := nodetest.Call(t, node(2), "GET", "/v1/skus/"+sku+"/queue", "")
 	t.Logf("%d paid (the last at position %d), %d unpaid holds let later positions in; queue %v", paid.Load(), lastPaidPos.Load(), unpaid.Load(), v)
 }
