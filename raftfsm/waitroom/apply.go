@@ -81,9 +81,10 @@ func isLowerHex(s string) bool {
 }
 
 // Shown is ticket t, stored in state, as the sale's row says it stands:
-// a ticket not bought reads sold_out once nothing can still be won.
+// a ticket not bought reads sold_out once nothing can still be won (every
+// unit sold, or the sale closed).
 func Shown(s *stock.SKU, t stock.Ticket, state byte) stock.Ticket {
-	if s.Queue.SoldOutAtUnixNano != 0 && (state == stateWaiting || state == stateAdmitted) {
+	if (s.Queue.SoldOutAtUnixNano != 0 || s.Closed()) && (state == stateWaiting || state == stateAdmitted) {
 		t.State = stock.TicketSoldOut
 	}
 	return t

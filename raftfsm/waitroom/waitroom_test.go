@@ -270,6 +270,10 @@ func TestSettle_SoldOutToldToEveryone(t *testing.T) {
 	if w, _ := AtPosition(tx, s, 5); w.State != stock.TicketWaiting {
 		t.Fatalf("after a restock position 5 reads %s", w.State)
 	}
+	s.ClosedAtUnixNano = tx.at
+	if w, _ := AtPosition(tx, s, 5); w.State != stock.TicketSoldOut {
+		t.Fatalf("after the sale closed position 5 reads %s", w.State)
+	}
 }
 
 // TestToken_AdmittedTicketsTokenVerifiesUntilItsKeyRotatesOut: every node
