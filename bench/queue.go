@@ -65,21 +65,8 @@ func runQueue(ctx context.Context, o *Options, targets []string, pids []int, lab
 	clients := newHTTPClients(targets, o.Conns, o.TLS)
 	queued, plain := "queue-"+runID, "plain-"+runID
 	start := time.Now().Add(o.Duration)
-	for sku, body := range map[string]string{
-		queued: fmt.Sprintf(`{"total":%d,"admission":"queue","queue_admit_ttl":"10m","start_at":%q}`, o.Units, start.UTC().Format(time.RFC3339Nano)),
-		plain:  fmt.Sprintf(`{"total":%d}`, o.Units),
-	} {
-		if code, resp, err := clients.do(0, fasthttp.MethodPut, "/v1/skus/"+sku, o.AdminToken, []byte(body)); err != nil || code != fasthttp.StatusCreated {
-			return r, fmt.Errorf("create %s: %d %s %v", sku, code, resp, err)
-		}
-		for i := range clients {
-			if err := waitUntil(ctx, 10*time.Second, func() bool {
-				code, _, _ := clients.do(i, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
-				return code == fasthttp.StatusOK
-			}); err != nil {
-				return r, fmt.Errorf("sale %s on %s: %w", sku, targets[i], err)
-			}
-		}
+	if err := createQueueSales(ctx, clients, o, targets, queued, plain, start); err != nil {
+		return r, err
 	}
 	var failed atomic.Int64
 	var errSample atomic.Pointer[string]
@@ -170,6 +157,28 @@ func runQueue(ctx context.Context, o *Options, targets []string, pids []int, lab
 		r.peakRSS = rss
 	}
 	return r, nil
+}
+
+// createQueueSales creates the scenario's queued sale, opening at start,
+// and its plain one, and waits until every node knows both.
+func createQueueSales(ctx context.Context, clients httpClients, o *Options, targets []string, queued, plain string, start time.Time) error {
+	for sku, body := range map[string]string{
+		queued: fmt.Sprintf(`{"total":%d,"admission":"queue","queue_admit_ttl":"10m","start_at":%q}`, o.Units, start.UTC().Format(time.RFC3339Nano)),
+		plain:  fmt.Sprintf(`{"total":%d}`, o.Units),
+	} {
+		if code, resp, err := clients.do(0, fasthttp.MethodPut, "/v1/skus/"+sku, o.AdminToken, []byte(body)); err != nil || code != fasthttp.StatusCreated {
+			return fmt.Errorf("create %s: %d %s %v", sku, code, resp, err)
+		}
+		for i := range clients {
+			if err := waitUntil(ctx, 10*time.Second, func() bool {
+				code, _, _ := clients.do(i, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
+				return code == fasthttp.StatusOK
+			}); err != nil {
+				return fmt.Errorf("sale %s on %s: %w", sku, targets[i], err)
+			}
+		}
+	}
+	return nil
 }
 
 // measure runs phase, which returns how many of its calls succeeded, and
