@@ -21,8 +21,8 @@ import (
 // open -duration after its creation; the harness times the open until
 // every node shows it, waits for the leader to admit the first -units
 // positions, reads their tokens, and has them buy. Then, in the same run,
-// as many committed deducts of a plain sale and as many sold-out answers
-// of it: the server's CPU per join, per queued deduct, per plain deduct
+// (after as many unmeasured plain deducts, a warm-up) as many committed
+// deducts of a plain sale and as many sold-out answers of it: the server's CPU per join, per queued deduct, per plain deduct
 // and per sold-out answer side by side, from /proc of the launched nodes.
 
 const queueScenario = "queue"
@@ -63,9 +63,9 @@ type queueResult struct {
 func runQueue(ctx context.Context, o *Options, targets []string, pids []int, label, runID string) (queueResult, error) {
 	r := queueResult{label: label}
 	clients := newHTTPClients(targets, o.Conns, o.TLS)
-	queued, plain := "queue-"+runID, "plain-"+runID
+	queued, plain, warm := "queue-"+runID, "plain-"+runID, "warm-"+runID
 	start := time.Now().Add(o.Duration)
-	if err := createQueueSales(ctx, clients, o, targets, queued, plain, start); err != nil {
+	if err := createQueueSales(ctx, clients, o, targets, queued, plain, warm, start); err != nil {
 		return r, err
 	}
 	var failed atomic.Int64
@@ -130,25 +130,7 @@ func runQueue(ctx context.Context, o *Options, targets []string, pids []int, lab
 	if err != nil {
 		return r, err
 	}
-	r.queued = measure(pids, func() int {
-		return parallel(o.Conns, len(tokens), func(worker, i int) bool {
-			body := fmt.Appendf(nil, `{"user":"q%d-%s","request_id":"qb-%d","admission_token":%q}`, users[i], runID, i, tokens[i])
-			ok, _ := call(worker, fasthttp.MethodPost, "/v1/skus/"+queued+"/deduct", o.ServiceToken, body, fasthttp.StatusOK)
-			return ok
-		})
-	})
-	r.plain = measure(pids, func() int {
-		return parallel(o.Conns, len(tokens), func(worker, i int) bool {
-			ok, _ := call(worker, fasthttp.MethodPost, "/v1/skus/"+plain+"/deduct", o.ServiceToken, fmt.Appendf(nil, `{"user":"p%d-%s","request_id":"pb-%d"}`, i, runID, i), fasthttp.StatusOK)
-			return ok
-		})
-	})
-	r.soldOut = measure(pids, func() int {
-		return parallel(o.Conns, len(tokens), func(worker, i int) bool {
-			ok, _ := call(worker, fasthttp.MethodPost, "/v1/skus/"+plain+"/deduct", o.ServiceToken, fmt.Appendf(nil, `{"user":"s%d-%s"}`, i, runID), fasthttp.StatusConflict)
-			return ok
-		})
-	})
+	r.queued, r.plain, r.soldOut = buyPhases(o, pids, call, tokens, users, queued, plain, warm, runID)
 	r.failed = int(failed.Load())
 	if p := errSample.Load(); p != nil {
 		r.errSample = *p
@@ -161,10 +143,11 @@ func runQueue(ctx context.Context, o *Options, targets []string, pids []int, lab
 
 // createQueueSales creates the scenario's queued sale, opening at start,
 // and its plain one, and waits until every node knows both.
-func createQueueSales(ctx context.Context, clients httpClients, o *Options, targets []string, queued, plain string, start time.Time) error {
+func createQueueSales(ctx context.Context, clients httpClients, o *Options, targets []string, queued, plain, warm string, start time.Time) error {
 	for sku, body := range map[string]string{
 		queued: fmt.Sprintf(`{"total":%d,"admission":"queue","queue_admit_ttl":"10m","start_at":%q}`, o.Units, start.UTC().Format(time.RFC3339Nano)),
 		plain:  fmt.Sprintf(`{"total":%d}`, o.Units),
+		warm:   fmt.Sprintf(`{"total":%d}`, o.Units),
 	} {
 		if code, resp, err := clients.do(0, fasthttp.MethodPut, "/v1/skus/"+sku, o.AdminToken, []byte(body)); err != nil || code != fasthttp.StatusCreated {
 			return fmt.Errorf("create %s: %d %s %v", sku, code, resp, err)
@@ -179,6 +162,34 @@ func createQueueSales(ctx context.Context, clients httpClients, o *Options, targ
 		}
 	}
 	return nil
+}
+
+// buyPhases has the admitted users buy with their tokens, then as many
+// plain committed deducts and sold-out answers, each measured, after a
+// warm-up of as many plain deducts that is not: the first deducts of a
+// run pay for leases, connections and the allocator's growth, and would
+// weigh on whichever phase came first.
+func buyPhases(o *Options, pids []int, call func(worker int, method, path, token string, body []byte, want int) (bool, []byte),
+	tokens []string, users []int, queued, plain, warm, runID string) (q, p, soldOut queuePhase) {
+	deducts := func(sku string, want int, body func(i int) []byte) int {
+		return parallel(o.Conns, len(tokens), func(worker, i int) bool {
+			ok, _ := call(worker, fasthttp.MethodPost, "/v1/skus/"+sku+"/deduct", o.ServiceToken, body(i), want)
+			return ok
+		})
+	}
+	deducts(warm, fasthttp.StatusOK, func(i int) []byte { return fmt.Appendf(nil, `{"user":"w%d-%s"}`, i, runID) })
+	q = measure(pids, func() int {
+		return deducts(queued, fasthttp.StatusOK, func(i int) []byte {
+			return fmt.Appendf(nil, `{"user":"q%d-%s","request_id":"qb-%d","admission_token":%q}`, users[i], runID, i, tokens[i])
+		})
+	})
+	p = measure(pids, func() int {
+		return deducts(plain, fasthttp.StatusOK, func(i int) []byte { return fmt.Appendf(nil, `{"user":"p%d-%s","request_id":"pb-%d"}`, i, runID, i) })
+	})
+	soldOut = measure(pids, func() int {
+		return deducts(plain, fasthttp.StatusConflict, func(i int) []byte { return fmt.Appendf(nil, `{"user":"s%d-%s"}`, i, runID) })
+	})
+	return q, p, soldOut
 }
 
 // measure runs phase, which returns how many of its calls succeeded, and
