@@ -37,7 +37,8 @@ const (
 // recomputed from the revealed seed and the tickets stream, and the seed
 // hashes to the commitment shown from the creation. Buyers follow their
 // tickets in line order and buy as soon as admitted (one position in
-// twenty never does: its admission expires and lets a later one in);
+// twenty never does: the over-admission covers them, and their tokens run
+// out unused);
 // the leader is killed with SIGKILL in the middle of admission and
 // restarted. Throughout, the tokens issued less those that ran out never
 // pass ceil(1.2 x units), and none is issued once nothing remains; no

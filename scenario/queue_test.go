@@ -352,19 +352,29 @@ func TestQueue_HoldsThatExpireUnpaidAdmitTheNext(t *testing.T) {
 // law holds on every node.
 func holdsExpireAdmitTheNext(t *testing.T, sc nodetest.SalesCluster, node func(i int) *fasthttp.HostClient, sku string, units, users int) {
 	t.Helper()
-	start := time.Now().Add(2 * time.Second).UTC()
+	start := time.Now().Add(2*time.Second + time.Duration(users)*10*time.Millisecond).UTC()
 	body := fmt.Sprintf(`{"total":%d,"admission":"queue","queue_overadmit":1,"queue_admit_ttl":"30s","hold_ttl":"1s","start_at":%q}`, units, start.Format(time.RFC3339Nano))
 	if code, out := nodetest.Call(t, node(0), "PUT", "/v1/skus/"+sku, body); code != 201 {
 		t.Fatalf("create: %d %v", code, out)
 	}
 	nodetest.WaitSaleEverywhere(t, sc, sku)
 	secrets := make([]string, users)
-	for i := range users {
-		code, b := nodetest.Call(t, node(i), "POST", "/v1/skus/"+sku+"/queue", fmt.Sprintf(`{"user":"u%d"}`, i))
-		if code != 200 {
-			t.Fatalf("join u%d: %d %v", i, code, b)
-		}
-		secrets[i] = b["ticket"].(string)
+	var joins sync.WaitGroup
+	for w := range 16 {
+		joins.Go(func() {
+			for i := w; i < users; i += 16 {
+				code, b := nodetest.Call(t, node(i), "POST", "/v1/skus/"+sku+"/queue", fmt.Sprintf(`{"user":"u%d"}`, i))
+				if code != 200 {
+					t.Errorf("join u%d: %d %v", i, code, b)
+					return
+				}
+				secrets[i] = b["ticket"].(string)
+			}
+		})
+	}
+	joins.Wait()
+	if t.Failed() {
+		t.FailNow()
 	}
 	if time.Now().After(start) {
 		t.Fatalf("the joins ran past the open")
