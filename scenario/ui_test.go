@@ -107,6 +107,15 @@ func TestUI_PageFollowsASaleLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitText(t, ctx, `#skus tr[data-sku="tv"] td.remaining`, "50")
+	// Before any deduct the rate chart says why it is empty, and the
+	// table says what its columns hold.
+	nodetest.WaitFor(t, 20*time.Second, "the empty rate chart to say why", func() bool {
+		s, err := pageText(ctx, "#rates-empty")
+		return err == nil && strings.HasPrefix(s, "no deducts answered by this node")
+	})
+	if help, err := pageText(ctx, "#skus-help"); err != nil || !strings.Contains(help, "in this node's buckets") {
+		t.Fatalf("the sales table's help reads %q (%v)", help, err)
+	}
 	origin := func() float64 {
 		t.Helper()
 		o, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`performance.timeOrigin`))
