@@ -57,6 +57,10 @@ type queueResult struct {
 	failed                 int
 	errSample              string
 	peakRSS                int64
+	// rankCorr is Spearman's rank correlation between the pre-open
+	// tickets' join order and their positions: near 0 when arriving first
+	// bought no place in line.
+	rankCorr float64
 }
 
 // runQueue runs the queue scenario against one set of nodes.
@@ -126,10 +130,11 @@ func runQueue(ctx context.Context, o *Options, targets []string, pids []int, lab
 	r.admitted = time.Since(start)
 
 	// The admitted positions' tokens, then their purchases.
-	tokens, users, err := admittedTokens(clients, queued, o.ServiceToken, secrets, want)
+	tokens, users, rho, err := admittedTokens(clients, queued, o.ServiceToken, secrets, want)
 	if err != nil {
 		return r, err
 	}
+	r.rankCorr = rho
 	r.queued, r.plain, r.soldOut = buyPhases(o, pids, call, tokens, users, queued, plain, warm, runID)
 	r.failed = int(failed.Load())
 	if p := errSample.Load(); p != nil {
@@ -222,9 +227,10 @@ func parallel(workers, n int, call func(worker, i int) bool) int {
 }
 
 // admittedTokens reads the tickets stream of sku and the tokens of its
-// first want positions: the tokens, and each one's user (its index in
-// secrets).
-func admittedTokens(clients httpClients, sku, token string, secrets []string, want int) ([]string, []int, error) {
+// first want positions: the tokens, each one's user (its index in
+// secrets), and Spearman's rank correlation between join order and
+// position.
+func admittedTokens(clients httpClients, sku, token string, secrets []string, want int) ([]string, []int, float64, error) {
 	userOf := make(map[string]int, len(secrets))
 	for i, s := range secrets {
 		if s != "" {
@@ -234,7 +240,19 @@ func admittedTokens(clients httpClients, sku, token string, secrets []string, wa
 	}
 	code, stream, err := clients.do(0, fasthttp.MethodGet, "/v1/skus/"+sku+"/queue/tickets", token, nil)
 	if err != nil || code != fasthttp.StatusOK {
-		return nil, nil, fmt.Errorf("tickets of %s: %d %v", sku, code, err)
+		return nil, nil, 0, fmt.Errorf("tickets of %s: %d %v", sku, code, err)
+	}
+	var sumD2, n float64
+	for line := range strings.Lines(string(stream)) {
+		joined, pos := fastjson.GetInt([]byte(line), "joined_index"), fastjson.GetInt([]byte(line), "position")
+		if joined > 0 && pos > 0 {
+			d := float64(joined - pos)
+			sumD2, n = sumD2+d*d, n+1
+		}
+	}
+	rho := 0.0
+	if n > 1 {
+		rho = 1 - 6*sumD2/(n*(n*n-1))
 	}
 	var tokens []string
 	var users []int
@@ -249,11 +267,11 @@ func admittedTokens(clients httpClients, sku, token string, secrets []string, wa
 		_, resp, err := clients.do(0, fasthttp.MethodGet, "/v1/queue/"+secrets[i], token, nil)
 		tok := fastjson.GetString(resp, "admission_token")
 		if err != nil || tok == "" {
-			return nil, nil, fmt.Errorf("the ticket at position %d of %s is not admitted: %s %v", len(tokens)+1, sku, resp, err)
+			return nil, nil, 0, fmt.Errorf("the ticket at position %d of %s is not admitted: %s %v", len(tokens)+1, sku, resp, err)
 		}
 		tokens, users = append(tokens, tok), append(users, i)
 	}
-	return tokens, users, nil
+	return tokens, users, rho, nil
 }
 
 // runQueues runs the queue scenario against every target cluster.
@@ -295,6 +313,7 @@ func writeQueueResults(w io.Writer, o *Options, results []queueResult) {
 		fmt.Fprintf(w, "%-22s %9.0f %10s %12s %12s %10.0f %11s %10.0f %11s %10.0f %11s %10s %9s\n", r.label, r.joins.rate(), r.joins.cpuEach(),
 			fmtDur(r.openReadable), fmtDur(r.admitted), r.queued.rate(), r.queued.cpuEach(), r.plain.rate(), r.plain.cpuEach(),
 			r.soldOut.rate(), r.soldOut.cpuEach(), token, rss)
+		fmt.Fprintf(w, "  fairness: rank correlation of join order and position %+.4f (0: arriving first bought no place)\n", r.rankCorr)
 		if r.failed > 0 {
 			fmt.Fprintf(w, "  %d calls failed; the first: %s\n", r.failed, r.errSample)
 		}
