@@ -1,16 +1,12 @@
 package scenario
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -133,7 +129,7 @@ func TestMultiProcess_QueueOfAHundredThousand(t *testing.T) {
 	if sha256Hex(seed) != commitment {
 		t.Fatalf("the revealed seed does not hash to the commitment")
 	}
-	before := bigTickets(t, pools[p.ids[1]], seed)
+	before := ticketsInLineOrder(t, pools[p.ids[1]], "big", seed, queueProcUsers)
 	t.Logf("open: every position from the revealed seed and the tickets stream, read %s after the open", time.Since(openedAt).Round(time.Millisecond))
 	byPos := make([]string, queueProcUsers+1) // position -> secret
 	userOf := map[string]int{}
@@ -279,7 +275,7 @@ func TestMultiProcess_QueueOfAHundredThousand(t *testing.T) {
 	if told != queueProcTellers || worst > time.Second {
 		t.Fatalf("%d of %d long-polls told sold_out, the last %s after the last sale", told, queueProcTellers, worst)
 	}
-	after := bigTickets(t, pools[p.ids[2]], seed)
+	after := ticketsInLineOrder(t, pools[p.ids[2]], "big", seed, queueProcUsers)
 	if !slices.Equal(before, after) {
 		t.Fatalf("the tickets stream changed across the leader's kill")
 	}
@@ -335,49 +331,6 @@ func killAndRestartLeader(t *testing.T, p *procCluster) {
 	t.Logf("killed the leader %s in the middle of admission", leader)
 	time.Sleep(2 * time.Second) // the cluster sells on without it: the fault's length, not synchronisation
 	p.Start(leader)
-}
-
-type bigTicket struct {
-	TicketID    string `json:"ticket_id"`
-	Position    int64  `json:"position"`
-	JoinedIndex int64  `json:"joined_index"`
-}
-
-// bigTickets reads the tickets stream of "big" and checks the positions
-// are 1..n in the order of SHA-256(seed || hex(ticket id)).
-func bigTickets(t *testing.T, cl *fasthttp.HostClient, seed []byte) []bigTicket {
-	t.Helper()
-	raw := nodetest.GetRaw(t, cl, "/v1/skus/big/queue/tickets")
-	var lines []bigTicket
-	sc := bufio.NewScanner(bytes.NewReader([]byte(raw)))
-	for sc.Scan() {
-		var l struct {
-			bigTicket
-			Done bool `json:"done"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatalf("tickets line %q: %v", sc.Text(), err)
-		}
-		if !l.Done {
-			lines = append(lines, l.bigTicket)
-		}
-	}
-	if len(lines) != queueProcUsers {
-		t.Fatalf("%d tickets in the stream, want %d", len(lines), queueProcUsers)
-	}
-	keys := make([]string, len(lines))
-	for i, l := range lines {
-		id, _ := hex.DecodeString(l.TicketID)
-		k := sha256Hex(append(append([]byte{}, seed...), []byte(hex.EncodeToString(id))...))
-		keys[i] = k
-		if l.Position != int64(i)+1 {
-			t.Fatalf("line %d holds position %d", i, l.Position)
-		}
-	}
-	if !sort.StringsAreSorted(keys) {
-		t.Fatalf("the line is not in the order of SHA-256(seed || hex(ticket id))")
-	}
-	return lines
 }
 
 // pid is node id's process id.

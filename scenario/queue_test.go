@@ -133,7 +133,7 @@ func TestQueue_SellsInLineOrderToAdmittedBuyersAndTellsEveryoneAtOnce(t *testing
 	if sum := sha256Hex(seed); sum != commitment {
 		t.Fatalf("the seed %x hashes to %s, the commitment was %s", seed, sum, commitment)
 	}
-	checkPositions(t, c, seed, users)
+	ticketsInLineOrder(t, c.Client(c.IDs[1]), "q1", seed, users)
 
 	// Buyers: follow the ticket, deduct once admitted (one in ten never).
 	var bought, refusedAfterWin, told, expired, lastWinner atomic.Int64
@@ -295,33 +295,38 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// checkPositions reads the tickets stream and checks that the positions
-// are 1..n in the order of SHA-256(seed || hex(ticket id)).
-func checkPositions(t *testing.T, c *nodetest.Cluster, seed []byte, n int) {
+// lineTicket is one line of a sale's tickets stream.
+type lineTicket struct {
+	TicketID    string `json:"ticket_id"`
+	Position    int64  `json:"position"`
+	JoinedIndex int64  `json:"joined_index"`
+}
+
+// ticketsInLineOrder reads sale sku's tickets stream from cl and checks
+// it holds n tickets at positions 1..n in the order of
+// SHA-256(seed || hex(ticket id)), join order on a tie.
+func ticketsInLineOrder(t *testing.T, cl *fasthttp.HostClient, sku string, seed []byte, n int) []lineTicket {
 	t.Helper()
-	raw := nodetest.GetRaw(t, c.Client(c.IDs[1]), "/v1/skus/q1/queue/tickets")
-	type line struct {
-		TicketID    string `json:"ticket_id"`
-		Position    int64  `json:"position"`
-		JoinedIndex int64  `json:"joined_index"`
-		Done        bool   `json:"done"`
-	}
-	var lines []line
+	raw := nodetest.GetRaw(t, cl, "/v1/skus/"+sku+"/queue/tickets")
+	var lines []lineTicket
 	sc := bufio.NewScanner(bytes.NewReader([]byte(raw)))
 	for sc.Scan() {
-		var l line
+		var l struct {
+			lineTicket
+			Done bool `json:"done"`
+		}
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 			t.Fatalf("tickets line %q: %v", sc.Text(), err)
 		}
 		if !l.Done {
-			lines = append(lines, l)
+			lines = append(lines, l.lineTicket)
 		}
 	}
 	if len(lines) != n {
-		t.Fatalf("the tickets stream has %d lines, want %d", len(lines), n)
+		t.Fatalf("the tickets stream of %s has %d lines, want %d", sku, len(lines), n)
 	}
 	want := slices.Clone(lines)
-	slices.SortFunc(want, func(x, y line) int {
+	slices.SortFunc(want, func(x, y lineTicket) int {
 		var ix, iy [32]byte
 		hex.Decode(ix[:], []byte(x.TicketID))
 		hex.Decode(iy[:], []byte(y.TicketID))
@@ -333,6 +338,7 @@ func checkPositions(t *testing.T, c *nodetest.Cluster, seed []byte, n int) {
 			t.Fatalf("line %d: ticket %s at position %d; recomputed from the seed: %s", i, l.TicketID, l.Position, want[i].TicketID)
 		}
 	}
+	return lines
 }
 
 // TestQueue_HoldsThatExpireUnpaidAdmitTheNext: a queued sale of 20 units
