@@ -6,7 +6,7 @@ BIN     ?= bin/stockd
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: image ui-screenshot bench-screenshot build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
+.PHONY: image ui-screenshot queue-screenshots bench-screenshot build run test test-multiproc test-crowd test-memory test-nemesis soak vet lint bench bench-peers bench-go clean cluster cluster-stop
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
@@ -117,6 +117,11 @@ bench-peers: build
 # three-node cluster in the middle of a sale (docs/ui.png).
 ui-screenshot:
 	STOCKD_UI_SCREENSHOT=$(CURDIR)/docs/ui.png $(GO) test -count=1 -v -run 'TestUI_PageFollowsASaleLive' ./scenario
+
+# The buyer's page at each state and the operator's page after the sale
+# (docs/queue-page-*.png): headless Chromium on a three-node cluster.
+queue-screenshots:
+	STOCKD_QUEUE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -v -run 'TestQueuePage_ABuyerGoesThroughEveryState' ./scenario
 
 # The picture of make bench's HTML report in docs/benchmarks.md: the
 # report of a short run opened in headless Chromium (docs/bench-report.png).

@@ -29,7 +29,7 @@ func TestOpenAPI_DocumentIsValid(t *testing.T) {
 		"/v1/orders/{id}": {"GET"}, "/v1/orders/{id}/confirm": {"POST"}, "/v1/orders/{id}/cancel": {"POST"},
 		"/v1/events": {"GET"}, "/v1/consumers": {"GET"}, "/v1/consumers/{name}": {"PUT", "DELETE"},
 		"/v1/cluster": {"GET"}, "/v1/cluster/join": {"POST"}, "/v1/cluster/nodes/{id}": {"DELETE"}, "/v1/backup": {"GET"},
-		"/v1/stats": {"GET"}, "/v1/openapi.json": {"GET"}, "/ui": {"GET"}, "/healthz": {"GET"}, "/readyz": {"GET"}, "/metrics": {"GET"},
+		"/v1/stats": {"GET"}, "/v1/openapi.json": {"GET"}, "/ui": {"GET"}, "/q/{sku}": {"GET"}, "/healthz": {"GET"}, "/readyz": {"GET"}, "/metrics": {"GET"},
 		"/v1/skus/{sku}/queue": {"POST", "GET"}, "/v1/skus/{sku}/queue/tickets": {"GET"}, "/v1/skus/{sku}/queue/rotate": {"POST"},
 		"/v1/queue/{ticket}": {"GET"},
 	}

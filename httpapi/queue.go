@@ -197,7 +197,27 @@ type queueResponse struct {
 	SeedCommitment      string `json:"seed_commitment"`
 	Seed                string `json:"seed"`
 	OpenedAt            string `json:"opened_at,omitempty"`
-	AppliedIndex        uint64 `json:"applied_index"`
+	// SoldOutToldAfter is how long after the entry that sold the last
+	// unit this node woke every long-poll waiting on the sale.
+	SoldOutToldAfter string `json:"sold_out_told_after,omitempty"`
+	AppliedIndex     uint64 `json:"applied_index"`
+}
+
+// queueJSON is queued sale v as GET /v1/skus/{sku}/queue and the stats
+// show it.
+func (s *Server) queueJSON(v *control.QueueView, told map[string]float64) queueResponse {
+	q := v.Row.Queue
+	out := queueResponse{SKU: v.Row.SKU, Waiting: v.Waiting, AdmittedOutstanding: v.AdmittedOutstanding, AdmittedBound: v.Bound,
+		AdmittedTotal: v.AdmittedTotal, Bought: v.Bought, Expired: v.Expired, SoldOutTold: v.SoldOutTold, CutoffPosition: v.CutoffPosition,
+		AdmitPerSecond: strconv.FormatFloat(s.engine.AdmitRate(v.Row.SKU), 'f', 1, 64),
+		SeedCommitment: hex.EncodeToString(q.SeedCommitment), OpenedAt: stamp(q.OpenedAtUnixNano)}
+	if q.Opened() {
+		out.Seed = hex.EncodeToString(q.Seed)
+	}
+	if secs, ok := told[v.Row.SKU]; ok && q.SoldOutAtUnixNano != 0 {
+		out.SoldOutToldAfter = time.Duration(secs * float64(time.Second)).Round(time.Microsecond).String()
+	}
+	return out
 }
 
 // handleQueueView serves GET /v1/skus/{sku}/queue.
@@ -211,14 +231,8 @@ func (s *Server) handleQueueView(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeQueueError(ctx, err)
 		return
 	}
-	q := v.Row.Queue
-	out := queueResponse{SKU: v.Row.SKU, Waiting: v.Waiting, AdmittedOutstanding: v.AdmittedOutstanding, AdmittedBound: v.Bound,
-		AdmittedTotal: v.AdmittedTotal, Bought: v.Bought, Expired: v.Expired, SoldOutTold: v.SoldOutTold, CutoffPosition: v.CutoffPosition,
-		AdmitPerSecond: strconv.FormatFloat(s.engine.AdmitRate(v.Row.SKU), 'f', 1, 64),
-		SeedCommitment: hex.EncodeToString(q.SeedCommitment), OpenedAt: stamp(q.OpenedAtUnixNano), AppliedIndex: sv.Applied}
-	if q.Opened() {
-		out.Seed = hex.EncodeToString(q.Seed)
-	}
+	out := s.queueJSON(&v, s.engine.QueueCounters().SoldOutTold)
+	out.AppliedIndex = sv.Applied
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
@@ -317,6 +331,9 @@ func saleQueueView(r *stock.SKU) *saleQueueJSON {
 	}
 	out := &saleQueueJSON{Overadmit: strconv.FormatFloat(float64(milli)/1000, 'f', -1, 64), AdmitTTL: time.Duration(ttl).String(),
 		SeedCommitment: hex.EncodeToString(q.SeedCommitment), Joined: q.Joined, Admitted: q.Outstanding}
+	if q.SoldOutAtUnixNano != 0 {
+		out.Admitted = 0 // the tickets admitted and unused read sold_out
+	}
 	if q.Opened() {
 		out.Seed = hex.EncodeToString(q.Seed)
 	}
@@ -391,8 +408,7 @@ func thousandths(n string) (int64, bool) {
 func (s *Server) writeQueueMetrics(w *bytes.Buffer, m *engine.Snapshot) {
 	for _, v := range s.engine.SKUViews() {
 		r := &v.Row
-		q := r.Queue
-		if q == nil {
+		if r.Queue == nil {
 			continue
 		}
 		qv, _, err := s.engine.Queue(r.SKU)
@@ -402,11 +418,11 @@ func (s *Server) writeQueueMetrics(w *bytes.Buffer, m *engine.Snapshot) {
 		for _, st := range []struct {
 			state string
 			n     int64
-		}{{stock.TicketWaiting, qv.Waiting}, {stock.TicketAdmitted, q.Outstanding}, {stock.TicketBought, q.Bought},
-			{stock.TicketExpired, q.Expired}, {stock.TicketSoldOut, qv.SoldOutTold}} {
+		}{{stock.TicketWaiting, qv.Waiting}, {stock.TicketAdmitted, qv.AdmittedOutstanding}, {stock.TicketBought, qv.Bought},
+			{stock.TicketExpired, qv.Expired}, {stock.TicketSoldOut, qv.SoldOutTold}} {
 			metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_queue_tickets{sku=%q,state=%q}`, r.SKU, st.state), uint64(max(st.n, 0)))
 		}
-		metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_queue_admitted_outstanding{sku=%q}`, r.SKU), uint64(max(q.Outstanding, 0)))
+		metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_queue_admitted_outstanding{sku=%q}`, r.SKU), uint64(max(qv.AdmittedOutstanding, 0)))
 		metrics.WriteGaugeUint64(w, fmt.Sprintf(`stockd_queue_admitted_bound{sku=%q}`, r.SKU), uint64(max(qv.Bound, 0)))
 		metrics.WriteGaugeFloat64(w, fmt.Sprintf(`stockd_queue_admit_per_second{sku=%q}`, r.SKU), s.engine.AdmitRate(r.SKU))
 	}

@@ -390,6 +390,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleUI(ctx)
 		}
+	case bytes.HasPrefix(path, pathBuyerPage):
+		if s.allow(ctx, method, fasthttp.MethodGet) {
+			s.handleBuyerPage(ctx, path[len(pathBuyerPage):])
+		}
 	case string(path) == "/v1/cluster":
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleCluster(ctx)

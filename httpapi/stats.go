@@ -15,13 +15,34 @@ import (
 //go:embed ui/index.html
 var uiPage []byte
 
-func (s *Server) handleUI(ctx *fasthttp.RequestCtx) {
+// The buyer's page of a queued sale (docs/waiting-room.md, "The buyer's
+// page"): GET /q/{sku}?user=... serves it, the same page for every sale;
+// it reads the sale's name from its own address.
+//
+//go:embed ui/queue.html
+var buyerPage []byte
+
+var pathBuyerPage = []byte("/q/")
+
+func (s *Server) handleUI(ctx *fasthttp.RequestCtx) { writePage(ctx, uiPage) }
+
+func (s *Server) handleBuyerPage(ctx *fasthttp.RequestCtx, sku []byte) {
+	if !validID(sku) {
+		writeRaw(ctx, fasthttp.StatusNotFound, bodyBadSKU)
+		return
+	}
+	writePage(ctx, buyerPage)
+}
+
+// writePage answers one of the embedded pages.
+func writePage(ctx *fasthttp.RequestCtx, page []byte) {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/html; charset=utf-8")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	// The page loads nothing from elsewhere, and nothing may frame it.
+	// The pages load nothing from elsewhere, call only this node, and
+	// nothing may frame them.
 	ctx.Response.Header.Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'")
-	ctx.SetBody(uiPage)
+	ctx.SetBody(page)
 }
 
 // statsSKU is one sale on the page.
@@ -39,6 +60,8 @@ type statsSKU struct {
 	Archived   bool             `json:"archived,omitempty"`
 	// Lottery is a lottery sale's state, entries and winners.
 	Lottery *lotteryJSON `json:"lottery,omitempty"`
+	// Queue is a queued sale's waiting room.
+	Queue *queueResponse `json:"queue,omitempty"`
 }
 
 // statsResponse is GET /v1/stats: what the operator's page shows, as
@@ -83,6 +106,7 @@ func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 		st := s.clusterStatus()
 		out.Cluster, out.NodeID = &st, st.NodeID
 	}
+	var told map[string]float64
 	for _, v := range s.engine.SKUViews() {
 		r := v.Row
 		leased := r.Leased
@@ -92,6 +116,15 @@ func (s *Server) handleStats(ctx *fasthttp.RequestCtx) {
 		out.SKUs = append(out.SKUs, statsSKU{SKU: r.SKU, State: v.State, Total: r.Total, Remaining: r.Remaining(),
 			Available: r.Available, Held: r.Held, Sold: r.Sold, Leased: leased, Buckets: max(m.BucketUnits[r.SKU], 0),
 			AuditDrift: m.AuditDrift[r.SKU], Archived: r.Archived, Lottery: lotteryView(&r)})
+		if r.Queue != nil {
+			if told == nil {
+				told = s.engine.QueueCounters().SoldOutTold
+			}
+			if qv, _, err := s.engine.Queue(r.SKU); err == nil {
+				q := s.queueJSON(&qv, told)
+				out.SKUs[len(out.SKUs)-1].Queue = &q
+			}
+		}
 	}
 	out.LatencyCounts = make([]uint64, len(s.latency.counts))
 	for i := range s.latency.counts {

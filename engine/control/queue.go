@@ -289,7 +289,7 @@ func (p *Plane) QueueApplied(events []raftfsm.Event) {
 			continue
 		}
 		q := row.Queue
-		p.noteAdmitted(ev.SKU, q.AdmittedThrough)
+		p.noteAdmitted(ev.SKU, q)
 		w := p.watch[ev.SKU]
 		if w == nil {
 			continue
@@ -319,41 +319,4 @@ func (w *queueWatchers) wakeAll() {
 	for _, ch := range w.byPos {
 		close(ch)
 	}
-}
-
-// admitRateWindow is how long the admit rate is measured over.
-const admitRateWindow = 2 * time.Second
-
-// admitRate measures how fast a queued sale's positions are admitted,
-// as this node's ledger applies the admissions.
-type admitRate struct {
-	since   time.Time
-	through int64   // AdmittedThrough at since
-	perSec  float64 // over the last full window
-}
-
-// noteAdmitted records that sale sku has admitted through position
-// through now (watchMu held).
-func (p *Plane) noteAdmitted(sku string, through int64) {
-	now := p.cfg.Now()
-	r := p.rates[sku]
-	if r == nil {
-		p.rates[sku] = &admitRate{since: now, through: through}
-		return
-	}
-	if d := now.Sub(r.since); d >= admitRateWindow {
-		r.perSec = float64(through-r.through) / d.Seconds()
-		r.since, r.through = now, through
-	}
-}
-
-// AdmitRate is how many positions a second sale sku has admitted over
-// the last measured window (0: none, or not measured yet).
-func (p *Plane) AdmitRate(sku string) float64 {
-	p.watchMu.Lock()
-	defer p.watchMu.Unlock()
-	if r := p.rates[sku]; r != nil {
-		return r.perSec
-	}
-	return 0
 }

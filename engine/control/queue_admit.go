@@ -122,9 +122,12 @@ func (p *Plane) queueTickFor(r *stock.SKU, now time.Time, perTick int64) *comman
 		}
 		return nil
 	}
+	if q.SoldOutAtUnixNano != 0 {
+		return nil // nothing moves until a restock
+	}
 	room := waitroom.Bound(r) - q.Outstanding
 	tick := &command.QueueTick{SKU: r.SKU, Through: q.AdmittedThrough + max(0, min(room, perTick))}
-	if q.SoldOutAtUnixNano == 0 && room > 0 && q.AdmittedThrough < q.Joined {
+	if room > 0 && q.AdmittedThrough < q.Joined {
 		return tick
 	}
 	if q.ExpiredThrough < q.AdmittedThrough {
@@ -192,7 +195,8 @@ func (p *Plane) Queue(sku string) (QueueView, bool, error) {
 	v := QueueView{AdmittedOutstanding: q.Outstanding, AdmittedTotal: q.AdmittedTotal, Bought: q.Bought,
 		Expired: q.Expired, Bound: waitroom.Bound(&row), Row: row}
 	if q.SoldOutAtUnixNano != 0 {
-		v.SoldOutTold = q.Joined - q.Bought - q.Expired
+		// The tickets admitted and unused read sold_out, like the rest.
+		v.SoldOutTold, v.AdmittedOutstanding = q.Joined-q.Bought-q.Expired, 0
 	} else {
 		v.Waiting = q.Joined - q.AdmittedThrough
 		v.CutoffPosition = min(q.Joined, q.AdmittedThrough+max(0, row.Remaining()-q.Outstanding))

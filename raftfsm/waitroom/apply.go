@@ -148,7 +148,10 @@ func Tick(tx Txn, s *stock.SKU, through int64) (int64, error) {
 		return 0, err
 	}
 	q := s.Queue
-	if !q.Opened() {
+	if !q.Opened() || s.Closed() || q.SoldOutAtUnixNano != 0 {
+		// Sold out or closed, every ticket not bought was told sold_out:
+		// an admission running out since must not turn that into expired
+		// (a restock lets the expiries go on).
 		return 0, nil
 	}
 	for q.ExpiredThrough < q.AdmittedThrough {
@@ -166,9 +169,6 @@ func Tick(tx Txn, s *stock.SKU, through int64) (int64, error) {
 			q.Expired++
 		}
 		q.ExpiredThrough = p
-	}
-	if s.Closed() || q.SoldOutAtUnixNano != 0 {
-		return 0, nil
 	}
 	want := min(through, q.Joined) - q.AdmittedThrough
 	room := Bound(s) - q.Outstanding

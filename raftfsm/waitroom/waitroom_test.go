@@ -261,6 +261,15 @@ func TestSettle_SoldOutToldToEveryone(t *testing.T) {
 	if b, _ := AtPosition(tx, s, 1); b.State != stock.TicketBought {
 		t.Fatalf("the buyer's ticket reads %s", b.State)
 	}
+	// An answer once given stays: the admissions that would have run out
+	// since do not turn sold_out into expired.
+	tx.at += int64(time.Minute)
+	tick(t, tx, s, 10)
+	for p := int64(2); p <= 3; p++ {
+		if w, _ := AtPosition(tx, s, p); w.State != stock.TicketSoldOut || s.Queue.Expired != 0 {
+			t.Fatalf("position %d, admitted before the sell-out, reads %s after its expiry (%d expired)", p, w.State, s.Queue.Expired)
+		}
+	}
 	if o, _ := join(t, tx, s, "late"); o != stock.OutcomeSoldOut {
 		t.Fatalf("a join after the sell-out: %v", o)
 	}
