@@ -386,13 +386,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if s.allow(ctx, method, fasthttp.MethodGet) {
 			s.handleStats(ctx)
 		}
-	case string(path) == "/ui" || string(path) == "/ui/":
+	case string(path) == "/ui" || string(path) == "/ui/" || bytes.HasPrefix(path, pathBuyerPage):
 		if s.allow(ctx, method, fasthttp.MethodGet) {
-			s.handleUI(ctx)
-		}
-	case bytes.HasPrefix(path, pathBuyerPage):
-		if s.allow(ctx, method, fasthttp.MethodGet) {
-			s.handleBuyerPage(ctx, path[len(pathBuyerPage):])
+			s.handlePage(ctx, path)
 		}
 	case string(path) == "/v1/cluster":
 		if s.allow(ctx, method, fasthttp.MethodGet) {

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	_ "embed"
 	"time"
 
@@ -24,14 +25,17 @@ var buyerPage []byte
 
 var pathBuyerPage = []byte("/q/")
 
-func (s *Server) handleUI(ctx *fasthttp.RequestCtx) { writePage(ctx, uiPage) }
-
-func (s *Server) handleBuyerPage(ctx *fasthttp.RequestCtx, sku []byte) {
-	if !validID(sku) {
+// handlePage serves /ui and /q/{sku}.
+func (s *Server) handlePage(ctx *fasthttp.RequestCtx, path []byte) {
+	sku, buyer := bytes.CutPrefix(path, pathBuyerPage)
+	switch {
+	case !buyer:
+		writePage(ctx, uiPage)
+	case !validID(sku):
 		writeRaw(ctx, fasthttp.StatusNotFound, bodyBadSKU)
-		return
+	default:
+		writePage(ctx, buyerPage)
 	}
-	writePage(ctx, buyerPage)
 }
 
 // writePage answers one of the embedded pages.
