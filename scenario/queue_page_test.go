@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/valyala/fasthttp"
 
+	"stockd.dev/stockd/node"
 	"stockd.dev/stockd/node/nodetest"
 )
 
@@ -227,5 +229,44 @@ func checkOperatorQueue(t *testing.T, ops context.Context) {
 	})
 	if bad, _ := chromedp.Run(ops, chromedp.Evaluate[int](`document.querySelectorAll("#queues td.bad").length`)); bad != 0 {
 		t.Fatalf("the operator's page marks tokens out past the bound")
+	}
+}
+
+// TestQueuePage_ServedByBothDoors: GET /q/{sku} answers the page through
+// the event loop and fasthttp alike, with the header that keeps it from
+// loading or calling anything but its node; a name that is no SKU is a
+// 404, another method a 405.
+func TestQueuePage_ServedByBothDoors(t *testing.T) {
+	for _, loop := range []bool{true, false} {
+		t.Run(fmt.Sprintf("event loop %v", loop), func(t *testing.T) {
+			n := nodetest.StartNodeWith(t, t.TempDir(), func(c *node.Config) { c.DeductLoop = loop })
+			cl := nodetest.ClientOf(n, 1)
+			for _, c := range []struct {
+				method, path string
+				code         int
+				has          string
+			}{
+				{"GET", "/q/phone?user=alice", 200, `<meta name="stockd-base" content="">`},
+				{"GET", "/q/" + strings.Repeat("x", 129), 404, "bad_request"},
+				{"GET", "/q/", 404, "bad_request"},
+				{"POST", "/q/phone", 405, "method_not_allowed"},
+			} {
+				req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+				req.SetRequestURI(nodetest.URL(cl, c.path))
+				req.Header.SetMethod(c.method)
+				if err := cl.DoTimeout(req, resp, 10*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				body, csp := string(resp.Body()), string(resp.Header.Peek("Content-Security-Policy"))
+				if resp.StatusCode() != c.code || !strings.Contains(body, c.has) {
+					t.Errorf("%s %s: %d %.200q, want %d with %q", c.method, c.path, resp.StatusCode(), body, c.code, c.has)
+				}
+				if c.code == 200 && !strings.Contains(csp, "default-src 'self'") {
+					t.Errorf("%s %s: Content-Security-Policy %q", c.method, c.path, csp)
+				}
+				fasthttp.ReleaseRequest(req)
+				fasthttp.ReleaseResponse(resp)
+			}
+		})
 	}
 }
