@@ -72,12 +72,15 @@ func Main(args []string, stdout, stderr io.Writer) error {
 		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
 	}
 	if i := slices.Index(o.Scenarios, queueScenario); i >= 0 {
-		if err := runQueues(ctx, &o, t, runID, stdout); err != nil {
+		if err := runQueues(ctx, &o, t, runID, report, stdout); err != nil {
 			return err
 		}
 		o.Scenarios = slices.Delete(o.Scenarios, i, i+1)
 	}
 	if len(o.Scenarios) == 0 {
+		if len(report.Queue) > 0 {
+			return finishReport(report, &o, stdout)
+		}
 		return nil
 	}
 	var progress io.Writer
@@ -208,7 +211,9 @@ func runScenario(ctx context.Context, o *Options, name, runID string, t targets,
 // for, and fails when a row's check failed.
 func finishReport(report *Report, o *Options, stdout io.Writer) error {
 	report.setRatios()
-	report.PrintTables(stdout)
+	if len(report.Runs) > 0 {
+		report.PrintTables(stdout)
+	}
 	if o.JSONPath != "" {
 		if err := report.WriteJSON(o.JSONPath); err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"stockd.dev/stockd/bench/queuebench"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,7 +55,7 @@ func runLottery(ctx context.Context, o *Options, targets []string, pids []int, l
 		return r, fmt.Errorf("create lottery %s: %d %s %v", sku, code, resp, err)
 	}
 	for i := range clients {
-		if err := waitUntil(ctx, 10*time.Second, func() bool {
+		if err := queuebench.WaitUntil(ctx, 10*time.Second, func() bool {
 			code, _, _ := clients.do(i, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
 			return code == fasthttp.StatusOK
 		}); err != nil {
@@ -120,7 +121,7 @@ func runLottery(ctx context.Context, o *Options, targets []string, pids []int, l
 	}
 
 	var draw []byte
-	err := waitUntil(ctx, time.Until(closeAt)+lotteryDrawWaitMax, func() bool {
+	err := queuebench.WaitUntil(ctx, time.Until(closeAt)+lotteryDrawWaitMax, func() bool {
 		if time.Now().Before(closeAt) {
 			return false
 		}
@@ -137,22 +138,6 @@ func runLottery(ctx context.Context, o *Options, targets []string, pids []int, l
 	}
 	r.drawn, r.winners = int64(fastjson.GetInt(draw, "entries")), int64(fastjson.GetInt(draw, "winners"))
 	return r, nil
-}
-
-// waitUntil polls cond every 5ms until it holds, ctx ends or within passes.
-func waitUntil(ctx context.Context, within time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", within)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
 }
 
 func writeLotteryResults(w io.Writer, o *Options, results []lotteryResult) {

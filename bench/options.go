@@ -49,6 +49,8 @@ type Options struct {
 	ZipfS        float64       // hot-cold: Zipf exponent
 	RetryShare   float64       // retry-storm: share of requests that re-send an earlier request id
 	HoldTTL      time.Duration // holds: hold time
+	QueueNever   float64       // queue: share of admitted users who never buy
+	QueueTTL     time.Duration // queue: how long an admission lasts
 	Redis        string        // Redis address for the redis-lua strategy
 	Postgres     string        // PostgreSQL DSN for the pg-* strategies
 	AdminToken   string
@@ -73,7 +75,9 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&keyFile, "key", "", "the key of -cert (PEM)")
 	fs.BoolVar(&o.NoFinalAudit, "no-final-audit", false, "end each stockd row by reading its SKUs' rows (sold, held, available, leased) instead of auditing them: the count of oversold units stays, the recount of every order is left to the caller")
 	fs.BoolVar(&o.FeedReader, "feed-reader", false, "while each stockd row runs, read the order feed from its first node (long-polling, 1000 events a page) and report the events per second it got")
-	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (what admission does when the ledger is slow: a node of its own with every ledger batch stalled 50ms, sent 600 deducts/s for 4s, with admission following the ledger and with it fixed; it reports answers by kind and their latency); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed); or queue (-requests users join a sale of -units behind a waiting room that opens -duration after its creation, the first -units positions buy with their tokens, then as many plain committed deducts and sold-out answers: rates and server CPU a call)")
+	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (what admission does when the ledger is slow: a node of its own with every ledger batch stalled 50ms, sent 600 deducts/s for 4s, with admission following the ledger and with it fixed; it reports answers by kind and their latency); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed); or queue (-requests users join a sale of -units behind a waiting room that opens -duration after its creation; at the open each reads its ticket, then buyers follow theirs with long-polls and buy once admitted, -queue-never of them never do; then as many plain committed deducts and sold-out answers: joins/s, the open, the last admission, the time to tell everyone sold_out, fairness, the ETA's error, server CPU a call)")
+	fs.Float64Var(&o.QueueNever, "queue-never", 0.1, "queue: the share of admitted users who never buy (their admissions run out and let the next in)")
+	fs.DurationVar(&o.QueueTTL, "queue-ttl", 10*time.Second, "queue: how long an admission lasts (the sale's queue_admit_ttl, at least 1s)")
 	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
 	fs.Int64Var(&o.Units, "units", 1000, "units on sale (hot-cold: per SKU; plentiful: ignored, stock is twice the requests)")
 	fs.IntVar(&o.Requests, "requests", 100_000, "deduct attempts per scenario and strategy (distinct buyers, but retry-storm re-sends)")
@@ -182,6 +186,10 @@ func (o *Options) validate() error {
 		return fmt.Errorf("-zipf %g must be > 1", o.ZipfS)
 	case o.RetryShare < 0 || o.RetryShare >= 1:
 		return fmt.Errorf("-retry-share %g outside [0, 1)", o.RetryShare)
+	case o.QueueNever < 0 || o.QueueNever >= 1:
+		return fmt.Errorf("-queue-never %g outside [0, 1)", o.QueueNever)
+	case o.QueueTTL < time.Second:
+		return fmt.Errorf("-queue-ttl %s must be at least 1s", o.QueueTTL)
 	case o.HoldTTL <= 0:
 		return fmt.Errorf("-hold-ttl %s must be > 0", o.HoldTTL)
 	}

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"stockd.dev/stockd/bench/queuebench"
 )
 
 // Report is every run of one bench invocation.
@@ -17,6 +19,8 @@ type Report struct {
 	Command string `json:"command"`
 	Machine string `json:"machine"`
 	Runs    []*Run `json:"runs"`
+	// Queue holds the queue scenario's runs, one per set of nodes.
+	Queue []queuebench.Result `json:"queue,omitempty"`
 }
 
 // Failed reports the runs whose check failed: oversold units, a store
@@ -32,6 +36,11 @@ func (r *Report) Failed() []string {
 		}
 		if run.Flips != 0 || run.LateWins != 0 {
 			bad = append(bad, fmt.Sprintf("%s/%s: %d flipped request ids, %d late wins", run.Scenario, run.Strategy, run.Flips, run.LateWins))
+		}
+	}
+	for _, q := range r.Queue {
+		if int64(q.Bought) > q.Units {
+			bad = append(bad, fmt.Sprintf("queue/%s: %d bought of %d units", q.Label, q.Bought, q.Units))
 		}
 	}
 	return bad
@@ -305,6 +314,9 @@ var htmlReport = template.Must(template.New("report").Funcs(template.FuncMap{
 	"f2":   func(v float64) string { return fmt.Sprintf("%.2f", v) },
 	"g":    func(v float64) string { return fmt.Sprintf("%.3g", v) },
 	"loss": lossText,
+	"join": func(s []string) string { return strings.Join(s, ", ") },
+	"i64":  func(n int) int64 { return int64(n) },
+	"pct":  func(v float64) float64 { return v * 100 },
 }).Parse(`<!doctype html>
 <html><head><meta charset="utf-8"><title>stockd bench {{.Report.Date}}</title>
 <style>
@@ -331,6 +343,12 @@ dl.terms{display:grid;grid-template-columns:max-content auto;gap:2px 1em;font-si
 </svg>
 <figcaption class="legend">{{range .Lines}}<span style="color:{{.Color}}">■ {{.Name}}{{if .Note}} {{.Note}}{{end}}</span>{{end}}</figcaption></figure>
 {{end}}{{end}}
+{{if .Report.Queue}}<h2>scenario queue</h2>
+<table class="queue"><tr><th>nodes</th><th>users</th><th>units</th><th>joins/s</th><th>cpu/join</th><th>open shown</th><th>last admitted</th><th>all answered</th><th>told after</th><th>each node's own figure</th><th>bought</th><th>sold out</th><th>never used</th><th>rank correlation</th><th>ETA error median</th><th>p90</th><th>ETA went up</th><th>cpu/bought</th><th>cpu/plain</th></tr>
+{{range .Report.Queue}}<tr><td>{{.Label}}</td><td>{{.Users}}</td><td>{{.Units}}</td><td>{{f0 .Joins.Rate}}</td><td>{{.Joins.CPUEach}}</td><td>{{dur .OpenShown}}</td><td>{{dur .LastAdmitted}}</td><td>{{dur .AllAnswered}}</td><td>{{dur .ToldSoldOut}}</td><td>{{join .NodesTold}}</td><td{{if gt (i64 .Bought) .Units}} class="bad"{{end}}>{{.Bought}}</td><td>{{.SoldOutTickets}}</td><td>{{.NeverUsed}}</td><td>{{printf "%+.4f" .RankCorr}}</td><td>{{dur .ETA.Median}}</td><td>{{dur .ETA.P90}}</td><td>{{printf "%.1f%%" (pct .ETA.WentUp)}} of {{.ETA.Shown}}</td><td>{{.Follow.CPUEach}}</td><td>{{.Plain.CPUEach}}</td></tr>
+{{end}}</table>
+<dl class="terms">{{range .QueueTerms}}<dt>{{index . 0}}</dt><dd>{{index . 1}}</dd>{{end}}</dl>
+{{end}}
 <h2>Reading the tables</h2>
 <dl class="terms">{{range .Terms}}<dt>{{index . 0}}</dt><dd>{{index . 1}}</dd>{{end}}</dl>
 </body></html>
@@ -384,7 +402,7 @@ func (r *Report) WriteHTML(path string) error {
 		return err
 	}
 	defer f.Close()
-	if err := htmlReport.Execute(f, map[string]any{"Report": r, "Scenarios": views, "Terms": terms}); err != nil {
+	if err := htmlReport.Execute(f, map[string]any{"Report": r, "Scenarios": views, "Terms": terms, "QueueTerms": queuebench.Terms}); err != nil {
 		return fmt.Errorf("render %s: %w", path, err)
 	}
 	return f.Close()

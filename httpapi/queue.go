@@ -48,15 +48,13 @@ type ticketResponse struct {
 }
 
 // ticketJSON is ticket t of sale row as its holder sees it: the people
-// ahead and an ETA once it opened, the token while admitted.
-func ticketJSON(row *stock.SKU, t *stock.Ticket, perSec float64) ticketResponse {
+// ahead and an ETA once it opened (0: none), the token while admitted.
+func (s *Server) ticketJSON(row *stock.SKU, t *stock.Ticket) ticketResponse {
 	out := ticketResponse{Ticket: t.Secret, TicketID: hex.EncodeToString(t.ID[:]), SKU: t.SKU, User: t.User, State: t.State,
 		Position: t.Position, Remaining: max(row.Remaining(), 0), Held: row.Held}
 	if t.State == stock.TicketWaiting && t.Position > 0 {
 		out.Ahead = max(t.Position-row.Queue.AdmittedThrough-1, 0)
-		if perSec > 0 {
-			out.ETAMillis = int64(float64(out.Ahead+1) / perSec * 1000)
-		}
+		out.ETAMillis = s.engine.TicketETA(row, out.Ahead).Milliseconds()
 	}
 	if tok := control.TicketToken(row, t); tok != "" {
 		out.AdmissionToken, out.AdmittedUntil = tok, stamp(t.AdmittedUntilUnixNano)
@@ -72,6 +70,7 @@ type QueueEngine interface {
 	QueueTickets(sku string, fn func(*stock.Ticket) error) error
 	RotateQueueKey(sku string) error
 	AdmitRate(sku string) float64
+	TicketETA(row *stock.SKU, ahead int64) time.Duration
 	QueueCounters() control.QueueCounters
 }
 
@@ -136,7 +135,7 @@ func (s *Server) routeQueue(ctx *fasthttp.RequestCtx, method, secret []byte) {
 	case !ok:
 		writeError(ctx, fasthttp.StatusNotFound, "not_found", "no such ticket")
 	default:
-		writeJSON(ctx, fasthttp.StatusOK, ticketJSON(&row, &t, s.engine.AdmitRate(t.SKU)))
+		writeJSON(ctx, fasthttp.StatusOK, s.ticketJSON(&row, &t))
 	}
 }
 
@@ -164,7 +163,7 @@ func (s *Server) handleQueueJoin(ctx *fasthttp.RequestCtx, sku []byte) {
 		writeQueueError(ctx, err)
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, ticketJSON(&row, &t, s.engine.AdmitRate(t.SKU)))
+	writeJSON(ctx, fasthttp.StatusOK, s.ticketJSON(&row, &t))
 }
 
 // writeQueueError maps Join's errors onto the contract's codes.

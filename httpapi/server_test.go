@@ -85,9 +85,10 @@ func (f *fakeEngine) Queue(string) (control.QueueView, bool, error) {
 func (f *fakeEngine) QueueTickets(string, func(*stock.Ticket) error) error {
 	return engine.ErrUnknownSKU
 }
-func (f *fakeEngine) RotateQueueKey(string) error          { return engine.ErrUnknownSKU }
-func (f *fakeEngine) AdmitRate(string) float64             { return 0 }
-func (f *fakeEngine) QueueCounters() control.QueueCounters { return control.QueueCounters{} }
+func (f *fakeEngine) RotateQueueKey(string) error               { return engine.ErrUnknownSKU }
+func (f *fakeEngine) AdmitRate(string) float64                  { return 0 }
+func (f *fakeEngine) TicketETA(*stock.SKU, int64) time.Duration { return 0 }
+func (f *fakeEngine) QueueCounters() control.QueueCounters      { return control.QueueCounters{} }
 func (f *fakeEngine) DeductBatch(reqs []engine.DeductRequest, res []engine.DeductResult) {
 	for i := range reqs {
 		f.Deduct(&reqs[i], &res[i])

@@ -33,6 +33,9 @@ type admitRate struct {
 	// opened is when the last sample was appended: later notes within
 	// admitRateStep of it move that sample rather than add one.
 	opened time.Time
+	// frontUntil is the admitted_until of the oldest admission not yet
+	// settled (0: none), for the ETA.
+	frontUntil int64
 }
 
 // note records that the sale admitted through position through at now.
@@ -79,16 +82,18 @@ func (r *admitRate) perSecond(now time.Time) float64 {
 // noteAdmitted records sale sku's admissions as this node applied them
 // (watchMu held). The open is the rate's first sample: the positions
 // admitted with it count against the time since.
-func (p *Plane) noteAdmitted(sku string, q *stock.Queue) {
+func (p *Plane) noteAdmitted(row *stock.SKU) {
+	q := row.Queue
 	if !q.Opened() {
 		return
 	}
-	r := p.rates[sku]
+	r := p.rates[row.SKU]
 	if r == nil {
 		r = &admitRate{samples: []admitSample{{time.Unix(0, q.OpenedAtUnixNano), 0}}}
-		p.rates[sku] = r
+		p.rates[row.SKU] = r
 	}
 	r.note(p.cfg.Now(), q.AdmittedThrough)
+	r.frontUntil = p.frontUntil(row)
 }
 
 // AdmitRate is how many positions a second sale sku admitted over the

@@ -46,3 +46,33 @@ func TestAdmitRate_AFirstBurstIsNoRate(t *testing.T) {
 		t.Fatalf("no samples: %.1f/s", got)
 	}
 }
+
+// TestWaveETA_PlaysTheWavesForward: with the bound reached, the next
+// positions come in when the tokens out run out, a wave an admission's
+// ttl apart, each the size the units left allow; past the units there is
+// no estimate.
+func TestWaveETA_PlaysTheWavesForward(t *testing.T) {
+	r := room{remaining: 800, outstanding: 1200, overadmitMilli: 1200, ttl: 2 * time.Second,
+		frontExpiry: 1500 * time.Millisecond, buyShare: 0.5, perTick: 10_000}
+	for _, c := range []struct {
+		k    int64
+		want time.Duration
+	}{
+		{1, 1550 * time.Millisecond},    // the first wave: 960 = 1.2 × 800
+		{960, 1550 * time.Millisecond},  // its last
+		{961, 3550 * time.Millisecond},  // the second: 480 bought, 320 left, 384 in
+		{1344, 3550 * time.Millisecond}, // its last
+		{1345, 5550 * time.Millisecond},
+	} {
+		if got, ok := waveETA(r, c.k); !ok || got != c.want {
+			t.Errorf("position %d ahead: %v %v, want %v", c.k, got, ok, c.want)
+		}
+	}
+	if got, ok := waveETA(r, 100_000); ok {
+		t.Errorf("100,000 ahead of 800 units: an ETA of %v", got)
+	}
+	// Under the bound, the next positions come in with the next ticks.
+	if got, ok := waveETA(room{remaining: 100, overadmitMilli: 1000, ttl: time.Minute, buyShare: 1, perTick: 10}, 25); !ok || got != 150*time.Millisecond {
+		t.Errorf("25 ahead with room for 100, 10 a tick: %v %v, want 150ms", got, ok)
+	}
+}

@@ -98,7 +98,8 @@ type Plane struct {
 	watchMu      sync.Mutex
 	watch        map[string]*queueWatchers
 	rates        map[string]*admitRate
-	queueing     atomic.Bool // the leader is proposing queue ticks
+	admitPerTick atomic.Int64 // admissions one tick of the leader issues at most, for the ETAs
+	queueing     atomic.Bool  // the leader is proposing queue ticks
 	queueMetrics queueMetrics
 }
 

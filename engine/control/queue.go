@@ -289,7 +289,7 @@ func (p *Plane) QueueApplied(events []raftfsm.Event) {
 			continue
 		}
 		q := row.Queue
-		p.noteAdmitted(ev.SKU, q)
+		p.noteAdmitted(&row)
 		w := p.watch[ev.SKU]
 		if w == nil {
 			continue

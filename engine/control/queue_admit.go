@@ -67,14 +67,15 @@ func (m *queueMetrics) noteTold(sku string, d time.Duration) {
 // admission limit), and a key rotation a day. Proposals run off the loop,
 // one round at a time.
 func (p *Plane) tickQueues(now time.Time) {
-	if !p.Engine.IsLeader() || !p.queueing.CompareAndSwap(false, true) {
-		return
-	}
-	rows, _ := p.ledger.SKUs()
 	perTick := int64(admitPerTickMin)
 	if s := p.Engine.MetricsSnapshot(); s.AdmissionAdaptive {
 		perTick = max(perTick, s.AdmissionLimit)
 	}
+	p.admitPerTick.Store(perTick) // for the ETAs, on every node
+	if !p.Engine.IsLeader() || !p.queueing.CompareAndSwap(false, true) {
+		return
+	}
+	rows, _ := p.ledger.SKUs()
 	var due []command.Command
 	for i := range rows {
 		r := &rows[i]

@@ -1,0 +1,130 @@
+package control
+
+import (
+	"time"
+
+	"stockd.dev/stockd/raftfsm/waitroom"
+	"stockd.dev/stockd/stock"
+)
+
+// A ticket's ETA (docs/waiting-room.md, "The ETA"). Admissions come in
+// two ways: while the tokens out are under their bound, the leader admits
+// the next positions at once, a tick's worth every 50 ms; once the bound
+// is reached, only admissions running out unused (or units coming back)
+// let more in, so the line moves in waves an admission's ttl apart, each
+// the size the bound allows then. The ETA plays those waves forward from
+// the ledger as it stands: the units left, the tokens out and when the
+// oldest runs out, and the share of admitted buyers who bought so far
+// (buyers buy within seconds of their turn; the tokens still out are
+// taken to be those who will not). A
+// line that moves at a steady rate for other reasons (a slow ledger) is
+// covered by the measured admit rate: the ETA is the later of the two.
+
+const (
+	tickEvery = 50 * time.Millisecond // the leader's loop (engine/control's tick)
+	wavesMax  = 1000                  // the waves played forward at most
+)
+
+// room is what the ETA model reads of a queued sale.
+type room struct {
+	remaining, outstanding int64
+	overadmitMilli         int64
+	ttl                    time.Duration
+	// frontExpiry is how long until the oldest token out runs out (0:
+	// none out, or already due).
+	frontExpiry time.Duration
+	// buyShare is the share of the admissions so far that bought: the
+	// tokens out are taken to be the rest, who run out unused.
+	buyShare float64
+	perTick  int64 // admissions one tick issues at most
+}
+
+// waveETA is how long until the k-th position not yet admitted is, by
+// the waves; ok false when the units run out before it.
+func waveETA(r room, k int64) (time.Duration, bool) {
+	var at time.Duration
+	left, out, wait := float64(r.remaining), float64(r.outstanding), r.frontExpiry
+	for range wavesMax {
+		if left < 0.5 {
+			return 0, false
+		}
+		if n := float64(r.overadmitMilli)*left/1000 - out; n >= 1 {
+			n = float64(int64(n + 0.999))
+			if float64(k) <= n {
+				return at + time.Duration((k+r.perTick-1)/r.perTick)*tickEvery, true
+			}
+			k -= int64(n)
+			bought := n * r.buyShare
+			left, out = left-bought, out+n-bought
+			if wait <= 0 {
+				wait = r.ttl
+			}
+		}
+		if wait <= 0 {
+			wait = r.ttl
+		}
+		// The tokens out run out unused, the next wave comes in.
+		at, out, wait = at+wait, 0, r.ttl
+	}
+	return 0, false
+}
+
+// roomOf reads the model's inputs from sale row at now; frontUntil is
+// the oldest unsettled admission's admitted_until (0: none).
+func roomOf(row *stock.SKU, now time.Time, frontUntil int64, perTick int64) room {
+	q := row.Queue
+	milli, ttl := row.Config.QueueOveradmitMilli, row.Config.QueueAdmitTTLNanos
+	if milli == 0 {
+		milli = stock.DefaultQueueOveradmitMilli
+	}
+	if ttl == 0 {
+		ttl = stock.DefaultQueueAdmitTTLNanos
+	}
+	r := room{remaining: max(row.Remaining(), 0) + row.Held, outstanding: q.Outstanding, overadmitMilli: milli,
+		ttl: time.Duration(ttl), buyShare: 1, perTick: max(perTick, 1)}
+	if frontUntil > 0 {
+		r.frontExpiry = max(time.Unix(0, frontUntil).Sub(now), 0)
+	}
+	if q.AdmittedTotal > 0 {
+		r.buyShare = float64(q.Bought) / float64(q.AdmittedTotal)
+	}
+	return r
+}
+
+// TicketETA is how long until the waiting ticket at ahead+1 positions
+// from the last admitted one of sale row is admitted, as this node sees
+// it (0: no estimate).
+func (p *Plane) TicketETA(row *stock.SKU, ahead int64) time.Duration {
+	p.watchMu.Lock()
+	r := p.rates[row.SKU]
+	var rate float64
+	var front int64
+	now := p.cfg.Now()
+	if r != nil {
+		rate, front = r.perSecond(now), r.frontUntil
+	}
+	p.watchMu.Unlock()
+	var byRate time.Duration
+	if rate > 0 {
+		byRate = time.Duration(float64(ahead+1) / rate * float64(time.Second))
+	}
+	byWaves, ok := waveETA(roomOf(row, now, front, p.admitPerTick.Load()), ahead+1)
+	if !ok {
+		return byRate
+	}
+	return max(byRate, byWaves)
+}
+
+// frontUntil is the admitted_until of sale row's oldest admission not yet
+// settled (0: none).
+func (p *Plane) frontUntil(row *stock.SKU) int64 {
+	q := row.Queue
+	if q.ExpiredThrough >= q.AdmittedThrough {
+		return 0
+	}
+	t, err := waitroom.AtPosition(p.ledger.QueueRecords(), row, q.ExpiredThrough+1)
+	if err != nil {
+		return 0
+	}
+	return t.AdmittedUntilUnixNano
+}
