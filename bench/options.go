@@ -51,6 +51,7 @@ type Options struct {
 	HoldTTL      time.Duration // holds: hold time
 	QueueNever   float64       // queue: share of admitted users who never buy
 	QueueTTL     time.Duration // queue: how long an admission lasts
+	QueuePoll    time.Duration // queue: a page's long-poll in line, and how often the others read again
 	Redis        string        // Redis address for the redis-lua strategy
 	Postgres     string        // PostgreSQL DSN for the pg-* strategies
 	AdminToken   string
@@ -77,6 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.BoolVar(&o.FeedReader, "feed-reader", false, "while each stockd row runs, read the order feed from its first node (long-polling, 1000 events a page) and report the events per second it got")
 	fs.StringVar(&scenarios, "scenario", "flash", "comma-separated scenarios, or all: "+strings.Join(scenarioNames, ", ")+"; or overload (what admission does when the ledger is slow: a node of its own with every ledger batch stalled 50ms, sent 600 deducts/s for 4s, with admission following the ledger and with it fixed; it reports answers by kind and their latency); or lottery (-requests entrants enter one lottery of -units, open for -duration, then the draw is timed); or queue (-requests users join a sale of -units behind a waiting room that opens -duration after its creation; at the open each reads its ticket, then buyers follow theirs with long-polls and buy once admitted, -queue-never of them never do; then as many plain committed deducts and sold-out answers: joins/s, the open, the last admission, the time to tell everyone sold_out, fairness, the ETA's error, server CPU a call)")
 	fs.Float64Var(&o.QueueNever, "queue-never", 0.1, "queue: the share of admitted users who never buy (their admissions run out and let the next in)")
+	fs.DurationVar(&o.QueuePoll, "queue-poll", 15*time.Second, "queue: the long-poll of a ticket in line (the buyer's page's), and how often every other ticket in line is read again (for the ETA's figures)")
 	fs.DurationVar(&o.QueueTTL, "queue-ttl", 10*time.Second, "queue: how long an admission lasts (the sale's queue_admit_ttl, at least 1s)")
 	fs.StringVar(&strategies, "strategy", "", "comma-separated strategies to run (default: all that can run): "+strings.Join(strategyNames, ", "))
 	fs.Int64Var(&o.Units, "units", 1000, "units on sale (hot-cold: per SKU; plentiful: ignored, stock is twice the requests)")
@@ -190,6 +192,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("-queue-never %g outside [0, 1)", o.QueueNever)
 	case o.QueueTTL < time.Second:
 		return fmt.Errorf("-queue-ttl %s must be at least 1s", o.QueueTTL)
+	case o.QueuePoll < 100*time.Millisecond || o.QueuePoll > time.Minute:
+		return fmt.Errorf("-queue-poll %s outside [100ms, 1m]", o.QueuePoll)
 	case o.HoldTTL <= 0:
 		return fmt.Errorf("-hold-ttl %s must be > 0", o.HoldTTL)
 	}

@@ -57,5 +57,5 @@ func runQueues(ctx context.Context, o *Options, t targets, runID string, report 
 
 func queueConfig(o *Options) queuebench.Config {
 	return queuebench.Config{Users: o.Requests, Units: o.Units, Conns: o.Conns, Lead: o.Duration, Never: o.QueueNever,
-		AdmitTTL: o.QueueTTL, Poll: 5 * time.Second, AdminToken: o.AdminToken, ServiceToken: o.ServiceToken}
+		AdmitTTL: o.QueueTTL, Poll: o.QueuePoll, AdminToken: o.AdminToken, ServiceToken: o.ServiceToken}
 }

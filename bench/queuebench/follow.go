@@ -211,18 +211,22 @@ func etaStats(all []*follower) ETAStats {
 			continue
 		}
 		s.Users++
+		wentUp := false
 		for k, o := range f.obs {
 			moment := o.at.Add(o.eta)
 			errs = append(errs, moment.Sub(f.admittedAt).Abs())
 			if k > 0 {
 				pairs++
 				if prev := f.obs[k-1]; moment.Sub(prev.at.Add(prev.eta)) > time.Second {
-					up++
+					up, wentUp = up+1, true
 				}
 			}
 		}
+		if wentUp {
+			s.UsersUp++
+		}
 	}
-	s.Shown = len(errs)
+	s.Shown, s.Pairs = len(errs), pairs
 	if len(errs) > 0 {
 		slices.Sort(errs)
 		s.Median, s.P90 = errs[len(errs)/2], errs[len(errs)*9/10]
@@ -235,7 +239,7 @@ func etaStats(all []*follower) ETAStats {
 
 // Write prints the runs' table and what its columns mean.
 func Write(w io.Writer, cfg *Config, results []Result) {
-	fmt.Fprintf(w, "\nscenario queue: %d users join a sale of %d units behind a waiting room over %d connections; at the open each reads its ticket, then buyers follow theirs (long-polls of %s) and buy once admitted; %.0f%% never do (admissions last %s)\n",
+	fmt.Fprintf(w, "\nscenario queue: %d users join a sale of %d units behind a waiting room over %d connections; at the open each reads its ticket, then buyers follow theirs (long-polls of %s, the others read again as often) and buy once admitted; %.0f%% never do (admissions last %s)\n",
 		cfg.Users, cfg.Units, cfg.Conns, cfg.Poll, cfg.Never*100, cfg.AdmitTTL)
 	fmt.Fprintf(w, "%-22s %9s %10s %11s %13s %13s %12s %8s %9s %11s %10s %11s %9s\n", "nodes", "joins/s", "cpu/join", "open shown",
 		"last admitted", "all answered", "told after", "bought", "sold out", "cpu/bought", "plain/s", "cpu/plain", "peak RSS")
@@ -252,8 +256,8 @@ func Write(w io.Writer, cfg *Config, results []Result) {
 		fmt.Fprintf(w, "  told everyone sold out, each node's own figure: %s\n", strings.Join(r.NodesTold, ", "))
 		fmt.Fprintf(w, "  fairness: rank correlation of join order and position %+.4f (0: arriving first bought no place)\n", r.RankCorr)
 		e := r.ETA
-		fmt.Fprintf(w, "  ETA: %d shown to %d admitted users: error median %s, p90 %s; went up (moved later by over 1 s) in %.1f%% of successive ETAs; %d answers in line had none yet\n",
-			e.Shown, e.Users, fmtDur(e.Median), fmtDur(e.P90), e.WentUp*100, e.Unknown)
+		fmt.Fprintf(w, "  ETA: %d shown to %d admitted users: error median %s, p90 %s; went up (moved later by over 1 s) in %.1f%% of %d successive ETAs, for %d users; %d answers in line had none yet\n",
+			e.Shown, e.Users, fmtDur(e.Median), fmtDur(e.P90), e.WentUp*100, e.Pairs, e.UsersUp, e.Unknown)
 		if r.Failed > 0 {
 			fmt.Fprintf(w, "  %d calls failed; the first: %s\n", r.Failed, r.ErrSample)
 		}

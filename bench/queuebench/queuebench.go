@@ -107,9 +107,11 @@ type ETAStats struct {
 	Shown  int // ETAs shown to them
 	Median time.Duration
 	P90    time.Duration // absolute errors
-	// WentUp is the share of a user's successive ETAs whose moment moved
-	// later by more than a second.
-	WentUp float64
+	// WentUp is the share of a user's successive ETAs (Pairs) whose
+	// moment moved later by more than a second; UsersUp the users who saw
+	// that at least once.
+	WentUp         float64
+	Pairs, UsersUp int
 	// Unknown counts answers in line that had no ETA yet (no admission
 	// measured).
 	Unknown int

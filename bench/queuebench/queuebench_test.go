@@ -25,8 +25,8 @@ func TestETAStats_ErrorAndWentUp(t *testing.T) {
 	if s.Median != 100*time.Millisecond || s.P90 != 2*time.Second {
 		t.Fatalf("errors: median %v p90 %v, want 100ms and 2s", s.Median, s.P90)
 	}
-	if s.WentUp != 0.5 {
-		t.Fatalf("went up in %.2f of successive ETAs, want 0.5", s.WentUp)
+	if s.WentUp != 0.5 || s.Pairs != 2 || s.UsersUp != 1 {
+		t.Fatalf("went up in %.2f of %d successive ETAs for %d users, want 0.5 of 2 for 1", s.WentUp, s.Pairs, s.UsersUp)
 	}
 }
 
