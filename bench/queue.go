@@ -44,7 +44,7 @@ func runQueues(ctx context.Context, o *Options, t targets, runID string, report 
 		if len(pids) == 0 {
 			c.ServerCPU, c.PeakRSS = nil, nil
 		}
-		r, err := queuebench.Run(ctx, c, callerOf{newHTTPClients(nodes, o.Conns, o.TLS)}, lotteryLabel(nodes), runID+"-"+strconv.Itoa(j))
+		r, err := queuebench.Run(ctx, c, callerOf{newHTTPClients(nodes, 2*o.Conns, o.TLS)}, lotteryLabel(nodes), runID+"-"+strconv.Itoa(j))
 		if err != nil {
 			return err
 		}

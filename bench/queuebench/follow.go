@@ -5,17 +5,22 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fastjson"
 )
 
 // follower is one user with a ticket, as the buyer's page follows it.
+// Its reader and its follower goroutine share it (mu).
 type follower struct {
 	i      int
 	secret string
 	pos    int64
+
+	mu     sync.Mutex
 	obs    []etaObs // the ETAs shown in line
+	buying bool
 	// unknown counts answers in line without an ETA.
 	unknown    int
 	admittedAt time.Time // from admitted_until less the admission's ttl
@@ -27,16 +32,33 @@ type follower struct {
 	sentAt time.Time
 }
 
+func (f *follower) ended() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.end != ""
+}
+
+func (f *follower) finish(end string, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.end == "" {
+		f.end, f.endAt = end, at
+	}
+}
+
 type etaObs struct {
 	at  time.Time
 	eta time.Duration
 }
 
-// follow has every user read their ticket once at the open, then follow
-// it: cfg.Conns workers, each with every Conns-th position in line order,
-// long-polling the first of theirs not yet answered for good and reading
-// the others' again every cfg.Poll. Admission goes in line order, so the
-// one a worker long-polls is the next of its users to be admitted.
+// follow has every user follow their ticket from the open: cfg.Conns
+// pairs of workers, each pair with every Conns-th position in line
+// order. A pair's follower long-polls the first of its users not yet
+// answered for good (admission goes in line order, so that is the next of
+// them to be admitted) and buys once admitted; its reader reads every
+// other one's ticket at the open (a page loading), and again every
+// cfg.Poll (a page in line asking again), and buys for any it finds
+// admitted. The Caller needs 2 × cfg.Conns connections.
 func (r *run) follow(sku, runID string, secrets []string, line []int64) []*follower {
 	var all []*follower
 	for i, s := range secrets {
@@ -46,35 +68,39 @@ func (r *run) follow(sku, runID string, secrets []string, line []int64) []*follo
 	}
 	slices.SortFunc(all, func(a, b *follower) int { return int(a.pos - b.pos) })
 	w := max(r.cfg.Conns, 1)
-	Parallel(w, w, func(worker, _ int) bool {
+	var wg sync.WaitGroup
+	for worker := range 2 * w {
 		var mine []*follower
-		for k := worker; k < len(all); k += w {
+		for k := worker % w; k < len(all); k += w {
 			mine = append(mine, all[k])
 		}
-		for _, f := range mine {
-			state, token := r.poll(worker, f, 0)
-			r.act(worker, sku, runID, f, state, token) // an admitted page buys at once
-		}
-		refreshed := time.Now()
-		for k, f := range mine {
-			for f.end == "" {
-				if !r.step(worker, sku, runID, f) {
-					break
-				}
-				// The pages behind it ask again as often as a page in line
-				// does: their ETAs, as the buyers see them.
-				if time.Since(refreshed) >= r.cfg.Poll {
-					for _, g := range mine[k+1:] {
-						if g.end == "" {
-							r.poll(worker, g, 0)
-						}
+		if worker < w {
+			wg.Go(func() {
+				for _, f := range mine {
+					for !f.ended() && r.step(worker, sku, runID, f) {
 					}
-					refreshed = time.Now()
 				}
-			}
+			})
+			continue
 		}
-		return true
-	})
+		wg.Go(func() {
+			for {
+				t0, left := time.Now(), 0
+				for _, f := range mine {
+					if !f.ended() {
+						left++
+						state, token := r.poll(worker, f, 0)
+						r.act(worker, sku, runID, f, state, token)
+					}
+				}
+				if left == 0 {
+					return
+				}
+				time.Sleep(time.Until(t0.Add(r.cfg.Poll))) // a page asks again after its poll
+			}
+		})
+	}
+	wg.Wait()
 	return all
 }
 
@@ -88,31 +114,41 @@ func (r *run) step(worker int, sku, runID string, f *follower) bool {
 // act does what a buyer's page does on f's ticket in state: buys once
 // admitted, unless f never buys; false when the ticket could not be read.
 func (r *run) act(worker int, sku, runID string, f *follower, state, token string) bool {
-	if f.end != "" {
+	if state == "" {
+		f.finish("failed", time.Now())
+		return false
+	}
+	if state != "admitted" {
 		return true
 	}
-	switch state {
-	case "":
-		f.end, f.endAt = "failed", time.Now()
-		return false
-	case "admitted":
-		if r.neverBuys(f.i) {
-			f.end, f.endAt = "never", time.Now()
-			return true
-		}
-		body := fmt.Appendf(nil, `{"user":%q,"request_id":"qb-%d","admission_token":%q}`, userName(f.i, runID), f.i, token)
-		code, resp, err := r.c.Do(worker, "POST", "/v1/skus/"+sku+"/deduct", r.cfg.ServiceToken, body)
-		switch {
-		case err == nil && code == 200:
-			f.end, f.endAt = "bought", time.Now()
-		case err == nil && code == 409:
-			// Lost to the last units: the ticket turns sold_out, or stays
-			// admitted while held units may come back.
-		default:
-			r.fail(fmt.Sprintf("buy at position %d: %d %s %v", f.pos, code, resp, err))
-			f.end, f.endAt = "failed", time.Now()
-		}
+	if r.neverBuys(f.i) {
+		f.finish("never", time.Now())
+		return true
 	}
+	f.mu.Lock()
+	mine := f.end == "" && !f.buying
+	f.buying = true
+	f.mu.Unlock()
+	if !mine {
+		time.Sleep(10 * time.Millisecond) // bought, or buying on the pair's other worker
+		return true
+	}
+	body := fmt.Appendf(nil, `{"user":%q,"request_id":"qb-%d","admission_token":%q}`, userName(f.i, runID), f.i, token)
+	code, resp, err := r.c.Do(worker, "POST", "/v1/skus/"+sku+"/deduct", r.cfg.ServiceToken, body)
+	switch {
+	case err == nil && code == 200:
+		f.finish("bought", time.Now())
+	case err == nil && code == 409:
+		// Lost to the last units: the ticket turns sold_out, or stays
+		// admitted while held units may come back; ask again shortly.
+		time.Sleep(100 * time.Millisecond)
+	default:
+		r.fail(fmt.Sprintf("buy at position %d: %d %s %v", f.pos, code, resp, err))
+		f.finish("failed", time.Now())
+	}
+	f.mu.Lock()
+	f.buying = false
+	f.mu.Unlock()
 	return true
 }
 
@@ -132,6 +168,8 @@ func (r *run) poll(worker int, f *follower, wait time.Duration) (string, string)
 		return "", ""
 	}
 	state := string(v.GetStringBytes("state"))
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if until := string(v.GetStringBytes("admitted_until")); until != "" && f.admittedAt.IsZero() {
 		if t, err := time.Parse(time.RFC3339Nano, until); err == nil {
 			f.admittedAt = t.Add(-r.cfg.AdmitTTL)
@@ -211,6 +249,7 @@ func etaStats(all []*follower) ETAStats {
 			continue
 		}
 		s.Users++
+		slices.SortFunc(f.obs, func(a, b etaObs) int { return a.at.Compare(b.at) })
 		wentUp := false
 		for k, o := range f.obs {
 			moment := o.at.Add(o.eta)

@@ -14,15 +14,22 @@ import (
 // let more in, so the line moves in waves an admission's ttl apart, each
 // the size the bound allows then. The ETA plays those waves forward from
 // the ledger as it stands: the units left, the tokens out and when the
-// oldest runs out, and the share of admitted buyers who bought so far
-// (buyers buy within seconds of their turn; the tokens still out are
-// taken to be those who will not). A
-// line that moves at a steady rate for other reasons (a slow ledger) is
-// covered by the measured admit rate: the ETA is the later of the two.
+// oldest runs out, and the share of admitted buyers who buy. Buyers buy
+// within moments of their turn, so a token out for longer than
+// decideWithin is taken to be one that will run out unused, and the
+// share is bought over the admissions so decided; the tokens issued more
+// recently are expected to buy at that share (before any is decided, all
+// of them). When the units run out before the ticket there is no
+// estimate. A line that moves at a steady rate for other reasons (a slow
+// ledger) is covered by the measured admit rate: the ETA is the later of
+// the two.
 
 const (
 	tickEvery = 50 * time.Millisecond // the leader's loop (engine/control's tick)
 	wavesMax  = 1000                  // the waves played forward at most
+	// decideWithin is how long after its admission a buyer is expected
+	// to have bought, if at all (at most half the admission's ttl).
+	decideWithin = 5 * time.Second
 )
 
 // room is what the ETA model reads of a queued sale.
@@ -31,19 +38,19 @@ type room struct {
 	overadmitMilli         int64
 	ttl                    time.Duration
 	// frontExpiry is how long until the oldest token out runs out (0:
-	// none out, or already due).
+	// none out; a tick when already due).
 	frontExpiry time.Duration
-	// buyShare is the share of the admissions so far that bought: the
-	// tokens out are taken to be the rest, who run out unused.
-	buyShare float64
-	perTick  int64 // admissions one tick issues at most
+	// buyShare is the share of the admissions decided that bought;
+	// pendingBuys how many of the tokens out are expected to buy yet.
+	buyShare, pendingBuys float64
+	perTick               int64 // admissions one tick issues at most
 }
 
 // waveETA is how long until the k-th position not yet admitted is, by
 // the waves; ok false when the units run out before it.
 func waveETA(r room, k int64) (time.Duration, bool) {
 	var at time.Duration
-	left, out, wait := float64(r.remaining), float64(r.outstanding), r.frontExpiry
+	left, out, wait := float64(r.remaining)-r.pendingBuys, float64(r.outstanding)-r.pendingBuys, r.frontExpiry
 	for range wavesMax {
 		if left < 0.5 {
 			return 0, false
@@ -70,8 +77,9 @@ func waveETA(r room, k int64) (time.Duration, bool) {
 }
 
 // roomOf reads the model's inputs from sale row at now; frontUntil is
-// the oldest unsettled admission's admitted_until (0: none).
-func roomOf(row *stock.SKU, now time.Time, frontUntil int64, perTick int64) room {
+// the oldest unsettled admission's admitted_until (0: none), recent how
+// many positions were admitted within decideWithin.
+func roomOf(row *stock.SKU, now time.Time, frontUntil, recent, perTick int64) room {
 	q := row.Queue
 	milli, ttl := row.Config.QueueOveradmitMilli, row.Config.QueueAdmitTTLNanos
 	if milli == 0 {
@@ -83,11 +91,14 @@ func roomOf(row *stock.SKU, now time.Time, frontUntil int64, perTick int64) room
 	r := room{remaining: max(row.Remaining(), 0) + row.Held, outstanding: q.Outstanding, overadmitMilli: milli,
 		ttl: time.Duration(ttl), buyShare: 1, perTick: max(perTick, 1)}
 	if frontUntil > 0 {
-		r.frontExpiry = max(time.Unix(0, frontUntil).Sub(now), 0)
+		// Due and not yet processed: the next tick does it.
+		r.frontExpiry = max(time.Unix(0, frontUntil).Sub(now), tickEvery)
 	}
-	if q.AdmittedTotal > 0 {
-		r.buyShare = float64(q.Bought) / float64(q.AdmittedTotal)
+	undecided := min(max(recent, 0), q.Outstanding)
+	if decided := q.Bought + q.Expired + q.Outstanding - undecided; decided > 0 {
+		r.buyShare = float64(q.Bought) / float64(decided)
 	}
+	r.pendingBuys = r.buyShare * float64(undecided)
 	return r
 }
 
@@ -98,21 +109,24 @@ func (p *Plane) TicketETA(row *stock.SKU, ahead int64) time.Duration {
 	p.watchMu.Lock()
 	r := p.rates[row.SKU]
 	var rate float64
-	var front int64
+	var front, recent int64
 	now := p.cfg.Now()
 	if r != nil {
-		rate, front = r.perSecond(now), r.frontUntil
+		ttl := row.Config.QueueAdmitTTLNanos
+		if ttl == 0 {
+			ttl = stock.DefaultQueueAdmitTTLNanos
+		}
+		rate, front, recent = r.perSecond(now), r.frontUntil, r.admittedSince(now.Add(-min(decideWithin, time.Duration(ttl)/2)))
 	}
 	p.watchMu.Unlock()
-	var byRate time.Duration
-	if rate > 0 {
-		byRate = time.Duration(float64(ahead+1) / rate * float64(time.Second))
-	}
-	byWaves, ok := waveETA(roomOf(row, now, front, p.admitPerTick.Load()), ahead+1)
+	byWaves, ok := waveETA(roomOf(row, now, front, recent, p.admitPerTick.Load()), ahead+1)
 	if !ok {
-		return byRate
+		return 0 // the units run out before this place, as things stand
 	}
-	return max(byRate, byWaves)
+	if rate > 0 {
+		byWaves = max(byWaves, time.Duration(float64(ahead+1)/rate*float64(time.Second)))
+	}
+	return byWaves
 }
 
 // frontUntil is the admitted_until of sale row's oldest admission not yet

@@ -79,6 +79,22 @@ func (r *admitRate) perSecond(now time.Time) float64 {
 	return float64(r.samples[len(r.samples)-1].through-base.through) / d.Seconds()
 }
 
+// admittedSince is how many positions were admitted after since, by
+// the samples (the whole window's when since is before it).
+func (r *admitRate) admittedSince(since time.Time) int64 {
+	if len(r.samples) == 0 {
+		return 0
+	}
+	base := r.samples[0]
+	for _, s := range r.samples[1:] {
+		if s.at.After(since) {
+			break
+		}
+		base = s
+	}
+	return r.samples[len(r.samples)-1].through - base.through
+}
+
 // noteAdmitted records sale sku's admissions as this node applied them
 // (watchMu held). The open is the rate's first sample: the positions
 // admitted with it count against the time since.

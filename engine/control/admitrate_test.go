@@ -35,6 +35,20 @@ func TestAdmitRate_FollowsTheRoomAndFallsWhenItStops(t *testing.T) {
 	}
 }
 
+func TestAdmitRate_AdmittedSince(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	r := &admitRate{samples: []admitSample{{t0, 0}}}
+	for i := 1; i <= 40; i++ { // 10 a second for 4 s
+		r.note(t0.Add(time.Duration(i)*100*time.Millisecond), int64(i))
+	}
+	if got := r.admittedSince(t0.Add(3 * time.Second)); got < 9 || got > 11 {
+		t.Fatalf("admitted in the last second: %d, want about 10", got)
+	}
+	if got := r.admittedSince(t0.Add(-time.Second)); got != 40 {
+		t.Fatalf("admitted since before the open: %d, want 40", got)
+	}
+}
+
 func TestAdmitRate_AFirstBurstIsNoRate(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	r := &admitRate{samples: []admitSample{{t0, 0}}}
@@ -70,6 +84,15 @@ func TestWaveETA_PlaysTheWavesForward(t *testing.T) {
 	}
 	if got, ok := waveETA(r, 100_000); ok {
 		t.Errorf("100,000 ahead of 800 units: an ETA of %v", got)
+	}
+	// 600 of the 1,200 tokens out were issued a moment ago and half of
+	// them will buy: 300 units fewer for the waves, 300 tokens fewer out.
+	r.pendingBuys = 300
+	if got, ok := waveETA(r, 600); !ok || got != 1550*time.Millisecond {
+		t.Errorf("600 ahead with 300 buys pending: %v %v, want 1.55s (a first wave of 1.2 × 500)", got, ok)
+	}
+	if got, ok := waveETA(r, 601); !ok || got != 3550*time.Millisecond {
+		t.Errorf("601 ahead with 300 buys pending: %v %v, want 3.55s", got, ok)
 	}
 	// Under the bound, the next positions come in with the next ticks.
 	if got, ok := waveETA(room{remaining: 100, overadmitMilli: 1000, ttl: time.Minute, buyShare: 1, perTick: 10}, 25); !ok || got != 150*time.Millisecond {
