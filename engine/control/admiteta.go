@@ -60,15 +60,12 @@ func waveETA(r room, k int64) (time.Duration, bool) {
 			if float64(k) <= n {
 				return at + time.Duration((k+r.perTick-1)/r.perTick)*tickEvery, true
 			}
-			k -= int64(n)
-			bought := n * r.buyShare
-			left, out = left-bought, out+n-bought
-			if wait <= 0 {
-				wait = r.ttl
-			}
+			// This wave's buyers take their units; the rest of its tokens
+			// run out with the others.
+			k, left = k-int64(n), left-n*r.buyShare
 		}
 		if wait <= 0 {
-			wait = r.ttl
+			wait = r.ttl // none were out: this wave's are the first to run out
 		}
 		// The tokens out run out unused, the next wave comes in.
 		at, out, wait = at+wait, 0, r.ttl
