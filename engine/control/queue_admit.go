@@ -119,7 +119,7 @@ func (p *Plane) queueTickFor(r *stock.SKU, now time.Time, perTick int64) *comman
 	q := r.Queue
 	if !q.Opened() {
 		if now.UnixNano() >= r.Config.StartAtUnixNano {
-			return &command.QueueTick{SKU: r.SKU}
+			return &command.QueueTick{SKU: r.SKU, Through: perTick} // the open, and its first admissions
 		}
 		return nil
 	}
@@ -127,7 +127,10 @@ func (p *Plane) queueTickFor(r *stock.SKU, now time.Time, perTick int64) *comman
 		return nil // nothing moves until a restock
 	}
 	room := waitroom.Bound(r) - q.Outstanding
-	tick := &command.QueueTick{SKU: r.SKU, Through: q.AdmittedThrough + max(0, min(room, perTick))}
+	// Through caps the tick at perTick admissions; the ledger admits only
+	// what its bound allows once the tick's expiries are done, so a wave
+	// that an expiry makes room for comes in with it, in one entry.
+	tick := &command.QueueTick{SKU: r.SKU, Through: q.AdmittedThrough + perTick}
 	if room > 0 && q.AdmittedThrough < q.Joined {
 		return tick
 	}
