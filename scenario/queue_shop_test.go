@@ -99,10 +99,10 @@ func TestQueuePage_AShopServesItFromItsOwnEndpoints(t *testing.T) {
 	n := nodetest.StartNodeWith(t, t.TempDir(), func(c *node.Config) { c.HTTP.ServiceToken, c.HTTP.AdminToken = "svc", "adm" })
 	cl := nodetest.ClientOf(n, 4)
 	start := time.Now().Add(3 * time.Second).UTC().Format(time.RFC3339Nano)
-	if code, body := callHeader(cl, "PUT", "/v1/skus/gadget", fmt.Sprintf(`{"total":5,"admission":"queue","start_at":%q}`, start), "Authorization", "Bearer adm"); code != 201 {
+	if code, body := nodetest.CallHeader(cl, "PUT", "/v1/skus/gadget", fmt.Sprintf(`{"total":5,"admission":"queue","start_at":%q}`, start), "Authorization", "Bearer adm"); code != 201 {
 		t.Fatalf("create the sale: %d %v", code, body)
 	}
-	if code, _ := callHeader(cl, "GET", "/q/gadget", "", "", ""); code != 200 {
+	if code, _ := nodetest.CallHeader(cl, "GET", "/q/gadget", "", "", ""); code != 200 {
 		t.Fatalf("the page: %d", code)
 	}
 	page := rawPage(t, "http://"+n.HTTPAddr()+"/q/gadget")
@@ -125,7 +125,7 @@ func TestQueuePage_AShopServesItFromItsOwnEndpoints(t *testing.T) {
 	if !ok {
 		t.Fatalf("bob's page after the purchase: %q", detail)
 	}
-	code, o := callHeader(cl, "GET", "/v1/orders/"+order, "", "Authorization", "Bearer svc")
+	code, o := nodetest.CallHeader(cl, "GET", "/v1/orders/"+order, "", "Authorization", "Bearer svc")
 	if code != 200 || o["user"] != "bob" || o["sku"] != "gadget" {
 		t.Fatalf("stockd's order %s: %d %v", order, code, o)
 	}

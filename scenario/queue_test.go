@@ -22,26 +22,6 @@ import (
 	"stockd.dev/stockd/raftfsm/waitroom"
 )
 
-// callHeader is nodetest.Call with one more request header (empty name:
-// none), quiet about transport errors (code 0).
-func callHeader(cl *fasthttp.HostClient, method, path, body, name, value string) (int, map[string]any) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(nodetest.URL(cl, path))
-	req.Header.SetMethod(method)
-	if name != "" {
-		req.Header.Set(name, value)
-	}
-	req.SetBodyString(body)
-	if err := cl.DoTimeout(req, resp, 20*time.Second); err != nil {
-		return 0, nil
-	}
-	var out map[string]any
-	json.Unmarshal(resp.Body(), &out)
-	return resp.StatusCode(), out
-}
-
 type queueTicket struct {
 	secret, id, state string
 	position          int64
@@ -187,9 +167,9 @@ func TestQueue_SellsInLineOrderToAdmittedBuyersAndTellsEveryoneAtOnce(t *testing
 					var code int
 					var d map[string]any
 					if i%2 == 0 {
-						code, d = callHeader(other, "POST", "/v1/skus/q1/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"q-%d"}`, i, i), "Stockd-Admission", token)
+						code, d = nodetest.CallHeader(other, "POST", "/v1/skus/q1/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"q-%d"}`, i, i), "Stockd-Admission", token)
 					} else {
-						code, d = callHeader(other, "POST", "/v1/skus/q1/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"q-%d","admission_token":%q}`, i, i, token), "", "")
+						code, d = nodetest.CallHeader(other, "POST", "/v1/skus/q1/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"q-%d","admission_token":%q}`, i, i, token), "", "")
 					}
 					switch {
 					case code == 200:
@@ -204,12 +184,12 @@ func TestQueue_SellsInLineOrderToAdmittedBuyersAndTellsEveryoneAtOnce(t *testing
 						mu.Unlock()
 						// The token is spent: a new purchase with it is refused.
 						// (A sold_out answer comes first once the last unit sold.)
-						if code, b := callHeader(node, "POST", "/v1/skus/q1/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"again-%d"}`, i, i), "Stockd-Admission", token); code != 403 && b["error"] != "sold_out" {
+						if code, b := nodetest.CallHeader(node, "POST", "/v1/skus/q1/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"again-%d"}`, i, i), "Stockd-Admission", token); code != 403 && b["error"] != "sold_out" {
 							t.Errorf("u%d's spent token: %d %v", i, code, b)
 							refusedAfterWin.Add(1)
 						}
 						// Another user's token is refused.
-						if code, b := callHeader(node, "POST", "/v1/skus/q1/deduct", `{"user":"mallory"}`, "Stockd-Admission", token); code != 403 && b["error"] != "sold_out" {
+						if code, b := nodetest.CallHeader(node, "POST", "/v1/skus/q1/deduct", `{"user":"mallory"}`, "Stockd-Admission", token); code != 403 && b["error"] != "sold_out" {
 							t.Errorf("u%d's token for mallory: %d %v", i, code, b)
 							refusedAfterWin.Add(1)
 						}
@@ -237,7 +217,7 @@ func TestQueue_SellsInLineOrderToAdmittedBuyersAndTellsEveryoneAtOnce(t *testing
 		if r.header != "" {
 			name = "Stockd-Admission"
 		}
-		code, b := callHeader(c.Client(c.IDs[0]), "POST", "/v1/skus/q1/deduct", r.body, name, r.header)
+		code, b := nodetest.CallHeader(c.Client(c.IDs[0]), "POST", "/v1/skus/q1/deduct", r.body, name, r.header)
 		if code != 403 || b["error"] != r.want {
 			t.Errorf("%s: %d %v, want 403 %s", r.name, code, b, r.want)
 		}
@@ -404,7 +384,7 @@ func holdsExpireAdmitTheNext(t *testing.T, sc nodetest.SalesCluster, node func(i
 					continue
 				}
 				pos := int64(b["position"].(float64))
-				code, d := callHeader(cl, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"h-%d"}`, i, i), "Stockd-Admission", b["admission_token"].(string))
+				code, d := nodetest.CallHeader(cl, "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"h-%d"}`, i, i), "Stockd-Admission", b["admission_token"].(string))
 				switch {
 				case code == 200 && d["state"] == "held" && pos%4 == 0:
 					unpaid.Add(1) // never pays: the hold expires and the unit comes back

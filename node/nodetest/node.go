@@ -122,25 +122,62 @@ func WaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// CallHeader is Call with one more request header (empty name: none),
+// quiet about transport errors (code 0) and about answers that are not
+// JSON (a nil map), for callers that expect them: a node being killed,
+// a refusal's raw body.
+func CallHeader(c *fasthttp.HostClient, method, path, body, name, value string) (int, map[string]any) {
+	var code int
+	var out map[string]any
+	exchange(c, method, path, body, name, value, 20*time.Second, func(_ *fasthttp.Request, resp *fasthttp.Response) {
+		code = resp.StatusCode()
+		json.Unmarshal(resp.Body(), &out)
+	})
+	return code, out
+}
+
 func Call(t testing.TB, c *fasthttp.HostClient, method, path, body string) (int, map[string]any) {
+	var code int
+	var out map[string]any
+	err := exchange(c, method, path, body, "", "", 0, func(req *fasthttp.Request, resp *fasthttp.Response) {
+		Record(req, resp)
+		code = resp.StatusCode()
+		if err := json.Unmarshal(resp.Body(), &out); err != nil {
+			t.Errorf("%s %s: answer %q is not JSON: %v", method, path, resp.Body(), err)
+		}
+	})
+	if err != nil {
+		t.Errorf("%s %s: %v", method, path, err)
+	}
+	return code, out
+}
+
+// exchange sends one request to c's node, with one more header unless
+// name is empty, within timeout (0: the client's own), and hands the
+// answer to use before the request and answer are released.
+func exchange(c *fasthttp.HostClient, method, path, body, name, value string, timeout time.Duration, use func(*fasthttp.Request, *fasthttp.Response)) error {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(URL(c, path))
 	req.Header.SetMethod(method)
+	if name != "" {
+		req.Header.Set(name, value)
+	}
 	if body != "" {
 		req.SetBodyString(body)
 	}
-	if err := c.Do(req, resp); err != nil {
-		t.Errorf("%s %s: %v", method, path, err)
-		return 0, nil
+	var err error
+	if timeout > 0 {
+		err = c.DoTimeout(req, resp, timeout)
+	} else {
+		err = c.Do(req, resp)
 	}
-	Record(req, resp)
-	var out map[string]any
-	if err := json.Unmarshal(resp.Body(), &out); err != nil {
-		t.Errorf("%s %s: answer %q is not JSON: %v", method, path, resp.Body(), err)
+	if err != nil {
+		return err
 	}
-	return resp.StatusCode(), out
+	use(req, resp)
+	return nil
 }
 
 // checkLedger asserts the conservation law and the order recount over HTTP
