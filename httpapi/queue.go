@@ -321,13 +321,7 @@ func saleQueueView(r *stock.SKU) *saleQueueJSON {
 	if q == nil {
 		return nil
 	}
-	milli, ttl := r.Config.QueueOveradmitMilli, r.Config.QueueAdmitTTLNanos
-	if milli == 0 {
-		milli = stock.DefaultQueueOveradmitMilli
-	}
-	if ttl == 0 {
-		ttl = stock.DefaultQueueAdmitTTLNanos
-	}
+	milli, ttl := r.Config.QueueOveradmit(), r.Config.QueueAdmitTTL()
 	out := &saleQueueJSON{Overadmit: strconv.FormatFloat(float64(milli)/1000, 'f', -1, 64), AdmitTTL: time.Duration(ttl).String(),
 		SeedCommitment: hex.EncodeToString(q.SeedCommitment), Joined: q.Joined, Admitted: q.Outstanding}
 	if q.SoldOutAtUnixNano != 0 {

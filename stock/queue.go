@@ -16,6 +16,24 @@ const (
 	DefaultQueueAdmitTTLNanos  = int64(5 * 60 * 1e9)
 )
 
+// QueueOveradmit is the sale's queue_overadmit in thousandths, the
+// default when unset.
+func (c *SaleConfig) QueueOveradmit() int64 {
+	if c.QueueOveradmitMilli == 0 {
+		return DefaultQueueOveradmitMilli
+	}
+	return c.QueueOveradmitMilli
+}
+
+// QueueAdmitTTL is how long the sale's admissions last (nanoseconds), the
+// default when unset.
+func (c *SaleConfig) QueueAdmitTTL() int64 {
+	if c.QueueAdmitTTLNanos == 0 {
+		return DefaultQueueAdmitTTLNanos
+	}
+	return c.QueueAdmitTTLNanos
+}
+
 // Ticket states, as GET /v1/queue/{ticket} answers them.
 const (
 	TicketWaiting  = "waiting"  // before the open, or in line after it

@@ -78,15 +78,8 @@ func waveETA(r room, k int64) (time.Duration, bool) {
 // many positions were admitted within decideWithin.
 func roomOf(row *stock.SKU, now time.Time, frontUntil, recent, perTick int64) room {
 	q := row.Queue
-	milli, ttl := row.Config.QueueOveradmitMilli, row.Config.QueueAdmitTTLNanos
-	if milli == 0 {
-		milli = stock.DefaultQueueOveradmitMilli
-	}
-	if ttl == 0 {
-		ttl = stock.DefaultQueueAdmitTTLNanos
-	}
-	r := room{remaining: max(row.Remaining(), 0) + row.Held, outstanding: q.Outstanding, overadmitMilli: milli,
-		ttl: time.Duration(ttl), buyShare: 1, perTick: max(perTick, 1)}
+	r := room{remaining: max(row.Remaining(), 0) + row.Held, outstanding: q.Outstanding, overadmitMilli: row.Config.QueueOveradmit(),
+		ttl: time.Duration(row.Config.QueueAdmitTTL()), buyShare: 1, perTick: max(perTick, 1)}
 	if frontUntil > 0 {
 		// Due and not yet processed: the next tick does it.
 		r.frontExpiry = max(time.Unix(0, frontUntil).Sub(now), tickEvery)
@@ -109,11 +102,8 @@ func (p *Plane) TicketETA(row *stock.SKU, ahead int64) time.Duration {
 	var front, recent int64
 	now := p.cfg.Now()
 	if r != nil {
-		ttl := row.Config.QueueAdmitTTLNanos
-		if ttl == 0 {
-			ttl = stock.DefaultQueueAdmitTTLNanos
-		}
-		rate, front, recent = r.perSecond(now), r.frontUntil, r.admittedSince(now.Add(-min(decideWithin, time.Duration(ttl)/2)))
+		within := min(decideWithin, time.Duration(row.Config.QueueAdmitTTL())/2)
+		rate, front, recent = r.perSecond(now), r.frontUntil, r.admittedSince(now.Add(-within))
 	}
 	p.watchMu.Unlock()
 	byWaves, ok := waveETA(roomOf(row, now, front, recent, p.admitPerTick.Load()), ahead+1)

@@ -132,11 +132,7 @@ func openIfDue(tx Txn, s *stock.SKU) error {
 // Bound is how many tokens may be out at once for s:
 // ceil(queue_overadmit × remaining).
 func Bound(s *stock.SKU) int64 {
-	milli := s.Config.QueueOveradmitMilli
-	if milli == 0 {
-		milli = stock.DefaultQueueOveradmitMilli
-	}
-	return (milli*max(s.Remaining(), 0) + 999) / 1000
+	return (s.Config.QueueOveradmit()*max(s.Remaining(), 0) + 999) / 1000
 }
 
 // Tick applies a QueueTick to s: the open once due, the expiry of every
@@ -172,10 +168,7 @@ func Tick(tx Txn, s *stock.SKU, through int64) (int64, error) {
 	}
 	want := min(through, q.Joined) - q.AdmittedThrough
 	room := Bound(s) - q.Outstanding
-	ttl := s.Config.QueueAdmitTTLNanos
-	if ttl == 0 {
-		ttl = stock.DefaultQueueAdmitTTLNanos
-	}
+	ttl := s.Config.QueueAdmitTTL()
 	key := q.Keys[len(q.Keys)-1].ID
 	var admitted int64
 	for ; admitted < min(want, room); admitted++ {
