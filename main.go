@@ -27,6 +27,7 @@ import (
 	"stockd.dev/stockd/backup"
 	"stockd.dev/stockd/bench"
 	"stockd.dev/stockd/feed"
+	"stockd.dev/stockd/sink"
 	"stockd.dev/stockd/internal/health"
 	"stockd.dev/stockd/internal/pki"
 	"stockd.dev/stockd/node"
@@ -73,6 +74,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return exitCode(stderr, "stockd feed", feed.Main(ctx, args, stdout, stderr))
+	case "sink":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return exitCode(stderr, "stockd sink", sink.Main(ctx, args, stdout, stderr))
+	case "reconcile":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		err := sink.Reconcile(ctx, args, stdout, stderr)
+		code := exitCode(stderr, "stockd reconcile", err)
+		if errors.Is(err, sink.ErrBehind) {
+			code = sink.ReconcileBehind
+		}
+		return code
 	case "cert":
 		return exitCode(stderr, "stockd cert", pki.Main(args, stdout, stderr))
 	case "backup":

@@ -1,0 +1,158 @@
+package sink_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"stockd.dev/stockd/internal/dbtest"
+	"stockd.dev/stockd/node/nodetest"
+	"stockd.dev/stockd/sink"
+)
+
+func TestSink_PostgreSQL(t *testing.T) { roundTrip(t, dbtest.Postgres(t)) }
+
+func TestSink_MariaDB(t *testing.T) { roundTrip(t, dbtest.MariaDB(t)) }
+
+// targets is every node's URL, for -target.
+func targets(c *nodetest.Cluster) string {
+	var urls []string
+	for _, id := range c.NodeIDs() {
+		urls = append(urls, "http://"+c.Node(id).HTTPAddr())
+	}
+	return strings.Join(urls, ",")
+}
+
+func runSink(t *testing.T, args ...string) string {
+	t.Helper()
+	var out, errs bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := sink.Main(ctx, args, &out, &errs); err != nil {
+		t.Fatalf("stockd sink %v: %v\n%s", args, err, errs.String())
+	}
+	return errs.String()
+}
+
+func reconcile(args ...string) (string, error) {
+	var out, errs bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := sink.Reconcile(ctx, args, &out, &errs)
+	return out.String() + errs.String(), err
+}
+
+// roundTrip: three sales with holds over a three-node cluster; the sink
+// runs before the sale (creating its tables), in the middle and at the
+// end. Every order is inserted once (the audit trigger says so), every
+// row holds the order's final state, reconcile agrees; then a deleted
+// row, a changed state and a foreign row are each named.
+func roundTrip(t *testing.T, srv *dbtest.Server) {
+	c := nodetest.StartCluster(t)
+	sinkArgs := []string{"-target", targets(c), "-db", srv.DSN, "-consumer", "shop", "-wait", "0s", "-exit-when-idle", "-progress", "0"}
+	runSink(t, sinkArgs...)
+	db := srv.DB()
+	srv.AddAuditTrigger(t, db, "stockd_orders")
+
+	skus := []string{"cup", "hat", "mug"}
+	for _, sku := range skus {
+		if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/"+sku, `{"total":12,"hold_ttl":"3s"}`); code != 201 {
+			t.Fatalf("create %s: %d %v", sku, code, body)
+		}
+		nodetest.WaitSaleEverywhere(t, c, sku)
+	}
+	var orders []string
+	for i := range 45 {
+		sku, id := skus[i%3], c.NodeIDs()[i%3]
+		code, body := nodetest.Call(t, c.Client(id), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"u%d","request_id":"r%d"}`, i, i))
+		if code == 200 {
+			orders = append(orders, body["order_id"].(string))
+		} else if code != 409 {
+			t.Fatalf("deduct %d: %d %v", i, code, body)
+		}
+	}
+	if len(orders) != 36 {
+		t.Fatalf("%d orders, want 36 (12 a sale)", len(orders))
+	}
+	for i, o := range orders {
+		switch i % 3 {
+		case 0:
+			if code, body := nodetest.Call(t, c.Client(c.NodeIDs()[i%3]), "POST", "/v1/orders/"+o+"/confirm", ""); code != 200 {
+				t.Fatalf("confirm %s: %d %v", o, code, body)
+			}
+		case 1:
+			if code, body := nodetest.Call(t, c.Client(c.NodeIDs()[i%3]), "POST", "/v1/orders/"+o+"/cancel", ""); code != 200 {
+				t.Fatalf("cancel %s: %d %v", o, code, body)
+			}
+		} // the rest expire
+	}
+	runSink(t, sinkArgs...) // some held, some settled
+	for _, sku := range skus {
+		nodetest.WaitFor(t, 20*time.Second, sku+"'s holds to expire", func() bool {
+			_, s := nodetest.CallQuiet(c.Client(c.Leader()), "GET", "/v1/skus/"+sku, "")
+			return s["held"] == float64(0)
+		})
+	}
+	runSink(t, sinkArgs...)
+
+	if n := srv.CheckInsertedOnce(t, db, "stockd_orders"); n != 36 {
+		t.Fatalf("%d rows, want 36", n)
+	}
+	states := map[string]int{}
+	for i, o := range orders {
+		var state, reason string
+		if err := db.QueryRow("SELECT state, release_reason FROM stockd_orders WHERE order_id = "+srv.Placeholder(1), o).Scan(&state, &reason); err != nil {
+			t.Fatalf("order %s: %v", o, err)
+		}
+		want := [...]string{"sold", "released", "released"}[i%3]
+		if state != want {
+			t.Errorf("order %s: %s, want %s", o, state, want)
+		}
+		states[state+"/"+reason]++
+	}
+	if states["sold/"] != 12 || states["released/cancelled"]+states["released/expired"] != 24 {
+		t.Fatalf("states and reasons in the table: %v", states)
+	}
+	args := []string{"-target", targets(c), "-db", srv.DSN, "-wait", "10s"}
+	if out, err := reconcile(args...); err != nil || !strings.Contains(out, "36 orders in 3 sales agree") {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	for _, sku := range skus {
+		nodetest.CheckLedger(t, c.Client(c.Leader()), sku)
+	}
+	tamper(t, srv, db, orders, args)
+}
+
+// tamper deletes one row, changes one state and adds a foreign row:
+// reconcile exits with ErrDiffer and names each.
+func tamper(t *testing.T, srv *dbtest.Server, db *sql.DB, orders, args []string) {
+	p := srv.Placeholder
+	exec := func(q string, a ...any) {
+		t.Helper()
+		if _, err := db.Exec(q, a...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	exec("DELETE FROM stockd_orders WHERE order_id = "+p(1), orders[4])
+	exec("UPDATE stockd_orders SET state = 'sold' WHERE order_id = "+p(1), orders[7])
+	exec("INSERT INTO stockd_orders (order_id, sku, buyer, qty, state, release_reason, request_id, created_at, updated_at, feed_cursor) "+
+		"SELECT 'forged-1', sku, buyer, qty, state, release_reason, 'x', created_at, updated_at, feed_cursor FROM stockd_orders WHERE order_id = "+p(1), orders[0])
+	out, err := reconcile(args...)
+	if !errors.Is(err, sink.ErrDiffer) {
+		t.Fatalf("reconcile after tampering: %v, want ErrDiffer\n%s", err, out)
+	}
+	for _, want := range []string{orders[4] + ": in stockd", orders[7] + ": stockd/table differ: state released/sold", "forged-1: in the table"} {
+		if !strings.Contains(out, "order "+want) {
+			t.Errorf("reconcile does not say %q:\n%s", want, out)
+		}
+	}
+	// The changed state also leaves its sale's sold total off by one.
+	if !strings.Contains(err.Error(), "4 differences among 37 orders") || !strings.Contains(out, "held and 1 sold units, stockd's ledger 0 and 0") {
+		t.Errorf("reconcile counts: %v\n%s", err, out)
+	}
+}
