@@ -41,8 +41,9 @@ type reconciler struct {
 	store    *store
 
 	diffs    []string // the first namedMax, each naming its order
-	differ   int
-	compared int
+	differ     int
+	compared   int
+	turnedDown int // rows of takes the ledger turned down
 }
 
 // namedMax is how many differences reconcile names.
@@ -154,7 +155,8 @@ func (r *reconciler) run(ctx context.Context) error {
 	if r.differ > 0 {
 		return fmt.Errorf("%w: %d differences among %d orders in %d sales (through feed cursor %s)", ErrDiffer, r.differ, r.compared, len(skus), head)
 	}
-	fmt.Fprintf(r.out, "reconcile: %d orders in %d sales agree (through feed cursor %s)\n", r.compared, len(skus), head)
+	fmt.Fprintf(r.out, "reconcile: %d orders in %d sales agree (through feed cursor %s); %d rows are takes the ledger turned down\n",
+		r.compared, len(skus), head, r.turnedDown)
 	return nil
 }
 
@@ -388,8 +390,16 @@ func (m *merge) rowSeq(t *tableRow) (uint64, bool) {
 }
 
 func (m *merge) extra(t *tableRow) {
-	if s, ok := m.rowSeq(t); ok && s > m.snap {
+	s, ok := m.rowSeq(t)
+	switch {
+	case ok && s > m.snap:
 		m.skipped = true // an order newer than stockd's answer
+		return
+	case ok && t.State == "released" && strings.HasPrefix(t.ReleaseReason, "turned_down_"):
+		// A take the ledger turned down: its node named the order (an
+		// answer with wait=none may have promised it), the ledger never
+		// held it. The feed says so; stockd's orders do not list it.
+		m.r.turnedDown++
 		return
 	}
 	m.r.compared++
