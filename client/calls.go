@@ -275,7 +275,20 @@ func (c *Client) ConsumerCursor(ctx context.Context, name string) (cursor string
 }
 
 // AckConsumer records cursor as consumer name's (admin; through any node,
-// idempotent): the feed keeps the events after it.
+// idempotent): the feed keeps the events after it. It registers the
+// consumer, and may move it back.
 func (c *Client) AckConsumer(ctx context.Context, name, cursor string) error {
 	return c.call(ctx, http.MethodPut, "/v1/consumers/"+url.PathEscape(name), map[string]any{"cursor": cursor}, c.cfg.AdminToken, "", nil)
+}
+
+// AdvanceConsumer moves registered consumer name forward to cursor, and
+// never back (moved false: its cursor was already at or past it). The
+// service credential may do this; a cluster whose nodes do not all run a
+// version that knows it answers 403.
+func (c *Client) AdvanceConsumer(ctx context.Context, name, cursor string) (moved bool, err error) {
+	var out struct {
+		State string `json:"state"`
+	}
+	err = c.call(ctx, http.MethodPut, "/v1/consumers/"+url.PathEscape(name), map[string]any{"cursor": cursor, "forward_only": true}, c.serviceToken(), "", &out)
+	return out.State == "acknowledged", err
 }

@@ -20,6 +20,7 @@ var (
 	ErrInvalid      = errors.New("invalid request")
 	ErrClosed       = errors.New("engine closed")
 	ErrNotFound     = errors.New("not found")
+	ErrForbidden    = errors.New("forbidden")
 	ErrExpired      = errors.New("hold expired")
 	ErrInvalidState = errors.New("order state does not allow this")
 	ErrTooManySKUs  = errors.New("too many skus")

@@ -60,6 +60,15 @@ func (s *Server) loopbackCaller(ctx *fasthttp.RequestCtx) bool {
 	return len(ctx.Request.Header.Peek(headerRelayedLoopback)) > 0 && s.peers.FromPeer(ctx)
 }
 
+// isAdmin is admin without answering: whether the caller holds the admin
+// token (or, with none configured, calls from loopback).
+func (s *Server) isAdmin(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.AdminToken == "" {
+		return s.loopbackCaller(ctx)
+	}
+	return bearerIs(ctx, s.cfg.AdminToken)
+}
+
 // admin checks the admin token, or without one, that the caller is local.
 func (s *Server) admin(ctx *fasthttp.RequestCtx) bool {
 	if s.cfg.AdminToken == "" {

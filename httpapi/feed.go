@@ -197,15 +197,18 @@ func (s *Server) handleConsumers(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, out)
 }
 
-// routeConsumer serves PUT and DELETE /v1/consumers/{name} (admin; a
-// follower relays them to the leader).
+// routeConsumer serves PUT and DELETE /v1/consumers/{name} (a follower
+// relays them to the leader). The admin token creates, moves and drops a
+// consumer; a service credential may only move a registered one forward
+// (a sink acknowledging what it wrote).
 func (s *Server) routeConsumer(ctx *fasthttp.RequestCtx, method, name []byte) {
 	if string(method) != fasthttp.MethodPut && string(method) != fasthttp.MethodDelete {
 		ctx.Response.Header.Set("Allow", "PUT, DELETE")
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method_not_allowed", "use PUT or DELETE")
 		return
 	}
-	if !s.admin(ctx) || s.relayed(ctx) {
+	forwardOnly := string(method) == fasthttp.MethodPut && !s.isAdmin(ctx) && s.creds.Service(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	if !forwardOnly && !s.admin(ctx) || s.relayed(ctx) {
 		return
 	}
 	if !validID(name) {
@@ -222,7 +225,8 @@ func (s *Server) routeConsumer(ctx *fasthttp.RequestCtx, method, name []byte) {
 		return
 	}
 	var req struct {
-		Cursor *string `json:"cursor"`
+		Cursor      *string `json:"cursor"`
+		ForwardOnly bool    `json:"forward_only"`
 	}
 	if !decodeBody(ctx, &req) {
 		return
@@ -236,11 +240,25 @@ func (s *Server) routeConsumer(ctx *fasthttp.RequestCtx, method, name []byte) {
 		writeError(ctx, fasthttp.StatusBadRequest, "bad_request", err.Error())
 		return
 	}
+	if forwardOnly || req.ForwardOnly {
+		moved, err := s.engine.AdvanceConsumer(string(name), c)
+		if err != nil {
+			writeEngineError(ctx, err)
+			return
+		}
+		state := "acknowledged"
+		if !moved {
+			state = "already_past" // the consumer's cursor was at or after c
+		}
+		writeJSON(ctx, fasthttp.StatusOK, map[string]string{"name": string(name), "cursor": c.String(), "state": state})
+		s.markApplied(ctx)
+		return
+	}
 	if err := s.engine.AckConsumer(string(name), c); err != nil {
 		writeEngineError(ctx, err)
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"name": string(name), "cursor": c.String()})
+	writeJSON(ctx, fasthttp.StatusOK, map[string]string{"name": string(name), "cursor": c.String(), "state": "acknowledged"})
 	s.markApplied(ctx)
 }
 

@@ -156,6 +156,8 @@ func writeEngineError(ctx *fasthttp.RequestCtx, err error) {
 		f(fasthttp.StatusNotFound, "unknown_sku")
 	case errors.Is(err, engine.ErrNotFound):
 		f(fasthttp.StatusNotFound, "not_found")
+	case errors.Is(err, engine.ErrForbidden):
+		f(fasthttp.StatusForbidden, "forbidden")
 	case errors.Is(err, engine.ErrConflict), errors.Is(err, engine.ErrTooManySKUs):
 		f(fasthttp.StatusConflict, "conflict")
 	case errors.Is(err, engine.ErrExpired):

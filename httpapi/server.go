@@ -77,6 +77,7 @@ type Engine interface {
 	Events(ctx context.Context, after stock.Cursor, limit int, wait time.Duration) (stock.FeedPage, error)
 	Feed() (control.FeedView, error)
 	AckConsumer(name string, c stock.Cursor) error
+	AdvanceConsumer(name string, c stock.Cursor) (moved bool, err error)
 	DropConsumer(name string) error
 	// Lottery sales.
 	Enter(ctx context.Context, sku, user, requestID string) (stock.Entry, error)

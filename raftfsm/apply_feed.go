@@ -126,6 +126,18 @@ func (a *applier) ackConsumer(c *command.AckConsumer) (*command.Result, error) {
 		a.stageConsumer(c.Name, nil)
 		return &command.Result{Outcome: stock.OutcomeOK}, nil
 	}
+	if c.Forward {
+		if a.rules < RulesForwardAcks {
+			return invalid("a forward-only acknowledgement needs ledger rules %d", RulesForwardAcks), nil
+		}
+		have, ok := a.consumer(c.Name)
+		switch {
+		case !ok:
+			return &command.Result{Outcome: stock.OutcomeNotFound}, nil
+		case c.Cursor.Seq <= have.Cursor.Seq:
+			return &command.Result{Outcome: stock.OutcomeSame}, nil
+		}
+	}
 	if res, err := a.checkFeedCursor(c.Cursor); res != nil || err != nil {
 		return res, err
 	}
@@ -136,10 +148,19 @@ func (a *applier) ackConsumer(c *command.AckConsumer) (*command.Result, error) {
 }
 
 func (a *applier) hasConsumer(name string) bool {
+	_, ok := a.consumer(name)
+	return ok
+}
+
+// consumer is consumer name as this batch sees it.
+func (a *applier) consumer(name string) (stock.Consumer, bool) {
 	if c, ok := a.feed.consumers[name]; ok {
-		return c != nil
+		if c == nil {
+			return stock.Consumer{}, false
+		}
+		return *c, true
 	}
-	return a.ledger.feed.HasConsumer(name)
+	return a.ledger.feed.Consumer(name)
 }
 
 func (a *applier) stageConsumer(name string, c *stock.Consumer) {

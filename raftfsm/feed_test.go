@@ -462,3 +462,45 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFeed_ForwardAcksMoveOnlyForward: a forward-only acknowledgement (a
+// service's) needs rules 5, never creates a consumer, moves a registered
+// one ahead and leaves it where it is when given an older cursor.
+func TestFeed_ForwardAcksMoveOnlyForward(t *testing.T) {
+	tl := newTestLedger(t)
+	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
+	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 100})
+	for i := range 10 {
+		tl.apply(take("n1", "a", "u", "o"+string(rune('a'+i)), 1))
+	}
+	var all feedTally
+	all.readAll(t, tl.l)
+	c3, c7 := all.events[2].Cursor(), all.events[6].Cursor()
+	if r := tl.applyTyped(0, &AckConsumer{Name: "sink", Cursor: c3, Forward: true}); r.Outcome != stock.OutcomeInvalid {
+		t.Fatalf("a forward ack before rules 5: %s", r.Outcome)
+	}
+	tl.applyTyped(0, &SetRules{Rules: RulesForwardAcks})
+	if r := tl.applyTyped(0, &AckConsumer{Name: "sink", Cursor: c3, Forward: true}); r.Outcome != stock.OutcomeNotFound {
+		t.Fatalf("a forward ack of an unknown consumer: %s, want not found", r.Outcome)
+	}
+	tl.applyTyped(0, &AckConsumer{Name: "sink", Cursor: c3})
+	cursorIs := func(want Cursor) {
+		t.Helper()
+		st, err := tl.l.FeedStats()
+		if err != nil || len(st.Consumers) != 1 || st.Consumers[0].Cursor != want {
+			t.Fatalf("consumers %+v %v, want the cursor at %s", st.Consumers, err, want)
+		}
+	}
+	if r := tl.applyTyped(0, &AckConsumer{Name: "sink", Cursor: c7, Forward: true}); r.Outcome != stock.OutcomeOK {
+		t.Fatalf("forward to event 7: %s %s", r.Outcome, r.Detail)
+	}
+	cursorIs(c7)
+	for _, c := range []Cursor{c3, c7} {
+		if r := tl.applyTyped(0, &AckConsumer{Name: "sink", Cursor: c, Forward: true}); r.Outcome != stock.OutcomeSame {
+			t.Fatalf("forward back to %s: %s, want same", c, r.Outcome)
+		}
+	}
+	cursorIs(c7)
+	tl.applyTyped(0, &AckConsumer{Name: "sink", Cursor: c3}) // the admin's may move it back
+	cursorIs(c3)
+}

@@ -38,8 +38,12 @@ const (
 	// RulesWaitingRoom: sales behind a waiting room (raftfsm/waitroom),
 	// their commands and queued takes.
 	RulesWaitingRoom uint64 = 4
+	// RulesForwardAcks: a consumer's acknowledgement may be forward-only
+	// (AckConsumer.Forward), which a service credential may send: it moves
+	// a registered consumer ahead and never back.
+	RulesForwardAcks uint64 = 5
 	// RulesCurrent is the newest rules this binary applies.
-	RulesCurrent = RulesWaitingRoom
+	RulesCurrent = RulesForwardAcks
 )
 
 // keyRules holds the ledger's rules in the meta bucket (big-endian

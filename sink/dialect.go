@@ -143,11 +143,25 @@ func redact(dsn string) string {
 	return u.String()
 }
 
+// errNeedsPerson marks an error that waiting does not mend: a table of
+// another shape, a cursor the sink cannot read.
+var errNeedsPerson = errors.New("needs a person")
+
+// needsPerson wraps err as errNeedsPerson, its message unchanged.
+func needsPerson(err error) error { return &personError{err} }
+
+type personError struct{ error }
+
+func (e *personError) Unwrap() []error { return []error{e.error, errNeedsPerson} }
+
 // retryable reports whether a database error may pass by itself (the
 // server restarting, a dropped connection, a lock conflict) rather than
 // need a person (a refused login, a missing table, a value the column
 // cannot hold).
 func retryable(err error) bool {
+	if errors.Is(err, errNeedsPerson) {
+		return false
+	}
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
 		switch pg.Code[:2] {

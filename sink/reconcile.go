@@ -40,7 +40,7 @@ type reconciler struct {
 	client   *client.Client
 	store    *store
 
-	diffs    []string // the first namedMax, each naming its order
+	diffs      []string // the first namedMax, each naming its order
 	differ     int
 	compared   int
 	turnedDown int // rows of takes the ledger turned down

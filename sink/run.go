@@ -194,7 +194,7 @@ func (r *runner) ack(ctx context.Context) {
 	if r.acked == r.cursor {
 		return
 	}
-	if err := r.client.AckConsumer(ctx, r.o.consumer, r.cursor); err != nil {
+	if _, err := r.client.AdvanceConsumer(ctx, r.o.consumer, r.cursor); err != nil {
 		if ctx.Err() == nil {
 			r.ackFailures.Add(1)
 			r.log.Warn("acknowledge in stockd", "cursor", r.cursor, "err", err)

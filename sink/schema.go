@@ -106,10 +106,10 @@ func (t *tables) check(ctx context.Context, db *sql.DB, name string, cols []colu
 		typ, ok := have[c.name]
 		switch {
 		case !ok:
-			return fmt.Errorf("table %s has no column %s (%s): add it, or name another table with -table", name, c.name, t.typeOf(c))
+			return needsPerson(fmt.Errorf("table %s has no column %s (%s): add it, or name another table with -table", name, c.name, t.typeOf(c)))
 		case !slices.Contains(t.d.accepted[c.kind], typ):
-			return fmt.Errorf("table %s: column %s is %s, the sink writes %s there (want one of %s)", name, c.name, typ, t.typeOf(c),
-				strings.Join(t.d.accepted[c.kind], ", "))
+			return needsPerson(fmt.Errorf("table %s: column %s is %s, the sink writes %s there (want one of %s)", name, c.name, typ, t.typeOf(c),
+				strings.Join(t.d.accepted[c.kind], ", ")))
 		}
 	}
 	key, err := t.primaryKey(ctx, db, name)
@@ -117,8 +117,8 @@ func (t *tables) check(ctx context.Context, db *sql.DB, name string, cols []colu
 		return err
 	}
 	if len(key) != 1 || key[0] != cols[0].name {
-		return fmt.Errorf("table %s: the primary key is (%s), the sink needs it to be (%s): one row an %s", name,
-			strings.Join(key, ", "), cols[0].name, cols[0].name)
+		return needsPerson(fmt.Errorf("table %s: the primary key is (%s), the sink needs it to be (%s): one row an %s", name,
+			strings.Join(key, ", "), cols[0].name, cols[0].name))
 	}
 	return nil
 }

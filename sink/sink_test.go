@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"stockd.dev/stockd/internal/dbtest"
+	"stockd.dev/stockd/node"
 	"stockd.dev/stockd/node/nodetest"
 	"stockd.dev/stockd/sink"
 )
@@ -155,4 +156,116 @@ func tamper(t *testing.T, srv *dbtest.Server, db *sql.DB, orders, args []string)
 	if !strings.Contains(err.Error(), "4 differences among 37 orders") || !strings.Contains(out, "held and 1 sold units, stockd's ledger 0 and 0") {
 		t.Errorf("reconcile counts: %v\n%s", err, out)
 	}
+}
+
+func TestSink_ResumesFromTheDatabase_PostgreSQL(t *testing.T) {
+	resumesFromTheDatabase(t, dbtest.Postgres(t))
+}
+
+func TestSink_ResumesFromTheDatabase_MariaDB(t *testing.T) {
+	resumesFromTheDatabase(t, dbtest.MariaDB(t))
+}
+
+// call is a call with a token.
+func call(t *testing.T, c *nodetest.Cluster, token, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	return nodetest.CallHeader(c.Client(c.NodeIDs()[0]), method, path, body, "Authorization", "Bearer "+token)
+}
+
+// resumesFromTheDatabase, on a cluster that requires tokens:
+//   - after its first run (the admin token registers the consumer) the
+//     sink acknowledges with the service token alone;
+//   - a closed sale whose events the sink has not written cannot be
+//     archived (409 unconsumed_events); once it has, it can;
+//   - with the sink stopped while the sale goes on, stockd's cursor moved
+//     to the head by hand: the sink started again reads after the
+//     database's cursor, so the table holds every order and reconcile
+//     agrees (trusting stockd's cursor would have missed them).
+func resumesFromTheDatabase(t *testing.T, srv *dbtest.Server) {
+	c := nodetest.StartClusterWith(t, func(cfg *node.Config) { cfg.HTTP.ServiceToken, cfg.HTTP.AdminToken = "svc", "adm" })
+	common := []string{"-target", targets(c), "-db", srv.DSN, "-consumer", "shop", "-wait", "0s", "-exit-when-idle", "-progress", "0"}
+	runSink(t, append(common, "-admin-token", "adm", "-service-token", "svc")...)
+	serviceOnly := append(common, "-admin-token", "", "-service-token", "svc")
+	for _, sku := range []string{"a", "b"} {
+		if code, body := call(t, c, "adm", "PUT", "/v1/skus/"+sku, `{"total":20}`); code != 201 {
+			t.Fatalf("create %s: %d %v", sku, code, body)
+		}
+		nodetest.WaitSaleEverywhere(t, c, sku)
+	}
+	deduct := func(sku string, from, to int) {
+		for i := from; i < to; i++ {
+			if code, body := call(t, c, "svc", "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"%s%d","request_id":"r%d"}`, sku, i, i)); code != 200 {
+				t.Fatalf("deduct %s %d: %d %v", sku, i, code, body)
+			}
+		}
+	}
+	stockdCursor := func() string {
+		_, st := call(t, c, "svc", "GET", "/v1/consumers", "")
+		cs, _ := st["consumers"].([]any)
+		if len(cs) != 1 {
+			t.Fatalf("consumers: %v", st)
+		}
+		return cs[0].(map[string]any)["cursor"].(string)
+	}
+	dbCursor := func() string {
+		var cur string
+		if err := srv.DB().QueryRow("SELECT feed_cursor FROM stockd_orders_cursor WHERE consumer = 'shop'").Scan(&cur); err != nil {
+			t.Fatal(err)
+		}
+		return cur
+	}
+
+	// Archiving waits for the sink.
+	deduct("b", 0, 5)
+	if code, body := call(t, c, "adm", "POST", "/v1/skus/b/close", ""); code != 200 {
+		t.Fatalf("close b: %d %v", code, body)
+	}
+	if code, body := call(t, c, "adm", "POST", "/v1/skus/b/archive", ""); code != 409 || body["error"] != "unconsumed_events" {
+		t.Fatalf("archive before the sink wrote b's orders: %d %v, want 409 unconsumed_events", code, body)
+	}
+	runSink(t, serviceOnly...)
+	if s, d := stockdCursor(), dbCursor(); s != d {
+		t.Fatalf("after a run with the service token: stockd's cursor %s, the database's %s", s, d)
+	}
+	if code, body := call(t, c, "adm", "POST", "/v1/skus/b/archive", ""); code != 200 {
+		t.Fatalf("archive once the sink caught up: %d %v", code, body)
+	}
+
+	// The sale goes on with the sink stopped; stockd's cursor is moved to
+	// the head by hand.
+	deduct("a", 0, 12)
+	runSink(t, serviceOnly...)
+	before := dbCursor()
+	deduct("a", 12, 20)
+	_, st := call(t, c, "svc", "GET", "/v1/consumers", "")
+	head := st["head"].(string)
+	if code, body := call(t, c, "adm", "PUT", "/v1/consumers/shop", fmt.Sprintf(`{"cursor":%q}`, head)); code != 200 {
+		t.Fatalf("move the consumer to the head: %d %v", code, body)
+	}
+	// The service token cannot move it back, nor create a consumer.
+	if code, body := call(t, c, "svc", "PUT", "/v1/consumers/shop", fmt.Sprintf(`{"cursor":%q}`, before)); code != 200 || body["state"] != "already_past" || stockdCursor() != head {
+		t.Fatalf("a service acknowledgement behind the consumer: %d %v, cursor %s", code, body, stockdCursor())
+	}
+	if code, body := call(t, c, "svc", "PUT", "/v1/consumers/other", `{"cursor":"0"}`); code != 404 {
+		t.Fatalf("a service acknowledgement of an unknown consumer: %d %v, want 404", code, body)
+	}
+	if code, _ := call(t, c, "svc", "DELETE", "/v1/consumers/shop", ""); code != 401 {
+		t.Fatalf("a service token dropped the consumer: %d", code)
+	}
+	log := runSink(t, serviceOnly...)
+	if !strings.Contains(log, "reading after the database's") || !strings.Contains(log, "database="+before) {
+		t.Fatalf("the sink did not say it resumes from the database's cursor %s:\n%s", before, log)
+	}
+	if dbCursor() != head {
+		t.Fatalf("the database's cursor is %s, the head %s", dbCursor(), head)
+	}
+	var rows int
+	if err := srv.DB().QueryRow("SELECT COUNT(*) FROM stockd_orders WHERE sku = 'a'").Scan(&rows); err != nil || rows != 20 {
+		t.Fatalf("sale a has %d rows (%v), want 20", rows, err)
+	}
+	out, err := reconcile("-target", targets(c), "-db", srv.DSN, "-service-token", "svc", "-wait", "10s")
+	if err != nil || !strings.Contains(out, "20 orders in 1 sales agree") || !strings.Contains(out, "sale b is archived") {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	nodetest.CheckLedger(t, c.Client(c.Leader()), "a")
 }

@@ -135,7 +135,7 @@ func (s *store) cursor(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("read the cursor of %s: %w", s.consumer, err)
 	}
 	if _, err := cursorSeq(c); err != nil {
-		return "", fmt.Errorf("table %s, consumer %s: %w", s.t.cursor, s.consumer, err)
+		return "", needsPerson(fmt.Errorf("table %s, consumer %s: %w", s.t.cursor, s.consumer, err))
 	}
 	return c, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"stockd.dev/stockd/engine"
+	"stockd.dev/stockd/raftfsm"
 	"stockd.dev/stockd/raftfsm/command"
 	"stockd.dev/stockd/stock"
 )
@@ -111,6 +112,23 @@ func (p *Plane) AckConsumer(name string, c stock.Cursor) error {
 	return p.consumerCommand(&command.AckConsumer{Name: name, Cursor: c})
 }
 
+// AdvanceConsumer moves registered consumer name's cursor forward to c (a
+// cursor at or before its own changes nothing; moved says whether it
+// moved). What a service credential may do.
+func (p *Plane) AdvanceConsumer(name string, c stock.Cursor) (moved bool, err error) {
+	if p.ledger.Rules() < raftfsm.RulesForwardAcks {
+		return false, fmt.Errorf("%w: acknowledging with the service credential needs ledger rules %d (every node on this version); use the admin token", engine.ErrForbidden, raftfsm.RulesForwardAcks)
+	}
+	err = p.consumerCommand(&command.AckConsumer{Name: name, Cursor: c, Forward: true})
+	if errors.Is(err, errSame) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// errSame: the command changed nothing.
+var errSame = errors.New("unchanged")
+
 // DropConsumer removes a consumer: it no longer holds retention.
 func (p *Plane) DropConsumer(name string) error {
 	return p.consumerCommand(&command.AckConsumer{Name: name, Drop: true})
@@ -124,6 +142,8 @@ func (p *Plane) consumerCommand(c *command.AckConsumer) error {
 	switch res.Outcome {
 	case stock.OutcomeOK:
 		return nil
+	case stock.OutcomeSame:
+		return errSame
 	case stock.OutcomeNotFound:
 		return fmt.Errorf("%w: no consumer %q", engine.ErrNotFound, c.Name)
 	case stock.OutcomeExpired:

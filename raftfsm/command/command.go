@@ -138,11 +138,15 @@ type PruneRequests struct {
 }
 
 // AckConsumer sets the cursor consumer Name of the order feed has
-// acknowledged (registering the consumer), or with Drop removes it.
+// acknowledged (registering the consumer), or with Drop removes it. With
+// Forward (a service's acknowledgement, ledger rules 5) it only moves a
+// registered consumer forward: a cursor at or before its own changes
+// nothing, and an unknown consumer is not created.
 type AckConsumer struct {
-	Name   string
-	Cursor stock.Cursor
-	Drop   bool
+	Name    string
+	Cursor  stock.Cursor
+	Drop    bool
+	Forward bool
 }
 
 // PruneEvents forgets the order feed's events up to and including

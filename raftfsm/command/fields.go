@@ -176,8 +176,11 @@ func (c *PruneRequests) decodeFields(d *wire.Decoder) {
 func (c *AckConsumer) appendFields(b []byte) []byte {
 	b = wire.AppendString(b, c.Name)
 	b = wire.AppendUvarint(wire.AppendUvarint(b, c.Cursor.Index), c.Cursor.Seq)
-	if c.Drop {
+	switch {
+	case c.Drop:
 		return append(b, 1)
+	case c.Forward:
+		return append(b, 2)
 	}
 	return append(b, 0)
 }
@@ -189,6 +192,8 @@ func (c *AckConsumer) decodeFields(d *wire.Decoder) {
 	case 0:
 	case 1:
 		c.Drop = true
+	case 2:
+		c.Forward = true
 	default:
 		d.Fail("drop flag")
 	}

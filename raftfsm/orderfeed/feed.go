@@ -139,10 +139,16 @@ func (f *Feed) InMemory() (first uint64, events int) {
 
 // HasConsumer reports whether consumer name is registered.
 func (f *Feed) HasConsumer(name string) bool {
+	_, ok := f.Consumer(name)
+	return ok
+}
+
+// Consumer is consumer name as registered (ok false: it is not).
+func (f *Feed) Consumer(name string) (c stock.Consumer, ok bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	_, ok := f.consumers[name]
-	return ok
+	c, ok = f.consumers[name]
+	return c, ok
 }
 
 // Publish applies a batch's consumer changes (nil: dropped) and its new
