@@ -238,7 +238,8 @@ func applyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
 	return err
 }
 
-// envNotFlags are STOCKD_ variables other commands read.
+// envNotFlags are STOCKD_ variables other commands read (and every
+// STOCKD_SINK_ variable, stockd sink's).
 var envNotFlags = map[string]bool{"STOCKD_HEALTH_CA": true}
 
 // unknownEnv lists the STOCKD_ variables in environ that name no flag of
@@ -249,7 +250,7 @@ func unknownEnv(fs *flag.FlagSet, environ []string) []string {
 	var out []string
 	for _, kv := range environ {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "STOCKD_") && !known[k] && !envNotFlags[k] {
+		if strings.HasPrefix(k, "STOCKD_") && !strings.HasPrefix(k, "STOCKD_SINK_") && !known[k] && !envNotFlags[k] {
 			out = append(out, k)
 		}
 	}

@@ -67,6 +67,14 @@ func Reconcile(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	// The sink's own variables say where its table is.
+	shared := map[string]bool{"target": true, "db": true, "table": true, "consumer": true, "ca": true, "cert": true, "key": true}
+	if _, err := applyEnv(fs, shared); err != nil {
+		return err
+	}
 	probe := *o
 	if probe.consumer == "" {
 		probe.consumer = "-"

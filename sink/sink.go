@@ -34,7 +34,7 @@ type options struct {
 
 func (o *options) register(fs *flag.FlagSet) *string {
 	targets := fs.String("target", "http://127.0.0.1:8080", "comma-separated stockd node URLs; the sink moves to the next when one stops answering")
-	fs.StringVar(&o.dsn, "db", os.Getenv("STOCKD_SINK_DB"), "the shop's database: postgres://user:password@host:5432/shop or mysql://user:password@host:3306/shop (default $STOCKD_SINK_DB)")
+	fs.StringVar(&o.dsn, "db", "", "the shop's database: postgres://user:password@host:5432/shop or mysql://user:password@host:3306/shop")
 	fs.StringVar(&o.table, "table", "stockd_orders", "the order table (the cursor table is <table>_cursor)")
 	fs.StringVar(&o.caFile, "ca", "", "CA bundle (PEM) that checks https:// targets")
 	fs.StringVar(&o.certFile, "cert", "", "client certificate (PEM), for nodes that require one")
@@ -42,6 +42,41 @@ func (o *options) register(fs *flag.FlagSet) *string {
 	fs.StringVar(&o.adminToken, "admin-token", os.Getenv("STOCKD_ADMIN_TOKEN"), "admin token: creates the consumer on the first run (default $STOCKD_ADMIN_TOKEN)")
 	fs.StringVar(&o.serviceToken, "service-token", os.Getenv("STOCKD_SERVICE_TOKEN"), "service token: reads the feed and acknowledges the consumer (default $STOCKD_SERVICE_TOKEN)")
 	return targets
+}
+
+// envPrefix starts the variables that set the flags the command line
+// leaves unset: STOCKD_SINK_DB for -db, STOCKD_SINK_TARGET for -target.
+// The tokens are STOCKD_ADMIN_TOKEN and STOCKD_SERVICE_TOKEN, as for the
+// other commands.
+const envPrefix = "STOCKD_SINK_"
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// applyEnv sets each flag of fs the command line did not give from its
+// STOCKD_SINK_ variable, when set (only those in names, when names is
+// not nil). It returns the STOCKD_SINK_ variables that name no flag.
+func applyEnv(fs *flag.FlagSet, names map[string]bool) (unknown []string, err error) {
+	given, known := map[string]bool{}, map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	fs.VisitAll(func(f *flag.Flag) {
+		known[envName(f.Name)] = true
+		if given[f.Name] || err != nil || names != nil && !names[f.Name] || f.Name == "admin-token" || f.Name == "service-token" {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if serr := fs.Set(f.Name, v); serr != nil {
+				err = fmt.Errorf("%s=%q: %w", envName(f.Name), v, serr)
+			}
+		}
+	})
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) && !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	return unknown, err
 }
 
 func (o *options) check(targets string) error {
@@ -141,6 +176,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&r.metricsAddr, "metrics", "", "serve Prometheus metrics on this address (host:port)")
 	fs.BoolVar(&r.exitIdle, "exit-when-idle", false, "stop once a read finds nothing new (for scripts)")
 	fs.BoolVar(&r.allowPruned, "allow-pruned-start", false, "on a first run, start from the oldest event the feed kept even when older ones were pruned")
+	checkOnly := fs.Bool("check-config", false, "check the flags and STOCKD_SINK_ variables, print what the sink would do, and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: stockd sink -db DSN -consumer NAME [-target URL,...] [flags]\n\nWrites the order feed into the shop's database, exactly once.")
 		fs.PrintDefaults()
@@ -148,13 +184,34 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	unknown, err := applyEnv(fs, nil)
+	if err != nil {
+		return err
+	}
 	if err := o.check(*targets); err != nil {
 		return err
+	}
+	if _, _, err := openDB(o.dsn); err != nil {
+		return err
+	}
+	if *checkOnly {
+		for _, v := range unknown {
+			fmt.Fprintf(stderr, "stockd sink: warning: %s matches no flag and is ignored (a renamed flag?)\n", v)
+		}
+		fmt.Fprintf(stdout, "stockd sink: the configuration checks out: consumer %s from %s into %s, table %s\n",
+			o.consumer, strings.Join(o.targets, ","), redact(o.dsn), o.table)
+		return nil
 	}
 	if r.limit < 1 || r.limit > 1000 || r.wait < 0 || r.wait > 30*time.Second {
 		return fmt.Errorf("-limit %d must be 1-1000 and -wait %s 0-30s", r.limit, r.wait)
 	}
 	r.log = slog.New(slog.NewTextHandler(stderr, nil)).With("component", "sink", "consumer", o.consumer)
+	for _, v := range unknown {
+		r.log.Warn("a variable matches no flag and is ignored (a renamed flag?)", "name", v)
+	}
 	cl, err := o.client(r.wait)
 	if err != nil {
 		return err
