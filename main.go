@@ -27,10 +27,10 @@ import (
 	"stockd.dev/stockd/backup"
 	"stockd.dev/stockd/bench"
 	"stockd.dev/stockd/feed"
-	"stockd.dev/stockd/sink"
 	"stockd.dev/stockd/internal/health"
 	"stockd.dev/stockd/internal/pki"
 	"stockd.dev/stockd/node"
+	"stockd.dev/stockd/sink"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -101,7 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "stockd %s %s\n", version, runtime.Version())
 		return 0
 	case "help", "-h", "--help":
-		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd cert ca|node|client [flags] | stockd backup -target URL -out FILE | stockd backup verify FILE | stockd restore -from FILE -data DIR -id ID | stockd health [-target URL] | stockd version\nstockd serve -h lists the flags.")
+		fmt.Fprintln(stdout, "usage: stockd [serve] [flags] | stockd bench [flags] | stockd feed -consumer NAME [flags] | stockd sink -db DSN -consumer NAME [flags] | stockd reconcile -db DSN [flags] | stockd cert ca|node|client [flags] | stockd backup -target URL -out FILE | stockd backup verify FILE | stockd restore -from FILE -data DIR -id ID | stockd health [-target URL] | stockd version\nstockd serve -h lists the flags.")
 		return 0
 	}
 	fmt.Fprintf(stderr, "stockd: unknown command %q (serve, bench, feed, cert, backup, restore, health, version)\n", cmd)

@@ -94,13 +94,13 @@ func (f *fakeEngine) DeductBatch(reqs []engine.DeductRequest, res []engine.Deduc
 		f.Deduct(&reqs[i], &res[i])
 	}
 }
-func (f *fakeEngine) SKUViews() []engine.SKUView             { return nil }
-func (f *fakeEngine) CloseSale(string) error                 { return nil }
-func (f *fakeEngine) ArchiveSale(string) error               { return nil }
-func (f *fakeEngine) Feed() (control.FeedView, error)        { return control.FeedView{}, nil }
-func (f *fakeEngine) AckConsumer(string, stock.Cursor) error { return nil }
+func (f *fakeEngine) SKUViews() []engine.SKUView                         { return nil }
+func (f *fakeEngine) CloseSale(string) error                             { return nil }
+func (f *fakeEngine) ArchiveSale(string) error                           { return nil }
+func (f *fakeEngine) Feed() (control.FeedView, error)                    { return control.FeedView{}, nil }
+func (f *fakeEngine) AckConsumer(string, stock.Cursor) error             { return nil }
 func (f *fakeEngine) AdvanceConsumer(string, stock.Cursor) (bool, error) { return true, nil }
-func (f *fakeEngine) DropConsumer(string) error              { return nil }
+func (f *fakeEngine) DropConsumer(string) error                          { return nil }
 
 func newTestServer(t testing.TB, token string) (*Server, *fakeEngine) {
 	fe := &fakeEngine{status: engine.StatusSoldOut}

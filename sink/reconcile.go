@@ -262,9 +262,10 @@ func (r *reconciler) sale(ctx context.Context, sku string) error {
 		_, _ = spool.Seek(0, io.SeekStart)
 		_ = spool.Truncate(0)
 	})
+	unknown := errors.Is(err, client.ErrUnknownSKU) || errors.Is(err, client.ErrNotFound) // not a sale of stockd's: every row is foreign
 	switch {
-	case errors.Is(err, client.ErrNotFound):
-		end = client.OrdersEnd{FeedCursor: "0"} // not a sale of stockd's: every row is foreign
+	case unknown:
+		end = client.OrdersEnd{FeedCursor: "0"}
 	case err != nil:
 		return fmt.Errorf("read stockd's orders: %w", err)
 	}
@@ -299,6 +300,9 @@ func (r *reconciler) sale(ctx context.Context, sku string) error {
 	}
 	defer rows.Close()
 	m := merge{r: r, snap: snap, dbSeq: mustSeq(dbCursor), stock: bufio.NewScanner(spool)}
+	if unknown {
+		m.snap = m.dbSeq // no row of it is newer than stockd's answer
+	}
 	m.stock.Buffer(make([]byte, 0, 4096), 1<<20)
 	if err := m.run(rows); err != nil {
 		return err

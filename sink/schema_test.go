@@ -19,7 +19,7 @@ func TestSink_TableShape_MariaDB(t *testing.T) { tableShape(t, dbtest.MariaDB(t)
 
 // sinkErr runs the sink once against a feed that has no events and
 // returns its error.
-func sinkErr(t *testing.T, feed http.Handler, dsn string, extra ...string) (error, string) {
+func sinkErr(t *testing.T, feed http.Handler, dsn string, extra ...string) (string, error) {
 	t.Helper()
 	srv := httptest.NewServer(feed)
 	defer srv.Close()
@@ -28,7 +28,7 @@ func sinkErr(t *testing.T, feed http.Handler, dsn string, extra ...string) (erro
 	defer cancel()
 	args := append([]string{"-target", srv.URL, "-db", dsn, "-consumer", "shop", "-wait", "0s", "-exit-when-idle", "-progress", "0"}, extra...)
 	err := sink.Main(ctx, args, &out, &errs)
-	return err, errs.String()
+	return errs.String(), err
 }
 
 // emptyFeed is a node whose feed is empty and which knows the consumer.
@@ -65,7 +65,7 @@ func tableShape(t *testing.T, srv *dbtest.Server) {
 		if _, err := db.Exec("CREATE TABLE " + c.name + " " + c.create); err != nil {
 			t.Fatal(err)
 		}
-		err, _ := sinkErr(t, emptyFeed, srv.DSN, "-table", c.name)
+		_, err := sinkErr(t, emptyFeed, srv.DSN, "-table", c.name)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("-table %s: %v, want an error saying %q", c.name, err, c.want)
 		}
@@ -73,10 +73,10 @@ func tableShape(t *testing.T, srv *dbtest.Server) {
 	if _, err := db.Exec("CREATE TABLE shop_orders " + cols("bigint") + ", note " + text + ")"); err != nil {
 		t.Fatal(err)
 	}
-	if err, log := sinkErr(t, emptyFeed, srv.DSN, "-table", "shop_orders"); err != nil {
+	if log, err := sinkErr(t, emptyFeed, srv.DSN, "-table", "shop_orders"); err != nil {
 		t.Fatalf("a table with the shop's own column: %v\n%s", err, log)
 	}
-	if err, _ := sinkErr(t, emptyFeed, srv.DSN, "-table", "Shop-Orders"); err == nil || !strings.Contains(err.Error(), "-table") {
+	if _, err := sinkErr(t, emptyFeed, srv.DSN, "-table", "Shop-Orders"); err == nil || !strings.Contains(err.Error(), "-table") {
 		t.Errorf("a table name that needs quoting: %v", err)
 	}
 }
@@ -100,7 +100,7 @@ func TestSink_ACursorPastRetentionStopsIt(t *testing.T) {
 	if _, err := srv.DB().Exec("INSERT INTO stockd_orders_cursor VALUES ('shop', '12-7', now())"); err != nil {
 		t.Fatal(err)
 	}
-	err, _ := sinkErr(t, gone, srv.DSN)
+	_, err := sinkErr(t, gone, srv.DSN)
 	if err == nil || !strings.Contains(err.Error(), "410") || !strings.Contains(err.Error(), "after 12-7") {
 		t.Fatalf("a pruned cursor: %v", err)
 	}
@@ -110,7 +110,7 @@ func TestSink_ACursorPastRetentionStopsIt(t *testing.T) {
 	}
 	// A database that refuses the login is said so, not retried forever.
 	bad := strings.Replace(srv.DSN, "postgres@", "nobody@", 1)
-	if err, _ := sinkErr(t, emptyFeed, bad); err == nil || !strings.Contains(err.Error(), "nobody") {
+	if _, err := sinkErr(t, emptyFeed, bad); err == nil || !strings.Contains(err.Error(), "nobody") {
 		t.Fatalf("a refused login: %v", err)
 	}
 }

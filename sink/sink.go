@@ -96,7 +96,7 @@ func (o *options) check(targets string) error {
 	case !tableNameRE.MatchString(o.table):
 		return fmt.Errorf("-table %q: want a lower-case name of a-z, 0-9 and _ (at most 56)", o.table)
 	case o.consumer == "" || len(o.consumer) > 128 || strings.ContainsFunc(o.consumer, badNameRune):
-		return fmt.Errorf("-consumer %q: 1 to 128 of a-z A-Z 0-9 . _ - :", o.consumer)
+		return fmt.Errorf("-consumer %q: want 1 to 128 of a-z A-Z 0-9 and . _ - : (the name stockd keeps its cursor by)", o.consumer)
 	}
 	return nil
 }

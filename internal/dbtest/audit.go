@@ -37,7 +37,7 @@ func (s *Server) CheckInsertedOnce(tb testing.TB, db *sql.DB, table string) int 
 	if err := db.QueryRow("SELECT COUNT(*) FROM " + table).Scan(&rows); err != nil {
 		tb.Fatal(err)
 	}
-	if err := db.QueryRow("SELECT COUNT(*), COUNT(DISTINCT order_id) FROM " + table + "_audit").Scan(&audited, &distinct); err != nil {
+	if err := db.QueryRow("SELECT COUNT(*), COUNT(DISTINCT order_id) FROM "+table+"_audit").Scan(&audited, &distinct); err != nil {
 		tb.Fatal(err)
 	}
 	if audited != rows || distinct != rows {

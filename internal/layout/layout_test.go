@@ -26,12 +26,12 @@ const module = "stockd.dev/stockd"
 // raftfsm}; node may also import engine, raftfsm and raftnode (the raft
 // node's wiring, which imports raftfsm); no production
 // package but main imports node; client (a module of its own, importable
-// anywhere) and feed talk HTTP; backup talks
+// anywhere), feed and sink talk HTTP; backup talks
 // HTTP and reads backup files with raftfsm; bench may
 // import shard and engine for its in-process strategies; shard and raftfsm
 // import nothing of ours but what they own.
 var allowed = map[string][]string{
-	"stockd.dev/stockd":      {"node", "bench", "feed", "backup"},
+	"stockd.dev/stockd":      {"node", "bench", "feed", "backup", "sink"},
 	"stockd.dev/stockd/node": {"httpapi", "peer", "engine", "raftfsm", "raftnode", "stock"},
 	// The node-to-node wire, both ends: it speaks HTTP and knows none of
 	// the public contract (httpapi reaches it through httpapi.Peers).
@@ -46,6 +46,9 @@ var allowed = map[string][]string{
 	"stockd.dev/stockd/stock":  {},
 	"stockd.dev/stockd/client": {},
 	"stockd.dev/stockd/feed":   {},
+	// stockd sink and stockd reconcile: the feed over HTTP (through the
+	// client) into the shop's database.
+	"stockd.dev/stockd/sink": {},
 	// stockd backup: fetches over HTTP, reads and checks the file with
 	// the ledger's own code.
 	"stockd.dev/stockd/backup": {"raftfsm", "stock"},
