@@ -248,10 +248,28 @@ var ErrCursorExpired = errors.New("cursor expired")
 // A node that does not answer is passed for the next, as for a deduct (a
 // read changes nothing). Set Config.AttemptTimeout above wait.
 func (c *Client) Events(ctx context.Context, after string, limit int, wait time.Duration) (EventsPage, error) {
-	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}, "wait": {wait.String()}}
 	var p EventsPage
-	err := c.call(ctx, http.MethodGet, "/v1/events?"+q.Encode(), nil, c.serviceToken(), "", &p)
+	body, err := c.EventsJSON(ctx, after, limit, wait)
+	if err == nil {
+		err = json.Unmarshal(body, &p)
+	}
 	return p, err
+}
+
+// EventsJSON is Events' page as the node sent it (an EventsPage in
+// JSON), for a consumer that reads many events and parses them its own
+// way.
+func (c *Client) EventsJSON(ctx context.Context, after string, limit int, wait time.Duration) ([]byte, error) {
+	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}, "wait": {wait.String()}}
+	path := "/v1/events?" + q.Encode()
+	status, answer, err := c.do(ctx, http.MethodGet, path, nil, c.serviceToken(), "")
+	if err != nil {
+		return nil, err
+	}
+	if status/100 != 2 {
+		return nil, refusal(status, answer, "")
+	}
+	return answer, nil
 }
 
 // ConsumerCursor returns the cursor consumer name acknowledged last

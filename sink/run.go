@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/valyala/fastjson"
 
 	"stockd.dev/stockd/client"
 )
@@ -58,25 +59,84 @@ func (r *runner) run(ctx context.Context) error {
 		report = t.C
 	}
 	lastEvents, lastReport := uint64(0), time.Now()
-	for ctx.Err() == nil {
+	// The next page is read while this one is written: a reader goroutine
+	// runs one page ahead, after the cursor this run expects the
+	// database to hold. When the database says otherwise (another sink,
+	// a hand), the reader starts again from the database's cursor.
+	pages, stopReading := r.readPages(ctx, r.cursor)
+	defer func() { stopReading() }()
+	for {
 		select {
 		case now := <-report:
 			n := r.events.Load()
 			r.log.Info("progress", "cursor", r.cursor, "events", n, "events_per_s", fmt.Sprintf("%.0f", float64(n-lastEvents)/now.Sub(lastReport).Seconds()),
 				"lag_events", r.lagEvents(), "lag_s", fmt.Sprintf("%.1f", r.lagSeconds()))
 			lastEvents, lastReport = n, now
-		default:
-		}
-		idle, err := r.step(ctx)
-		if err != nil {
-			return err
-		}
-		if idle && r.exitIdle {
-			r.log.Info("caught up", "cursor", r.cursor, "events", r.events.Load())
-			return nil
+		case p, ok := <-pages:
+			if !ok {
+				return nil // ctx ended
+			}
+			idle, err := r.write(ctx, p)
+			if err != nil {
+				return err
+			}
+			if idle && r.exitIdle {
+				r.log.Info("caught up", "cursor", r.cursor, "events", r.events.Load())
+				return nil
+			}
+			if len(p.events) > 0 && r.cursor != p.events[len(p.events)-1].Cursor {
+				stopReading()
+				pages, stopReading = r.readPages(ctx, r.cursor)
+			}
 		}
 	}
-	return nil
+}
+
+// page is one read of the feed: the events after cursor after, and the
+// feed's head; or the read's error, the reader's last page.
+type page struct {
+	after  string
+	events []event
+	head   string
+	err    error
+}
+
+// readPages reads the feed after from, page after page, one page ahead of
+// the writer, until stop or ctx ends (the channel closes, once the reader
+// returned) or a read fails.
+func (r *runner) readPages(ctx context.Context, from string) (pages <-chan page, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan page, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(out)
+		var parser fastjson.Parser
+		after := from
+		for ctx.Err() == nil {
+			p := page{after: after}
+			body, err := r.client.EventsJSON(ctx, after, r.limit, r.wait)
+			if err == nil {
+				p.events, p.head, err = parsePage(&parser, body)
+			}
+			if err != nil && ctx.Err() != nil {
+				return
+			}
+			p.err = err
+			select {
+			case out <- p:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+			if n := len(p.events); n > 0 {
+				after = p.events[n-1].Cursor
+			}
+		}
+	}()
+	return out, func() { cancel(); <-done }
 }
 
 // registerConsumer makes sure stockd knows the consumer, so the feed keeps
@@ -99,25 +159,23 @@ func (r *runner) registerConsumer(ctx context.Context) error {
 	return nil
 }
 
-// step reads one page and writes it; idle when the page was empty.
-func (r *runner) step(ctx context.Context) (idle bool, err error) {
-	page, err := r.client.Events(ctx, r.cursor, r.limit, r.wait)
+// write writes one page; idle when it was empty.
+func (r *runner) write(ctx context.Context, p page) (idle bool, err error) {
 	switch {
-	case errors.Is(err, client.ErrCursorExpired):
-		return false, fmt.Errorf("%w: events after %s were pruned before the table held them; reconcile, then start a new table or consumer (%v)", errGone, r.cursor, err)
-	case err != nil:
-		return false, fmt.Errorf("read the feed after %s: %w", r.cursor, err)
+	case errors.Is(p.err, client.ErrCursorExpired):
+		return false, fmt.Errorf("%w: events after %s were pruned before the table held them; reconcile, then start a new table or consumer (%v)", errGone, p.after, p.err)
+	case p.err != nil:
+		return false, fmt.Errorf("read the feed after %s: %w", p.after, p.err)
+	case p.after != r.cursor:
+		return false, fmt.Errorf("BUG: a page read after %s, the database is at %s", p.after, r.cursor)
 	}
-	if s, err := cursorSeq(page.Head); err == nil {
+	if s, err := cursorSeq(p.head); err == nil {
 		r.headSeq.Store(s)
 	}
-	if len(page.Events) == 0 {
+	events := p.events
+	if len(events) == 0 {
 		r.ack(ctx)
 		return true, nil
-	}
-	events, err := decodeEvents(page)
-	if err != nil {
-		return false, err
 	}
 	if r.cursor == "0" && !r.allowPruned {
 		if first, _ := cursorSeq(events[0].Cursor); first != 1 {
@@ -131,6 +189,9 @@ func (r *runner) step(ctx context.Context) (idle bool, err error) {
 	next := events[len(events)-1].Cursor
 	if err := r.commit(ctx, next, rows); err != nil {
 		return false, err
+	}
+	if r.cursor != next {
+		return false, nil // the database was elsewhere: read again from there
 	}
 	r.events.Add(uint64(len(events)))
 	r.batches.Add(1)

@@ -3,14 +3,13 @@ package sink
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
-	"stockd.dev/stockd/client"
+	"github.com/valyala/fastjson"
 )
 
 // event is one event of the order feed as GET /v1/events sends it.
@@ -235,13 +234,20 @@ func (s *store) upsertSQL(n int) string {
 	return s.upsert[n]
 }
 
-// decodeEvents reads a page's events.
-func decodeEvents(page client.EventsPage) ([]event, error) {
-	out := make([]event, len(page.Events))
-	for i, raw := range page.Events {
-		if err := json.Unmarshal(raw, &out[i]); err != nil {
-			return nil, fmt.Errorf("event %q: %w", raw, err)
-		}
+// parsePage reads a page of GET /v1/events in one pass: its events and
+// the feed's head.
+func parsePage(p *fastjson.Parser, body []byte) (events []event, head string, err error) {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, "", fmt.Errorf("the feed's page: %w", err)
 	}
-	return out, nil
+	str := func(o *fastjson.Value, k string) string { return string(o.GetStringBytes(k)) }
+	arr := v.GetArray("events")
+	events = make([]event, len(arr))
+	for i, o := range arr {
+		events[i] = event{Cursor: str(o, "cursor"), Type: str(o, "type"), OrderID: str(o, "order_id"), SKU: str(o, "sku"),
+			User: str(o, "user"), Qty: o.GetInt64("qty"), State: str(o, "state"), RequestID: str(o, "request_id"),
+			Reason: str(o, "reason"), At: str(o, "at")}
+	}
+	return events, str(v, "head"), nil
 }
