@@ -249,15 +249,23 @@ func TestFeed_OrderEventsSurviveReopenCrashAndRestore(t *testing.T) {
 	}
 }
 
-func TestFeed_CursorsAndPruning(t *testing.T) {
+// ledgerOfTakes is a ledger with one sale, "a", and n takes of it by n1:
+// the feed holds their n events.
+func ledgerOfTakes(t *testing.T, n int) (*testLedger, feedTally) {
+	t.Helper()
 	tl := newTestLedger(t)
 	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
 	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 100})
-	for i := range 20 {
+	for i := range n {
 		tl.apply(take("n1", "a", "u", "o"+string(rune('a'+i)), 1))
 	}
 	var all feedTally
 	all.readAll(t, tl.l)
+	return tl, all
+}
+
+func TestFeed_CursorsAndPruning(t *testing.T) {
+	tl, all := ledgerOfTakes(t, 20)
 	if len(all.events) != 20 {
 		t.Fatalf("%d events, want 20", len(all.events))
 	}
@@ -467,14 +475,7 @@ func TestFeed_ChunksAndEventsOfTheEarlierFormat(t *testing.T) {
 // service's) needs rules 5, never creates a consumer, moves a registered
 // one ahead and leaves it where it is when given an older cursor.
 func TestFeed_ForwardAcksMoveOnlyForward(t *testing.T) {
-	tl := newTestLedger(t)
-	tl.apply(legacyCommand{Op: OpCreateSale, SKU: "a", Sale: &SaleConfig{Total: 100}})
-	tl.apply(legacyCommand{Op: OpLease, Node: "n1", SKU: "a", Qty: 100})
-	for i := range 10 {
-		tl.apply(take("n1", "a", "u", "o"+string(rune('a'+i)), 1))
-	}
-	var all feedTally
-	all.readAll(t, tl.l)
+	tl, all := ledgerOfTakes(t, 10)
 	c3, c7 := all.events[2].Cursor(), all.events[6].Cursor()
 	if r := tl.applyTyped(0, &AckConsumer{Name: "sink", Cursor: c3, Forward: true}); r.Outcome != stock.OutcomeInvalid {
 		t.Fatalf("a forward ack before rules 5: %s", r.Outcome)

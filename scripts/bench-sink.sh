@@ -99,6 +99,7 @@ metric() { # metric PORT NAME
 }
 
 hz=$(getconf CLK_TCK)
+lags=()
 echo "| database | sale (batch route, 3 nodes) | live: max lag | caught up after the sale | backlog: events/s | sink CPU/event | database CPU/event |"
 echo "|---|---|---|---|---|---|---|"
 for kind in postgres mariadb; do
@@ -127,22 +128,25 @@ for kind in postgres mariadb; do
   "$bin" sink -target "$urls" -db "$dsn" -consumer live -metrics "127.0.0.1:$mport" -progress 10s 2>"$cl/sink-live.log" &
   sink_pid=$!; pids+=("$sink_pid")
   wait_port "$mport"
-  maxlag=0 maxlag_s=0
+  maxlag=0 maxlag_s=0 series="" tick=0
   "$bin" bench -target "$urls" -strategy stockd-batch -scenario plentiful -requests "$requests" -duration 120s >"$cl/bench.log" 2>&1 &
   bench_pid=$!
   while kill -0 "$bench_pid" 2>/dev/null; do
     l=$(metric "$mport" stockd_sink_lag_events); s=$(metric "$mport" stockd_sink_lag_seconds)
     [ "${l:-0}" -gt "$maxlag" ] && maxlag=$l
     maxlag_s=$(awk -v a="$maxlag_s" -v b="${s:-0}" 'BEGIN {print (b > a) ? b : a}')
+    [ $((tick % 4)) -eq 0 ] && series="$series $((tick / 2))s:${l:-0}"
+    tick=$((tick + 1))
     sleep 0.5
   done
   wait "$bench_pid" || { cat "$cl/bench.log"; exit 1; }
   rate=$(awk '/^stockd-batch/ {for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) {print $i; exit}}' "$cl/bench.log")
   ended=$(date +%s.%N)
   head=$(curl -s "http://${http[1]}/v1/consumers" | sed -n 's/.*"head":"[0-9]*-\([0-9]*\)".*/\1/p')
-  for _ in $(seq 1 1200); do
+  for i in $(seq 1 1200); do
     c=$(metric "$mport" stockd_sink_cursor_seq)
     [ "${c:-0}" -ge "$head" ] && break
+    [ $((i % 20)) -eq 0 ] && series="$series $(awk -v a="$ended" -v b="$(date +%s.%N)" -v t="$tick" 'BEGIN {printf "%d", t / 2 + b - a}')s:$((head - ${c:-0}))"
     sleep 0.1
   done
   caught=$(awk -v a="$ended" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f s", b - a}')
@@ -163,5 +167,7 @@ for kind in postgres mariadb; do
       -v st="$sink_ticks" -v dt="$((d1 - d0))" -v hz="$hz" 'BEGIN {
     printf "| %s | %s deducts/s | %d events (%.1f s) | %s | %.0f (%d events in %.1f s) | %.1f µs | %.1f µs |\n",
       k, sale, lag, lags, caught, ev / (t1 - t0), ev, t1 - t0, st / hz / ev * 1e6, dt / hz / ev * 1e6 }'
+  lags+=("$kind, lag in events every 2 s of the sale, then while it drains:$series")
   for p in "${node_pids[@]}"; do stop_pid "$p"; done
 done
+printf '%s\n' "${lags[@]}"

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -436,23 +437,15 @@ func (m *merge) compare(o *stockOrder, t *tableRow) {
 		m.sold += t.Qty
 	}
 	var d []string
-	if o.SKU != t.SKU {
-		d = append(d, fmt.Sprintf("sku %s/%s", o.SKU, t.SKU))
-	}
-	if o.User != t.User {
-		d = append(d, fmt.Sprintf("buyer %s/%s", o.User, t.User))
-	}
-	if o.Qty != t.Qty {
-		d = append(d, fmt.Sprintf("qty %d/%d", o.Qty, t.Qty))
-	}
-	if o.State != t.State {
-		d = append(d, fmt.Sprintf("state %s/%s", o.State, t.State))
-	}
-	if o.ReleaseReason != t.ReleaseReason {
-		d = append(d, fmt.Sprintf("release_reason %q/%q", o.ReleaseReason, t.ReleaseReason))
-	}
-	if o.RequestID != t.RequestID {
-		d = append(d, fmt.Sprintf("request_id %q/%q", o.RequestID, t.RequestID))
+	for _, f := range []struct {
+		column, stockd, table string
+	}{
+		{"sku", o.SKU, t.SKU}, {"buyer", o.User, t.User}, {"qty", strconv.FormatInt(o.Qty, 10), strconv.FormatInt(t.Qty, 10)},
+		{"state", o.State, t.State}, {"release_reason", o.ReleaseReason, t.ReleaseReason}, {"request_id", o.RequestID, t.RequestID},
+	} {
+		if f.stockd != f.table {
+			d = append(d, fmt.Sprintf("%s %s/%s", f.column, f.stockd, f.table))
+		}
 	}
 	if len(d) > 0 {
 		m.r.note(fmt.Sprintf("order %s: stockd/table differ: %s", o.OrderID, strings.Join(d, ", ")))
