@@ -10,7 +10,9 @@
 #             time from the bench's end until the table holds every order.
 #   backlog:  a second sink, on a table of its own, started once the sale is
 #             over, writes the whole feed: events per second, and the CPU
-#             the sink and the database spent an event (from /proc).
+#             the sink and the database spent an event (from /proc); beside
+#             it, in the same run, `stockd feed` reading the whole feed into
+#             /dev/null (the rate of a consumer that writes nothing).
 #
 # Installs postgresql and mariadb-server from Debian packages when missing;
 # starts every process in a temp dir and stops each through its own PID.
@@ -100,8 +102,8 @@ metric() { # metric PORT NAME
 
 hz=$(getconf CLK_TCK)
 lags=()
-echo "| database | sale (batch route, 3 nodes) | live: max lag | caught up after the sale | backlog: events/s | sink CPU/event | database CPU/event |"
-echo "|---|---|---|---|---|---|---|"
+echo "| database | sale (batch route, 3 nodes) | live: max lag | caught up after the sale | backlog: events/s | of a reader that writes nothing | sink CPU/event | database CPU/event |"
+echo "|---|---|---|---|---|---|---|---|"
 for kind in postgres mariadb; do
   dsn=$pg_dsn
   [ "$kind" = mariadb ] && dsn=$maria_dsn
@@ -163,10 +165,13 @@ for kind in postgres mariadb; do
   t1=$(date +%s.%N)
   d1=$(db_ticks "$kind")
   events=$head
+  r0=$(date +%s.%N)
+  "$bin" feed -target "$urls" -consumer raw -from 0 -ack=false -limit 1000 -wait 0s -exit-when-idle >/dev/null 2>"$cl/feed.log"
+  r1=$(date +%s.%N)
   awk -v k="$kind" -v sale="${rate:-?}" -v lag="$maxlag" -v lags="$maxlag_s" -v caught="$caught" -v ev="$events" -v t0="$t0" -v t1="$t1" \
-      -v st="$sink_ticks" -v dt="$((d1 - d0))" -v hz="$hz" 'BEGIN {
-    printf "| %s | %s deducts/s | %d events (%.1f s) | %s | %.0f (%d events in %.1f s) | %.1f µs | %.1f µs |\n",
-      k, sale, lag, lags, caught, ev / (t1 - t0), ev, t1 - t0, st / hz / ev * 1e6, dt / hz / ev * 1e6 }'
+      -v st="$sink_ticks" -v dt="$((d1 - d0))" -v hz="$hz" -v r0="$r0" -v r1="$r1" 'BEGIN {
+    printf "| %s | %s deducts/s | %d events (%.1f s) | %s | %.0f (%d events in %.1f s) | %.2fx (%.0f/s) | %.1f µs | %.1f µs |\n",
+      k, sale, lag, lags, caught, ev / (t1 - t0), ev, t1 - t0, (r1 - r0) / (t1 - t0), ev / (r1 - r0), st / hz / ev * 1e6, dt / hz / ev * 1e6 }'
   lags+=("$kind, lag in events every 2 s of the sale, then while it drains:$series")
   for p in "${node_pids[@]}"; do stop_pid "$p"; done
 done
