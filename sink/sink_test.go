@@ -6,7 +6,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -274,4 +277,83 @@ func resumesFromTheDatabase(t *testing.T, srv *dbtest.Server) {
 		t.Fatalf("reconcile: %v\n%s", err, out)
 	}
 	nodetest.CheckLedger(t, c.Client(c.Leader()), "a")
+}
+
+// TestSink_MetricsProgressAndABehindReconcile: while the sink is stopped
+// and the sale goes on, reconcile gives up after -wait with ErrBehind
+// (exit 2); a running sink serves its lag and cursor on -metrics and
+// logs its progress; once it caught up, reconcile agrees.
+func TestSink_MetricsProgressAndABehindReconcile(t *testing.T) {
+	srv := dbtest.Postgres(t)
+	c := nodetest.StartCluster(t)
+	if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/pen", `{"total":50}`); code != 201 {
+		t.Fatalf("create: %d %v", code, body)
+	}
+	nodetest.WaitSaleEverywhere(t, c, "pen")
+	common := []string{"-target", targets(c), "-db", srv.DSN, "-consumer", "shop"}
+	runSink(t, append(common, "-wait", "0s", "-exit-when-idle", "-progress", "0")...)
+	for i := range 30 {
+		if code, body := nodetest.Call(t, c.Client(c.NodeIDs()[i%3]), "POST", "/v1/skus/pen/deduct", fmt.Sprintf(`{"user":"u%d"}`, i)); code != 200 {
+			t.Fatalf("deduct %d: %d %v", i, code, body)
+		}
+	}
+	out, err := reconcile("-target", targets(c), "-db", srv.DSN, "-wait", "300ms")
+	if !errors.Is(err, sink.ErrBehind) || !strings.Contains(err.Error(), "the table is at feed cursor") {
+		t.Fatalf("reconcile with the sink stopped: %v, want ErrBehind\n%s", err, out)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- sink.Main(ctx, append(common, "-wait", "1s", "-progress", "100ms", "-metrics", "127.0.0.1:0"), &bytes.Buffer{}, logs)
+	}()
+	var addr string
+	nodetest.WaitFor(t, 10*time.Second, "the sink's metrics address in its log", func() bool {
+		_, rest, ok := strings.Cut(logs.String(), `msg=metrics`)
+		if ok {
+			_, addr, _ = strings.Cut(rest, "addr=")
+			addr = strings.Fields(addr)[0]
+		}
+		return ok
+	})
+	nodetest.WaitFor(t, 10*time.Second, "the sink to report itself caught up on /metrics", func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := string(b)
+		return strings.Contains(m, "stockd_sink_events_total 30\n") && strings.Contains(m, "stockd_sink_lag_events 0\n") &&
+			strings.Contains(m, "stockd_sink_lag_seconds 0\n") && strings.Contains(m, "stockd_sink_transactions_total")
+	})
+	nodetest.WaitFor(t, 10*time.Second, "a progress line", func() bool {
+		return strings.Contains(logs.String(), "msg=progress") && strings.Contains(logs.String(), "lag_events=0")
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("the sink stopped with %v", err)
+	}
+	if out, err := reconcile("-target", targets(c), "-db", srv.DSN, "-wait", "5s"); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
