@@ -65,7 +65,7 @@ func roundTrip(t *testing.T, srv *dbtest.Server) {
 
 	skus := []string{"cup", "hat", "mug"}
 	for _, sku := range skus {
-		if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/"+sku, `{"total":12,"hold_ttl":"3s"}`); code != 201 {
+		if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/"+sku, `{"total":12,"hold_ttl":"8s"}`); code != 201 {
 			t.Fatalf("create %s: %d %v", sku, code, body)
 		}
 		nodetest.WaitSaleEverywhere(t, c, sku)
@@ -97,7 +97,7 @@ func roundTrip(t *testing.T, srv *dbtest.Server) {
 	}
 	runSink(t, sinkArgs...) // some held, some settled
 	for _, sku := range skus {
-		nodetest.WaitFor(t, 20*time.Second, sku+"'s holds to expire", func() bool {
+		nodetest.WaitFor(t, 40*time.Second, sku+"'s holds to expire", func() bool {
 			_, s := nodetest.CallQuiet(c.Client(c.Leader()), "GET", "/v1/skus/"+sku, "")
 			return s["held"] == float64(0)
 		})
