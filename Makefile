@@ -69,7 +69,8 @@ test-multiproc:
 # processes sell 20,000 deducts over 50 sales with holds; the sink is
 # SIGKILLed five times (once between a commit and its acknowledgement), the
 # leader once, the database stopped hard once; reconcile must agree and an
-# audit trigger must have seen each order inserted once (about 3 minutes).
+# audit trigger must have seen each order inserted once; and the sink and
+# reconcile on HTTPS nodes that require client certificates (about 3 minutes).
 test-sink:
 	STOCKD_MULTIPROC=1 $(GO) test -count=1 -v -timeout 15m -run 'MultiProcess_Sink' ./scenario
 

@@ -47,9 +47,13 @@ type sinkProc struct {
 }
 
 func (p *procCluster) targets() string {
+	scheme := "http://"
+	if p.sec != nil {
+		scheme = "https://"
+	}
 	var urls []string
 	for _, id := range p.ids {
-		urls = append(urls, "http://"+p.httpAddr[id])
+		urls = append(urls, scheme+p.httpAddr[id])
 	}
 	return strings.Join(urls, ",")
 }
@@ -243,4 +247,38 @@ func sinkThroughFaults(t *testing.T, db *dbtest.Server) {
 		}
 	}
 	t.Logf("%d deducts, %d orders, %d sink restarts, all in %s once", sent.Load(), won.Load(), restarts, db.Kind)
+}
+
+// TestMultiProcess_SinkOverTLSWithClientCertificates: nodes on HTTPS that
+// require client certificates; the sink and reconcile with -ca, -cert
+// and -key write and check every order, and without the certificate the
+// sink stops saying why.
+func TestMultiProcess_SinkOverTLSWithClientCertificates(t *testing.T) {
+	needMultiProc(t)
+	db := dbtest.Postgres(t)
+	p, sec, bin := secureCluster(t, func(t *testing.T, bin string, sec *procSecurity) { sec.clientCA = true })
+	leader := p.Client(p.Leader())
+	if code, body := nodetest.Call(t, leader, "PUT", "/v1/skus/tls", `{"total":100}`); code != 201 {
+		t.Fatalf("create: %d %v", code, body)
+	}
+	nodetest.WaitSaleEverywhere(t, p, "tls")
+	for i := range 50 {
+		if code, body := nodetest.Call(t, p.Client(p.ids[i%3]), "POST", "/v1/skus/tls/deduct", fmt.Sprintf(`{"user":"u%d"}`, i)); code != 200 {
+			t.Fatalf("deduct %d: %d %v", i, code, body)
+		}
+	}
+	tlsArgs := []string{"-ca", filepath.Join(sec.dir, "ca.pem"), "-cert", filepath.Join(sec.dir, "client.pem"), "-key", filepath.Join(sec.dir, "client-key.pem")}
+	common := []string{"-target", p.targets(), "-db", db.DSN}
+	out, err := exec.Command(bin, append(append([]string{"sink", "-consumer", "shop", "-wait", "0s", "-exit-when-idle"}, common...), tlsArgs...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("stockd sink over TLS: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, append(append([]string{"reconcile", "-wait", "10s"}, common...), tlsArgs...)...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "50 orders in 1 sales agree") {
+		t.Fatalf("stockd reconcile over TLS: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, append(append([]string{"sink", "-consumer", "shop", "-wait", "0s", "-exit-when-idle"}, common...), tlsArgs[:2]...)...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "client_certificate_required") {
+		t.Fatalf("the sink without its client certificate: %v\n%s", err, out)
+	}
 }
