@@ -379,7 +379,9 @@ func TestSink_TwoSinksOnOneConsumerTakeTurns(t *testing.T) {
 	var logs [2]syncBuffer
 	done := make(chan error, 2)
 	for i := range logs {
-		go func() { done <- sink.Main(ctx, append(args, "-wait", "200ms", "-limit", "7"), &bytes.Buffer{}, &logs[i]) }()
+		go func() {
+			done <- sink.Main(ctx, append(args, "-wait", "200ms", "-limit", "7"), &bytes.Buffer{}, &logs[i])
+		}()
 	}
 	for i := range 300 {
 		if code, body := nodetest.Call(t, c.Client(c.NodeIDs()[i%3]), "POST", "/v1/skus/ink/deduct", fmt.Sprintf(`{"user":"u%d"}`, i)); code != 200 {
