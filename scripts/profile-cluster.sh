@@ -74,6 +74,9 @@ for i in 1 2 3; do
 done
 awk -v t="$total" -v hz="$hz" -v c="$committed" 'BEGIN { printf "summed over the three: %.1f µs a committed deduct\n", t / hz / c * 1e6 }'
 for i in 1 2 3; do
+  echo "n$i: $(curl -s "http://${http[$i]}/metrics" | awk '$1 == "stockd_http_event_loop_handovers_total" {print $2}') connections handed from the event loop to fasthttp"
+done
+for i in 1 2 3; do
   echo "--- n$i, top of $out/n$i.pprof"
   go tool pprof -top -nodecount=25 "$bin" "$out/n$i.pprof" 2>/dev/null | sed -n '4,32p'
 done
