@@ -76,7 +76,12 @@ type stockdStrategy struct {
 	name    string
 	noWait  bool
 	nodes   int
-	clients httpClients
+	clients httpClients // the deducts' (and the holds' confirms and cancels)
+	// control serves every other call (setup, reads, audits) on
+	// connections of its own: a node's event loop hands a connection to
+	// fasthttp at its first request that is not a deduct, for good, and
+	// the deducts measured must not run on such connections.
+	control httpClients
 	token   string // admin token: sale setup and audits
 	service string // service token: deducts and orders
 	// deductPaths is each SKU's deduct path, built once per scenario.
@@ -95,7 +100,8 @@ func newStockd(targets []string, conns int, token, service string, noWait bool, 
 	if noWait {
 		name = "stockd-none"
 	}
-	return &stockdStrategy{name: name, noWait: noWait, nodes: len(targets), clients: newHTTPClients(targets, conns, tlsCfg), token: token, service: service, tls: tlsCfg != nil && strings.HasPrefix(targets[0], "https://")}
+	return &stockdStrategy{name: name, noWait: noWait, nodes: len(targets), clients: newHTTPClients(targets, conns, tlsCfg),
+		control: newHTTPClients(targets, 64, tlsCfg), token: token, service: service, tls: tlsCfg != nil && strings.HasPrefix(targets[0], "https://")}
 }
 
 func (s *stockdStrategy) Name() string {
@@ -144,7 +150,7 @@ func (s *stockdStrategy) Setup(ctx context.Context, sc *Scenario) error {
 		if sc.HoldTTL > 0 {
 			body = fmt.Sprintf(`{"total":%d,"hold_ttl":%q}`, sc.Units[k], sc.HoldTTL.String())
 		}
-		code, answer, err := s.clients.do(0, fasthttp.MethodPut, "/v1/skus/"+sku, s.token, []byte(body))
+		code, answer, err := s.control.do(0, fasthttp.MethodPut, "/v1/skus/"+sku, s.token, []byte(body))
 		if err != nil {
 			return fmt.Errorf("create sale %s: %w", sku, err)
 		}
@@ -158,12 +164,12 @@ func (s *stockdStrategy) Setup(ctx context.Context, sc *Scenario) error {
 	for w := range s.clients {
 		for _, sku := range sc.SKUs {
 			for {
-				code, _, err := s.clients.do(w, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
+				code, _, err := s.control.do(w, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
 				if err == nil && code == fasthttp.StatusOK {
 					break
 				}
 				if time.Now().After(deadline) {
-					return fmt.Errorf("sale %s not visible on %s after 10s", sku, s.clients[w].Addr)
+					return fmt.Errorf("sale %s not visible on %s after 10s", sku, s.control[w].Addr)
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
@@ -223,7 +229,7 @@ func (s *stockdStrategy) AfterWin(_ context.Context, worker int, _ *Request, ord
 func (s *stockdStrategy) Remaining(context.Context) (int64, error) {
 	var n int64
 	for _, sku := range s.sc.SKUs {
-		code, answer, err := s.clients.do(0, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
+		code, answer, err := s.control.do(0, fasthttp.MethodGet, "/v1/skus/"+sku, "", nil)
 		if err != nil || code != fasthttp.StatusOK {
 			return 0, fmt.Errorf("read %s: %d %v", sku, code, err)
 		}
@@ -260,7 +266,7 @@ func (s *stockdStrategy) Final(context.Context) (Final, error) {
 		}
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			code, answer, err := s.clients.do(0, fasthttp.MethodGet, "/v1/skus/"+sku+"/audit", s.token, nil)
+			code, answer, err := s.control.do(0, fasthttp.MethodGet, "/v1/skus/"+sku+"/audit", s.token, nil)
 			if err != nil || code != fasthttp.StatusOK {
 				return f, fmt.Errorf("audit %s: %d %v", sku, code, err)
 			}
@@ -297,7 +303,7 @@ func (s *stockdStrategy) finalFromRows() (Final, error) {
 			Held      int64 `json:"held"`
 			Sold      int64 `json:"sold"`
 		}
-		code, answer, err := s.clients.do(0, fasthttp.MethodGet, "/v1/skus/"+sku, s.token, nil)
+		code, answer, err := s.control.do(0, fasthttp.MethodGet, "/v1/skus/"+sku, s.token, nil)
 		if err != nil || code != fasthttp.StatusOK {
 			return f, fmt.Errorf("read sku %s: %d %v", sku, code, err)
 		}
@@ -392,7 +398,7 @@ func (s *stockdStrategy) Verify(_ context.Context, orderIDs []string) (int, int,
 		go func(w int) {
 			defer wg.Done()
 			for i := w; i < len(orderIDs); i += workers {
-				code, answer, err := s.clients.do(w, fasthttp.MethodGet, "/v1/orders/"+orderIDs[i], s.service, nil)
+				code, answer, err := s.control.do(w, fasthttp.MethodGet, "/v1/orders/"+orderIDs[i], s.service, nil)
 				if err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
