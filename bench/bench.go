@@ -293,7 +293,7 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 	if want("redis-lua") {
 		if o.Redis == "" {
 			skipped = append(skipped, [2]string{"redis-lua", "no -redis address given"})
-		} else if r, err := newRedis(ctx, o.Redis, o.Conns); err != nil {
+		} else if r, err := newRedis(ctx, o); err != nil {
 			skipped = append(skipped, [2]string{"redis-lua", err.Error()})
 		} else {
 			out = append(out, r)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"stockd.dev/stockd/bench/queuebench"
+	"stockd.dev/stockd/internal/procstat"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,7 +134,7 @@ func runLottery(ctx context.Context, o *Options, targets []string, pids []int, l
 		return r, fmt.Errorf("draw of %s: %w", sku, err)
 	}
 	r.drawAfter = time.Since(closeAt)
-	if rss, ok := peakResident(pids); ok {
+	if rss, ok := procstat.PeakResident(pids); ok {
 		r.peakRSS = rss
 	}
 	r.drawn, r.winners = int64(fastjson.GetInt(draw, "entries")), int64(fastjson.GetInt(draw, "winners"))

@@ -53,6 +53,8 @@ type Options struct {
 	QueueTTL     time.Duration // queue: how long an admission lasts
 	QueuePoll    time.Duration // queue: a page's long-poll in line, and how often the others read again
 	Redis        string        // Redis address for the redis-lua strategy
+	RedisWait    int           // replicas each Redis deduct waits for (WAIT), 0: none
+	RedisPIDs    []int         // the Redis server processes, whose CPU the row reports
 	Postgres     string        // PostgreSQL DSN for the pg-* strategies
 	AdminToken   string
 	ServiceToken string
@@ -90,6 +92,17 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.Float64Var(&o.RetryShare, "retry-share", 0.3, "retry-storm: share of requests that re-send an earlier request_id")
 	fs.DurationVar(&o.HoldTTL, "hold-ttl", 2*time.Second, "holds: hold time; winners confirm half, cancel a quarter, let a quarter expire")
 	fs.StringVar(&o.Redis, "redis", "", "Redis address (host:port) for the redis-lua strategy; absent: skipped")
+	fs.IntVar(&o.RedisWait, "redis-wait", 0, "redis-lua: follow every deduct with WAIT N in the same round trip (a replicated Redis: the answer counts once N replicas hold the write)")
+	fs.Func("redis-pids", "redis-lua: comma-separated PIDs of the Redis processes (primary and replicas), whose CPU (from /proc, summed) the row reports as the server's", func(v string) error {
+		for _, f := range splitList(v) {
+			pid, err := strconv.Atoi(f)
+			if err != nil || pid <= 0 {
+				return fmt.Errorf("-redis-pids: %q is not a process id", f)
+			}
+			o.RedisPIDs = append(o.RedisPIDs, pid)
+		}
+		return nil
+	})
 	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL DSN for pg-optimistic and pg-pessimistic; absent: skipped")
 	fs.StringVar(&o.AdminToken, "admin-token", os.Getenv("STOCKD_ADMIN_TOKEN"), "admin token of the target nodes (default $STOCKD_ADMIN_TOKEN)")
 	fs.StringVar(&o.ServiceToken, "service-token", os.Getenv("STOCKD_SERVICE_TOKEN"), "service token of the target nodes, sent with deducts and order calls (default $STOCKD_SERVICE_TOKEN)")

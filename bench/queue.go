@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"stockd.dev/stockd/bench/queuebench"
+	"stockd.dev/stockd/internal/procstat"
 )
 
 // The queue scenario (bench/queuebench): -requests users join a sale of
@@ -39,8 +40,8 @@ func runQueues(ctx context.Context, o *Options, t targets, runID string, report 
 		}
 		c := cfg
 		c.Nodes = len(nodes)
-		c.ServerCPU = func() (time.Duration, bool) { return processCPU(pids) }
-		c.PeakRSS = func() (int64, bool) { return peakResident(pids) }
+		c.ServerCPU = func() (time.Duration, bool) { return procstat.CPU(pids) }
+		c.PeakRSS = func() (int64, bool) { return procstat.PeakResident(pids) }
 		if len(pids) == 0 {
 			c.ServerCPU, c.PeakRSS = nil, nil
 		}

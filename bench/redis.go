@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -26,9 +27,18 @@ type redisStrategy struct {
 	script     *redis.Script
 	sc         *Scenario
 	durability string
+	// wait, when above 0, follows every deduct with WAIT wait (in the same
+	// round trip): its answer counts only once that many replicas hold it.
+	wait int
+	pids []int // the Redis processes (-redis-pids), for their CPU
 }
 
-func newRedis(ctx context.Context, addr string, conns int) (*redisStrategy, error) {
+// redisWaitTimeout bounds a WAIT: a write fewer replicas acknowledged in
+// that time counts as an error, not a sale.
+const redisWaitTimeout = 5 * time.Second
+
+func newRedis(ctx context.Context, o *Options) (*redisStrategy, error) {
+	addr, conns := o.Redis, o.Conns
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conns, MinIdleConns: conns})
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		rdb.Close()
@@ -39,8 +49,13 @@ func newRedis(ctx context.Context, addr string, conns int) (*redisStrategy, erro
 		fsync, _ := rdb.ConfigGet(ctx, "appendfsync").Result()
 		durability = "AOF appendfsync " + fsync["appendfsync"]
 	}
-	return &redisStrategy{rdb: rdb, script: redis.NewScript(deductScript), durability: durability}, nil
+	if o.RedisWait > 0 {
+		durability += fmt.Sprintf(", WAIT %d", o.RedisWait)
+	}
+	return &redisStrategy{rdb: rdb, script: redis.NewScript(deductScript), durability: durability, wait: o.RedisWait, pids: o.RedisPIDs}, nil
 }
+
+func (r *redisStrategy) serverPIDs() []int { return r.pids }
 
 func (r *redisStrategy) Name() string                { return "redis-lua" }
 func (r *redisStrategy) Durability() string          { return r.durability }
@@ -66,7 +81,25 @@ func (r *redisStrategy) Setup(ctx context.Context, s *Scenario) error {
 }
 
 func (r *redisStrategy) Deduct(ctx context.Context, _ int, req *Request) Outcome {
-	res, err := r.script.Run(ctx, r.rdb, redisKeys(r.sc.SKUs[req.SKU]), req.Qty, req.RequestID).Int()
+	keys := redisKeys(r.sc.SKUs[req.SKU])
+	var res int
+	var err error
+	if r.wait > 0 {
+		// The script was loaded by Setup: EVALSHA and WAIT go together,
+		// one round trip, as a client that wants replicated writes sends
+		// them.
+		pipe := r.rdb.Pipeline()
+		call := r.script.EvalSha(ctx, pipe, keys, req.Qty, req.RequestID)
+		acks := pipe.Do(ctx, "WAIT", r.wait, redisWaitTimeout.Milliseconds())
+		if _, err = pipe.Exec(ctx); err == nil {
+			res, err = call.Int()
+		}
+		if n, werr := acks.Int64(); err == nil && (werr != nil || n < int64(r.wait)) {
+			err = fmt.Errorf("WAIT %d: %d replicas acknowledged the write (%v)", r.wait, n, werr)
+		}
+	} else {
+		res, err = r.script.Run(ctx, r.rdb, keys, req.Qty, req.RequestID).Int()
+	}
 	if err != nil {
 		return Outcome{Err: err}
 	}

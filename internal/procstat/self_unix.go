@@ -1,14 +1,14 @@
 //go:build unix
 
-package bench
+package procstat
 
 import (
 	"syscall"
 	"time"
 )
 
-// selfCPU is the CPU time this process has used.
-func selfCPU() time.Duration {
+// Self is the CPU time this process has used.
+func Self() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
