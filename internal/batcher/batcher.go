@@ -59,15 +59,18 @@ func (b *Batcher[T]) Run() {
 		batch := make([]T, 1, 64)
 		batch[0] = first
 		size := b.Header + b.Size(first)
-		batch, size, carry, held = b.fill(batch, size, nil)
+		batch, size, carry, held = b.fill(batch, size, nil, 0)
 		// Under load items arrive in waves behind the batch that just came
 		// back: waiting a moment sends one raft entry for the wave instead
 		// of several (docs/architecture.md, "Choices made on the way").
 		// After a lone item the node is not under load and sends at once.
-		if lastBatch > 1 && !held && b.Linger != nil {
+		// The wait ends early once the batch holds as many items as the
+		// last: the wave is in (its callers got their answers together
+		// and came back), and waiting on only delays everyone in it.
+		if lastBatch > 1 && len(batch) < lastBatch && !held && b.Linger != nil {
 			if d := b.Linger(slots); d > 0 {
 				t := time.NewTimer(d)
-				batch, _, carry, held = b.fill(batch, size, t.C)
+				batch, _, carry, held = b.fill(batch, size, t.C, lastBatch)
 				t.Stop()
 			}
 		}
@@ -83,10 +86,14 @@ func (b *Batcher[T]) Run() {
 
 // fill adds queued items to a batch, up to maxItems and maxBytes encoded;
 // carry (held) is an item that did not fit. With until nil it takes only
-// what is queued now; otherwise it also waits for more until that fires
-// (or the engine stops).
-func (b *Batcher[T]) fill(batch []T, size int, until <-chan time.Time) (_ []T, _ int, carry T, held bool) {
+// what is queued now; otherwise it also waits for more until that fires,
+// the batch holds want items, or the engine stops.
+func (b *Batcher[T]) fill(batch []T, size int, until <-chan time.Time, want int) (_ []T, _ int, carry T, held bool) {
 	for len(batch) < b.MaxItems {
+		if until != nil && len(batch) >= want {
+			// What is queued still joins; the wait is over.
+			until = nil
+		}
 		var item T
 		if until == nil {
 			select {
