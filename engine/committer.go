@@ -34,6 +34,7 @@ func (e *Engine) committer() *batcher.Batcher[*pendingTake] {
 		Linger:  e.lingerFor,
 		Abandon: e.abandon,
 		Commit:  e.commitTakes,
+		Queued:  func(p *pendingTake) time.Time { return p.entered },
 	}
 }
 
@@ -80,6 +81,7 @@ func (e *Engine) commitTakes(batch []*pendingTake) {
 	e.metrics.countBatch(len(batch))
 	proposed := time.Now()
 	res, err := e.propose(&command.Take{Node: e.cfg.NodeID, Entries: entries})
+	e.takes.Verdict()
 	e.metrics.countCommit(time.Since(proposed))
 	if err == nil && len(res.Takes) != len(batch) {
 		e.logger.Error("BUG: take results do not match the batch", "entries", len(batch), "results", len(res.Takes))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"stockd.dev/stockd/engine/admission"
+	"stockd.dev/stockd/internal/batcher"
 	"stockd.dev/stockd/internal/deadline"
 	"stockd.dev/stockd/internal/pendingfilter"
 	"stockd.dev/stockd/raftfsm/command"
@@ -42,8 +43,9 @@ type Engine struct {
 	turnedDown  *turnedDown // pending orders the ledger did not take
 
 	takeQueue    chan *pendingTake
-	localSlots   chan struct{} // semaphore of Take proposals while leading
-	forwardSlots chan struct{} // semaphore of Take proposals forwarded to a leader
+	takes        *batcher.Batcher[*pendingTake] // the group commit of takeQueue (Start)
+	localSlots   chan struct{}                  // semaphore of Take proposals while leading
+	forwardSlots chan struct{}                  // semaphore of Take proposals forwarded to a leader
 	refills      chan *sale
 	giveBacks    chan *sale
 	poll         *poller // wakes deducts waiting for stock
@@ -140,7 +142,8 @@ func New(cfg Config, ledger Ledger) (*Engine, error) {
 func (e *Engine) Start(proposer Proposer) {
 	e.proposer = proposer
 	e.wg.Add(4)
-	go e.committer().Run()
+	e.takes = e.committer()
+	go e.takes.Run()
 	go e.runLeaser()
 	go e.runJanitor()
 	go func() { defer e.wg.Done(); e.poll.run(e.stop, e.pollWaiting) }()

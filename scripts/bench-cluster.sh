@@ -21,10 +21,12 @@
 # with how many rounds met the bars (three nodes at or above Redis's rate,
 # at most 3.0x one node's CPU). TLS=1 runs the stockd rows on node
 # certificates (`-launch 1tls,3tls`: clients and nodes on TLS) and leaves
-# Redis out. Installs redis-server from Debian packages when missing;
+# Redis out. CLIENT=BINARY runs the bench (the load client) from another
+# binary than the nodes' (an older stockd's nodes measured by today's
+# client). Installs redis-server from Debian packages when missing;
 # stops what it started through its own PIDs.
 #
-#   [TLS=1] scripts/bench-cluster.sh [binary] [seconds per row] [conns] [rounds]   (bin/stockd 10 64 3)
+#   [TLS=1] [CLIENT=binary] scripts/bench-cluster.sh [binary] [seconds per row] [conns] [rounds]   (bin/stockd 10 64 3)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -33,6 +35,7 @@ secs=${2:-10}
 conns=${3:-64}
 rounds=${4:-3}
 tls=${TLS:-}
+client=$(realpath "${CLIENT:-$bin}")
 
 start_work cluster
 launch=1,3
@@ -65,7 +68,7 @@ redis_list=$(IFS=,; echo "${redis_pids[*]}")
 bench_rows() {
   local log=$1
   shift
-  "$bin" bench -scenario plentiful -conns "$conns" -duration "${secs}s" -requests 10000000 -progress=false "$@" >"$log" 2>&1 || { cat "$log"; exit 1; }
+  "$client" bench -scenario plentiful -conns "$conns" -duration "${secs}s" -requests 10000000 -progress=false "$@" >"$log" 2>&1 || { cat "$log"; exit 1; }
 }
 # rate_of LOG ROW: the deducts/s of the row whose strategy column is ROW
 # (the number before the p50 latency).
@@ -78,7 +81,7 @@ met_rate=0 met_cpu=0
 for round in $(seq 1 "$rounds"); do
   bench_rows "$work/stockd.log" -launch "$launch" -binary "$bin" -strategy stockd-commit
   one=stockd-commit three="stockd-commit (3 nodes)"
-  [ -n "$tls" ] && one="stockd-commit (TLS)" three="stockd-commit (3 nodes, TLS)"
+  [ -n "$tls" ] && one="stockd-commit TLS" three="stockd-commit (3 nodes) TLS"
   r1=$(rate_of "$work/stockd.log" "$one "); c1=$(cpu_of "$work/stockd.log" "$one")
   r3=$(rate_of "$work/stockd.log" "$three "); c3=$(cpu_of "$work/stockd.log" "$three")
   if [ -z "$r1" ] || [ -z "$r3" ] || [ -z "$c1" ] || [ -z "$c3" ]; then

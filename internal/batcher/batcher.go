@@ -4,6 +4,7 @@ package batcher
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,6 +32,21 @@ type Batcher[T any] struct {
 	// proposes a batch and answers its items.
 	Abandon func(T)
 	Commit  func([]T)
+	// Queued, when set, is when an item was queued (on the real clock);
+	// with Commit calling Verdict, a linger then tells the wave coming
+	// back from the last batch from items that were waiting before it.
+	Queued func(T) time.Time
+
+	verdict atomic.Int64 // UnixNano of the last Verdict
+}
+
+// Verdict tells the batcher (nil: none) that a batch's proposal came
+// back, before its items are answered: items queued after it belong to
+// the wave of callers coming back.
+func (b *Batcher[T]) Verdict() {
+	if b != nil {
+		b.verdict.Store(time.Now().UnixNano())
+	}
 }
 
 // Run is the batcher's loop, until Stop closes (WG counts it).
@@ -64,13 +80,14 @@ func (b *Batcher[T]) Run() {
 		// back: waiting a moment sends one raft entry for the wave instead
 		// of several (docs/architecture.md, "Choices made on the way").
 		// After a lone item the node is not under load and sends at once.
-		// The wait ends early once the batch holds as many items as the
-		// last: the wave is in (its callers got their answers together
-		// and came back), and waiting on only delays everyone in it.
-		if lastBatch > 1 && len(batch) < lastBatch && !held && b.Linger != nil {
+		// The wait ends early once the wave is in: as many items as the
+		// last batch had (its callers got their answers together and came
+		// back) beside those that were waiting before its verdict; waiting
+		// on only delays everyone in it.
+		if want := lastBatch + b.waitedBefore(batch); lastBatch > 1 && len(batch) < want && !held && b.Linger != nil {
 			if d := b.Linger(slots); d > 0 {
 				t := time.NewTimer(d)
-				batch, _, carry, held = b.fill(batch, size, t.C, lastBatch)
+				batch, _, carry, held = b.fill(batch, size, t.C, want)
 				t.Stop()
 			}
 		}
@@ -82,6 +99,21 @@ func (b *Batcher[T]) Run() {
 			<-slots
 		}()
 	}
+}
+
+// waitedBefore counts the items of batch queued before the last verdict.
+func (b *Batcher[T]) waitedBefore(batch []T) int {
+	v := b.verdict.Load()
+	if b.Queued == nil || v == 0 {
+		return 0
+	}
+	n := 0
+	for _, item := range batch {
+		if b.Queued(item).UnixNano() < v {
+			n++
+		}
+	}
+	return n
 }
 
 // fill adds queued items to a batch, up to maxItems and maxBytes encoded;
