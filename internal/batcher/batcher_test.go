@@ -63,6 +63,23 @@ func (h *harness) push(n int) {
 	}
 }
 
+// pushEach queues n items one at a time, each once the batcher has taken
+// the one before from the queue: a batch that stopped lingering too soon
+// goes out without the later ones.
+func (h *harness) pushEach(n int) {
+	h.t.Helper()
+	for range n {
+		h.push(1)
+		deadline := time.Now().Add(30 * time.Second)
+		for len(h.queue) > 0 {
+			if time.Now().After(deadline) {
+				h.t.Fatal("the batcher did not take an item from its queue in 30s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 // batch waits (up to a deadline far past any linger the tests expect to
 // end early) for the next batch and checks its size.
 func (h *harness) batch(want int) {
@@ -88,13 +105,13 @@ func TestBatcher_ALingerEndsOnceTheWaveIsIn(t *testing.T) {
 	go h.b.Run()
 	h.batch(3) // nothing came before: no linger
 	h.answer()
-	h.push(3) // the wave comes back
+	h.pushEach(3) // the wave comes back
 	h.batch(3)
 
 	// One item queued while that batch is in flight, then the wave.
 	h.push(1)
 	h.answer()
-	h.push(3)
+	h.pushEach(3)
 	h.batch(4)
 	h.answer()
 }
