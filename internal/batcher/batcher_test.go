@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -23,6 +24,7 @@ type harness struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	next    int
+	taken   atomic.Int64 // items the batcher took from its queue (it sizes each once)
 }
 
 func newHarness(t *testing.T, linger time.Duration) *harness {
@@ -30,7 +32,7 @@ func newHarness(t *testing.T, linger time.Duration) *harness {
 	slots := make(chan struct{}, 1)
 	h.b = &Batcher[*item]{
 		Queue: h.queue, Stop: h.stop, WG: &h.wg,
-		Size: func(*item) int { return 1 }, MaxItems: 1000, MaxBytes: 1 << 20,
+		Size: func(*item) int { h.taken.Add(1); return 1 }, MaxItems: 1000, MaxBytes: 1 << 20,
 		Slots:   func() chan struct{} { return slots },
 		Linger:  func(chan struct{}) time.Duration { return linger },
 		Abandon: func(*item) {},
@@ -71,7 +73,7 @@ func (h *harness) pushEach(n int) {
 	for range n {
 		h.push(1)
 		deadline := time.Now().Add(30 * time.Second)
-		for len(h.queue) > 0 {
+		for h.taken.Load() < int64(h.next) {
 			if time.Now().After(deadline) {
 				h.t.Fatal("the batcher did not take an item from its queue in 30s")
 			}
