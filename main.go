@@ -155,6 +155,7 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	fs.BoolVar(&cfg.InsecureNoAdminToken, "insecure-no-admin-token", false, "start without -admin-token although -http is reachable from other machines (admin calls then only from loopback clients)")
 	fs.StringVar(&cfg.AdvertiseHTTP, "advertise-http", "", "HTTP address peers use to reach this node (default: the -http address)")
 	fs.StringVar(&cfg.Raft.Advertise, "advertise-raft", "", "the node port's address peers dial, host:port (default: this node's address in -peers, else -raft; needed when -raft listens on 0.0.0.0)")
+	fs.IntVar(&cfg.Procs, "procs", 0, "threads that run Go code at once (GOMAXPROCS; 0: one a core). On cores shared with other busy processes (the load client, other nodes, small VMs) 1 spends less CPU a request: docs/operations.md")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long in-flight requests, queued takes and lease returns may take before the node closes")
 	fs.DurationVar(&cfg.Engine.LeaseIdleReturn, "lease-idle-return", cfg.Engine.LeaseIdleReturn, "return a sale's unused lease after this long without a sale on this node")
 	fs.DurationVar(&cfg.Engine.ReclaimAfter, "reclaim-after", cfg.Engine.ReclaimAfter, "the leader reclaims the leases of a node unreachable this long")
@@ -209,6 +210,9 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	}
 	if raftTimeout <= 0 {
 		return cfg, checkOnly, fmt.Errorf("-raft-timeout %s must be > 0", raftTimeout)
+	}
+	if cfg.Procs < 0 {
+		return cfg, checkOnly, fmt.Errorf("-procs %d must be 0 (one a core) or more", cfg.Procs)
 	}
 	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
 	var level slog.Level
@@ -293,11 +297,14 @@ func serve(args []string, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "stockd: the configuration of node %s checks out (http %s, raft %s, data %s)\n", cfg.ID, cfg.HTTP.Addr, cfg.Raft.RaftBind, cfg.DataDir)
 		return nil
 	}
+	if cfg.Procs > 0 {
+		runtime.GOMAXPROCS(cfg.Procs)
+	}
 	n, err := node.Start(cfg)
 	if err != nil {
 		return err
 	}
-	cfg.Logger.Info("stockd serving", "version", version, "id", cfg.ID, "http", n.HTTPAddr(), "raft", cfg.Raft.RaftBind, "data", cfg.DataDir)
+	cfg.Logger.Info("stockd serving", "version", version, "id", cfg.ID, "http", n.HTTPAddr(), "raft", cfg.Raft.RaftBind, "data", cfg.DataDir, "procs", runtime.GOMAXPROCS(0))
 	scheme := "http"
 	if cfg.TLS.HTTPCert != "" {
 		scheme = "https"

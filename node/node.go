@@ -55,6 +55,10 @@ type Config struct {
 	// DrainTimeout bounds Stop: in-flight requests, queued takes and
 	// lease returns get this long; then the stores close regardless.
 	DrainTimeout time.Duration
+	// Procs is how many threads run Go code at once (GOMAXPROCS; 0: Go's
+	// choice, the machine's cores). stockd serve applies it to its
+	// process; Start does not (nodes of one test process share one).
+	Procs int
 	// NoOrderFeed stops recording the order feed (GET /v1/events then
 	// answers 503). For measuring what the feed costs: every node of a
 	// cluster must run with the same setting from its first start.

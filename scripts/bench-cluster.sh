@@ -23,10 +23,12 @@
 # certificates (`-launch 1tls,3tls`: clients and nodes on TLS) and leaves
 # Redis out. CLIENT=BINARY runs the bench (the load client) from another
 # binary than the nodes' (an older stockd's nodes measured by today's
-# client). Installs redis-server from Debian packages when missing;
+# client); NODE_ARGS adds flags to every node (NODE_ARGS="-procs 1": one
+# thread of Go code a node, as each Redis process runs its commands on
+# one). Installs redis-server from Debian packages when missing;
 # stops what it started through its own PIDs.
 #
-#   [TLS=1] [CLIENT=binary] scripts/bench-cluster.sh [binary] [seconds per row] [conns] [rounds]   (bin/stockd 10 64 3)
+#   [TLS=1] [CLIENT=binary] [NODE_ARGS=flags] scripts/bench-cluster.sh [binary] [seconds per row] [conns] [rounds]   (bin/stockd 10 64 3)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -76,10 +78,10 @@ rate_of() { awk -v r="$2" 'index($0, r) == 1 { n = split(substr($0, length(r) + 
 # cpu_of LOG ROW: the server CPU a deduct of ROW (µs), from the cpu line.
 cpu_of() { awk -v r="(plentiful, $2)" 'index($0, "cpu per deduct") && index($0, r) { sub(/.*server /, ""); print $1 + 0; exit }' "$1"; }
 
-echo "rows of ${secs}s, $conns connections, plentiful stock, $rounds rounds; $(nproc) cores shared by the client and the servers${tls:+; TLS (1tls,3tls)}"
+echo "rows of ${secs}s, $conns connections, plentiful stock, $rounds rounds; $(nproc) cores shared by the client and the servers${tls:+; TLS (1tls,3tls)}${NODE_ARGS:+; nodes with $NODE_ARGS}"
 met_rate=0 met_cpu=0
 for round in $(seq 1 "$rounds"); do
-  bench_rows "$work/stockd.log" -launch "$launch" -binary "$bin" -strategy stockd-commit
+  bench_rows "$work/stockd.log" -launch "$launch" -binary "$bin" -strategy stockd-commit ${NODE_ARGS:+-node-args "$NODE_ARGS"}
   one=stockd-commit three="stockd-commit (3 nodes)"
   [ -n "$tls" ] && one="stockd-commit TLS" three="stockd-commit (3 nodes) TLS"
   r1=$(rate_of "$work/stockd.log" "$one "); c1=$(cpu_of "$work/stockd.log" "$one")

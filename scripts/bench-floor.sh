@@ -24,7 +24,10 @@
 # The node with default flags serves plain deducts from its event loop; a
 # second node runs with -http-event-loop=false (fasthttp serves every
 # request): its sold-out and committed rows follow the default node's,
-# and each round's line ends with its ratios.
+# and each round's line ends with its ratios. A third node runs with
+# -procs 1 (Go code on one thread at a time, as Redis runs its commands on
+# one): its committed row follows Redis's, and the round's line gives its
+# CPU beside Redis's.
 #
 # With PIN=1 every server (the no-op, both nodes, Redis) runs on the last
 # CPU and every client (wrk, redis-benchmark) on the others (taskset):
@@ -209,6 +212,13 @@ node_pid=$main_pid
 curl -sf -X PUT "$alt_url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
 curl -sf -X PUT "$alt_url/v1/skus/gone" -d '{"total":0}' >/dev/null
 
+# The same with -procs 1.
+start_node "$bin" "$work/one-data" "$work/one.log" -procs 1
+pids+=("$node_pid")
+one_pid=$node_pid; one_url=$url
+node_pid=$main_pid
+curl -sf -X PUT "$one_url/v1/skus/plenty" -d '{"total":1000000000}' >/dev/null
+
 # Redis + Lua, appendfsync always.
 redis_port=$(free_port)
 mkdir -p "$work/redis"
@@ -296,6 +306,9 @@ for round in $(seq 1 "$rounds"); do
   redis1_rate=$rate; redis1_cpu=$cpu
   parts_tag=redis-ping parts_pid=$redis_pid redis_row "Redis PING, its floor, pipeline 1" 1 ping
   ping_cpu=$cpu
+  settle "$one_url"
+  wrk_row "stockd -procs 1 wait=commit, wins (wrk)" "$one_pid" "$one_url/v1/skus/plenty/deduct" "$work/deduct.lua"
+  one_cpu=$cpu; one_rate=$rate
   settle "$alt_url"
   wrk_row "stockd -http-event-loop=false sold-out answers (wrk)" "$alt_pid" "$alt_url/v1/skus/gone/deduct" "$work/deduct.lua"
   alt_sold_cpu=$cpu
@@ -322,11 +335,15 @@ for round in $(seq 1 "$rounds"); do
       q(sc, npc), q(sc, nc), q(cc, nc), q(nn, nc), q(cc, rc1), q(cr, r1), q(br, r100), cc - npc, rc1 - pc }')
   line="$line; -http-event-loop=false: $(awk -v npc="$noop_post_cpu" -v nc="$noop_cpu" -v sc="$alt_sold_cpu" -v cc="$alt_commit_cpu" -v cr="$alt_commit_rate" -v r1="$redis1_rate" -v rc1="$redis1_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
     BEGIN { printf "sold-out %.2fx the no-op CPU for the same request, commit %.2fx the no-op CPU and %.2fx Redis + Lua CPU, commit rate %.2fx Redis + Lua", q(sc, npc), q(cc, nc), q(cc, rc1), q(cr, r1) }')"
+  line="$line; -procs 1: commit $(awk -v c="$one_cpu" -v r="$one_rate" -v rc1="$redis1_cpu" -v r1="$redis1_rate" 'function q(a, b) { return b > 0 ? a / b : 0 }
+    BEGIN { printf "%.1f µs, %.2fx Redis + Lua CPU, rate %.2fx Redis + Lua", c, q(c, rc1), q(r, r1) }')"
   [ -n "$machine" ] && line="$line; $machine"
   # The bars' four ratios, for the medians over rounds at the end.
   awk -v nc="$noop_cpu" -v npc="$noop_post_cpu" -v sc="$sold_cpu" -v cc="$commit_cpu" -v cr="$commit_rate" \
     -v r1="$redis1_rate" -v br="$batch_rate" -v r100="$redis100_rate" 'function q(a, b) { return b > 0 ? a / b : 0 }
     BEGIN { printf "%.4f %.4f %.4f %.4f\n", q(sc, npc), q(cc, nc), q(cr, r1), q(br, r100) }' >>"$work/ratios"
+  awk -v c="$commit_cpu" -v oc="$one_cpu" -v rc1="$redis1_cpu" 'function q(a, b) { return b > 0 ? a / b : 0 }
+    BEGIN { printf "%.4f %.4f\n", q(c, rc1), q(oc, rc1) }' >>"$work/cpu-ratios"
   echo "  round $round: $line"
   summary+=("round $round: $line")
   if [ -n "$parts" ]; then parts_table "no-op:$noop_post_cpu" "commit:$commit_cpu" "redis-lua:$redis1_cpu" "redis-ping:$ping_cpu"; fi
@@ -334,6 +351,8 @@ done
 
 audit=$(curl -sf "$node_url/v1/skus/plenty/audit")
 echo "stockd audit of the winning sale: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
+audit=$(curl -sf "$one_url/v1/skus/plenty/audit")
+echo "the -procs 1 node's audit: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
 audit=$(curl -sf "$alt_url/v1/skus/plenty/audit")
 echo "the -http-event-loop=false node's audit: $(echo "$audit" | tr -d '\n' | cut -c1-160)"
 echo "Redis sold $(( 1000000000 - $(rc GET stock) )) units"
@@ -347,4 +366,5 @@ median() {
 met() {
   cut -d' ' -f"$1" "$work/ratios" | awk -v op="$2" -v lim="$3" '(op == "le" && $1 <= lim) || (op == "ge" && $1 >= lim) {n++} END {print n + 0}'
 }
+echo "server CPU a committed deduct against Redis + Lua's (at most 1.00x): default node, median $(cut -d' ' -f1 "$work/cpu-ratios" | sort -g | awk '{a[NR] = $1} END {printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')x in $(awk '$1 <= 1.0 {n++} END {print n + 0}' "$work/cpu-ratios") of $rounds rounds; -procs 1, median $(cut -d' ' -f2 "$work/cpu-ratios" | sort -g | awk '{a[NR] = $1} END {printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')x in $(awk '$2 <= 1.0 {n++} END {print n + 0}' "$work/cpu-ratios") of $rounds rounds"
 echo "medians over the $rounds rounds (rounds that met the bar): sold-out $(median 1)x the no-op for the same request ($(met 1 le 1.2)), commit $(median 2)x the no-op's GET ($(met 2 le 2.57)), commit rate $(median 3)x Redis + Lua ($(met 3 ge 1.0)), batch $(median 4)x Redis pipelined ($(met 4 ge 1.5))"

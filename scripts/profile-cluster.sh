@@ -8,7 +8,9 @@
 # deduct (from /proc, over the whole load) and the top of its profile.
 # The profiles stay in OUT (default ./profiles) for go tool pprof.
 #
-#   scripts/profile-cluster.sh [binary] [conns] [seconds]   (bin/stockd 64 8)
+# NODE_ARGS adds flags to every node (NODE_ARGS="-procs 1").
+#
+#   [NODE_ARGS=...] scripts/profile-cluster.sh [binary] [conns] [seconds]   (bin/stockd 64 8)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -39,7 +41,7 @@ done
 peers=${peers#,} urls=${urls#,}
 secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 for i in 1 2 3; do
-  "$bin" serve -id "n$i" -http "${http[$i]}" -raft "${raft[$i]}" -data "$work/n$i" -peers "$peers" -cluster-secret "$secret" >"$work/n$i.log" 2>&1 &
+  "$bin" serve -id "n$i" -http "${http[$i]}" -raft "${raft[$i]}" -data "$work/n$i" -peers "$peers" -cluster-secret "$secret" ${NODE_ARGS:-} >"$work/n$i.log" 2>&1 &
   pids+=($!)
 done
 for i in 1 2 3; do
