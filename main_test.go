@@ -57,6 +57,23 @@ func TestServe_RefusesUnsafeStarts(t *testing.T) {
 	f("need -admin-token", "-http", "0.0.0.0:0")
 	f("pass -insecure-no-admin-token", "-http", "[::]:0")
 	f("a node id is 1 to 64", "-http", "127.0.0.1:0", "-id", "n/1")
+	f("-procs -1 must be 0 (one a core) or more", "-http", "127.0.0.1:0", "-procs", "-1")
+}
+
+// TestServe_ProcsFromTheFlagOrTheEnvironment: -procs reaches the node's
+// config from the command line and from STOCKD_PROCS, the flag winning.
+func TestServe_ProcsFromTheFlagOrTheEnvironment(t *testing.T) {
+	cfg, err := parseServeFlags([]string{"-data", t.TempDir(), "-procs", "1"}, io.Discard)
+	if err != nil || cfg.Procs != 1 {
+		t.Fatalf("-procs 1: procs %d, err %v", cfg.Procs, err)
+	}
+	t.Setenv("STOCKD_PROCS", "2")
+	if cfg, err = parseServeFlags([]string{"-data", t.TempDir()}, io.Discard); err != nil || cfg.Procs != 2 {
+		t.Fatalf("STOCKD_PROCS=2: procs %d, err %v", cfg.Procs, err)
+	}
+	if cfg, err = parseServeFlags([]string{"-data", t.TempDir(), "-procs", "1"}, io.Discard); err != nil || cfg.Procs != 1 {
+		t.Fatalf("STOCKD_PROCS=2 -procs 1: procs %d, err %v", cfg.Procs, err)
+	}
 }
 
 func TestServe_AcceptsSafeConfigs(t *testing.T) {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -241,5 +243,17 @@ func TestAppendJSONString(t *testing.T) {
 		if err := json.Unmarshal(got[1:], &back); err != nil || back != s {
 			t.Fatalf("%q: appended %s, read back %q (%v)", s, got, back, err)
 		}
+	}
+}
+
+// TestParseFlags_ReplicatedRedis: -redis-wait and -redis-pids reach the
+// options; a PID that is not one is refused, naming it.
+func TestParseFlags_ReplicatedRedis(t *testing.T) {
+	o, err := parseFlags([]string{"-redis", "127.0.0.1:6379", "-redis-wait", "1", "-redis-pids", "10,11,12"}, io.Discard)
+	if err != nil || o.RedisWait != 1 || !slices.Equal(o.RedisPIDs, []int{10, 11, 12}) {
+		t.Fatalf("options %+v, err %v", o, err)
+	}
+	if _, err := parseFlags([]string{"-redis-pids", "10,x"}, io.Discard); err == nil || !strings.Contains(err.Error(), `"x" is not a process id`) {
+		t.Fatalf("-redis-pids 10,x: err %v", err)
 	}
 }
