@@ -28,6 +28,8 @@
 # one). Installs redis-server from Debian packages when missing;
 # stops what it started through its own PIDs.
 #
+# Each round also prints the load client's own CPU a deduct on each side.
+#
 #   [TLS=1] [CLIENT=binary] [NODE_ARGS=flags] scripts/bench-cluster.sh [binary] [seconds per row] [conns] [rounds]   (bin/stockd 10 64 3)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -77,6 +79,9 @@ bench_rows() {
 rate_of() { awk -v r="$2" 'index($0, r) == 1 { n = split(substr($0, length(r) + 1), f, " "); for (i = 1; i < n; i++) if (f[i] ~ /^[0-9]+$/ && f[i + 1] ~ /s$/) { print f[i]; exit } }' "$1"; }
 # cpu_of LOG ROW: the server CPU a deduct of ROW (µs), from the cpu line.
 cpu_of() { awk -v r="(plentiful, $2)" 'index($0, "cpu per deduct") && index($0, r) { sub(/.*server /, ""); print $1 + 0; exit }' "$1"; }
+# client_of LOG ROW: the bench client's CPU a deduct of ROW (µs): it rises
+# with the machine's load, so a slow round shows on both sides.
+client_of() { awk -v r="(plentiful, $2)" 'index($0, "cpu per deduct") && index($0, r) { sub(/.*cpu per deduct: client /, ""); print $1 + 0; exit }' "$1"; }
 
 echo "rows of ${secs}s, $conns connections, plentiful stock, $rounds rounds; $(nproc) cores shared by the client and the servers${tls:+; TLS (1tls,3tls)}${NODE_ARGS:+; nodes with $NODE_ARGS}"
 met_rate=0 met_cpu=0
@@ -90,15 +95,16 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round: could not read the stockd rows:"; cat "$work/stockd.log"; exit 1
   fi
   grep -q "^oversold: 0  flips: 0  late wins: 0" "$work/stockd.log" || { echo "a stockd row failed its checks:"; cat "$work/stockd.log"; exit 1; }
-  line=$(awk -v r1="$r1" -v c1="$c1" -v r3="$r3" -v c3="$c3" 'BEGIN {
-    printf "stockd 1 node %d/s %.1f µs; 3 nodes %d/s %.1f µs summed (%.2fx one node'"'"'s CPU)", r1, c1, r3, c3, c3 / c1 }')
+  k3=$(client_of "$work/stockd.log" "$three")
+  line=$(awk -v r1="$r1" -v c1="$c1" -v r3="$r3" -v c3="$c3" -v k3="$k3" 'BEGIN {
+    printf "stockd 1 node %d/s %.1f µs; 3 nodes %d/s %.1f µs summed (%.2fx one node'"'"'s CPU; the client %.1f µs a deduct)", r1, c1, r3, c3, c3 / c1, k3 }')
   awk -v c1="$c1" -v c3="$c3" 'BEGIN { exit !(c3 <= 3.0 * c1) }' && met_cpu=$((met_cpu + 1))
   if [ -z "$tls" ]; then
     bench_rows "$work/redis.log" -strategy redis-lua -redis "127.0.0.1:$primary" -redis-wait 1 -redis-pids "$redis_list"
-    rr=$(rate_of "$work/redis.log" "redis-lua "); cr=$(cpu_of "$work/redis.log" "redis-lua")
+    rr=$(rate_of "$work/redis.log" "redis-lua "); cr=$(cpu_of "$work/redis.log" "redis-lua"); kr=$(client_of "$work/redis.log" "redis-lua")
     errs=$(awk 'index($0, "redis-lua ") == 1 { print $(NF - 2); exit }' "$work/redis.log")
     [ -n "$rr" ] && [ -n "$cr" ] || { echo "round $round: could not read the Redis row:"; cat "$work/redis.log"; exit 1; }
-    line="$line; Redis primary + 2 replicas, WAIT 1: $rr/s $cr µs summed (errors $errs); 3 nodes' rate $(awk -v a="$r3" -v b="$rr" 'BEGIN {printf "%.2f", a / b}')x Redis's, CPU $(awk -v a="$c3" -v b="$cr" 'BEGIN {printf "%.2f", a / b}')x"
+    line="$line; Redis primary + 2 replicas, WAIT 1: $rr/s $cr µs summed (errors $errs; the client $kr µs a deduct); 3 nodes' rate $(awk -v a="$r3" -v b="$rr" 'BEGIN {printf "%.2f", a / b}')x Redis's, CPU $(awk -v a="$c3" -v b="$cr" 'BEGIN {printf "%.2f", a / b}')x"
     awk -v a="$r3" -v b="$rr" 'BEGIN { exit !(a >= b) }' && met_rate=$((met_rate + 1))
   fi
   echo "round $round: $line"
