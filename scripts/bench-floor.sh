@@ -358,13 +358,14 @@ echo "the -http-event-loop=false node's audit: $(echo "$audit" | tr -d '\n' | cu
 echo "Redis sold $(( 1000000000 - $(rc GET stock) )) units"
 echo "each round's ratios (the bars: sold-out at most 1.20x the no-op for the same request, commit at most 2.57x the no-op's GET (18 µs on a 7 µs floor), commit rate at least 1.00x Redis + Lua, batch at least 1.50x Redis pipelined):"
 for l in "${summary[@]}"; do echo "  $l"; done
-# median COLUMN: the median over rounds of one of the bars' ratios.
+# median COLUMN [FILE]: the median over rounds of one of the bars'
+# ratios (FILE: $work/ratios).
 median() {
-  cut -d' ' -f"$1" "$work/ratios" | sort -g | awk '{a[NR] = $1} END {printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+  cut -d' ' -f"$1" "${2:-$work/ratios}" | sort -g | awk '{a[NR] = $1} END {printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'
 }
-# met COLUMN OP LIMIT: how many rounds met that bar.
+# met COLUMN OP LIMIT [FILE]: how many rounds met that bar.
 met() {
-  cut -d' ' -f"$1" "$work/ratios" | awk -v op="$2" -v lim="$3" '(op == "le" && $1 <= lim) || (op == "ge" && $1 >= lim) {n++} END {print n + 0}'
+  cut -d' ' -f"$1" "${4:-$work/ratios}" | awk -v op="$2" -v lim="$3" '(op == "le" && $1 <= lim) || (op == "ge" && $1 >= lim) {n++} END {print n + 0}'
 }
-echo "server CPU a committed deduct against Redis + Lua's (at most 1.00x): default node, median $(cut -d' ' -f1 "$work/cpu-ratios" | sort -g | awk '{a[NR] = $1} END {printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')x in $(awk '$1 <= 1.0 {n++} END {print n + 0}' "$work/cpu-ratios") of $rounds rounds; -procs 1, median $(cut -d' ' -f2 "$work/cpu-ratios" | sort -g | awk '{a[NR] = $1} END {printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')x in $(awk '$2 <= 1.0 {n++} END {print n + 0}' "$work/cpu-ratios") of $rounds rounds"
+echo "server CPU a committed deduct against Redis + Lua's (at most 1.00x): default node, median $(median 1 "$work/cpu-ratios")x in $(met 1 le 1.0 "$work/cpu-ratios") of $rounds rounds; -procs 1, median $(median 2 "$work/cpu-ratios")x in $(met 2 le 1.0 "$work/cpu-ratios") of $rounds rounds"
 echo "medians over the $rounds rounds (rounds that met the bar): sold-out $(median 1)x the no-op for the same request ($(met 1 le 1.2)), commit $(median 2)x the no-op's GET ($(met 2 le 2.57)), commit rate $(median 3)x Redis + Lua ($(met 3 ge 1.0)), batch $(median 4)x Redis pipelined ($(met 4 ge 1.5))"

@@ -42,25 +42,13 @@ chmod 755 "$work"
 pids=()
 pg_started=""
 cleanup() {
-  for p in "${pids[@]}"; do
-    if kill -0 "$p" 2>/dev/null; then
-      kill -TERM "$p"
-      for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-      kill -KILL "$p" 2>/dev/null || true
-    fi
-  done
+  for p in "${pids[@]}"; do stop_pid "$p"; done
   if [ -n "$pg_started" ]; then
     runuser -u postgres -- "$pgbin/pg_ctl" -D "$work/pg" -m fast stop >/dev/null 2>&1 || true
   fi
   rm -rf "$work"
 }
 trap cleanup EXIT
-
-stop_pid() { # stop_pid PID: SIGTERM, wait
-  kill -TERM "$1" 2>/dev/null || return 0
-  for _ in $(seq 1 200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$1" 2>/dev/null || true
-}
 
 # --- the databases
 pg_port=$(free_port)
@@ -109,22 +97,8 @@ for kind in postgres mariadb; do
   [ "$kind" = mariadb ] && dsn=$maria_dsn
   # A fresh cluster, plain HTTP on loopback.
   cl="$work/cluster-$kind"
-  mkdir -p "$cl"
-  peers="" ; urls=""
-  declare -A http raft
-  for i in 1 2 3; do http[$i]=127.0.0.1:$(free_port); raft[$i]=127.0.0.1:$(free_port); peers="$peers,n$i=${raft[$i]}"; urls="$urls,http://${http[$i]}"; done
-  peers=${peers#,} urls=${urls#,}
-  node_pids=()
-  secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  for i in 1 2 3; do
-    "$bin" serve -id "n$i" -http "${http[$i]}" -raft "${raft[$i]}" -data "$cl/n$i" -peers "$peers" -cluster-secret "$secret" >"$cl/n$i.log" 2>&1 &
-    node_pids+=($!); pids+=($!)
-  done
-  for i in 1 2 3; do
-    ok=""
-    for _ in $(seq 1 300); do curl -sf "http://${http[$i]}/readyz" >/dev/null && { ok=1; break; }; sleep 0.1; done
-    [ -n "$ok" ] || { echo "n$i is not ready after 30 s:"; tail -n 20 "$cl/n$i.log"; exit 1; }
-  done
+  start_cluster "$bin" "$cl"
+  urls=$(IFS=,; echo "${cluster_urls[*]}")
 
   mport=$(free_port)
   "$bin" sink -target "$urls" -db "$dsn" -consumer live -metrics "127.0.0.1:$mport" -progress 10s 2>"$cl/sink-live.log" &
@@ -144,7 +118,7 @@ for kind in postgres mariadb; do
   wait "$bench_pid" || { cat "$cl/bench.log"; exit 1; }
   rate=$(awk '/^stockd-batch/ {for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) {print $i; exit}}' "$cl/bench.log")
   ended=$(date +%s.%N)
-  head=$(curl -s "http://${http[1]}/v1/consumers" | sed -n 's/.*"head":"[0-9]*-\([0-9]*\)".*/\1/p')
+  head=$(curl -s "${cluster_urls[0]}/v1/consumers" | sed -n 's/.*"head":"[0-9]*-\([0-9]*\)".*/\1/p')
   for i in $(seq 1 1200); do
     c=$(metric "$mport" stockd_sink_cursor_seq)
     [ "${c:-0}" -ge "$head" ] && break
@@ -173,6 +147,6 @@ for kind in postgres mariadb; do
     printf "| %s | %s deducts/s | %d events (%.1f s) | %s | %.0f (%d events in %.1f s) | %.2fx (%.0f/s) | %.1f µs | %.1f µs |\n",
       k, sale, lag, lags, caught, ev / (t1 - t0), ev, t1 - t0, (r1 - r0) / (t1 - t0), ev / (r1 - r0), st / hz / ev * 1e6, dt / hz / ev * 1e6 }'
   lags+=("$kind, lag in events every 2 s of the sale, then while it drains:$series")
-  for p in "${node_pids[@]}"; do stop_pid "$p"; done
+  for p in "${cluster_pids[@]}"; do stop_pid "$p"; done
 done
 printf '%s\n' "${lags[@]}"

@@ -20,63 +20,39 @@ secs=${3:-8}
 out=${OUT:-./profiles}
 mkdir -p "$out"
 
-work=$(mktemp -d /tmp/stockd-profile-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do
-    kill -TERM "$p" 2>/dev/null || continue
-    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-peers="" urls=""
-declare -A http raft
-for i in 1 2 3; do
-  http[$i]=127.0.0.1:$(free_port); raft[$i]=127.0.0.1:$(free_port)
-  peers="$peers,n$i=${raft[$i]}"; urls="$urls,http://${http[$i]}"
-done
-peers=${peers#,} urls=${urls#,}
-secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-for i in 1 2 3; do
-  "$bin" serve -id "n$i" -http "${http[$i]}" -raft "${raft[$i]}" -data "$work/n$i" -peers "$peers" -cluster-secret "$secret" ${NODE_ARGS:-} >"$work/n$i.log" 2>&1 &
-  pids+=($!)
-done
-for i in 1 2 3; do
-  ok=""
-  for _ in $(seq 1 300); do curl -sf "http://${http[$i]}/readyz" >/dev/null && { ok=1; break; }; sleep 0.1; done
-  [ -n "$ok" ] || { echo "n$i is not ready after 30 s:"; tail -n 20 "$work/n$i.log"; exit 1; }
-done
+start_work profile
+# NODE_ARGS stays unquoted: it holds several flags.
+# shellcheck disable=SC2086
+start_cluster "$bin" "$work" ${NODE_ARGS:-}
+urls=$(IFS=,; echo "${cluster_urls[*]}")
 
 declare -A before
-for i in 1 2 3; do before[$i]=$(cpu_ticks "${pids[$((i - 1))]}"); done
+for i in 1 2 3; do before[$i]=$(cpu_ticks "${cluster_pids[$((i - 1))]}"); done
 "$bin" bench -target "$urls" -strategy stockd-commit -scenario plentiful -conns "$conns" -requests 5000000 -duration $((secs + 6))s >"$work/bench.log" 2>&1 &
 bench_pid=$!
 sleep 3 # the load ramps up before the profiles start
 curls=()
 for i in 1 2 3; do
-  curl -s -o "$out/n$i.pprof" "http://${http[$i]}/debug/pprof/profile?seconds=$secs" &
+  curl -s -o "$out/n$i.pprof" "${cluster_urls[$((i - 1))]}/debug/pprof/profile?seconds=$secs" &
   curls+=($!)
 done
 wait "${curls[@]}"
 wait "$bench_pid" || { cat "$work/bench.log"; exit 1; }
 committed=$(awk '/^stockd-commit/ {for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) {n++; if (n == 2) {print $i; exit}}}' "$work/bench.log")
 rate=$(awk '/^stockd-commit/ {for (i = 2; i <= NF; i++) if ($i ~ /^[0-9]+$/) {print $i; exit}}' "$work/bench.log")
-leader=$(curl -s "http://${http[1]}/v1/cluster" | sed -n 's/.*"leader":"\([^"]*\)".*/\1/p')
+leader=$(curl -s "${cluster_urls[0]}/v1/cluster" | sed -n 's/.*"leader":"\([^"]*\)".*/\1/p')
 hz=$(getconf CLK_TCK)
 echo "three nodes, $conns connections: $rate committed deducts/s; leader $leader; wins $committed"
 total=0
 for i in 1 2 3; do
-  t=$(( $(cpu_ticks "${pids[$((i - 1))]}") - ${before[$i]} ))
+  t=$(( $(cpu_ticks "${cluster_pids[$((i - 1))]}") - ${before[$i]} ))
   total=$((total + t))
   awk -v n="n$i" -v l="$leader" -v t="$t" -v hz="$hz" -v c="$committed" 'BEGIN {
     printf "%s (%s): %.1f µs a committed deduct\n", n, (n == l) ? "leader" : "follower", t / hz / c * 1e6 }'
 done
 awk -v t="$total" -v hz="$hz" -v c="$committed" 'BEGIN { printf "summed over the three: %.1f µs a committed deduct\n", t / hz / c * 1e6 }'
 for i in 1 2 3; do
-  echo "n$i: $(curl -s "http://${http[$i]}/metrics" | awk '$1 == "stockd_http_event_loop_handovers_total" {print $2}') connections handed from the event loop to fasthttp"
+  echo "n$i: $(curl -s "${cluster_urls[$((i - 1))]}/metrics" | awk '$1 == "stockd_http_event_loop_handovers_total" {print $2}') connections handed from the event loop to fasthttp"
 done
 for i in 1 2 3; do
   echo "--- n$i, top of $out/n$i.pprof"

@@ -51,6 +51,16 @@ func reconcile(args ...string) (string, error) {
 	return out.String() + errs.String(), err
 }
 
+// createSale creates sale sku through the leader and waits until every
+// node reads it.
+func createSale(t *testing.T, c *nodetest.Cluster, sku, body string) {
+	t.Helper()
+	if code, resp := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/"+sku, body); code != 201 {
+		t.Fatalf("create %s: %d %v", sku, code, resp)
+	}
+	nodetest.WaitSaleEverywhere(t, c, sku)
+}
+
 // roundTrip: three sales with holds over a three-node cluster; the sink
 // runs before the sale (creating its tables), in the middle and at the
 // end. Every order is inserted once (the audit trigger says so), every
@@ -65,10 +75,7 @@ func roundTrip(t *testing.T, srv *dbtest.Server) {
 
 	skus := []string{"cup", "hat", "mug"}
 	for _, sku := range skus {
-		if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/"+sku, `{"total":12,"hold_ttl":"8s"}`); code != 201 {
-			t.Fatalf("create %s: %d %v", sku, code, body)
-		}
-		nodetest.WaitSaleEverywhere(t, c, sku)
+		createSale(t, c, sku, `{"total":12,"hold_ttl":"8s"}`)
 	}
 	var orders []string
 	for i := range 45 {
@@ -286,10 +293,7 @@ func resumesFromTheDatabase(t *testing.T, srv *dbtest.Server) {
 func TestSink_MetricsProgressAndABehindReconcile(t *testing.T) {
 	srv := dbtest.Postgres(t)
 	c := nodetest.StartCluster(t)
-	if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/pen", `{"total":50}`); code != 201 {
-		t.Fatalf("create: %d %v", code, body)
-	}
-	nodetest.WaitSaleEverywhere(t, c, "pen")
+	createSale(t, c, "pen", `{"total":50}`)
 	common := []string{"-target", targets(c), "-db", srv.DSN, "-consumer", "shop"}
 	runSink(t, append(common, "-wait", "0s", "-exit-when-idle", "-progress", "0")...)
 	for i := range 30 {
@@ -365,10 +369,7 @@ func (s *syncBuffer) String() string {
 func TestSink_TwoSinksOnOneConsumerTakeTurns(t *testing.T) {
 	srv := dbtest.Postgres(t)
 	c := nodetest.StartCluster(t)
-	if code, body := nodetest.Call(t, c.Client(c.Leader()), "PUT", "/v1/skus/ink", `{"total":1000}`); code != 201 {
-		t.Fatalf("create: %d %v", code, body)
-	}
-	nodetest.WaitSaleEverywhere(t, c, "ink")
+	createSale(t, c, "ink", `{"total":1000}`)
 	args := []string{"-target", targets(c), "-db", srv.DSN, "-consumer", "shop", "-progress", "0"}
 	runSink(t, append(args, "-wait", "0s", "-exit-when-idle")...)
 	db := srv.DB()

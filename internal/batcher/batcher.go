@@ -84,11 +84,13 @@ func (b *Batcher[T]) Run() {
 		// last batch had (its callers got their answers together and came
 		// back) beside those that were waiting before its verdict; waiting
 		// on only delays everyone in it.
-		if want := lastBatch + b.waitedBefore(batch); lastBatch > 1 && len(batch) < want && !held && b.Linger != nil {
+		if lastBatch > 1 && !held && b.Linger != nil {
 			if d := b.Linger(slots); d > 0 {
-				t := time.NewTimer(d)
-				batch, _, carry, held = b.fill(batch, size, t.C, want)
-				t.Stop()
+				if want := lastBatch + b.waitedBefore(batch); len(batch) < want {
+					t := time.NewTimer(d)
+					batch, _, carry, held = b.fill(batch, size, t.C, want)
+					t.Stop()
+				}
 			}
 		}
 		lastBatch = len(batch)
