@@ -100,7 +100,7 @@ func Main(args []string, stdout, stderr io.Writer) error {
 type targets struct {
 	sets   [][]string // each cluster's node URLs
 	pids   [][]int    // each launched cluster's node pids; none for -target
-	noFeed []bool
+	how    []Launch   // how each launched cluster was started; none for -target
 }
 
 // startTargets launches o's clusters, or takes its -target nodes. stop
@@ -123,12 +123,12 @@ func startTargets(o *Options, bin, dir string) (targets, func(io.Writer), error)
 	}
 	for i, ln := range o.Launches {
 		var sec *launchTLS
-		if ln.TLS {
+		if ln.TLS || ln.PeerTLS {
 			var err error
-			if sec, err = makeLaunchCerts(bin, dir+"/certs"); err != nil {
+			if sec, err = makeLaunchCerts(bin, dir+"/certs", ln.TLS); err != nil {
 				return t, stop, err
 			}
-			if o.TLS == nil {
+			if ln.TLS && o.TLS == nil {
 				o.TLS = sec.client
 			}
 		}
@@ -143,7 +143,7 @@ func startTargets(o *Options, bin, dir string) (targets, func(io.Writer), error)
 			urls = append(urls, l.url)
 			pids = append(pids, l.cmd.Process.Pid)
 		}
-		t.sets, t.pids, t.noFeed = append(t.sets, urls), append(t.pids, pids), append(t.noFeed, ln.NoFeed)
+		t.sets, t.pids, t.how = append(t.sets, urls), append(t.pids, pids), append(t.how, ln)
 	}
 	return t, stop, nil
 }
@@ -175,7 +175,7 @@ func runScenario(ctx context.Context, o *Options, name, runID string, t targets,
 	if err != nil {
 		return err
 	}
-	strategies, skipped := buildStrategies(ctx, o, t.sets, t.pids, t.noFeed, bin, dir)
+	strategies, skipped := buildStrategies(ctx, o, t.sets, t.pids, t.how, bin, dir)
 	for _, why := range skipped {
 		report.Runs = append(report.Runs, &Run{Scenario: name, Strategy: why[0], Skipped: why[1], Total: sc.TotalUnits()})
 	}
@@ -243,7 +243,7 @@ func absPath(path string) string {
 
 // buildStrategies makes every selected strategy that can run, and a
 // one-line reason for each that cannot.
-func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, targetPIDs [][]int, targetNoFeed []bool, bin, dir string) ([]Strategy, [][2]string) {
+func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, targetPIDs [][]int, targetHow []Launch, bin, dir string) ([]Strategy, [][2]string) {
 	want := func(name string) bool { return len(o.Strategies) == 0 || slices.Contains(o.Strategies, name) }
 	var out []Strategy
 	var skipped [][2]string
@@ -259,7 +259,9 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 			if i < len(targetPIDs) {
 				st.pids = targetPIDs[i]
 			}
-			st.noFeed = i < len(targetNoFeed) && targetNoFeed[i]
+			if i < len(targetHow) {
+				st.noFeed, st.peerTLS = targetHow[i].NoFeed, targetHow[i].PeerTLS
+			}
 			st.noAudit = o.NoFinalAudit
 			out = append(out, st)
 		}
@@ -273,7 +275,9 @@ func buildStrategies(ctx context.Context, o *Options, targetSets [][]string, tar
 			if i < len(targetPIDs) {
 				st.pids = targetPIDs[i]
 			}
-			st.noFeed = i < len(targetNoFeed) && targetNoFeed[i]
+			if i < len(targetHow) {
+				st.noFeed, st.peerTLS = targetHow[i].NoFeed, targetHow[i].PeerTLS
+			}
 			st.noAudit = o.NoFinalAudit
 			out = append(out, st)
 		}

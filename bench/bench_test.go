@@ -257,3 +257,25 @@ func TestParseFlags_ReplicatedRedis(t *testing.T) {
 		t.Fatalf("-redis-pids 10,x: err %v", err)
 	}
 }
+
+// TestParseFlags_LaunchSuffixes: tls puts clients and nodes on TLS,
+// peertls only the nodes among themselves; anything else is refused.
+func TestParseFlags_LaunchSuffixes(t *testing.T) {
+	o, err := parseFlags([]string{"-launch", "1,3tls,3peertls,3nofeedpeertls"}, io.Discard)
+	want := []Launch{{Nodes: 1}, {Nodes: 3, TLS: true}, {Nodes: 3, PeerTLS: true}, {Nodes: 3, NoFeed: true, PeerTLS: true}}
+	if err != nil || !slices.Equal(o.Launches, want) {
+		t.Fatalf("launches %+v, want %+v (err %v)", o.Launches, want, err)
+	}
+	for _, bad := range []string{"3peer", "3tlspeertls", "2peertls"} {
+		if _, err := parseFlags([]string{"-launch", bad}, io.Discard); err == nil {
+			t.Fatalf("-launch %s accepted", bad)
+		}
+	}
+	peer := &launchTLS{dir: "/c"}
+	if args := strings.Join(peer.nodeArgs("n2"), " "); args != "-node-cert /c/n2.pem -node-key /c/n2-key.pem -node-ca /c/ca.pem" {
+		t.Fatalf("peer TLS node args %q", args)
+	}
+	if args := (&launchTLS{dir: "/c", https: true}).nodeArgs("n2"); !slices.Contains(args, "-http-cert") {
+		t.Fatalf("TLS node args %q lack -http-cert", args)
+	}
+}

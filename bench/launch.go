@@ -92,10 +92,13 @@ func launchCluster(binary, dir string, n int, noFeed bool, sec *launchTLS, extra
 		cmd := exec.Command(binary, args...)
 		cmd.Stdout, cmd.Stderr = logFile, logFile
 		cmd.Env = cleanEnv()
-		scheme := "https://"
+		scheme := "http://"
+		if sec != nil && sec.https {
+			scheme = "https://"
+		}
 		if sec == nil {
 			// The secret goes through the environment, not argv, which ps shows.
-			cmd.Env, scheme = append(cmd.Env, "STOCKD_CLUSTER_SECRET="+secret), "http://"
+			cmd.Env = append(cmd.Env, "STOCKD_CLUSTER_SECRET="+secret)
 		}
 		if err := cmd.Start(); err != nil {
 			logFile.Close()
@@ -107,7 +110,7 @@ func launchCluster(binary, dir string, n int, noFeed bool, sec *launchTLS, extra
 		out = append(out, l)
 	}
 	client := &fasthttp.Client{}
-	if sec != nil {
+	if sec != nil && sec.https {
 		client.TLSConfig = sec.client
 	}
 	deadline := time.Now().Add(launchReadyTimeout)
@@ -208,11 +211,12 @@ func launchNoop(binary, dir string) (*launched, error) {
 type launchTLS struct {
 	dir    string
 	client *tls.Config // checks the nodes' HTTPS
+	https  bool        // the nodes serve clients HTTPS too, not only TLS among themselves
 }
 
 // makeLaunchCerts makes the certificates in dir once (later calls load
-// them).
-func makeLaunchCerts(binary, dir string) (*launchTLS, error) {
+// them); https: the nodes serve clients on them too.
+func makeLaunchCerts(binary, dir string, https bool) (*launchTLS, error) {
 	if _, err := os.Stat(filepath.Join(dir, "ca.pem")); err != nil {
 		steps := [][]string{{"cert", "ca", "-out", dir}}
 		for i := 1; i <= 3; i++ {
@@ -228,11 +232,16 @@ func makeLaunchCerts(binary, dir string) (*launchTLS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &launchTLS{dir: dir, client: cfg}, nil
+	return &launchTLS{dir: dir, client: cfg, https: https}, nil
 }
 
-// nodeArgs are node id's certificate flags: node-to-node TLS and HTTPS.
+// nodeArgs are node id's certificate flags: node-to-node TLS, and HTTPS
+// when l.https.
 func (l *launchTLS) nodeArgs(id string) []string {
 	cert, key := filepath.Join(l.dir, id+".pem"), filepath.Join(l.dir, id+"-key.pem")
-	return []string{"-node-cert", cert, "-node-key", key, "-node-ca", filepath.Join(l.dir, "ca.pem"), "-http-cert", cert, "-http-key", key}
+	args := []string{"-node-cert", cert, "-node-key", key, "-node-ca", filepath.Join(l.dir, "ca.pem")}
+	if l.https {
+		args = append(args, "-http-cert", cert, "-http-key", key)
+	}
+	return args
 }

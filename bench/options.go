@@ -72,7 +72,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs := flag.NewFlagSet("stockd bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&targets, "target", "", "comma-separated stockd node URLs to load, e.g. http://127.0.0.1:8080 (requests are spread over them)")
-	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load); 1nofeed or 3nofeed launch them with -no-order-feed; a tls suffix (1tls, 3nofeedtls) launches them on node certificates the harness makes, clients on HTTPS")
+	fs.StringVar(&launch, "launch", "", "launch local stockd nodes in a temp dir instead of -target, and stop them afterwards: 1, 3, or 1,3 (one node, then a three-node cluster, same load); 1nofeed or 3nofeed launch them with -no-order-feed; a tls suffix (1tls, 3nofeedtls) launches them on node certificates the harness makes, clients on HTTPS; peertls (3peertls) puts only node-to-node traffic on TLS, clients on plain HTTP")
 	fs.StringVar(&caFile, "ca", "", "CA bundle (PEM) that checks https:// targets")
 	fs.StringVar(&certFile, "cert", "", "client certificate (PEM) for targets that require one (-http-client-ca)")
 	fs.StringVar(&keyFile, "key", "", "the key of -cert (PEM)")
@@ -141,13 +141,17 @@ hot-cold (Zipf over many SKUs), retry-storm (re-sent request ids), holds
 		o.Targets = append(o.Targets, strings.TrimRight(t, "/"))
 	}
 	for _, part := range splitList(launch) {
-		nodes, secure := strings.CutSuffix(part, "tls")
+		nodes, peerTLS := strings.CutSuffix(part, "peertls")
+		secure := false
+		if !peerTLS {
+			nodes, secure = strings.CutSuffix(part, "tls")
+		}
 		nodes, noFeed := strings.CutSuffix(nodes, "nofeed")
 		n, err := strconv.Atoi(nodes)
 		if err != nil || (n != 1 && n != 3) {
-			return o, fmt.Errorf("-launch %q: each entry must be 1 or 3, optionally followed by nofeed, then tls (1, 3, 1nofeed, 3tls, ...)", launch)
+			return o, fmt.Errorf("-launch %q: each entry must be 1 or 3, optionally followed by nofeed, then tls or peertls (1, 3, 1nofeed, 3tls, 3peertls, ...)", launch)
 		}
-		o.Launches = append(o.Launches, Launch{Nodes: n, NoFeed: noFeed, TLS: secure})
+		o.Launches = append(o.Launches, Launch{Nodes: n, NoFeed: noFeed, TLS: secure, PeerTLS: peerTLS})
 	}
 	if caFile != "" || certFile != "" {
 		var err error
@@ -171,6 +175,9 @@ type Launch struct {
 	// TLS launches the nodes on node certificates the harness makes, with
 	// HTTPS for its clients.
 	TLS bool
+	// PeerTLS launches them on node certificates for raft and node-to-node
+	// calls only: clients speak plain HTTP (the event loop's door).
+	PeerTLS bool
 }
 
 func splitList(s string) []string {

@@ -91,6 +91,7 @@ type stockdStrategy struct {
 	noFeed      bool  // the launched nodes record no order feed
 	noAudit     bool  // Final reads the SKU rows, not their audits (-no-final-audit)
 	tls         bool  // the nodes speak HTTPS (and TLS among themselves when launched so)
+	peerTLS     bool  // the launched nodes speak TLS among themselves, HTTP to clients
 }
 
 func (s *stockdStrategy) serverPIDs() []int { return s.pids }
@@ -105,8 +106,11 @@ func newStockd(targets []string, conns int, token, service string, noWait bool, 
 }
 
 func (s *stockdStrategy) Name() string {
-	if s.tls {
+	switch {
+	case s.tls:
 		return s.plainName() + " TLS"
+	case s.peerTLS:
+		return s.plainName() + " peer TLS"
 	}
 	return s.plainName()
 }

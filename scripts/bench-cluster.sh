@@ -21,7 +21,9 @@
 # with how many rounds met the bars (three nodes at or above Redis's rate,
 # at most 3.0x one node's CPU). TLS=1 runs the stockd rows on node
 # certificates (`-launch 1tls,3tls`: clients and nodes on TLS) and leaves
-# Redis out. CLIENT=BINARY runs the bench (the load client) from another
+# Redis out; TLS=peer puts only the traffic between the nodes on TLS
+# (`-launch 1,3peertls`: raft and forwarded takes over mutually
+# authenticated TLS, clients on plain HTTP as before), Redis left out too. CLIENT=BINARY runs the bench (the load client) from another
 # binary than the nodes' (an older stockd's nodes measured by today's
 # client); NODE_ARGS adds flags to every node (NODE_ARGS="-procs 1": one
 # thread of Go code a node, as each Redis process runs its commands on
@@ -30,7 +32,7 @@
 #
 # Each round also prints the load client's own CPU a deduct on each side.
 #
-#   [TLS=1] [CLIENT=binary] [NODE_ARGS=flags] scripts/bench-cluster.sh [binary] [seconds per row] [conns] [rounds]   (bin/stockd 10 64 3)
+#   [TLS=1|peer] [CLIENT=binary] [NODE_ARGS=flags] scripts/bench-cluster.sh [binary] [seconds per row] [conns] [rounds]   (bin/stockd 10 64 3)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -42,8 +44,12 @@ tls=${TLS:-}
 client=$(realpath "${CLIENT:-$bin}")
 
 start_work cluster
-launch=1,3
-[ -n "$tls" ] && launch=1tls,3tls
+launch=1,3 one=stockd-commit three="stockd-commit (3 nodes)"
+case $tls in
+  '') ;;
+  peer) launch=1,3peertls three="stockd-commit (3 nodes) peer TLS" ;;
+  *) launch=1tls,3tls one="stockd-commit TLS" three="stockd-commit (3 nodes) TLS" ;;
+esac
 
 # A Redis primary and two replicas, appendfsync always on each.
 redis_pids=()
@@ -83,12 +89,10 @@ cpu_of() { awk -v r="(plentiful, $2)" 'index($0, "cpu per deduct") && index($0, 
 # with the machine's load, so a slow round shows on both sides.
 client_of() { awk -v r="(plentiful, $2)" 'index($0, "cpu per deduct") && index($0, r) { sub(/.*cpu per deduct: client /, ""); print $1 + 0; exit }' "$1"; }
 
-echo "rows of ${secs}s, $conns connections, plentiful stock, $rounds rounds; $(nproc) cores shared by the client and the servers${tls:+; TLS (1tls,3tls)}${NODE_ARGS:+; nodes with $NODE_ARGS}"
+echo "rows of ${secs}s, $conns connections, plentiful stock, $rounds rounds; $(nproc) cores shared by the client and the servers${tls:+; TLS ($launch)}${NODE_ARGS:+; nodes with $NODE_ARGS}"
 met_rate=0 met_cpu=0
 for round in $(seq 1 "$rounds"); do
   bench_rows "$work/stockd.log" -launch "$launch" -binary "$bin" -strategy stockd-commit ${NODE_ARGS:+-node-args "$NODE_ARGS"}
-  one=stockd-commit three="stockd-commit (3 nodes)"
-  [ -n "$tls" ] && one="stockd-commit TLS" three="stockd-commit (3 nodes) TLS"
   r1=$(rate_of "$work/stockd.log" "$one "); c1=$(cpu_of "$work/stockd.log" "$one")
   r3=$(rate_of "$work/stockd.log" "$three "); c3=$(cpu_of "$work/stockd.log" "$three")
   if [ -z "$r1" ] || [ -z "$r3" ] || [ -z "$c1" ] || [ -z "$c3" ]; then
