@@ -98,9 +98,9 @@ func Main(args []string, stdout, stderr io.Writer) error {
 // targets are the stockd clusters the rows run against: launched ones
 // (kept up for every scenario) or the -target ones.
 type targets struct {
-	sets   [][]string // each cluster's node URLs
-	pids   [][]int    // each launched cluster's node pids; none for -target
-	how    []Launch   // how each launched cluster was started; none for -target
+	sets [][]string // each cluster's node URLs
+	pids [][]int    // each launched cluster's node pids; none for -target
+	how  []Launch   // how each launched cluster was started; none for -target
 }
 
 // startTargets launches o's clusters, or takes its -target nodes. stop
