@@ -83,7 +83,7 @@ func (c *Client) client(addr string) *fasthttp.HostClient {
 	hc, ok := c.clients[addr]
 	if !ok {
 		hc = &fasthttp.HostClient{
-			Addr: addr, Dial: c.cfg.Dial, MaxConns: connsMax,
+			Addr: addr, Dial: c.cfg.Dial, MaxConns: connsMax, MaxConnWaitTimeout: connWaitMax,
 			MaxResponseBodySize:       MaxBodyBytes,
 			MaxIdemponentCallAttempts: 1, // a proposal must not be sent twice by the client
 		}

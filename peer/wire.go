@@ -72,6 +72,13 @@ const (
 	readIndexWait = time.Second
 	// connsMax bounds the connections this node opens to one peer.
 	connsMax = 64
+	// connWaitMax is how long a call waits for one of them to come free
+	// before it fails as not sent: a burst of relayed calls (confirms
+	// answered 50 ms after they apply) queues briefly instead of failing
+	// at once. Shorter than every peer call's timeout, so a call that
+	// never got a connection is always told apart from one that may have
+	// reached the peer.
+	connWaitMax = 500 * time.Millisecond
 )
 
 // ErrNotSent marks a peer call that surely did not reach the peer (the
