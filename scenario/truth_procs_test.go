@@ -195,6 +195,41 @@ func TestMultiProcess_AnswersStayTrueAfterAWriteElsewhere(t *testing.T) {
 		}
 	})
 
+	t.Run("a queue's open shown on one node, then the ticket read on another", func(t *testing.T) {
+		c := procCaller{t, p}
+		const rounds = 20
+		// One waiting room a round, opening 150 ms apart after a second
+		// for the joins: the leader's tick opens each, and a buyer who
+		// saw the open on one node reads her ticket on another at once.
+		first := time.Now().Add(time.Second)
+		secrets := make([]string, rounds)
+		for i := range rounds {
+			sku := fmt.Sprintf("room-%d", i)
+			c.mustWrite(ids[0], "PUT", "/v1/skus/"+sku, fmt.Sprintf(`{"total":1000,"admission":"queue","queue_admit_ttl":"10s","start_at":%q}`,
+				first.Add(time.Duration(i)*150*time.Millisecond).UTC().Format(time.RFC3339Nano)))
+		}
+		for i := range rounds {
+			nodetest.WaitSaleEverywhere(t, p, fmt.Sprintf("room-%d", i))
+			tk := c.mustWrite(node(i), "POST", fmt.Sprintf("/v1/skus/room-%d/queue", i), fmt.Sprintf(`{"user":"q-%d"}`, i))
+			if tk["position"].(float64) != 0 {
+				t.Fatalf("round %d: joined after the open (%v): the test needs a later start", i, tk)
+			}
+			secrets[i] = tk["ticket"].(string)
+		}
+		for i := range rounds {
+			watcher, reader := node(i+1), node(i+2)
+			var seen map[string]any
+			nodetest.WaitFor(t, 10*time.Second, fmt.Sprintf("round %d: the open on %s", i, watcher), func() bool {
+				code, tk := c.call(watcher, "GET", "/v1/queue/"+secrets[i]+"?wait=5s", "")
+				seen = tk
+				return code == 200 && tk["position"].(float64) > 0
+			})
+			if code, tk := c.call(reader, "GET", "/v1/queue/"+secrets[i], ""); code != 200 || tk["position"].(float64) < 1 {
+				t.Fatalf("round %d: %s showed the ticket at position %v (%v), then %s answered %d %v", i, watcher, seen["position"], seen["state"], reader, code, tk)
+			}
+		}
+	})
+
 	for sku, orders := range acked {
 		if sku == "cancelled" || sku == "peruser" {
 			// Their acknowledged holds were cancelled on purpose: only
