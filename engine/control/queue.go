@@ -294,8 +294,11 @@ func (p *Plane) QueueApplied(events []raftfsm.Event) {
 		if w == nil {
 			continue
 		}
-		if q.SoldOutAtUnixNano != 0 && !w.soldOut {
-			p.queueMetrics.noteTold(ev.SKU, p.cfg.Now().Sub(time.Unix(0, q.SoldOutAtUnixNano)))
+		// Noted once a sell-out, whether or not the watchers saw it: a
+		// long-poll that caught up with the cluster just before this call
+		// may have made them from the row already sold out.
+		if q.SoldOutAtUnixNano != 0 {
+			p.queueMetrics.noteTold(ev.SKU, q.SoldOutAtUnixNano, p.cfg.Now().Sub(time.Unix(0, q.SoldOutAtUnixNano)))
 		}
 		if q.Opened() != w.opened || (q.SoldOutAtUnixNano != 0) != w.soldOut || row.Closed() != w.closed {
 			w.wakeAll()

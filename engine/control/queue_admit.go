@@ -32,6 +32,9 @@ type queueMetrics struct {
 	// toldSeconds is, per sale, how long after the entry that sold its
 	// last unit this node woke every waiting ticket's long-poll.
 	toldSeconds map[string]float64
+	// toldFor is, per sale, the sell-out (its SoldOutAtUnixNano) whose
+	// telling toldSeconds holds: each sell-out is noted once.
+	toldFor map[string]int64
 }
 
 // QueueCounters are the waiting room's counters for the metrics page.
@@ -52,13 +55,16 @@ func (p *Plane) QueueCounters() QueueCounters {
 	return QueueCounters{Joins: m.joins.Load(), Admitted: m.admitted.Load(), SoldOutTold: told}
 }
 
-func (m *queueMetrics) noteTold(sku string, d time.Duration) {
+func (m *queueMetrics) noteTold(sku string, soldOutAt int64, d time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.toldSeconds == nil {
-		m.toldSeconds = map[string]float64{}
+		m.toldSeconds, m.toldFor = map[string]float64{}, map[string]int64{}
 	}
-	m.toldSeconds[sku] = d.Seconds()
+	if m.toldFor[sku] == soldOutAt {
+		return
+	}
+	m.toldSeconds[sku], m.toldFor[sku] = d.Seconds(), soldOutAt
 }
 
 // tickQueues is the leader's part of every queued sale, once a loop
