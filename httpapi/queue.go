@@ -120,23 +120,10 @@ func (s *Server) routeQueue(ctx *fasthttp.RequestCtx, method, secret []byte) {
 		}
 		wait = d
 	}
-	// A ticket moves by the leader's tick (the open, admissions,
-	// expiries), not by a write someone was answered, so vouching (which
-	// holds such writes' answers) does not cover it: another node may
-	// already have shown a buyer the open that this one has not applied.
-	// The node catches up before it answers (a 404 too: joined through
-	// another node a moment ago, perhaps), and again when a long-poll
-	// wakes, so no node shows a ticket behind what another already showed.
-	if !s.caughtUp(ctx) {
-		return
-	}
+	// The engine catches up with the cluster before it reads, and again
+	// after a long-poll waited (the plane's Ticket says why): 503 when it
+	// cannot.
 	row, t, ok, err := s.engine.Ticket(context.Background(), string(secret), wait)
-	if err == nil && ok && wait > 0 {
-		if !s.caughtUp(ctx) {
-			return
-		}
-		row, t, ok, err = s.engine.Ticket(context.Background(), string(secret), 0)
-	}
 	switch {
 	case err != nil:
 		writeEngineError(ctx, err)

@@ -177,29 +177,58 @@ func (j *pendingJoin) finish(r command.TicketResult, err error) {
 // it returns once the ticket's state or position changes (admitted, sold
 // out, its place at the open), or wait (at most TicketWaitMax) has
 // passed, or ctx ends; a ticket in any other state is answered at once.
+//
+// A ticket moves by the leader's tick (the open, admissions, expiries),
+// not by a write someone was answered, so vouching (which holds such
+// writes' answers) does not cover it: another node may already have
+// shown a buyer the open that this one has not applied. Ticket catches up
+// with the cluster before it reads (a ticket joined through another node
+// a moment ago is found), and again after a long-poll waited, so no node
+// shows a ticket behind what another already showed. It returns an
+// ErrUnavailable when the node cannot catch up.
 func (p *Plane) Ticket(ctx context.Context, secret string, wait time.Duration) (stock.SKU, stock.Ticket, bool, error) {
+	if err := p.CatchUp(ctx); err != nil {
+		return stock.SKU{}, stock.Ticket{}, false, err
+	}
+	row, t, ok, err := p.readTicket(secret)
+	if err != nil || wait <= 0 || !ok || t.State != stock.TicketWaiting {
+		return row, t, ok, err // only a waiting ticket is waited on: the others are acted on
+	}
+	p.awaitTicket(ctx, secret, &t, wait)
+	if err := p.CatchUp(ctx); err != nil {
+		return stock.SKU{}, stock.Ticket{}, false, err
+	}
+	return p.readTicket(secret)
+}
+
+// readTicket is Ticket's read of this node's ledger, at once.
+func (p *Plane) readTicket(secret string) (stock.SKU, stock.Ticket, bool, error) {
 	recs := p.ledger.QueueRecords()
 	sku, n, ok, err := waitroom.Find(recs, secret)
 	if err != nil || !ok {
 		return stock.SKU{}, stock.Ticket{}, false, err
 	}
-	read := func() (stock.SKU, stock.Ticket, bool, error) {
-		row, _, ok := p.ledger.SKU(sku)
-		if !ok || row.Queue == nil || n > row.Queue.Joined {
-			return stock.SKU{}, stock.Ticket{}, false, nil // the row trails the ticket's record for a moment
-		}
-		t, err := waitroom.Read(recs, &row, n)
-		return row, t, err == nil, err
+	row, _, ok := p.ledger.SKU(sku)
+	if !ok || row.Queue == nil || n > row.Queue.Joined {
+		return stock.SKU{}, stock.Ticket{}, false, nil // the row trails the ticket's record for a moment
 	}
-	row, first, ok, err := read()
-	if err != nil || wait <= 0 || !ok || first.State != stock.TicketWaiting {
-		return row, first, ok, err // only a waiting ticket is waited on: the others are acted on
+	t, err := waitroom.Read(recs, &row, n)
+	return row, t, err == nil, err
+}
+
+// awaitTicket returns once the waiting ticket first (of secret) may have
+// changed state or position in this node's ledger, or wait (at most
+// TicketWaitMax) has passed, or ctx ends, or the plane stops.
+func (p *Plane) awaitTicket(ctx context.Context, secret string, first *stock.Ticket, wait time.Duration) {
+	changed := func() bool {
+		_, t, ok, err := p.readTicket(secret)
+		return err != nil || !ok || t.State != first.State || t.Position != first.Position
 	}
-	// The channels are taken before the second read: a change after it
-	// closes one of them.
-	all, mine := p.queueWatch(sku, first.Position)
-	if r, t, ok2, err := read(); err != nil || !ok2 || t.State != first.State || t.Position != first.Position {
-		return r, t, ok2, err
+	// The channels are taken before the read: a change after it closes
+	// one of them.
+	all, mine := p.queueWatch(first.SKU, first.Position)
+	if changed() {
+		return
 	}
 	timer := time.NewTimer(min(wait, TicketWaitMax))
 	defer timer.Stop()
@@ -208,18 +237,16 @@ func (p *Plane) Ticket(ctx context.Context, secret string, wait time.Duration) (
 		case <-all:
 		case <-mine:
 		case <-timer.C:
-			return row, first, ok, nil
+			return
 		case <-ctx.Done():
-			return row, first, ok, nil
+			return
 		case <-p.stop:
-			return row, first, ok, nil
+			return
 		}
-		all, mine = p.queueWatch(sku, first.Position)
-		r, t, ok2, err := read()
-		if err != nil || ok2 != ok || t.State != first.State || t.Position != first.Position {
-			return r, t, ok2, err
+		all, mine = p.queueWatch(first.SKU, first.Position)
+		if changed() {
+			return
 		}
-		row = r
 	}
 }
 
