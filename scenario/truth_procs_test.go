@@ -228,6 +228,23 @@ func TestMultiProcess_AnswersStayTrueAfterAWriteElsewhere(t *testing.T) {
 				t.Fatalf("round %d: %s showed the ticket at position %v (%v), then %s answered %d %v", i, watcher, seen["position"], seen["state"], reader, code, tk)
 			}
 		}
+		// Each buyer then buys her unit with her admission, through the
+		// node she has not used yet, so the rooms' ledgers are checked
+		// with the rest.
+		for i := range rounds {
+			var token string
+			nodetest.WaitFor(t, 10*time.Second, fmt.Sprintf("round %d: the admission", i), func() bool {
+				code, tk := c.call(node(i+1), "GET", "/v1/queue/"+secrets[i]+"?wait=5s", "")
+				token, _ = tk["admission_token"].(string)
+				return code == 200 && tk["state"] == "admitted" && token != ""
+			})
+			sku := fmt.Sprintf("room-%d", i)
+			code, out := c.call(node(i), "POST", "/v1/skus/"+sku+"/deduct", fmt.Sprintf(`{"user":"q-%d","request_id":"buy","admission_token":%q}`, i, token))
+			if code != 200 {
+				t.Fatalf("round %d: the admitted buyer's deduct on %s: %d %v", i, node(i), code, out)
+			}
+			ack(sku, out)
+		}
 	})
 
 	for sku, orders := range acked {
