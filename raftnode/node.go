@@ -140,6 +140,7 @@ type Node struct {
 	raft      *raft.Raft
 	ledger    *raftfsm.Ledger
 	logStore  logStore
+	logs      raft.LogStore // what raft reads and writes: the cache over the guarded store
 	transport raft.Transport
 	logger    *slog.Logger
 
@@ -230,7 +231,7 @@ func StartNode(cfg Config, ledger *raftfsm.Ledger) (*Node, error) {
 		return fail(fmt.Errorf("start raft: %w", err))
 	}
 	n := &Node{
-		cfg: cfg, raft: r, ledger: ledger, logStore: logStore, transport: transport, logger: logger,
+		cfg: cfg, raft: r, ledger: ledger, logStore: logStore, logs: cached, transport: transport, logger: logger,
 		observations: make(chan raft.Observation, 64),
 		stopObserve:  make(chan struct{}),
 		raftDown:     make(chan struct{}),

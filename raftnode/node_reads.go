@@ -80,9 +80,10 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 }
 
 // ReadIndex returns, on the leader, a log index that every write
-// acknowledged before the call has reached: its ledger's applied index,
-// read once it has applied what earlier terms committed
-// (catchUpAsLeader) and then confirmed with a quorum that it still leads.
+// acknowledged before the call has reached, and every entry any node
+// applied before it (committedLedgerIndex), read once it has applied what
+// earlier terms committed (catchUpAsLeader) and then confirmed with a
+// quorum that it still leads.
 // A node whose ledger has applied that index answers a read as the
 // cluster would have at the call, which a "no such sale" or "no such
 // order" needs: the one answer a node cannot give from its own ledger
@@ -96,7 +97,10 @@ func (n *Node) ReadIndex(ctx context.Context) (uint64, error) {
 	if n.freshTerm.Load() != term {
 		return 0, fmt.Errorf("%w: a new leader has not applied the earlier terms yet", ErrNotCaughtUp)
 	}
-	index := n.ledger.AppliedIndex()
+	index, err := n.committedLedgerIndex()
+	if err != nil {
+		return 0, err
+	}
 	verified := make(chan error, 1)
 	f := n.raft.VerifyLeader()
 	go func() { verified <- f.Error() }() // ends by the leader lease at the latest
@@ -118,10 +122,10 @@ func (n *Node) ReadIndex(ctx context.Context) (uint64, error) {
 // round: a leader that lost its quorum steps down within
 // LeaderLeaseTimeout, before a new leader can be elected (no sooner than
 // HeartbeatTimeout after the followers last heard from it), so while this
-// node leads, a caught-up term and clocks that run alike make its applied
-// index one every acknowledged write has reached. It costs no message; a
-// follower's vouch rounds use it (engine, vouch.go), a linearizable read
-// and a "not found" the quorum round.
+// node leads, a caught-up term and clocks that run alike make its
+// committedLedgerIndex one every acknowledged write has reached. It costs
+// no message; a follower's vouch rounds use it (engine, vouch.go), a
+// linearizable read and a "not found" the quorum round.
 func (n *Node) LeaseReadIndex() (uint64, error) {
 	if !n.IsLeader() {
 		return 0, ErrNotLeader
@@ -130,7 +134,31 @@ func (n *Node) LeaseReadIndex() (uint64, error) {
 	if n.freshTerm.Load() != term {
 		return 0, fmt.Errorf("%w: a new leader has not applied the earlier terms yet", ErrNotCaughtUp)
 	}
-	return n.ledger.AppliedIndex(), nil
+	return n.committedLedgerIndex()
+}
+
+// committedLedgerIndex is the index a node's ledger stands at once it
+// holds every entry this leader has committed: the last command or
+// configuration entry (the entries a ledger applies; a no-op or a barrier
+// moves no ledger) at or below the commit index. It is not the leader's
+// own applied index: the leader's ledger applies a committed entry a
+// moment after the commit, and a follower told of the commit may apply it
+// first (the leader's apply waiting behind its persister, say) and show
+// it, a waiting room's open for one, which is not a write anyone waits
+// on. A node that reads after catching up to this index never shows less
+// than another node already showed.
+func (n *Node) committedLedgerIndex() (uint64, error) {
+	applied := n.ledger.AppliedIndex()
+	var l raft.Log
+	for i := n.raft.CommitIndex(); i > applied; i-- {
+		if err := n.logs.GetLog(i, &l); err != nil {
+			return 0, fmt.Errorf("%w: read committed log entry %d: %v", ErrNotCaughtUp, i, err)
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return i, nil
+		}
+	}
+	return applied, nil
 }
 
 // Barrier waits until every entry committed before it is applied on this

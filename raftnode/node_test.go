@@ -328,3 +328,63 @@ func TestNode_ReadIndexOnTheQuorumAndOnTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNode_ReadIndexCoversACommitTheLedgerHasNotApplied: a follower told
+// of a commit may apply the entry before the leader's own ledger does, and
+// show it; the leader's read index is then the committed entry's, not its
+// ledger's applied index, so a node catching up to it shows no less. A
+// barrier (or a no-op) at the log's tail moves no ledger: the read index
+// stays on the last entry a ledger applies, which a reader reaches.
+func TestNode_ReadIndexCoversACommitTheLedgerHasNotApplied(t *testing.T) {
+	n, l := startTestNode(t, t.TempDir())
+	t.Cleanup(func() { n.Close(); l.Close() })
+	mustPropose(t, n, &command.CreateSale{SKU: "a", Sale: stock.SaleConfig{Total: 3}})
+	before := l.AppliedIndex()
+
+	l.SetApplyDelay(2 * time.Second)
+	done := make(chan error, 1)
+	go func() {
+		_, err := n.Propose(1, &command.Restock{SKU: "a", Qty: 1})
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for n.raft.CommitIndex() <= before {
+		if time.Now().After(deadline) {
+			t.Fatal("the restock did not commit in 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	committed := n.raft.CommitIndex()
+	lease, err := n.LeaseReadIndex()
+	applied := l.AppliedIndex()
+	if applied >= committed {
+		t.Fatalf("the ledger applied %d before the test looked: the delay did not hold it back", applied)
+	}
+	if err != nil || lease < committed {
+		t.Fatalf("LeaseReadIndex with the restock committed at %d and the ledger at %d: %d %v, want %d", committed, applied, lease, err, committed)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if quorum, err := n.ReadIndex(ctx); err != nil || quorum < committed {
+		t.Fatalf("ReadIndex with the restock committed at %d: %d %v", committed, quorum, err)
+	}
+	l.SetApplyDelay(0)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitApplied(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := n.Barrier(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n.raft.CommitIndex() <= l.AppliedIndex() {
+		t.Fatalf("the barrier moved nothing: commit %d, ledger %d", n.raft.CommitIndex(), l.AppliedIndex())
+	}
+	lease, err = n.LeaseReadIndex()
+	if err != nil || lease != l.AppliedIndex() {
+		t.Fatalf("LeaseReadIndex after a barrier: %d %v, want the ledger's %d (the barrier at %d moves no ledger)", lease, err, l.AppliedIndex(), n.raft.CommitIndex())
+	}
+	checkAudit(t, l, "a")
+}
