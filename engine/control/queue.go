@@ -187,6 +187,14 @@ func (j *pendingJoin) finish(r command.TicketResult, err error) {
 // shows a ticket behind what another already showed. It returns an
 // ErrUnavailable when the node cannot catch up.
 func (p *Plane) Ticket(ctx context.Context, secret string, wait time.Duration) (stock.SKU, stock.Ticket, bool, error) {
+	if wait > 0 {
+		// A long-poll waits from the moment it arrives: its watch is taken
+		// before the catch-up, so a sell-out this node applies meanwhile
+		// counts it among the long-polls it told (QueueApplied).
+		if _, t, ok, err := p.readTicket(secret); err == nil && ok && t.State == stock.TicketWaiting {
+			p.queueWatch(t.SKU, t.Position)
+		}
+	}
 	if err := p.CatchUp(ctx); err != nil {
 		return stock.SKU{}, stock.Ticket{}, false, err
 	}

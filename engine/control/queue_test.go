@@ -169,3 +169,86 @@ func TestPlane_ASellOutIsNotedOnceWhenLongPollsWait(t *testing.T) {
 		t.Fatalf("a second sell-out noted %.3fs, want 1.000s", s)
 	}
 }
+
+// heldCluster is countingCluster whose quorum catch-ups, once armed,
+// report that they began (entered) and wait for release.
+type heldCluster struct {
+	countingCluster
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (c *heldCluster) ReadIndex(ctx context.Context) (uint64, error) {
+	if c.armed.CompareAndSwap(true, false) {
+		c.entered <- struct{}{}
+		<-c.release
+	}
+	return c.countingCluster.ReadIndex(ctx)
+}
+
+// soldOutOverlay is a ledger whose sale "q" reads as sold out at
+// soldOutAt once that is set.
+type soldOutOverlay struct {
+	Ledger
+	soldOutAt atomic.Int64
+}
+
+func (l *soldOutOverlay) SKU(sku string) (stock.SKU, uint64, bool) {
+	row, v, ok := l.Ledger.SKU(sku)
+	if at := l.soldOutAt.Load(); ok && sku == "q" && at != 0 && row.Queue != nil {
+		q := *row.Queue
+		q.SoldOutAtUnixNano = at
+		row.Queue = &q
+	}
+	return row, v, ok
+}
+
+// TestPlane_ALongPollWaitsFromItsArrival: a long-poll that arrived and is
+// still catching up with the cluster when the sell-out applies is one of
+// the long-polls the node told: the operator's page shows the time, and
+// the long-poll answers sold out.
+func TestPlane_ALongPollWaitsFromItsArrival(t *testing.T) {
+	cluster := &heldCluster{entered: make(chan struct{}), release: make(chan struct{})}
+	var rows *soldOutOverlay
+	tn := startTestNodeWrapped(t, t.TempDir(), func(c *engine.Config) { c.Cluster = cluster }, func(l *raftfsm.Ledger) Ledger {
+		rows = &soldOutOverlay{Ledger: l}
+		return rows
+	})
+	p := tn.plane
+	ctx := context.Background()
+	waitUntil(t, "the ledger runs the current rules", func() bool { return tn.ledger.Rules() == raftfsm.RulesCurrent })
+	if _, err := p.CreateSale("q", SaleSpec{Total: 1, Queue: true, StartAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	_, dave, err := p.Join(ctx, "q", "dave")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cluster.armed.Store(true)
+	type answer struct {
+		t   stock.Ticket
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		_, tk, _, err := p.Ticket(ctx, dave.Secret, 5*time.Second)
+		answered <- answer{tk, err}
+	}()
+	select {
+	case <-cluster.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the long-poll did not start catching up in 5 s")
+	}
+	rows.soldOutAt.Store(time.Now().Add(-100 * time.Millisecond).UnixNano())
+	p.QueueApplied([]raftfsm.Event{{Kind: raftfsm.EventQueueChanged, SKU: "q"}})
+	close(cluster.release)
+	a := <-answered
+	if a.err != nil || a.t.State != stock.TicketSoldOut {
+		t.Fatalf("the long-poll after the sell-out: %+v %v, want sold out", a.t, a.err)
+	}
+	if s, ok := p.QueueCounters().SoldOutTold["q"]; !ok || s < 0.1 {
+		t.Fatalf("the node told a long-poll of the sell-out and noted %v (%v), want about 0.1 s", s, ok)
+	}
+}
