@@ -37,6 +37,25 @@ func (c *countingCluster) ReadIndex(context.Context) (uint64, error) {
 	return 0, nil
 }
 
+// joinBeforeTheOpen creates queued sale sku of total units opening in an
+// hour, once the ledger runs the current rules, and returns user's ticket
+// in its waiting room.
+func joinBeforeTheOpen(t *testing.T, tn *testNode, sku string, total int64, user string) stock.Ticket {
+	t.Helper()
+	waitUntil(t, "the ledger runs the current rules", func() bool { return tn.ledger.Rules() == raftfsm.RulesCurrent })
+	if _, err := tn.plane.CreateSale(sku, SaleSpec{Total: total, Queue: true, StartAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	_, tk, err := tn.plane.Join(context.Background(), sku, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk.State != stock.TicketWaiting || tk.Position != 0 {
+		t.Fatalf("%s joined before the open: %+v, want waiting at position 0", user, tk)
+	}
+	return tk
+}
+
 // TestPlane_TicketCatchesUpBeforeItReadsAndAgainOnlyAfterItWaited: a
 // ticket moves by the leader's tick, which vouching does not cover, so a
 // read of one catches up with the cluster first (one round), a long-poll
@@ -47,17 +66,7 @@ func TestPlane_TicketCatchesUpBeforeItReadsAndAgainOnlyAfterItWaited(t *testing.
 	tn := startTestNode(t, t.TempDir(), func(c *engine.Config) { c.Cluster = cluster })
 	p := tn.plane
 	ctx := context.Background()
-	waitUntil(t, "the ledger runs the current rules", func() bool { return tn.ledger.Rules() == raftfsm.RulesCurrent })
-	if _, err := p.CreateSale("q", SaleSpec{Total: 10, Queue: true, StartAt: time.Now().Add(time.Hour)}); err != nil {
-		t.Fatal(err)
-	}
-	_, joined, err := p.Join(ctx, "q", "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if joined.State != stock.TicketWaiting || joined.Position != 0 {
-		t.Fatalf("alice joined before the open: %+v, want waiting at position 0", joined)
-	}
+	joined := joinBeforeTheOpen(t, tn, "q", 10, "alice")
 	read := func(secret string, wait time.Duration) (stock.Ticket, bool, int64, error) {
 		t.Helper()
 		before := cluster.rounds.Load()
@@ -106,20 +115,6 @@ func TestPlane_TicketCatchesUpBeforeItReadsAndAgainOnlyAfterItWaited(t *testing.
 	}
 }
 
-// soldOutRow is a ledger holding one queued sale, sold out at soldOutAt.
-type soldOutRow struct {
-	Ledger
-	soldOutAt atomic.Int64
-}
-
-func (l *soldOutRow) SKU(sku string) (stock.SKU, uint64, bool) {
-	if sku != "q" {
-		return l.Ledger.SKU(sku)
-	}
-	q := &stock.Queue{OpenedAtUnixNano: 1, SoldOutAtUnixNano: l.soldOutAt.Load()}
-	return stock.SKU{SKU: sku, Queue: q}, 1, true
-}
-
 // TestPlane_ASellOutIsNotedOnceWhenLongPollsWait: the operator's page
 // shows how long a node took to tell its waiting long-polls of a sell-out.
 // It is noted when the sell-out applies with long-polls waiting, even ones
@@ -128,16 +123,17 @@ func (l *soldOutRow) SKU(sku string) (stock.SKU, uint64, bool) {
 // change of the same sold-out sale leaves the figure alone, and a sale
 // sold out again (restocked between) is noted afresh.
 func TestPlane_ASellOutIsNotedOnceWhenLongPollsWait(t *testing.T) {
-	var rows *soldOutRow
+	var rows *soldOutOverlay
 	base := time.Now().UnixNano()
 	var now atomic.Int64
 	now.Store(base)
 	tune := func(c *engine.Config) { c.Now = func() time.Time { return time.Unix(0, now.Load()) } }
 	tn := startTestNodeWrapped(t, t.TempDir(), tune, func(l *raftfsm.Ledger) Ledger {
-		rows = &soldOutRow{Ledger: l}
+		rows = &soldOutOverlay{Ledger: l}
 		return rows
 	})
 	p := tn.plane
+	joinBeforeTheOpen(t, tn, "q", 1, "dave")
 	at := func(d time.Duration) int64 { return base + int64(d) }
 	changed := []raftfsm.Event{{Kind: raftfsm.EventQueueChanged, SKU: "q"}}
 	told := func() (float64, bool) {
@@ -217,14 +213,7 @@ func TestPlane_ALongPollWaitsFromItsArrival(t *testing.T) {
 	})
 	p := tn.plane
 	ctx := context.Background()
-	waitUntil(t, "the ledger runs the current rules", func() bool { return tn.ledger.Rules() == raftfsm.RulesCurrent })
-	if _, err := p.CreateSale("q", SaleSpec{Total: 1, Queue: true, StartAt: time.Now().Add(time.Hour)}); err != nil {
-		t.Fatal(err)
-	}
-	_, dave, err := p.Join(ctx, "q", "dave")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dave := joinBeforeTheOpen(t, tn, "q", 1, "dave")
 
 	cluster.armed.Store(true)
 	type answer struct {
