@@ -15,8 +15,11 @@ grep -qE '^ok ' "$log" || status=1
 for run in $(grep -oE '^    --- FAIL: TestNemesis/[^ ]+' "$log" | sed 's/.*FAIL: //'); do
 	echo "--- what $run did (its test lines; the nodes' logs are in $log):"
 	awk -v run="$run" '
-		/^=== (RUN|CONT|NAME) / { in_run = ($3 == run) ; next }
-		in_run && /^    [a-z_]+_test\.go:[0-9]+: / { print }
+		/^=== (RUN|CONT|NAME) / { in_run = ($3 == run); shown = 0; next }
+		!in_run { next }
+		/^    [a-z_]+_test\.go:[0-9]+: / { print; shown = 1; next }
+		shown && /^        / { print; next }  # the further lines of a message
+		{ shown = 0 }
 	' "$log"
 done
 echo "full output: $log"
