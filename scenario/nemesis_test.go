@@ -191,8 +191,18 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 	restartBroken(t, c, h.start)
 	close(stop)
 	wg.Wait()
+	// A run that fails before its ledgers are checked was stuck, not
+	// wrong: say on what, since a replay may not repeat it.
+	checked := false
+	defer func() {
+		if t.Failed() && !checked {
+			h.stallReport(t, c, seed)
+		}
+	}()
 	if n := h.late.Load(); n > 0 {
 		t.Errorf("%d buyers still without a final answer %s after the schedule's end", n, nemesisBuyersGrace)
+		h.stallReport(t, c, seed)
+		checked = true // reported
 	}
 	nemesisWaitReady(t, c)
 	nemesisTotals.deducts.Add(h.deducts.Load())
@@ -227,6 +237,7 @@ func runNemesis(t *testing.T, size int, seed uint64) {
 		return box != nil && box["held"] == 0.0 && nothingLeased(box)
 	})
 	phase("holds ended")
+	checked = true // what fails from here is an answer, not a stall
 	acked := h.tvAcked(t)
 	for k := range tvSKUs {
 		a := checkClusterLedgers(t, c, tvSKU(k), acked[k])
