@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"stockd.dev/stockd/feed"
 	"stockd.dev/stockd/internal/health"
 	"stockd.dev/stockd/internal/pki"
+	"stockd.dev/stockd/internal/procgov"
 	"stockd.dev/stockd/node"
 	"stockd.dev/stockd/sink"
 )
@@ -127,6 +129,30 @@ func parseServeFlags(args []string, stderr io.Writer) (node.Config, error) {
 	return cfg, err
 }
 
+// procsFlag is -procs: auto (procgov governs GOMAXPROCS), 0 (Go's choice,
+// one thread a core) or a count of threads, written as a plain number.
+type procsFlag struct{ cfg *node.Config }
+
+func (f procsFlag) String() string {
+	if f.cfg == nil || f.cfg.ProcsAuto {
+		return "auto"
+	}
+	return strconv.Itoa(f.cfg.Procs)
+}
+
+func (f procsFlag) Set(s string) error {
+	if s == "auto" {
+		f.cfg.ProcsAuto, f.cfg.Procs = true, 0
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || strconv.Itoa(n) != s {
+		return errors.New("want auto, 0 (one thread a core) or a count of threads")
+	}
+	f.cfg.ProcsAuto, f.cfg.Procs = false, n
+	return nil
+}
+
 // parseServeCommand is parseServeFlags that also reports -check-config.
 func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnly bool, _ error) {
 	cfg := node.DefaultConfig()
@@ -155,7 +181,8 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	fs.BoolVar(&cfg.InsecureNoAdminToken, "insecure-no-admin-token", false, "start without -admin-token although -http is reachable from other machines (admin calls then only from loopback clients)")
 	fs.StringVar(&cfg.AdvertiseHTTP, "advertise-http", "", "HTTP address peers use to reach this node (default: the -http address)")
 	fs.StringVar(&cfg.Raft.Advertise, "advertise-raft", "", "the node port's address peers dial, host:port (default: this node's address in -peers, else -raft; needed when -raft listens on 0.0.0.0)")
-	fs.IntVar(&cfg.Procs, "procs", 0, "threads that run Go code at once (GOMAXPROCS; 0: one a core). On cores shared with other busy processes (the load client, other nodes, small VMs) 1 spends less CPU a request: docs/operations.md")
+	cfg.ProcsAuto = true
+	fs.Var(procsFlag{&cfg}, "procs", "threads that run Go code at once (GOMAXPROCS): auto (one while one keeps up, every core under load), 0 (one a core) or a count: docs/operations.md")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM, how long in-flight requests, queued takes and lease returns may take before the node closes")
 	fs.DurationVar(&cfg.Engine.LeaseIdleReturn, "lease-idle-return", cfg.Engine.LeaseIdleReturn, "return a sale's unused lease after this long without a sale on this node")
 	fs.DurationVar(&cfg.Engine.ReclaimAfter, "reclaim-after", cfg.Engine.ReclaimAfter, "the leader reclaims the leases of a node unreachable this long")
@@ -210,9 +237,6 @@ func parseServeCommand(args []string, stderr io.Writer) (_ node.Config, checkOnl
 	}
 	if raftTimeout <= 0 {
 		return cfg, checkOnly, fmt.Errorf("-raft-timeout %s must be > 0", raftTimeout)
-	}
-	if cfg.Procs < 0 {
-		return cfg, checkOnly, fmt.Errorf("-procs %d must be 0 (one a core) or more", cfg.Procs)
 	}
 	cfg.Raft.HeartbeatTimeout, cfg.Raft.ElectionTimeout, cfg.Raft.LeaderLeaseTimeout = raftTimeout, raftTimeout, raftTimeout/2
 	var level slog.Level
@@ -297,14 +321,23 @@ func serve(args []string, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "stockd: the configuration of node %s checks out (http %s, raft %s, data %s)\n", cfg.ID, cfg.HTTP.Addr, cfg.Raft.RaftBind, cfg.DataDir)
 		return nil
 	}
-	if cfg.Procs > 0 {
+	most := runtime.GOMAXPROCS(0)
+	procs := fmt.Sprint(most)
+	switch {
+	case cfg.ProcsAuto && most > 1:
+		ctx, stopGovernor := context.WithCancel(context.Background())
+		defer stopGovernor()
+		go procgov.Run(ctx, procgov.DefaultPolicy(most), cfg.Logger)
+		procs = fmt.Sprintf("auto (1 to %d)", most)
+	case cfg.Procs > 0:
 		runtime.GOMAXPROCS(cfg.Procs)
+		procs = fmt.Sprint(cfg.Procs)
 	}
 	n, err := node.Start(cfg)
 	if err != nil {
 		return err
 	}
-	cfg.Logger.Info("stockd serving", "version", version, "id", cfg.ID, "http", n.HTTPAddr(), "raft", cfg.Raft.RaftBind, "data", cfg.DataDir, "procs", runtime.GOMAXPROCS(0))
+	cfg.Logger.Info("stockd serving", "version", version, "id", cfg.ID, "http", n.HTTPAddr(), "raft", cfg.Raft.RaftBind, "data", cfg.DataDir, "procs", procs)
 	scheme := "http"
 	if cfg.TLS.HTTPCert != "" {
 		scheme = "https"

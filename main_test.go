@@ -57,15 +57,26 @@ func TestServe_RefusesUnsafeStarts(t *testing.T) {
 	f("need -admin-token", "-http", "0.0.0.0:0")
 	f("pass -insecure-no-admin-token", "-http", "[::]:0")
 	f("a node id is 1 to 64", "-http", "127.0.0.1:0", "-id", "n/1")
-	f("-procs -1 must be 0 (one a core) or more", "-http", "127.0.0.1:0", "-procs", "-1")
+	f(`invalid value "-1" for flag -procs: want auto, 0 (one thread a core) or a count of threads`, "-http", "127.0.0.1:0", "-procs", "-1")
+	f(`invalid value "01" for flag -procs`, "-procs", "01")
+	f(`invalid value "+2" for flag -procs`, "-procs", "+2")
+	f(`invalid value "Auto" for flag -procs`, "-procs", "Auto")
 }
 
 // TestServe_ProcsFromTheFlagOrTheEnvironment: -procs reaches the node's
 // config from the command line and from STOCKD_PROCS, the flag winning.
 func TestServe_ProcsFromTheFlagOrTheEnvironment(t *testing.T) {
-	cfg, err := parseServeFlags([]string{"-data", t.TempDir(), "-procs", "1"}, io.Discard)
-	if err != nil || cfg.Procs != 1 {
-		t.Fatalf("-procs 1: procs %d, err %v", cfg.Procs, err)
+	cfg, err := parseServeFlags([]string{"-data", t.TempDir()}, io.Discard)
+	if err != nil || !cfg.ProcsAuto || cfg.Procs != 0 {
+		t.Fatalf("no -procs: auto %v procs %d, err %v; want auto", cfg.ProcsAuto, cfg.Procs, err)
+	}
+	cfg, err = parseServeFlags([]string{"-data", t.TempDir(), "-procs", "0"}, io.Discard)
+	if err != nil || cfg.ProcsAuto || cfg.Procs != 0 {
+		t.Fatalf("-procs 0: auto %v procs %d, err %v; want Go's choice, fixed", cfg.ProcsAuto, cfg.Procs, err)
+	}
+	cfg, err = parseServeFlags([]string{"-data", t.TempDir(), "-procs", "1"}, io.Discard)
+	if err != nil || cfg.ProcsAuto || cfg.Procs != 1 {
+		t.Fatalf("-procs 1: auto %v procs %d, err %v", cfg.ProcsAuto, cfg.Procs, err)
 	}
 	t.Setenv("STOCKD_PROCS", "2")
 	if cfg, err = parseServeFlags([]string{"-data", t.TempDir()}, io.Discard); err != nil || cfg.Procs != 2 {
@@ -73,6 +84,10 @@ func TestServe_ProcsFromTheFlagOrTheEnvironment(t *testing.T) {
 	}
 	if cfg, err = parseServeFlags([]string{"-data", t.TempDir(), "-procs", "1"}, io.Discard); err != nil || cfg.Procs != 1 {
 		t.Fatalf("STOCKD_PROCS=2 -procs 1: procs %d, err %v", cfg.Procs, err)
+	}
+	t.Setenv("STOCKD_PROCS", "2")
+	if cfg, err = parseServeFlags([]string{"-data", t.TempDir(), "-procs", "auto"}, io.Discard); err != nil || !cfg.ProcsAuto {
+		t.Fatalf("STOCKD_PROCS=2 -procs auto: auto %v procs %d, err %v", cfg.ProcsAuto, cfg.Procs, err)
 	}
 }
 

@@ -59,6 +59,10 @@ type Config struct {
 	// choice, the machine's cores). stockd serve applies it to its
 	// process; Start does not (nodes of one test process share one).
 	Procs int
+	// ProcsAuto has stockd serve govern GOMAXPROCS between one and Go's
+	// choice by the CPU the process uses (internal/procgov); Procs is
+	// then 0.
+	ProcsAuto bool
 	// NoOrderFeed stops recording the order feed (GET /v1/events then
 	// answers 503). For measuring what the feed costs: every node of a
 	// cluster must run with the same setting from its first start.
