@@ -27,8 +27,9 @@ import (
 // last.
 const (
 	Window     = 100 * time.Millisecond
-	RaiseAt    = 0.85
-	LowerAt    = 0.55
+	RaiseAt    = 0.95
+	RaiseAfter = 2 * Window
+	LowerAt    = 0.8
 	LowerAfter = 3 * time.Second
 )
 
@@ -37,15 +38,17 @@ const (
 // governor.
 type Policy struct {
 	Max        int     // the most threads: the machine's cores, or Go's own choice
-	RaiseAt    float64 // cores used at one thread at or above which Max threads run
+	RaiseAt    float64 // cores used at one thread at or above which, for RaiseAfter windows in a row, Max threads run
+	RaiseAfter int     // windows
 	LowerAt    float64 // cores used at Max threads at or below which, for LowerAfter windows in a row, one runs
 	LowerAfter int     // windows
-	quiet      int
+	busy       int     // windows in a row at or above RaiseAt, at one thread
+	quiet      int     // windows in a row at or below LowerAt, at Max
 }
 
 // DefaultPolicy is the policy stockd serve runs with max threads at most.
 func DefaultPolicy(max int) *Policy {
-	return &Policy{Max: max, RaiseAt: RaiseAt, LowerAt: LowerAt, LowerAfter: int(LowerAfter / Window)}
+	return &Policy{Max: max, RaiseAt: RaiseAt, RaiseAfter: int(RaiseAfter / Window), LowerAt: LowerAt, LowerAfter: int(LowerAfter / Window)}
 }
 
 // Next returns the setting for the next window, given the current one
@@ -56,11 +59,17 @@ func (p *Policy) Next(procs int, cores float64) int {
 	}
 	if procs <= 1 {
 		p.quiet = 0
-		if cores >= p.RaiseAt {
-			return p.Max
+		if cores < p.RaiseAt {
+			p.busy = 0
+			return 1
 		}
-		return 1
+		if p.busy++; p.busy < p.RaiseAfter {
+			return 1
+		}
+		p.busy = 0
+		return p.Max
 	}
+	p.busy = 0
 	if cores > p.LowerAt {
 		p.quiet = 0
 		return procs

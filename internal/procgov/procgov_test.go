@@ -11,7 +11,7 @@ import (
 )
 
 func TestPolicy_UpAtOnceDownAfterQuietWindows(t *testing.T) {
-	p := &Policy{Max: 4, RaiseAt: 0.85, LowerAt: 0.55, LowerAfter: 3}
+	p := &Policy{Max: 4, RaiseAt: 0.95, RaiseAfter: 2, LowerAt: 0.8, LowerAfter: 3}
 	step := func(procs int, cores float64, want int) {
 		t.Helper()
 		if got := p.Next(procs, cores); got != want {
@@ -19,19 +19,22 @@ func TestPolicy_UpAtOnceDownAfterQuietWindows(t *testing.T) {
 		}
 	}
 	step(1, 0.50, 1) // one thread keeps up
-	step(1, 0.84, 1)
-	step(1, 0.85, 4) // one thread saturated: every core at once
+	step(1, 0.94, 1)
+	step(1, 0.95, 1) // saturated for one window: a burst, not yet the load
+	step(1, 0.90, 1) // the count starts over
+	step(1, 0.97, 1)
+	step(1, 1.00, 4) // saturated for two windows: every core
 	step(4, 0.90, 4) // busy
-	step(4, 0.55, 4) // quiet 1
+	step(4, 0.80, 4) // quiet 1
 	step(4, 0.30, 4) // quiet 2
-	step(4, 0.60, 4) // busy again: the count starts over
+	step(4, 0.81, 4) // busy again: the count starts over
 	step(4, 0.10, 4) // quiet 1
 	step(4, 0.10, 4) // quiet 2
 	step(4, 0.10, 1) // quiet 3: one thread
-	step(1, 0.10, 1)
+	step(1, 2.00, 1)
 	step(1, 2.00, 4)
 	step(4, 0.10, 4) // the quiet count of the last stay at 4 does not carry over
-	one := &Policy{Max: 1, RaiseAt: 0.85, LowerAt: 0.55, LowerAfter: 3}
+	one := &Policy{Max: 1, RaiseAt: 0.95, RaiseAfter: 1, LowerAt: 0.8, LowerAfter: 3}
 	if got := one.Next(1, 5); got != 1 {
 		t.Fatalf("a one-core machine: next %d, want 1", got)
 	}
@@ -58,7 +61,7 @@ func TestRun_FollowsTheCPUUsed(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		run(ctx, &Policy{Max: 2, RaiseAt: 0.85, LowerAt: 0.55, LowerAfter: 4}, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		run(ctx, &Policy{Max: 2, RaiseAt: 0.95, RaiseAfter: 2, LowerAt: 0.8, LowerAfter: 4}, slog.New(slog.NewTextHandler(io.Discard, nil)),
 			window, cpuUsed, func(n int) { procs.Store(int64(n)) })
 	}()
 	waitProcs := func(want int64, what string) {
