@@ -7,9 +7,10 @@
 // its goroutines hand work to each other without waking a second thread
 // that then looks for work, and Go's monitor thread naps less. Under load
 // that one thread cannot carry, every core serves. The governor moves up
-// at once (a window of saturation) and down slowly (seconds well under
-// one core), so a sale's first burst waits at most one window for the
-// cores and a lull does not flap the setting.
+// soon (two windows of a saturated thread) and down slowly (seconds well
+// under one core), so a sale's first burst waits about 200 ms for the
+// cores, a moment's burst does not move it, and a lull does not flap the
+// setting.
 package procgov
 
 import (
