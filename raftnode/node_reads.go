@@ -184,6 +184,11 @@ type Status struct {
 	Voters       []Peer
 }
 
+// RaftStats is hashicorp/raft's own view of this node (its log's last
+// index, its snapshot's, what is pending for the ledger): for a test that
+// reports what a stuck cluster was doing.
+func (n *Node) RaftStats() map[string]string { return n.raft.Stats() }
+
 // Status reports the node's raft state.
 func (n *Node) Status() Status {
 	id, addr := n.Leader()

@@ -25,11 +25,17 @@ func (h *nemesisHistory) stallReport(t *testing.T, c *nodetest.Cluster, seed uin
 	t.Helper()
 	t.Logf("stall: the buyers' answers in the 10 s before they gave up:\n%s", h.lastAnswers(10*time.Second))
 	for _, id := range c.IDs {
-		cl := c.Client(id)
-		if cl == nil {
+		cl, n := c.Client(id), c.Node(id)
+		if cl == nil || n == nil {
 			t.Logf("stall: %s is down", id)
 			continue
 		}
+		stats := n.Raft().RaftStats()
+		var raw []string
+		for _, k := range []string{"state", "term", "last_log_index", "last_log_term", "commit_index", "applied_index", "fsm_pending", "last_snapshot_index", "last_contact", "latest_configuration"} {
+			raw = append(raw, k+"="+stats[k])
+		}
+		t.Logf("stall: %s raft's own view: %s", id, strings.Join(raw, " "))
 		code, ready := nodetest.CallWithin(cl, 3*time.Second, "GET", "/readyz", "")
 		_, st := nodetest.CallWithin(cl, 3*time.Second, "GET", "/v1/cluster", "")
 		t.Logf("stall: %s readyz %d %v; raft %v leader %v term %v commit %v applied %v ledger %v", id, code, ready,
