@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-func TestPolicy_UpAtOnceDownAfterQuietWindows(t *testing.T) {
+func TestPolicy_UpAfterSaturatedWindowsDownAfterQuietOnes(t *testing.T) {
 	p := &Policy{Max: 4, RaiseAt: 0.95, RaiseAfter: 2, LowerAt: 0.8, LowerAfter: 3}
 	step := func(procs int, cores float64, want int) {
 		t.Helper()
